@@ -1,0 +1,131 @@
+// Package pgtest gives each test its own PostgreSQL schema or database on the local
+// server, so tests run in parallel and leave nothing behind.
+//
+// The server is PGOUTBOX_TEST_DATABASE_URL, else DATABASE_URL, else
+// postgres://postgres@127.0.0.1:5432/test.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/migrate"
+)
+
+// URL returns the connection string of the test server's main database.
+func URL() string {
+	for _, k := range []string{"PGOUTBOX_TEST_DATABASE_URL", "DATABASE_URL"} {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// Name returns a fresh lower-case name with the given prefix, unique enough for
+// concurrent test runs.
+func Name(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + "_" + hex.EncodeToString(b)
+}
+
+// Pool opens a pool on url, closed when the test ends.
+func Pool(tb testing.TB, url string, maxConns int32) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		tb.Fatalf("pgtest: parse %s: %v", url, err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: connect: %v", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		tb.Fatalf("pgtest: connect to %s: %v (is PostgreSQL running? .ci/run starts it)", url, err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+// Schema creates an empty schema with a unique name, dropped with everything in it
+// when the test ends, and returns a pool (at most maxConns connections, 0 for pgx's
+// default) and the schema's name.
+func Schema(tb testing.TB, maxConns int32) (*pgxpool.Pool, string) {
+	tb.Helper()
+	pool := Pool(tb, URL(), maxConns)
+	schema := Name("t")
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		tb.Fatalf("pgtest: create schema: %v", err)
+	}
+	tb.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			tb.Errorf("pgtest: drop schema %s: %v", schema, err)
+		}
+	})
+	return pool, schema
+}
+
+// Migrated is Schema with every migration applied.
+func Migrated(tb testing.TB, maxConns int32) (*pgxpool.Pool, string) {
+	tb.Helper()
+	pool, schema := Schema(tb, maxConns)
+	if _, err := migrate.Up(context.Background(), pool, &migrate.Config{Schema: schema}); err != nil {
+		tb.Fatalf("pgtest: migrate: %v", err)
+	}
+	return pool, schema
+}
+
+// Database creates an empty database with a unique name, dropped when the test ends,
+// and returns its connection string.
+func Database(tb testing.TB) string {
+	tb.Helper()
+	admin := Pool(tb, URL(), 2)
+	name := Name("pgoutbox_test")
+	ctx := context.Background()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		tb.Fatalf("pgtest: create database: %v", err)
+	}
+	tb.Cleanup(func() {
+		// Cleanups run last-registered first, so admin is still open here.
+		if _, err := admin.Exec(context.Background(), "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			tb.Errorf("pgtest: drop database %s: %v", name, err)
+		}
+	})
+	return WithDatabase(tb, URL(), name)
+}
+
+// WithDatabase returns connURL with its database replaced by name.
+func WithDatabase(tb testing.TB, connURL, name string) string {
+	tb.Helper()
+	u, err := url.Parse(connURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		tb.Fatalf("pgtest: %q is not a postgres:// URL", connURL)
+	}
+	u.Path = "/" + strings.TrimPrefix(name, "/")
+	return u.String()
+}
+
+// Must fails the test on err.
+func Must(tb testing.TB, err error, what string, args ...any) {
+	tb.Helper()
+	if err != nil {
+		tb.Fatalf("%s: %v", fmt.Sprintf(what, args...), err)
+	}
+}

@@ -1,0 +1,389 @@
+// Package migrate creates and upgrades pgoutbox's tables and functions.
+//
+// Migrations are plain SQL files embedded in the binary, numbered within a line:
+// the "outbox" line (outbox_events, the per-aggregate sequence counters and the
+// outbox_enqueue function) lives in the producer's database, the "inbox" line
+// (processed_events) in each consumer's. Both may share one database.
+//
+// Up applies what is missing. Each migration runs in its own transaction holding a
+// transaction-scoped advisory lock, so any number of processes may call Up at once:
+// one applies each migration, the others wait and then find it recorded. The SQL is
+// also idempotent (IF NOT EXISTS, CREATE OR REPLACE), so teams that run it through
+// their own migration tool (see [SQL]) can apply it twice without harm.
+package migrate
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Line names a sequence of migrations that is versioned on its own.
+type Line string
+
+const (
+	// LineOutbox holds the producer side: outbox_events, outbox_aggregate_sequences
+	// and the outbox_enqueue function.
+	LineOutbox Line = "outbox"
+	// LineInbox holds the consumer side: processed_events.
+	LineInbox Line = "inbox"
+)
+
+// Lines lists every line in the order Up applies them.
+var Lines = []Line{LineOutbox, LineInbox}
+
+// DefaultSchema is the PostgreSQL schema used when Config.Schema is empty.
+const DefaultSchema = "public"
+
+// Table is the name of the bookkeeping table, created in the configured schema.
+const Table = "pgoutbox_migrations"
+
+//go:embed sql
+var files embed.FS
+
+// Migration is one numbered SQL file of a line.
+type Migration struct {
+	Line    Line
+	Version int
+	Name    string
+	sql     string // with the {{schema}} placeholder
+}
+
+// SQL returns the migration's statements for the given schema.
+func (m Migration) SQL(schema string) string {
+	return strings.ReplaceAll(m.sql, "{{schema}}", pgx.Identifier{schema}.Sanitize())
+}
+
+// All returns the embedded migrations of the given lines (every line when none is
+// given), ordered by line and version.
+func All(lines ...Line) ([]Migration, error) {
+	if len(lines) == 0 {
+		lines = Lines
+	}
+	var out []Migration
+	for _, line := range lines {
+		if !slices.Contains(Lines, line) {
+			return nil, fmt.Errorf("migrate: unknown line %q (want one of %s)", line, lineList())
+		}
+		dir := path.Join("sql", string(line))
+		entries, err := fs.ReadDir(files, dir)
+		if err != nil {
+			return nil, fmt.Errorf("migrate: read embedded %s: %w", dir, err)
+		}
+		for _, e := range entries {
+			m, err := parseFile(line, dir, e.Name())
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, m)
+		}
+		// Versions of a line must be 1..n without holes: a hole means a file was lost.
+		for i, m := range out[len(out)-len(entries):] {
+			if m.Version != i+1 {
+				return nil, fmt.Errorf("migrate: line %s: expected version %d, found %s", line, i+1, m.fileName())
+			}
+		}
+	}
+	return out, nil
+}
+
+func parseFile(line Line, dir, name string) (Migration, error) {
+	base, ok := strings.CutSuffix(name, ".sql")
+	num, rest, ok2 := strings.Cut(base, "_")
+	version, err := strconv.Atoi(num)
+	if !ok || !ok2 || err != nil || version < 1 {
+		return Migration{}, fmt.Errorf("migrate: embedded file %s/%s is not named NNNN_name.sql", dir, name)
+	}
+	body, err := fs.ReadFile(files, path.Join(dir, name))
+	if err != nil {
+		return Migration{}, fmt.Errorf("migrate: read embedded %s/%s: %w", dir, name, err)
+	}
+	return Migration{Line: line, Version: version, Name: rest, sql: string(body)}, nil
+}
+
+func (m Migration) fileName() string { return fmt.Sprintf("%s/%04d_%s.sql", m.Line, m.Version, m.Name) }
+
+func lineList() string { return joinLines(Lines) }
+
+// Config selects what Up applies and where. The zero value migrates every line into
+// the public schema.
+type Config struct {
+	// Schema is the PostgreSQL schema that holds pgoutbox's objects; it is created if
+	// missing. Defaults to "public".
+	Schema string
+
+	// Lines restricts the migration to these lines. Defaults to all of them
+	// (outbox, then inbox).
+	Lines []Line
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = DefaultSchema
+	}
+	if err := ValidateSchema(out.Schema); err != nil {
+		return out, err
+	}
+	if len(out.Lines) == 0 {
+		out.Lines = Lines
+	}
+	return out, nil
+}
+
+// ValidateSchema reports whether name can be used as a schema name. Any name that
+// PostgreSQL accepts is fine (it is always quoted); it must be non-empty valid UTF-8
+// without NUL bytes and at most 63 bytes long, PostgreSQL's identifier limit.
+func ValidateSchema(name string) error {
+	switch {
+	case name == "":
+		return errors.New("migrate: schema name must not be empty")
+	case len(name) > 63:
+		return fmt.Errorf("migrate: schema name %q is longer than 63 bytes", name)
+	case !utf8.ValidString(name) || strings.ContainsRune(name, 0):
+		return fmt.Errorf("migrate: schema name %q must be valid UTF-8 without NUL bytes", name)
+	}
+	return nil
+}
+
+// DB is what Up needs of a database handle: *pgxpool.Pool and *pgx.Conn both have it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Applied describes a migration that Up applied.
+type Applied struct {
+	Line    Line
+	Version int
+	Name    string
+}
+
+// Up applies the missing migrations of the configured lines, in order, each in its own
+// transaction, and returns those it applied (none when the database was up to date).
+// ctx bounds the whole run, including the wait for another process's migration.
+func Up(ctx context.Context, db DB, cfg *Config) ([]Applied, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	all, err := All(c.Lines...)
+	if err != nil {
+		return nil, err
+	}
+	var applied []Applied
+	for _, m := range all {
+		did, err := apply(ctx, db, c.Schema, m)
+		if err != nil {
+			return applied, err
+		}
+		if did {
+			applied = append(applied, Applied{Line: m.Line, Version: m.Version, Name: m.Name})
+		}
+	}
+	return applied, nil
+}
+
+// apply runs one migration unless the bookkeeping table says it ran already.
+func apply(ctx context.Context, db DB, schema string, m Migration) (bool, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("migrate: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	// The lock serialises migrators of this schema, and is taken before anything is
+	// created: concurrent CREATE SCHEMA/TABLE IF NOT EXISTS can still fail with a
+	// unique violation in the catalogs.
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey(schema)); err != nil {
+		return false, fmt.Errorf("migrate: take advisory lock: %w", err)
+	}
+	if err := ensureBookkeeping(ctx, tx, schema); err != nil {
+		return false, err
+	}
+	var done bool
+	q := fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE line = $1 AND version = $2)", table(schema))
+	if err := tx.QueryRow(ctx, q, string(m.Line), m.Version).Scan(&done); err != nil {
+		return false, fmt.Errorf("migrate: read applied versions: %w", err)
+	}
+	if done {
+		return false, nil
+	}
+	// Simple protocol: a migration file holds several statements.
+	if _, err := tx.Exec(ctx, m.SQL(schema), pgx.QueryExecModeSimpleProtocol); err != nil {
+		return false, fmt.Errorf("migrate: apply %s: %w", m.fileName(), err)
+	}
+	if _, err := tx.Exec(ctx, recordSQL(schema, m)); err != nil {
+		return false, fmt.Errorf("migrate: record %s: %w", m.fileName(), err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("migrate: commit %s: %w", m.fileName(), err)
+	}
+	return true, nil
+}
+
+func ensureBookkeeping(ctx context.Context, tx pgx.Tx, schema string) error {
+	// CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege on the database even when
+	// the schema exists, so look first: a user allowed only into an existing schema can
+	// still migrate.
+	var exists bool
+	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists); err != nil {
+		return fmt.Errorf("migrate: look up schema %q: %w", schema, err)
+	}
+	if !exists {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return fmt.Errorf("migrate: create schema %q: %w", schema, err)
+		}
+	}
+	if _, err := tx.Exec(ctx, bookkeepingSQL(schema)); err != nil {
+		return fmt.Errorf("migrate: create %s: %w", Table, err)
+	}
+	return nil
+}
+
+func table(schema string) string { return pgx.Identifier{schema, Table}.Sanitize() }
+
+func bookkeepingSQL(schema string) string {
+	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+    line       text        NOT NULL,
+    version    integer     NOT NULL,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (line, version)
+)`, table(schema))
+}
+
+func recordSQL(schema string, m Migration) string {
+	return fmt.Sprintf("INSERT INTO %s (line, version, name) VALUES ('%s', %d, '%s') ON CONFLICT (line, version) DO NOTHING",
+		table(schema), m.Line, m.Version, strings.ReplaceAll(m.Name, "'", "''"))
+}
+
+// lockKey derives the advisory lock id from the schema, so migrations of different
+// schemas in one database do not wait for each other.
+func lockKey(schema string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("pgoutbox/migrate/" + schema))
+	return int64(h.Sum64())
+}
+
+// Status is the state of one migration in a database.
+type Status struct {
+	Line    Line
+	Version int
+	Name    string
+	// Applied is false for a pending migration.
+	Applied bool
+}
+
+// Querier is what State needs: *pgxpool.Pool, *pgx.Conn and pgx.Tx have it.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// State reports, for each embedded migration of the configured lines, whether the
+// database has it. It changes nothing; a database never migrated reports every
+// migration pending.
+func State(ctx context.Context, db Querier, cfg *Config) ([]Status, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	all, err := All(c.Lines...)
+	if err != nil {
+		return nil, err
+	}
+	done := map[string]bool{}
+	rows, err := db.Query(ctx, fmt.Sprintf("SELECT line, version FROM %s", table(c.Schema)))
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // undefined table or schema
+	case err != nil:
+		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
+	default:
+		for rows.Next() {
+			var line string
+			var v int
+			if err := rows.Scan(&line, &v); err != nil {
+				return nil, fmt.Errorf("migrate: read applied versions: %w", err)
+			}
+			done[line+"/"+strconv.Itoa(v)] = true
+		}
+		if err := rows.Err(); err != nil {
+			if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+				break
+			}
+			return nil, fmt.Errorf("migrate: read applied versions: %w", err)
+		}
+	}
+	out := make([]Status, len(all))
+	for i, m := range all {
+		out[i] = Status{Line: m.Line, Version: m.Version, Name: m.Name, Applied: done[string(m.Line)+"/"+strconv.Itoa(m.Version)]}
+	}
+	return out, nil
+}
+
+// SQL returns the whole migration script of the configured lines for teams that apply
+// it with their own tool: the schema, the bookkeeping table, then each migration
+// followed by the row that records it, so that a later Up agrees with what was done.
+// The script is idempotent and runs in psql as one transaction (it holds BEGIN/COMMIT).
+func SQL(cfg *Config) (string, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return "", err
+	}
+	all, err := All(c.Lines...)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- pgoutbox migrations for schema %s, lines %s.\n", pgx.Identifier{c.Schema}.Sanitize(), joinLines(c.Lines))
+	b.WriteString("BEGIN;\n")
+	fmt.Fprintf(&b, "SELECT pg_advisory_xact_lock(%d);\n", lockKey(c.Schema))
+	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", pgx.Identifier{c.Schema}.Sanitize())
+	b.WriteString(bookkeepingSQL(c.Schema) + ";\n")
+	for _, m := range all {
+		fmt.Fprintf(&b, "\n-- %s\n", m.fileName())
+		b.WriteString(strings.TrimRight(m.SQL(c.Schema), "\n") + "\n")
+		b.WriteString(recordSQL(c.Schema, m) + ";\n")
+	}
+	b.WriteString("COMMIT;\n")
+	return b.String(), nil
+}
+
+func joinLines(lines []Line) string {
+	s := make([]string, len(lines))
+	for i, l := range lines {
+		s[i] = string(l)
+	}
+	return strings.Join(s, ", ")
+}
+
+// ParseLines parses a comma-separated list of line names; "all" or "" means every line.
+func ParseLines(s string) ([]Line, error) {
+	if s == "" || s == "all" {
+		return Lines, nil
+	}
+	var out []Line
+	for _, part := range strings.Split(s, ",") {
+		l := Line(strings.TrimSpace(part))
+		if !slices.Contains(Lines, l) {
+			return nil, fmt.Errorf("unknown migration line %q (want all, %s)", part, lineList())
+		}
+		if !slices.Contains(out, l) {
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}
