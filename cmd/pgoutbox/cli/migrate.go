@@ -1,0 +1,134 @@
+package cli
+
+import (
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgoutbox/pgoutbox/migrate"
+)
+
+func newMigrateCmd() *cobra.Command {
+	var db dbFlags
+	var lines string
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the outbox tables (safe to run any number of times)",
+		Long: `Apply the missing migrations: outbox_events, the per-aggregate sequence
+counters, the outbox_enqueue SQL function (line "outbox") and processed_events
+(line "inbox"). Running it again is a no-op; several processes may run it at
+once (an advisory lock serialises them).
+
+Use "pgoutbox migrate print" to get the SQL for your own migration tool, and
+"pgoutbox migrate status" to see what a database has.`,
+		Example: `  DATABASE_URL=postgres://app@db:5432/app pgoutbox migrate
+  pgoutbox migrate --schema outbox --lines outbox
+  pgoutbox migrate print --schema outbox > pgoutbox.sql`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := migrateConfig(db.schema, lines)
+			if err != nil {
+				return err
+			}
+			conn, err := db.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close(cmd.Context())
+			applied, err := migrate.Up(cmd.Context(), conn, cfg)
+			for _, a := range applied {
+				fmt.Fprintf(cmd.OutOrStdout(), "applied %s/%04d_%s\n", a.Line, a.Version, a.Name)
+			}
+			if err != nil {
+				return err
+			}
+			if len(applied) == 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "schema %s is up to date\n", cfg.Schema)
+			}
+			return nil
+		},
+	}
+	db.register(cmd.Flags())
+	cmd.Flags().StringVar(&lines, "lines", envString("PGOUTBOX_MIGRATE_LINES", "all"),
+		`migration lines to apply: all, outbox, inbox, or a comma list (env PGOUTBOX_MIGRATE_LINES)`)
+
+	cmd.AddCommand(newMigratePrintCmd(), newMigrateStatusCmd())
+	return cmd
+}
+
+func migrateConfig(schema, lines string) (*migrate.Config, error) {
+	if err := migrate.ValidateSchema(schema); err != nil {
+		return nil, usagef("--schema: %v", err)
+	}
+	ls, err := migrate.ParseLines(lines)
+	if err != nil {
+		return nil, usagef("--lines: %v", err)
+	}
+	return &migrate.Config{Schema: schema, Lines: ls}, nil
+}
+
+func newMigratePrintCmd() *cobra.Command {
+	var schema, lines string
+	cmd := &cobra.Command{
+		Use:   "print",
+		Short: "Print the migration SQL instead of applying it",
+		Long: `Print every migration as one idempotent SQL script, for teams that apply schema
+changes with their own tool. The script also fills pgoutbox's bookkeeping table,
+so a later "pgoutbox migrate" agrees that it is applied. No database is needed.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := migrateConfig(schema, lines)
+			if err != nil {
+				return err
+			}
+			script, err := migrate.SQL(cfg)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprint(cmd.OutOrStdout(), script)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&schema, "schema", envString("PGOUTBOX_SCHEMA", migrate.DefaultSchema),
+		"PostgreSQL schema to create the objects in (env PGOUTBOX_SCHEMA)")
+	cmd.Flags().StringVar(&lines, "lines", envString("PGOUTBOX_MIGRATE_LINES", "all"),
+		"migration lines to print: all, outbox, inbox, or a comma list (env PGOUTBOX_MIGRATE_LINES)")
+	return cmd
+}
+
+func newMigrateStatusCmd() *cobra.Command {
+	var db dbFlags
+	var lines string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "List each migration and whether the database has it",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := migrateConfig(db.schema, lines)
+			if err != nil {
+				return err
+			}
+			conn, err := db.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer conn.Close(cmd.Context())
+			st, err := migrate.State(cmd.Context(), conn, cfg)
+			if err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "LINE\tVERSION\tNAME\tSTATE")
+			for _, s := range st {
+				state := "pending"
+				if s.Applied {
+					state = "applied"
+				}
+				fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", s.Line, s.Version, s.Name, state)
+			}
+			return w.Flush()
+		},
+	}
+	db.register(cmd.Flags())
+	cmd.Flags().StringVar(&lines, "lines", envString("PGOUTBOX_MIGRATE_LINES", "all"),
+		"migration lines to list: all, outbox, inbox, or a comma list (env PGOUTBOX_MIGRATE_LINES)")
+	return cmd
+}
