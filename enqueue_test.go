@@ -33,7 +33,7 @@ type fixture struct {
 	p      *pgoutbox.Producer
 }
 
-func newFixture(t *testing.T, maxConns int32) *fixture {
+func newFixture(t testing.TB, maxConns int32) *fixture {
 	t.Helper()
 	pool, schema := pgtest.Migrated(t, maxConns)
 	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})

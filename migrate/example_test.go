@@ -1,0 +1,37 @@
+package migrate_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrate"
+)
+
+func ExampleUp() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.URL()) // your DATABASE_URL
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	schema := pgtest.Name("example") // "public" when left empty
+	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+
+	applied, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, a := range applied {
+		fmt.Printf("applied %s/%d %s\n", a.Line, a.Version, a.Name)
+	}
+	again, _ := migrate.Up(ctx, pool, &migrate.Config{Schema: schema})
+	fmt.Println("second run applied", len(again))
+	// Output:
+	// applied outbox/1 outbox_events
+	// applied inbox/1 processed_events
+	// second run applied 0
+}
