@@ -18,7 +18,8 @@ func ExampleUp() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	schema := pgtest.Name("example") // "public" when left empty
+	// Config.Schema defaults to "public"; this example uses a schema of its own.
+	schema := pgtest.Name("example")
 	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
 
 	applied, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema})

@@ -89,7 +89,9 @@ func TestConcurrentUp(t *testing.T) {
 	pool := pgtest.Pool(t, pgtest.URL(), 8)
 	schema := pgtest.Name("t")
 	ctx := context.Background()
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
 
 	const n = 8
 	var wg sync.WaitGroup
@@ -147,7 +149,9 @@ func TestSQLScriptAppliesTwiceAndAgreesWithUp(t *testing.T) {
 	pool := pgtest.Pool(t, pgtest.URL(), 2)
 	schema := pgtest.Name("t")
 	ctx := context.Background()
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
 
 	script, err := migrate.SQL(&migrate.Config{Schema: schema})
 	pgtest.Must(t, err, "SQL")
@@ -171,7 +175,9 @@ func TestOddSchemaNameIsQuoted(t *testing.T) {
 	pool := pgtest.Pool(t, pgtest.URL(), 2)
 	schema := pgtest.Name(`Odd "Name"; DROP`)
 	ctx := context.Background()
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
 	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema}); err != nil {
 		t.Fatal(err)
 	}
