@@ -87,11 +87,8 @@ func contains(s []string, v string) bool {
 func TestConcurrentUp(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, pgtest.URL(), 8)
-	schema := pgtest.Name("t")
+	schema := pgtest.SchemaName(t, pool, "t")
 	ctx := context.Background()
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
 
 	const n = 8
 	var wg sync.WaitGroup
@@ -147,11 +144,8 @@ func TestLinesAreIndependent(t *testing.T) {
 func TestSQLScriptAppliesTwiceAndAgreesWithUp(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, pgtest.URL(), 2)
-	schema := pgtest.Name("t")
+	schema := pgtest.SchemaName(t, pool, "t")
 	ctx := context.Background()
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
 
 	script, err := migrate.SQL(&migrate.Config{Schema: schema})
 	pgtest.Must(t, err, "SQL")
@@ -173,11 +167,8 @@ func TestSQLScriptAppliesTwiceAndAgreesWithUp(t *testing.T) {
 func TestOddSchemaNameIsQuoted(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, pgtest.URL(), 2)
-	schema := pgtest.Name(`Odd "Name"; DROP`)
+	schema := pgtest.SchemaName(t, pool, `Odd "Name"; DROP`)
 	ctx := context.Background()
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
 	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema}); err != nil {
 		t.Fatal(err)
 	}

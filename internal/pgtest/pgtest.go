@@ -69,17 +69,24 @@ func Pool(tb testing.TB, url string, maxConns int32) *pgxpool.Pool {
 func Schema(tb testing.TB, maxConns int32) (*pgxpool.Pool, string) {
 	tb.Helper()
 	pool := Pool(tb, URL(), maxConns)
-	schema := Name("t")
-	ctx := context.Background()
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+	schema := SchemaName(tb, pool, "t")
+	if _, err := pool.Exec(context.Background(), "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		tb.Fatalf("pgtest: create schema: %v", err)
 	}
+	return pool, schema
+}
+
+// SchemaName returns a fresh schema name with the given prefix, without creating the
+// schema, and drops whatever schema of that name exists when the test ends.
+func SchemaName(tb testing.TB, pool *pgxpool.Pool, prefix string) string {
+	tb.Helper()
+	schema := Name(prefix)
 	tb.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			tb.Errorf("pgtest: drop schema %s: %v", schema, err)
 		}
 	})
-	return pool, schema
+	return schema
 }
 
 // Migrated is Schema with every migration applied.

@@ -202,11 +202,8 @@ func TestVersion(t *testing.T) {
 
 func TestDemo(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Name("demo")
 	pool := pgtest.Pool(t, pgtest.URL(), 1)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
+	schema := pgtest.SchemaName(t, pool, "demo")
 	for range 2 { // re-runnable: the second run starts from a fresh schema
 		out, errOut, code := run(t, "demo", "--database-url", pgtest.URL(), "--schema", schema)
 		if code != 0 || !strings.Contains(out, "2 orders, 4 events") {
