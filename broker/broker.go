@@ -1,0 +1,301 @@
+// Package broker is the seam between the relay and a message broker.
+//
+// An adapter is a small package (broker/nats, broker/kafka, …) with a type that
+// implements [Publisher]: a batch of messages in, one result per message out. The
+// relay owns everything else — claiming, leases, retries, quarantine — so an adapter
+// only has to publish, wait for the broker's acknowledgements, and classify errors:
+//
+//   - nil: the broker has durably accepted the message (an ack, a confirm, a 2xx).
+//   - an error wrapped with [Permanent]: the broker refused this message and will
+//     refuse it again (invalid subject, 4xx, message too large). The relay
+//     quarantines the event at once.
+//   - an error wrapped with [Unavailable]: the broker could not be reached or did not
+//     answer. The event is retried with backoff for as long as it takes; it never
+//     counts towards quarantine, so an outage does not turn into poison events.
+//   - any other error: retried with backoff, quarantined after the relay's
+//     max-attempts.
+//
+// The package brokertest holds the conformance suite every adapter must pass.
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgoutbox/pgoutbox"
+)
+
+// Wire header names, part of the public contract (SPEC §5).
+const (
+	HeaderEventID           = "Outbox-Event-Id"
+	HeaderEventType         = "Outbox-Event-Type"
+	HeaderAggregateType     = "Outbox-Aggregate-Type"
+	HeaderAggregateID       = "Outbox-Aggregate-Id"
+	HeaderAggregateSequence = "Outbox-Aggregate-Sequence"
+	HeaderSchemaVersion     = "Outbox-Schema-Version"
+	HeaderOccurredAt        = "Outbox-Occurred-At"
+	HeaderTraceParent       = "traceparent"
+	HeaderTraceState        = "tracestate"
+)
+
+// Message is one outbox event on its way to the broker.
+type Message struct {
+	EventID           pgoutbox.UUID
+	AggregateType     string
+	AggregateID       string
+	AggregateSequence int64
+	EventType         string
+	SchemaVersion     int
+	OccurredAt        time.Time
+	// Payload is the event's JSON, sent as the message body.
+	Payload []byte
+	// Headers are the producer's headers, including traceparent when the producer
+	// had a trace context.
+	Headers map[string]string
+}
+
+// WireHeaders returns every header the message carries on the wire: the producer's
+// headers, then the Outbox-* headers (which win over producer headers of the same
+// name, so the contract cannot be spoofed).
+func (m *Message) WireHeaders() map[string]string {
+	h := make(map[string]string, len(m.Headers)+7)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	h[HeaderEventID] = m.EventID.String()
+	h[HeaderEventType] = m.EventType
+	h[HeaderAggregateType] = m.AggregateType
+	h[HeaderAggregateID] = m.AggregateID
+	h[HeaderAggregateSequence] = strconv.FormatInt(m.AggregateSequence, 10)
+	h[HeaderSchemaVersion] = strconv.Itoa(m.SchemaVersion)
+	h[HeaderOccurredAt] = m.OccurredAt.UTC().Format(time.RFC3339Nano)
+	return h
+}
+
+// Publisher publishes batches of messages to one broker. Implementations must be
+// safe for concurrent calls to Publish.
+type Publisher interface {
+	// Publish sends msgs and returns exactly len(msgs) results, results[i] for
+	// msgs[i]: nil once the broker acknowledged the message, an error otherwise
+	// (see the package doc for how errors are classified). It returns only when
+	// every message has its result; when ctx ends first, the messages without an
+	// acknowledgement get ctx's error.
+	//
+	// msgs holds, per aggregate, consecutive sequences in ascending order. The
+	// adapter must never let message k+1 of an aggregate be published before k is
+	// acknowledged, unless the broker itself keeps their order when k fails (then it
+	// reports so through OrderedPipelining). Once a message fails, the later messages
+	// of its aggregate in msgs must not be published: report ErrPredecessorFailed
+	// for them. [PublishLanes] implements this for brokers with asynchronous acks.
+	Publish(ctx context.Context, msgs []Message) []error
+
+	// Close releases the broker connection. In-flight Publish calls fail.
+	Close() error
+}
+
+// Pinger is implemented by publishers that can tell whether the broker is
+// reachable, for readiness checks.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// ErrPredecessorFailed is the result of a message that was not sent because an
+// earlier message of its aggregate in the same batch failed. It is not an attempt:
+// the relay releases the event without counting it.
+var ErrPredecessorFailed = errors.New("broker: not sent: an earlier event of the aggregate failed")
+
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as a refusal that retrying will not change.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, was marked with Permanent.
+func IsPermanent(err error) bool {
+	var p permanentError
+	return errors.As(err, &p)
+}
+
+type unavailableError struct{ err error }
+
+func (e unavailableError) Error() string { return e.err.Error() }
+func (e unavailableError) Unwrap() error { return e.err }
+
+// Unavailable marks err as the broker being unreachable or silent: nothing is wrong
+// with the message itself.
+func Unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return unavailableError{err}
+}
+
+// IsUnavailable reports whether err, or an error it wraps, was marked with
+// Unavailable, or is a context deadline (an unanswered publish).
+func IsUnavailable(err error) bool {
+	var u unavailableError
+	return errors.As(err, &u) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// AckFunc waits for the broker's answer to one asynchronous publish.
+type AckFunc func(ctx context.Context) error
+
+// PublishLanes publishes msgs through send, an asynchronous publish that returns at
+// once with a way to wait for the broker's ack. Messages of different aggregates
+// are all in flight together; within an aggregate, message k+1 is sent only after
+// k's ack, so a failure cannot let k+1 overtake k. After a failure, the rest of
+// that aggregate's messages get ErrPredecessorFailed. It returns one result per
+// message, like Publisher.Publish.
+func PublishLanes(ctx context.Context, msgs []Message, send func(ctx context.Context, m *Message) (AckFunc, error)) []error {
+	results := make([]error, len(msgs))
+	// Lanes in first-appearance order; each is the indexes of its messages.
+	type laneKey struct{ typ, id string }
+	index := map[laneKey]int{}
+	var lanes [][]int
+	for i := range msgs {
+		k := laneKey{msgs[i].AggregateType, msgs[i].AggregateID}
+		li, ok := index[k]
+		if !ok {
+			li = len(lanes)
+			index[k] = li
+			lanes = append(lanes, nil)
+		}
+		lanes[li] = append(lanes[li], i)
+	}
+
+	type pending struct {
+		lane, pos int
+		ack       AckFunc
+	}
+	// Send the head of every lane, then wait for acks in sending order, sending
+	// each lane's next message as soon as its predecessor is acknowledged. Waiting
+	// in order is fine: acks of one connection arrive roughly in order, and every
+	// message is in flight while we wait.
+	queue := make([]pending, 0, len(lanes))
+	fail := func(lane, pos int, err error) {
+		results[lanes[lane][pos]] = err
+		for _, i := range lanes[lane][pos+1:] {
+			results[i] = ErrPredecessorFailed
+		}
+	}
+	start := func(lane, pos int) {
+		if err := ctx.Err(); err != nil {
+			fail(lane, pos, err)
+			return
+		}
+		ack, err := send(ctx, &msgs[lanes[lane][pos]])
+		if err != nil {
+			fail(lane, pos, err)
+			return
+		}
+		queue = append(queue, pending{lane, pos, ack})
+	}
+	for li := range lanes {
+		start(li, 0)
+	}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		if err := p.ack(ctx); err != nil {
+			fail(p.lane, p.pos, err)
+			continue
+		}
+		results[lanes[p.lane][p.pos]] = nil
+		if next := p.pos + 1; next < len(lanes[p.lane]) {
+			start(p.lane, next)
+		}
+	}
+	return results
+}
+
+// Template expands a destination (a NATS subject, a Kafka topic, an AMQP routing
+// key) from a message's fields. Placeholders: {aggregate_type}, {aggregate_id},
+// {event_type}, {schema_version}. Other text is kept as is.
+type Template struct {
+	parts []tmplPart
+	raw   string
+}
+
+type tmplPart struct {
+	lit   string
+	field string // "" for a literal
+}
+
+var templateFields = []string{"aggregate_type", "aggregate_id", "event_type", "schema_version"}
+
+// ParseTemplate parses s. Unknown or unclosed placeholders are errors.
+func ParseTemplate(s string) (Template, error) {
+	t := Template{raw: s}
+	if s == "" {
+		return t, errors.New("broker: empty destination template")
+	}
+	rest := s
+	for rest != "" {
+		open := strings.IndexByte(rest, '{')
+		if open < 0 {
+			t.parts = append(t.parts, tmplPart{lit: rest})
+			break
+		}
+		if open > 0 {
+			t.parts = append(t.parts, tmplPart{lit: rest[:open]})
+		}
+		end := strings.IndexByte(rest[open:], '}')
+		if end < 0 {
+			return Template{}, fmt.Errorf("broker: template %q: unclosed {", s)
+		}
+		name := rest[open+1 : open+end]
+		known := false
+		for _, f := range templateFields {
+			known = known || f == name
+		}
+		if !known {
+			return Template{}, fmt.Errorf("broker: template %q: unknown placeholder {%s} (want one of {%s})", s, name, strings.Join(templateFields, "}, {"))
+		}
+		t.parts = append(t.parts, tmplPart{field: name})
+		rest = rest[open+end+1:]
+	}
+	return t, nil
+}
+
+// MustParseTemplate is ParseTemplate for constants; it panics on error.
+func MustParseTemplate(s string) Template {
+	t, err := ParseTemplate(s)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// String returns the template as written.
+func (t Template) String() string { return t.raw }
+
+// Expand returns the destination for m.
+func (t Template) Expand(m *Message) string {
+	var b strings.Builder
+	for _, p := range t.parts {
+		switch p.field {
+		case "":
+			b.WriteString(p.lit)
+		case "aggregate_type":
+			b.WriteString(m.AggregateType)
+		case "aggregate_id":
+			b.WriteString(m.AggregateID)
+		case "event_type":
+			b.WriteString(m.EventType)
+		case "schema_version":
+			b.WriteString(strconv.Itoa(m.SchemaVersion))
+		}
+	}
+	return b.String()
+}
