@@ -33,6 +33,7 @@ func ExampleUp() {
 	fmt.Println("second run applied", len(again))
 	// Output:
 	// applied outbox/1 outbox_events
+	// applied outbox/2 notify
 	// applied inbox/1 processed_events
 	// second run applied 0
 }

@@ -14,7 +14,9 @@ package migrate
 
 import (
 	"context"
+	"crypto/md5"
 	"embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -368,6 +370,18 @@ func joinLines(lines []Line) string {
 		s[i] = string(l)
 	}
 	return strings.Join(s, ", ")
+}
+
+// NotifyChannel returns the LISTEN/NOTIFY channel on which the outbox_notify trigger
+// (outbox migration 2) announces commits to a schema's outbox: "pgoutbox.<schema>", or
+// "pgoutbox.<md5 of schema>" when that exceeds PostgreSQL's 63-byte identifier limit.
+func NotifyChannel(schema string) string {
+	c := "pgoutbox." + schema
+	if len(c) > 63 {
+		sum := md5.Sum([]byte(schema))
+		c = "pgoutbox." + hex.EncodeToString(sum[:])
+	}
+	return c
 }
 
 // ParseLines parses a comma-separated list of line names; "all" or "" means every line.

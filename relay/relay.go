@@ -1,0 +1,642 @@
+// Package relay publishes committed outbox events to a broker.
+//
+// A Relay claims small batches of events in short transactions (FOR UPDATE SKIP
+// LOCKED, then a lease in claimed_by/claim_until), publishes them outside any
+// database lock, and sets published_at only after the broker acknowledged them.
+// Events of one aggregate go out in aggregate_sequence order across any number of
+// relays: a relay only claims a prefix of an aggregate's pending events, so
+// sequence k+1 never leaves while k is in flight elsewhere, backing off or
+// quarantined. Failed events are retried with exponential backoff and quarantined
+// after Config.MaxAttempts. LISTEN/NOTIFY wakes the relay within milliseconds of a
+// commit; polling is the safety net.
+//
+// docs/design.md states who owns a row when, and what each crash leaves behind.
+package relay
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+// Relay moves events from the outbox to a broker. Create it with New, then Start
+// it; Stop it to shut down gracefully. A Relay is not restartable.
+type Relay struct {
+	cfg  Config
+	pool *pgxpool.Pool
+	pub  broker.Publisher
+	q    queries
+	log  *slog.Logger
+
+	wake     chan struct{}  // a token per pending reason to claim
+	retry    chan time.Time // when a backoff comes due
+	stopping chan struct{}  // closed by Stop: claim no more
+	// hardCtx is cancelled when Stop's deadline passes or Start's ctx ends: in-flight
+	// publishes are abandoned and their leases released.
+	hardCtx    context.Context
+	hardCancel context.CancelFunc
+	workers    sync.WaitGroup
+	helpers    sync.WaitGroup
+
+	startOnce, stopOnce sync.Once
+	started             atomic.Bool
+
+	mu     sync.Mutex
+	leased map[pgoutbox.UUID]struct{} // leases taken and not yet settled
+
+	dbDown, brokerDown atomic.Bool
+	stats              counters
+}
+
+// Stats are a relay's counters since Start.
+type Stats struct {
+	Claims      int64 // claim statements that leased at least one event
+	Claimed     int64 // events leased
+	TakenOver   int64 // events whose expired lease of another relay was taken over
+	Published   int64 // events acknowledged by the broker and marked published
+	Failed      int64 // failed publish attempts recorded
+	Quarantined int64 // events quarantined
+	Released    int64 // leases given back unattempted
+}
+
+type counters struct {
+	claims, claimed, takenOver, published, failed, quarantined, released atomic.Int64
+}
+
+// New returns a relay reading the outbox through pool and publishing with pub.
+// cfg may be nil for all defaults; invalid settings are reported here.
+func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Relay, error) {
+	if pool == nil || pub == nil {
+		return nil, errors.New("relay: New needs a pool and a publisher")
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{
+		cfg:      c,
+		pool:     pool,
+		pub:      pub,
+		q:        newQueries(c.Schema),
+		log:      c.Logger.With(slog.String("relay", c.ID)),
+		wake:     make(chan struct{}, c.Workers),
+		retry:    make(chan time.Time, 16),
+		stopping: make(chan struct{}),
+		leased:   map[pgoutbox.UUID]struct{}{},
+	}, nil
+}
+
+// ID returns the relay's id, as written in claimed_by.
+func (r *Relay) ID() string { return r.cfg.ID }
+
+// Stats returns the relay's counters.
+func (r *Relay) Stats() Stats {
+	s := &r.stats
+	return Stats{
+		Claims: s.claims.Load(), Claimed: s.claimed.Load(), TakenOver: s.takenOver.Load(),
+		Published: s.published.Load(), Failed: s.failed.Load(), Quarantined: s.quarantined.Load(),
+		Released: s.released.Load(),
+	}
+}
+
+// Healthy reports nil when the last contact with the database and with the broker
+// succeeded, else what is down.
+func (r *Relay) Healthy() error {
+	var errs []error
+	if r.dbDown.Load() {
+		errs = append(errs, errors.New("relay: database unreachable"))
+	}
+	if r.brokerDown.Load() {
+		errs = append(errs, errors.New("relay: broker unreachable"))
+	}
+	return errors.Join(errs...)
+}
+
+// Start launches the workers and the notification listener and returns at once.
+// Cancelling ctx stops the relay abruptly: in-flight publishes are abandoned and
+// their leases released (best effort); prefer Stop. Start may be called once.
+func (r *Relay) Start(ctx context.Context) error {
+	err := errors.New("relay: already started")
+	r.startOnce.Do(func() {
+		err = nil
+		r.started.Store(true)
+		r.hardCtx, r.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
+		// Start's ctx ending is a hard stop.
+		r.helpers.Add(1)
+		go func() {
+			defer r.helpers.Done()
+			select {
+			case <-ctx.Done():
+				r.signalStop()
+				r.hardCancel()
+			case <-r.hardCtx.Done():
+			}
+		}()
+		r.log.Info("relay starting", slog.String("schema", r.cfg.Schema), slog.Int("workers", r.cfg.Workers),
+			slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
+		for i := range r.cfg.Workers {
+			r.workers.Add(1)
+			go r.work(i)
+		}
+		r.helpers.Add(1)
+		go r.poll()
+		if !r.cfg.DisableNotify {
+			r.helpers.Add(1)
+			go r.listen()
+		}
+	})
+	return err
+}
+
+func (r *Relay) signalStop() { r.stopOnce.Do(func() { close(r.stopping) }) }
+
+// Stop shuts the relay down gracefully: it stops claiming, waits for in-flight
+// publishes to be acknowledged and marked, and releases the leases of events it
+// did not publish. If ctx ends first, in-flight publishes are abandoned (their
+// leases released, best effort) and ctx's error is returned. Stop is safe to call
+// more than once, and before Start.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.signalStop()
+	if !r.started.Load() {
+		return nil
+	}
+	done := make(chan struct{})
+	go func() { r.workers.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = fmt.Errorf("relay: stop: %w", ctx.Err())
+		r.hardCancel()
+		<-done
+	}
+	r.hardCancel()
+	r.helpers.Wait()
+	// Workers settle every batch; this only finds leases whose settling failed
+	// (database down), and tries once more.
+	if ids := r.outstanding(); len(ids) > 0 {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, rerr := r.pool.Exec(sctx, r.q.release, ids, r.cfg.ID); rerr != nil {
+			r.log.Warn("could not release leases; they expire on their own", slog.Int("events", len(ids)), slog.Any("error", rerr))
+		} else {
+			r.forget(ids)
+		}
+	}
+	s := r.Stats()
+	r.log.Info("relay stopped", slog.Int64("published", s.Published), slog.Int64("failed", s.Failed),
+		slog.Int64("quarantined", s.Quarantined))
+	return err
+}
+
+// poke asks one idle worker to claim.
+func (r *Relay) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// poll wakes a worker every PollInterval, and when the earliest backoff that a
+// worker reported comes due.
+func (r *Relay) poll() {
+	defer r.helpers.Done()
+	t := time.NewTicker(r.cfg.PollInterval)
+	defer t.Stop()
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
+	var dueAt time.Time
+	for {
+		select {
+		case <-r.stopping:
+			return
+		case <-t.C:
+			r.poke()
+		case at := <-r.retry:
+			if dueAt.IsZero() || at.Before(dueAt) {
+				dueAt = at
+				due.Reset(time.Until(at))
+			}
+		case <-due.C:
+			dueAt = time.Time{}
+			r.poke()
+		}
+	}
+}
+
+// listen keeps a dedicated connection LISTENing on the schema's channel and turns
+// notifications into wake-ups. After any reconnect it wakes a worker, since commits
+// may have gone unnoticed meanwhile.
+func (r *Relay) listen() {
+	defer r.helpers.Done()
+	ctx, cancel := context.WithCancel(r.hardCtx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var wait backoff
+	failing := false
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx, func() {
+			if failing {
+				r.log.Info("listening for notifications again")
+				failing = false
+			}
+			wait.reset()
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		if !failing {
+			r.log.Warn("notification listener down; polling every "+r.cfg.PollInterval.String()+" until it is back", slog.Any("error", err))
+			failing = true
+		}
+		if !sleepCtx(ctx, wait.next()) {
+			return
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context, up func()) error {
+	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.q.channel}.Sanitize()); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	up()
+	r.poke()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return fmt.Errorf("wait for notification: %w", err)
+		}
+		r.poke()
+	}
+}
+
+// work is one claim → publish → settle loop.
+func (r *Relay) work(id int) {
+	defer r.workers.Done()
+	var cur cursor
+	var wait backoff
+	again := true // claim at once on start: there may be a backlog
+	for {
+		if !again {
+			select {
+			case <-r.stopping:
+				return
+			case <-r.wake:
+			}
+		}
+		select {
+		case <-r.stopping:
+			return
+		default:
+		}
+		batch, err := r.claim(&cur)
+		if err != nil {
+			r.setDown(&r.dbDown, "database", err)
+			again = true
+			if !sleepStop(r.stopping, wait.next()) {
+				return
+			}
+			continue
+		}
+		r.setUp(&r.dbDown, "database")
+		wait.reset()
+		if len(batch) == r.cfg.BatchSize {
+			r.poke() // a backlog: let a peer claim alongside
+		}
+		// Claim again until a claim comes back empty: publishing this batch frees
+		// its lanes, whose next events are likely waiting.
+		again = len(batch) > 0
+		if !again {
+			continue
+		}
+		if pause := r.process(batch); pause > 0 {
+			// The broker is unreachable: hold off claiming instead of cycling every
+			// lane's head through failed attempts.
+			again = true
+			if !sleepStop(r.stopping, pause) {
+				return
+			}
+		}
+	}
+}
+
+// cursor is where a worker's next lane scan starts, so successive claims sweep all
+// lanes fairly instead of favouring the first ones in index order.
+type cursor struct{ aggregateType, aggregateID string }
+
+// claimed is one leased event.
+type claimed struct {
+	msg            broker.Message
+	attempts       int // attempt_count before this attempt
+	previousHolder *string
+}
+
+// claim leases the next batch, continuing the lane scan from cur and wrapping
+// around to the first lanes when the tail does not fill the batch.
+func (r *Relay) claim(cur *cursor) ([]claimed, error) {
+	ctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.Lease/2)
+	defer cancel()
+	batch, err := r.claimFrom(ctx, *cur, r.cfg.BatchSize)
+	if err != nil {
+		return nil, err
+	}
+	if len(batch) < r.cfg.BatchSize && *cur != (cursor{}) {
+		more, err := r.claimFrom(ctx, cursor{}, r.cfg.BatchSize-len(batch))
+		if err != nil {
+			// The first part is leased: publish it, retry the rest later.
+			r.log.Debug("claim from the first lanes failed", slog.Any("error", err))
+		}
+		batch = append(batch, more...)
+	}
+	*cur = cursor{}
+	for _, c := range batch {
+		if k := (cursor{c.msg.AggregateType, c.msg.AggregateID}); cmpCursor(k, *cur) > 0 {
+			*cur = k
+		}
+	}
+	return batch, nil
+}
+
+func cmpCursor(a, b cursor) int {
+	return cmp.Or(strings.Compare(a.aggregateType, b.aggregateType), strings.Compare(a.aggregateID, b.aggregateID))
+}
+
+func (r *Relay) claimFrom(ctx context.Context, from cursor, limit int) ([]claimed, error) {
+	rows, err := r.pool.Query(ctx, r.q.claim, r.cfg.ID, r.cfg.Lease.Milliseconds(),
+		from.aggregateType, from.aggregateID, limit, r.cfg.RunLength)
+	if err != nil {
+		return nil, fmt.Errorf("claim batch: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
+		var c claimed
+		var headers map[string]string
+		err := row.Scan(&c.msg.EventID, &c.msg.AggregateType, &c.msg.AggregateID, &c.msg.AggregateSequence,
+			&c.msg.EventType, &c.msg.SchemaVersion, &c.msg.Payload, &headers, &c.msg.OccurredAt,
+			&c.attempts, &c.previousHolder)
+		c.msg.Headers = headers
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim batch: %w", err)
+	}
+	if len(batch) > 0 {
+		r.stats.claims.Add(1)
+		r.stats.claimed.Add(int64(len(batch)))
+		r.mu.Lock()
+		for _, c := range batch {
+			r.leased[c.msg.EventID] = struct{}{}
+		}
+		r.mu.Unlock()
+		for _, c := range batch {
+			if c.previousHolder != nil && *c.previousHolder != r.cfg.ID {
+				r.stats.takenOver.Add(1)
+			}
+		}
+	}
+	return batch, nil
+}
+
+// process publishes a claimed batch and settles every event. It returns how long
+// the worker should pause before claiming again (non-zero when the broker looked
+// unreachable).
+func (r *Relay) process(batch []claimed) time.Duration {
+	// Per aggregate, ascending sequence: what Publisher.Publish requires.
+	slices.SortFunc(batch, func(a, b claimed) int {
+		return cmp.Or(strings.Compare(a.msg.AggregateType, b.msg.AggregateType),
+			strings.Compare(a.msg.AggregateID, b.msg.AggregateID),
+			cmp.Compare(a.msg.AggregateSequence, b.msg.AggregateSequence))
+	})
+	msgs := make([]broker.Message, len(batch))
+	for i := range batch {
+		msgs[i] = batch[i].msg
+	}
+	pctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.PublishTimeout)
+	results := r.pub.Publish(pctx, msgs)
+	cancel()
+	if len(results) != len(msgs) {
+		r.log.Error("publisher returned the wrong number of results; releasing the batch",
+			slog.Int("messages", len(msgs)), slog.Int("results", len(results)))
+		results = make([]error, len(msgs))
+		for i := range results {
+			results[i] = broker.ErrPredecessorFailed
+		}
+	}
+	return r.settle(batch, results)
+}
+
+// settle records the outcome of a publish: acked events published, failed ones
+// retried later or quarantined, unattempted ones released. The three statements go
+// in one round trip and one implicit transaction. If the database is unreachable,
+// settling is retried until the relay is hard-stopped; the leases then simply expire
+// and the events are published again (a duplicate, never a loss).
+func (r *Relay) settle(batch []claimed, results []error) time.Duration {
+	var (
+		acked, released           []pgoutbox.UUID
+		failIDs                   []pgoutbox.UUID
+		failErrs                  []string
+		failDelays                []int64
+		failQuarantine            []bool
+		anyAck, allUnavailable    = false, true
+		quarantined, firstRetryIn = 0, time.Duration(0)
+	)
+	hardStopped := r.hardCtx.Err() != nil
+	for i, err := range results {
+		c := &batch[i]
+		switch {
+		case err == nil:
+			acked = append(acked, c.msg.EventID)
+			anyAck = true
+		case errors.Is(err, broker.ErrPredecessorFailed),
+			hardStopped && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+			// Not attempted, or abandoned by a hard stop: not the event's fault.
+			released = append(released, c.msg.EventID)
+		default:
+			unavailable := broker.IsUnavailable(err)
+			allUnavailable = allUnavailable && unavailable
+			attempt := c.attempts + 1
+			quarantine := broker.IsPermanent(err) || (!unavailable && attempt >= r.cfg.MaxAttempts)
+			delay := r.backoff(attempt, unavailable)
+			if quarantine {
+				quarantined++
+				r.log.Warn("event quarantined", slog.String("event_id", c.msg.EventID.String()),
+					slog.String("aggregate", c.msg.AggregateType+"/"+c.msg.AggregateID),
+					slog.Int64("sequence", c.msg.AggregateSequence), slog.Int("attempts", attempt), slog.Any("error", err))
+			} else if firstRetryIn == 0 || delay < firstRetryIn {
+				firstRetryIn = delay
+			}
+			failIDs = append(failIDs, c.msg.EventID)
+			failErrs = append(failErrs, errorText(err))
+			failDelays = append(failDelays, delay.Milliseconds())
+			failQuarantine = append(failQuarantine, quarantine)
+		}
+	}
+
+	b := &pgx.Batch{}
+	if len(acked) > 0 {
+		b.Queue(r.q.mark, acked)
+	}
+	if len(failIDs) > 0 {
+		b.Queue(r.q.fail, failIDs, failErrs, failDelays, failQuarantine, r.cfg.ID)
+	}
+	if len(released) > 0 {
+		b.Queue(r.q.release, released, r.cfg.ID)
+	}
+	var wait backoff
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := r.pool.SendBatch(ctx, b).Close()
+		cancel()
+		if err == nil {
+			r.setUp(&r.dbDown, "database")
+			break
+		}
+		r.setDown(&r.dbDown, "database", fmt.Errorf("settle batch: %w", err))
+		if r.hardCtx.Err() != nil || !sleepCtx(r.hardCtx, wait.next()) {
+			return 0 // leases stay with us; Stop tries once more, then they expire
+		}
+	}
+	all := make([]pgoutbox.UUID, len(batch))
+	for i := range batch {
+		all[i] = batch[i].msg.EventID
+	}
+	r.forget(all)
+	r.stats.published.Add(int64(len(acked)))
+	r.stats.failed.Add(int64(len(failIDs)))
+	r.stats.quarantined.Add(int64(quarantined))
+	r.stats.released.Add(int64(len(released)))
+
+	if firstRetryIn > 0 {
+		// Wake up when the first backoff ends rather than at the next poll.
+		select {
+		case r.retry <- time.Now().Add(firstRetryIn):
+		default:
+		}
+	}
+	switch {
+	case anyAck:
+		r.setUp(&r.brokerDown, "broker")
+	case len(failIDs) > 0 && allUnavailable:
+		r.setDown(&r.brokerDown, "broker", errors.New(failErrs[0]))
+		return min(firstRetryIn, r.cfg.PollInterval)
+	}
+	return 0
+}
+
+// backoff returns the delay before attempt+1: exponential from BackoffBase, capped
+// at BackoffMax, and at 10s while the broker is unreachable so that the backlog
+// drains promptly once it is back. Jitter spreads the retries of many events.
+func (r *Relay) backoff(attempt int, unavailable bool) time.Duration {
+	limit := r.cfg.BackoffMax
+	if unavailable {
+		limit = min(limit, 10*time.Second)
+	}
+	d := r.cfg.BackoffBase
+	for i := 1; i < attempt && d < limit; i++ {
+		d *= 2
+	}
+	d = min(d, limit)
+	return d/2 + rand.N(d/2+1)
+}
+
+// errorText makes err storable in last_error: valid UTF-8, no NUL, bounded.
+func errorText(err error) string {
+	s := strings.ToValidUTF8(err.Error(), "?")
+	s = strings.ReplaceAll(s, "\x00", "")
+	if len(s) > 2000 {
+		s = s[:2000]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+	}
+	return s
+}
+
+func (r *Relay) outstanding() []pgoutbox.UUID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := make([]pgoutbox.UUID, 0, len(r.leased))
+	for id := range r.leased {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func (r *Relay) forget(ids []pgoutbox.UUID) {
+	r.mu.Lock()
+	for _, id := range ids {
+		delete(r.leased, id)
+	}
+	r.mu.Unlock()
+}
+
+// setDown and setUp log a dependency's state changes once, not every failure.
+func (r *Relay) setDown(flag *atomic.Bool, what string, err error) {
+	if flag.CompareAndSwap(false, true) {
+		r.log.Warn(what+" unreachable; retrying with backoff", slog.Any("error", err))
+	}
+}
+
+func (r *Relay) setUp(flag *atomic.Bool, what string) {
+	if flag.CompareAndSwap(true, false) {
+		r.log.Info(what + " reachable again")
+	}
+}
+
+// backoff is the delay schedule for retrying the database or the listener:
+// 100ms doubling to 5s.
+type backoff struct{ d time.Duration }
+
+func (b *backoff) next() time.Duration {
+	b.d = min(max(b.d*2, 100*time.Millisecond), 5*time.Second)
+	return b.d
+}
+
+func (b *backoff) reset() { b.d = 0 }
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func sleepStop(stop <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,396 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/relay"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// outbox is a migrated schema of its own for one test.
+type outbox struct {
+	pool   *pgxpool.Pool
+	schema string
+	prod   *pgoutbox.Producer
+}
+
+func newOutbox(t testing.TB, maxConns int32) *outbox {
+	t.Helper()
+	pool, schema := pgtest.Migrated(t, maxConns)
+	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
+	pgtest.Must(t, err, "producer")
+	return &outbox{pool: pool, schema: schema, prod: p}
+}
+
+func (o *outbox) table() string { return pgx.Identifier{o.schema, "outbox_events"}.Sanitize() }
+
+// enqueue writes perAgg events to each of aggregates aggregates, interleaved
+// (round-robin over aggregates), in transactions of up to 1,000 events, and
+// returns all events' ids.
+func (o *outbox) enqueue(t testing.TB, aggregates, perAgg int) []pgoutbox.UUID {
+	t.Helper()
+	ctx := context.Background()
+	var ids []pgoutbox.UUID
+	var batch []pgoutbox.Event
+	flush := func() {
+		res, err := o.prod.EnqueueTx(ctx, o.pool, batch...)
+		pgtest.Must(t, err, "enqueue")
+		for _, r := range res {
+			ids = append(ids, r.EventID)
+		}
+		batch = batch[:0]
+	}
+	for s := range perAgg {
+		for a := range aggregates {
+			batch = append(batch, pgoutbox.Event{AggregateType: "acct", AggregateID: fmt.Sprintf("a%04d", a),
+				EventType: "acct.changed", Payload: map[string]int{"n": s}})
+			if len(batch) == 1000 {
+				flush()
+			}
+		}
+	}
+	if len(batch) > 0 {
+		flush()
+	}
+	return ids
+}
+
+// count returns how many events match the SQL condition.
+func (o *outbox) count(t testing.TB, where string) int {
+	t.Helper()
+	var n int
+	pgtest.Must(t, o.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+o.table()+" WHERE "+where).Scan(&n), "count")
+	return n
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// startRelay starts a relay and stops it (gracefully) when the test ends.
+func startRelay(t testing.TB, o *outbox, pub broker.Publisher, cfg relay.Config) *relay.Relay {
+	t.Helper()
+	cfg.Schema = o.schema
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	r, err := relay.New(o.pool, pub, &cfg)
+	pgtest.Must(t, err, "relay.New")
+	pgtest.Must(t, r.Start(context.Background()), "start")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := r.Stop(ctx); err != nil {
+			t.Errorf("stop relay %s: %v", r.ID(), err)
+		}
+	})
+	return r
+}
+
+// recorder is an in-process broker that stores every message it is sent, in send
+// order, and acks at once unless fail says otherwise. It checks the relay's
+// ordering logic without a network in between; the NATS tests check the same
+// against a real server.
+type recorder struct {
+	mu   sync.Mutex
+	got  []broker.Message
+	fail func(m *broker.Message) error
+	// jitter, when set, delays each send by up to that long: a broker's latency,
+	// which widens the windows in which a wrong claim would overtake a lane.
+	jitter time.Duration
+}
+
+func (r *recorder) Publish(ctx context.Context, msgs []broker.Message) []error {
+	return broker.PublishLanes(ctx, msgs, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
+		if r.jitter > 0 {
+			time.Sleep(rand.N(r.jitter))
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.fail != nil {
+			if err := r.fail(m); err != nil {
+				return nil, err
+			}
+		}
+		r.got = append(r.got, *m)
+		return func(context.Context) error { return nil }, nil
+	})
+}
+
+func (r *recorder) Close() error { return nil }
+
+func (r *recorder) messages() []broker.Message {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]broker.Message(nil), r.got...)
+}
+
+// checkStream asserts guarantees 3 and 5 on what a broker stored: every id in want
+// appears, and per aggregate the first appearances of sequences are 1..N in order.
+// It returns the number of duplicate deliveries.
+func checkStream(t testing.TB, got []broker.Message, want []pgoutbox.UUID) (duplicates int) {
+	t.Helper()
+	seen := map[pgoutbox.UUID]bool{}
+	next := map[string]int64{}
+	for _, m := range got {
+		if seen[m.EventID] {
+			duplicates++
+			continue
+		}
+		seen[m.EventID] = true
+		lane := m.AggregateType + "/" + m.AggregateID
+		if m.AggregateSequence != next[lane]+1 {
+			t.Fatalf("order violated on %s: sequence %d first appeared after %d", lane, m.AggregateSequence, next[lane])
+		}
+		next[lane] = m.AggregateSequence
+	}
+	lost := 0
+	for _, id := range want {
+		if !seen[id] {
+			lost++
+		}
+	}
+	if lost > 0 {
+		t.Fatalf("%d of %d events never reached the broker", lost, len(want))
+	}
+	return duplicates
+}
+
+// Several relays, each with two workers, race over the same lanes: every event is
+// published and each aggregate's first appearances are in sequence order.
+func TestRelaysRacingKeepLaneOrder(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 16)
+	ids := o.enqueue(t, 60, 40)
+	rec := &recorder{jitter: 200 * time.Microsecond}
+	for i := range 4 {
+		startRelay(t, o, rec, relay.Config{ID: fmt.Sprintf("r%d", i), BatchSize: 37, RunLength: 3})
+	}
+	waitFor(t, 60*time.Second, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	dups := checkStream(t, rec.messages(), ids)
+	t.Logf("%d events, %d duplicates", len(ids), dups)
+	if n := o.count(t, "claim_until IS NOT NULL OR attempt_count <> 1"); n != 0 {
+		t.Fatalf("%d published events still leased or with attempt_count <> 1", n)
+	}
+}
+
+// A poison event is quarantined after MaxAttempts; its aggregate's later events
+// wait while other aggregates flow; retrying it through the admin API releases the
+// lane in order.
+func TestPoisonEventQuarantinedAndRetried(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 8)
+	ids := o.enqueue(t, 5, 4) // a0000..a0004, sequences 1..4
+	var poisonID pgoutbox.UUID
+	pgtest.Must(t, o.pool.QueryRow(context.Background(), "SELECT event_id FROM "+o.table()+
+		" WHERE aggregate_id = 'a0002' AND aggregate_sequence = 2").Scan(&poisonID), "poison id")
+
+	var mu sync.Mutex
+	poisoned := true
+	rec := &recorder{fail: func(m *broker.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if poisoned && m.EventID == poisonID {
+			return errors.New("schema registry says no")
+		}
+		return nil
+	}}
+	r := startRelay(t, o, rec, relay.Config{MaxAttempts: 3, BackoffBase: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
+		PollInterval: 50 * time.Millisecond})
+
+	waitFor(t, 30*time.Second, "the poison event's quarantine", func() bool {
+		return o.count(t, "quarantined_at IS NOT NULL") == 1
+	})
+	waitFor(t, 30*time.Second, "the other aggregates to drain", func() bool {
+		return o.count(t, "published_at IS NULL") == 3 // the poison event and the two after it
+	})
+	var attempts int
+	var lastErr string
+	pgtest.Must(t, o.pool.QueryRow(context.Background(), "SELECT attempt_count, last_error FROM "+o.table()+" WHERE event_id = $1",
+		poisonID).Scan(&attempts, &lastErr), "read poison")
+	if attempts != 3 || lastErr != "schema registry says no" {
+		t.Fatalf("poison event: attempt_count %d, last_error %q", attempts, lastErr)
+	}
+	if n := o.count(t, "aggregate_id = 'a0002' AND aggregate_sequence > 2 AND published_at IS NOT NULL"); n != 0 {
+		t.Fatalf("%d events behind the quarantined one were published", n)
+	}
+	if s := r.Stats(); s.Quarantined != 1 || s.Failed != 3 {
+		t.Fatalf("stats %+v, want 1 quarantined after 3 failures", s)
+	}
+
+	mu.Lock()
+	poisoned = false
+	mu.Unlock()
+	a, err := admin.New(o.pool, &admin.Config{Schema: o.schema})
+	pgtest.Must(t, err, "admin")
+	retried, err := a.Retry(context.Background(), poisonID, ids[0])
+	pgtest.Must(t, err, "retry")
+	if len(retried) != 1 || retried[0] != poisonID {
+		t.Fatalf("retried %v, want only the quarantined event", retried)
+	}
+	waitFor(t, 30*time.Second, "the lane to drain after the retry", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	checkStream(t, rec.messages(), ids)
+}
+
+// A permanent refusal quarantines at once; the broker being unreachable never
+// quarantines, however often it happens.
+func TestErrorClassesDecideQuarantine(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 8)
+	o.enqueue(t, 2, 1) // a0000 and a0001, one event each
+	rec := &recorder{fail: func(m *broker.Message) error {
+		if m.AggregateID == "a0000" {
+			return broker.Permanent(errors.New("invalid subject"))
+		}
+		return broker.Unavailable(errors.New("no responders"))
+	}}
+	startRelay(t, o, rec, relay.Config{MaxAttempts: 2, BackoffBase: time.Millisecond, BackoffMax: 2 * time.Millisecond,
+		PollInterval: 20 * time.Millisecond})
+	waitFor(t, 30*time.Second, "several unavailable attempts", func() bool {
+		return o.count(t, "aggregate_id = 'a0001' AND attempt_count >= 5") == 1
+	})
+	if n := o.count(t, "aggregate_id = 'a0000' AND quarantined_at IS NOT NULL AND attempt_count = 1"); n != 1 {
+		t.Fatal("the permanently refused event was not quarantined after its first attempt")
+	}
+	if n := o.count(t, "aggregate_id = 'a0001' AND quarantined_at IS NOT NULL"); n != 0 {
+		t.Fatal("an event was quarantined because the broker was unreachable")
+	}
+}
+
+// With polling every 30s, a commit is still published within a second: the NOTIFY
+// wake-up works. An event whose notification was lost (NOTIFY turned off for the
+// producer) is found by the next poll.
+func TestNotifyWakesRelayAndPollingCatchesLostNotifications(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 8)
+	rec := &recorder{}
+	startRelay(t, o, rec, relay.Config{PollInterval: 30 * time.Second})
+	// Let the relay's first claim (at start) and LISTEN happen before enqueueing.
+	waitFor(t, 10*time.Second, "the relay to listen", func() bool { return listening(t, o) })
+
+	start := time.Now()
+	ids := o.enqueue(t, 1, 1)
+	waitFor(t, 5*time.Second, "the event to be published", func() bool { return len(rec.messages()) == 1 })
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("published %s after commit with a 30s poll interval: NOTIFY did not wake the relay", d)
+	}
+	checkStream(t, rec.messages(), ids)
+
+	// Lost notification: a second relay polls every 200ms, the producer's NOTIFY is off.
+	o2 := newOutbox(t, 8)
+	rec2 := &recorder{}
+	startRelay(t, o2, rec2, relay.Config{PollInterval: 200 * time.Millisecond, DisableNotify: true})
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, o2.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL pgoutbox.notify = 'off'"); err != nil {
+			return err
+		}
+		_, err := o2.prod.EnqueueTx(ctx, tx, pgoutbox.Event{AggregateType: "a", AggregateID: "1", EventType: "e"})
+		return err
+	})
+	pgtest.Must(t, err, "enqueue without notify")
+	waitFor(t, 5*time.Second, "the poll to find the event", func() bool { return len(rec2.messages()) == 1 })
+}
+
+// listening reports whether some session LISTENs on the schema's channel.
+func listening(t testing.TB, o *outbox) bool {
+	var n int
+	pgtest.Must(t, o.pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' AND query LIKE '%' || $1 || '%'", o.schema).Scan(&n), "activity")
+	return n > 0
+}
+
+// Stop with events in flight: in-flight publishes finish and are marked, nothing
+// stays leased, and nothing is lost.
+func TestGracefulStopLeavesNoLease(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 8)
+	ids := o.enqueue(t, 50, 20)
+	gate := make(chan struct{})
+	var once sync.Once
+	started := make(chan struct{})
+	rec := &recorder{fail: func(m *broker.Message) error {
+		once.Do(func() { close(started) })
+		<-gate // hold the publish until the test has asked the relay to stop
+		return nil
+	}}
+	r, err := relay.New(o.pool, rec, &relay.Config{Schema: o.schema, Logger: quietLogger(), BatchSize: 100})
+	pgtest.Must(t, err, "relay")
+	pgtest.Must(t, r.Start(context.Background()), "start")
+	<-started
+	stopped := make(chan error)
+	go func() { stopped <- r.Stop(context.Background()) }()
+	close(gate)
+	pgtest.Must(t, <-stopped, "stop")
+	if n := o.count(t, "published_at IS NULL AND claim_until IS NOT NULL"); n != 0 {
+		t.Fatalf("%d events still leased after a graceful stop", n)
+	}
+	published := o.count(t, "published_at IS NOT NULL")
+	if published == 0 || published == len(ids) {
+		t.Fatalf("%d of %d published: expected the in-flight batches only", published, len(ids))
+	}
+	// Another relay finishes the job.
+	startRelay(t, o, &recorder{}, relay.Config{})
+	waitFor(t, 30*time.Second, "the rest to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+}
+
+// A relay that died holding leases (here: one whose leases we forge as if it had
+// been killed) is taken over once the leases expire.
+func TestExpiredLeasesAreTakenOver(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 8)
+	ids := o.enqueue(t, 10, 3)
+	ctx := context.Background()
+	_, err := o.pool.Exec(ctx, "UPDATE "+o.table()+" SET claimed_by = 'dead-relay', claim_until = now() + interval '300 milliseconds' WHERE aggregate_sequence = 1")
+	pgtest.Must(t, err, "forge leases")
+	rec := &recorder{}
+	r := startRelay(t, o, rec, relay.Config{PollInterval: 50 * time.Millisecond})
+	waitFor(t, 30*time.Second, "the takeover", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	checkStream(t, rec.messages(), ids)
+	if s := r.Stats(); s.TakenOver != 10 {
+		t.Fatalf("stats %+v, want 10 leases taken over", s)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 1)
+	for _, cfg := range []relay.Config{
+		{BatchSize: -1}, {Workers: 100}, {Lease: time.Millisecond}, {Lease: time.Second, PublishTimeout: 2 * time.Second},
+		{MaxAttempts: -3}, {BackoffBase: time.Minute, BackoffMax: time.Second}, {Schema: string(make([]byte, 70))},
+	} {
+		if _, err := relay.New(o.pool, &recorder{}, &cfg); err == nil {
+			t.Errorf("config %+v accepted", cfg)
+		}
+	}
+	if _, err := relay.New(o.pool, nil, nil); err == nil {
+		t.Error("nil publisher accepted")
+	}
+}
