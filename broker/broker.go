@@ -76,6 +76,46 @@ func (m *Message) WireHeaders() map[string]string {
 	return h
 }
 
+// ParseWireHeaders rebuilds a Message from what a consumer received: the body and a
+// header lookup (get returns "" for a missing header). Every Outbox-* header must be
+// present and well-formed; other headers become Message.Headers.
+func ParseWireHeaders(body []byte, names []string, get func(name string) string) (Message, error) {
+	m := Message{Payload: body, Headers: map[string]string{}}
+	var err error
+	need := func(name string) string {
+		v := get(name)
+		if v == "" && err == nil {
+			err = fmt.Errorf("broker: message lacks header %s", name)
+		}
+		return v
+	}
+	if m.EventID, err = pgoutbox.ParseUUID(need(HeaderEventID)); err != nil {
+		return Message{}, fmt.Errorf("broker: header %s: %w", HeaderEventID, err)
+	}
+	m.EventType = need(HeaderEventType)
+	m.AggregateType = need(HeaderAggregateType)
+	m.AggregateID = need(HeaderAggregateID)
+	seq, version, occurred := need(HeaderAggregateSequence), need(HeaderSchemaVersion), need(HeaderOccurredAt)
+	if err != nil {
+		return Message{}, err
+	}
+	if m.AggregateSequence, err = strconv.ParseInt(seq, 10, 64); err != nil || m.AggregateSequence < 1 {
+		return Message{}, fmt.Errorf("broker: header %s: invalid sequence %q", HeaderAggregateSequence, seq)
+	}
+	if m.SchemaVersion, err = strconv.Atoi(version); err != nil || m.SchemaVersion < 1 {
+		return Message{}, fmt.Errorf("broker: header %s: invalid version %q", HeaderSchemaVersion, version)
+	}
+	if m.OccurredAt, err = time.Parse(time.RFC3339Nano, occurred); err != nil {
+		return Message{}, fmt.Errorf("broker: header %s: %w", HeaderOccurredAt, err)
+	}
+	for _, n := range names {
+		if !strings.HasPrefix(strings.ToLower(n), "outbox-") {
+			m.Headers[n] = get(n)
+		}
+	}
+	return m, nil
+}
+
 // Publisher publishes batches of messages to one broker. Implementations must be
 // safe for concurrent calls to Publish.
 type Publisher interface {

@@ -64,6 +64,12 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Validate reports what New would reject in c, with its defaults applied.
+func (c *Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 func (c *Config) withDefaults() (Config, error) {
 	var out Config
 	if c != nil {

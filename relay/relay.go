@@ -327,7 +327,7 @@ func (r *Relay) work(id int) {
 		r.setUp(&r.dbDown, "database")
 		wait.reset()
 		if len(batch) == r.cfg.BatchSize {
-			r.poke() // a backlog: let a peer claim alongside
+			r.announceBacklog()
 		}
 		// Claim again until a claim comes back empty: publishing this batch frees
 		// its lanes, whose next events are likely waiting.
@@ -343,6 +343,21 @@ func (r *Relay) work(id int) {
 				return
 			}
 		}
+	}
+}
+
+// announceBacklog wakes a peer worker, and the other relays through a notification:
+// a full batch means a backlog, and relays that found nothing earlier (their claim
+// raced ours for the same lanes) would otherwise sleep until their next poll.
+func (r *Relay) announceBacklog() {
+	r.poke()
+	if r.cfg.DisableNotify {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.hardCtx, 5*time.Second)
+	defer cancel()
+	if _, err := r.pool.Exec(ctx, "SELECT pg_notify($1, '')", r.q.channel); err != nil {
+		r.log.Debug("could not announce the backlog", slog.Any("error", err))
 	}
 }
 

@@ -40,8 +40,9 @@ func newQueries(schema string) queries {
 //     is over and nobody holds a live lease on it. A lane whose head is not claimable
 //     (in flight elsewhere, backing off, quarantined) contributes nothing: sequence
 //     k+1 is never claimed while k waits.
-//   - runs is MATERIALIZED so that it is computed once, a few hundred rows at most,
-//     and joined by primary key, whatever the table's statistics say.
+//   - runs is MATERIALIZED and handed to locked as an array, so that it is computed
+//     once (a few hundred rows at most) and looked up by primary key, whatever the
+//     table's statistics say: a join let the planner scan every pending row instead.
 //   - locked re-reads those rows FOR UPDATE SKIP LOCKED. A row another relay leased
 //     or published since our snapshot is re-checked on its new version and dropped.
 //   - the UPDATE leases a locked row only if every unpublished event before it in its
@@ -87,9 +88,9 @@ runs AS MATERIALIZED (
 ),
 locked AS (
     SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.claimed_by AS previous_holder
-      FROM runs r
-      JOIN %[1]s e ON e.event_id = r.event_id
-     WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.available_at <= now()
+      FROM %[1]s e
+     WHERE e.event_id = ANY (ARRAY(SELECT event_id FROM runs))
+       AND e.published_at IS NULL AND e.quarantined_at IS NULL AND e.available_at <= now()
        AND (e.claim_until IS NULL OR e.claim_until < now())
        FOR UPDATE OF e SKIP LOCKED
 )

@@ -1,0 +1,38 @@
+// Package null is a broker that acknowledges every message at once and keeps
+// nothing: the ceiling of what the relay can do without a network, for benchmarks
+// and for dry runs of a relay's database side ("--broker null://").
+package null
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+// Publisher acknowledges everything. The zero value is ready to use.
+type Publisher struct {
+	published atomic.Int64
+}
+
+var _ broker.Publisher = (*Publisher)(nil)
+
+// Publish acknowledges every message, or fails them all with ctx's error when ctx
+// has ended.
+func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error {
+	results := make([]error, len(msgs))
+	if err := ctx.Err(); err != nil {
+		for i := range results {
+			results[i] = err
+		}
+		return results
+	}
+	p.published.Add(int64(len(msgs)))
+	return results
+}
+
+// Published returns how many messages were acknowledged.
+func (p *Publisher) Published() int64 { return p.published.Load() }
+
+// Close does nothing.
+func (p *Publisher) Close() error { return nil }
