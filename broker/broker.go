@@ -59,12 +59,16 @@ type Message struct {
 }
 
 // WireHeaders returns every header the message carries on the wire: the producer's
-// headers, then the Outbox-* headers (which win over producer headers of the same
-// name, so the contract cannot be spoofed).
+// headers and the Outbox-* headers. Producer headers named Outbox-* (in any case)
+// are dropped, so the contract cannot be spoofed.
 func (m *Message) WireHeaders() map[string]string {
 	h := make(map[string]string, len(m.Headers)+7)
 	for k, v := range m.Headers {
-		h[k] = v
+		// Compared without case: HTTP and AMQP peers may fold header names, so a
+		// producer's "outbox-event-id" must not travel beside the real one.
+		if !strings.HasPrefix(strings.ToLower(k), "outbox-") {
+			h[k] = v
+		}
 	}
 	h[HeaderEventID] = m.EventID.String()
 	h[HeaderEventType] = m.EventType
@@ -122,8 +126,9 @@ type Publisher interface {
 	// Publish sends msgs and returns exactly len(msgs) results, results[i] for
 	// msgs[i]: nil once the broker acknowledged the message, an error otherwise
 	// (see the package doc for how errors are classified). It returns only when
-	// every message has its result; when ctx ends first, the messages without an
-	// acknowledgement get ctx's error.
+	// every message has its result; when ctx ends first, every message without an
+	// acknowledgement gets an error (ctx's, or ErrPredecessorFailed for a message
+	// never sent).
 	//
 	// msgs holds, per aggregate, consecutive sequences in ascending order. The
 	// adapter must never let message k+1 of an aggregate be published before k is
@@ -193,10 +198,14 @@ type AckFunc func(ctx context.Context) error
 
 // PublishLanes publishes msgs through send, an asynchronous publish that returns at
 // once with a way to wait for the broker's ack. Messages of different aggregates
-// are all in flight together; within an aggregate, message k+1 is sent only after
-// k's ack, so a failure cannot let k+1 overtake k. After a failure, the rest of
-// that aggregate's messages get ErrPredecessorFailed. It returns one result per
+// are all in flight together, and acks are awaited concurrently, so a slow ack
+// holds back only its own aggregate. Within an aggregate, message k+1 is sent only
+// after k's ack, so a failure cannot let k+1 overtake k. After a failure, the rest
+// of that aggregate's messages get ErrPredecessorFailed. It returns one result per
 // message, like Publisher.Publish.
+//
+// send may block (to bound the messages in flight, say) as long as the acks of
+// earlier sends can still complete: each AckFunc is called from its own goroutine.
 func PublishLanes(ctx context.Context, msgs []Message, send func(ctx context.Context, m *Message) (AckFunc, error)) []error {
 	results := make([]error, len(msgs))
 	// Lanes in first-appearance order; each is the indexes of its messages.
@@ -214,15 +223,12 @@ func PublishLanes(ctx context.Context, msgs []Message, send func(ctx context.Con
 		lanes[li] = append(lanes[li], i)
 	}
 
-	type pending struct {
+	type outcome struct {
 		lane, pos int
-		ack       AckFunc
+		err       error
 	}
-	// Send the head of every lane, then wait for acks in sending order, sending
-	// each lane's next message as soon as its predecessor is acknowledged. Waiting
-	// in order is fine: acks of one connection arrive roughly in order, and every
-	// message is in flight while we wait.
-	queue := make([]pending, 0, len(lanes))
+	done := make(chan outcome, len(msgs))
+	inFlight := 0
 	fail := func(lane, pos int, err error) {
 		results[lanes[lane][pos]] = err
 		for _, i := range lanes[lane][pos+1:] {
@@ -239,21 +245,22 @@ func PublishLanes(ctx context.Context, msgs []Message, send func(ctx context.Con
 			fail(lane, pos, err)
 			return
 		}
-		queue = append(queue, pending{lane, pos, ack})
+		inFlight++
+		go func() { done <- outcome{lane, pos, ack(ctx)} }()
 	}
 	for li := range lanes {
 		start(li, 0)
 	}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		if err := p.ack(ctx); err != nil {
-			fail(p.lane, p.pos, err)
+	for inFlight > 0 {
+		o := <-done
+		inFlight--
+		if o.err != nil {
+			fail(o.lane, o.pos, o.err)
 			continue
 		}
-		results[lanes[p.lane][p.pos]] = nil
-		if next := p.pos + 1; next < len(lanes[p.lane]) {
-			start(p.lane, next)
+		results[lanes[o.lane][o.pos]] = nil
+		if next := o.pos + 1; next < len(lanes[o.lane]) {
+			start(o.lane, next)
 		}
 	}
 	return results

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -74,7 +75,10 @@ flag's help (DATABASE_URL for the database).`,
 		return usagef("%s: %v (see '%s --help')", c.CommandPath(), err, c.CommandPath())
 	})
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.AddCommand(newMigrateCmd(), newVersionCmd(), newDemoCmd())
+	// Flags not given on the command line take the environment variable their help
+	// names ("(env NAME)"): one rule for every verb, checked like the flag itself.
+	root.PersistentPreRunE = func(c *cobra.Command, _ []string) error { return applyEnv(c.Flags()) }
+	root.AddCommand(newMigrateCmd(), newRelayCmd(), newVersionCmd(), newDemoCmd())
 	// Unknown verbs and stray arguments are usage errors too.
 	for _, c := range append(root.Commands(), root) {
 		if c.Args == nil {
@@ -94,12 +98,26 @@ func noArgs(c *cobra.Command, args []string) error {
 	return usagef("%s takes no arguments, got %q", c.CommandPath(), args)
 }
 
-// envString returns the environment variable's value, or def when it is unset.
-func envString(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
-		return v
-	}
-	return def
+var envInUsage = regexp.MustCompile(`\(env ([A-Z][A-Z0-9_]*)\)`)
+
+// applyEnv sets each flag that was not given on the command line from the
+// environment variable named in its usage, if that variable is set and non-empty.
+func applyEnv(fs *pflag.FlagSet) error {
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		m := envInUsage.FindStringSubmatch(f.Usage)
+		if err != nil || f.Changed || m == nil {
+			return
+		}
+		v, ok := os.LookupEnv(m[1])
+		if !ok || v == "" {
+			return
+		}
+		if serr := fs.Set(f.Name, v); serr != nil {
+			err = usagef("%s=%q (for --%s): %v", m[1], v, f.Name, serr)
+		}
+	})
+	return err
 }
 
 // dbFlags are the connection settings shared by every verb that talks to PostgreSQL.
@@ -110,26 +128,15 @@ type dbFlags struct {
 }
 
 func (d *dbFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&d.url, "database-url", os.Getenv("DATABASE_URL"),
+	fs.StringVar(&d.url, "database-url", "",
 		"PostgreSQL connection string, URL or key=value form (env DATABASE_URL)")
-	fs.StringVar(&d.schema, "schema", envString("PGOUTBOX_SCHEMA", migrate.DefaultSchema),
+	fs.StringVar(&d.schema, "schema", migrate.DefaultSchema,
 		"PostgreSQL schema holding the outbox tables (env PGOUTBOX_SCHEMA)")
-	d.connectTimeout = 10 * time.Second
-	if v := os.Getenv("PGOUTBOX_CONNECT_TIMEOUT"); v != "" {
-		if t, err := time.ParseDuration(v); err == nil {
-			d.connectTimeout = t
-		}
-	}
-	fs.DurationVar(&d.connectTimeout, "connect-timeout", d.connectTimeout,
+	fs.DurationVar(&d.connectTimeout, "connect-timeout", 10*time.Second,
 		"give up connecting to PostgreSQL after this long (env PGOUTBOX_CONNECT_TIMEOUT)")
 }
 
 func (d *dbFlags) validate() error {
-	if v := os.Getenv("PGOUTBOX_CONNECT_TIMEOUT"); v != "" {
-		if _, err := time.ParseDuration(v); err != nil {
-			return usagef("PGOUTBOX_CONNECT_TIMEOUT=%q is not a duration (e.g. 10s)", v)
-		}
-	}
 	if d.connectTimeout <= 0 {
 		return usagef("--connect-timeout must be positive, got %s", d.connectTimeout)
 	}
@@ -139,9 +146,8 @@ func (d *dbFlags) validate() error {
 	return nil
 }
 
-// connect opens one connection, failing fast with a one-line error for a missing,
-// malformed or unreachable database.
-func (d *dbFlags) connect(ctx context.Context) (*pgx.Conn, error) {
+// parse checks the flags and returns the database URL's configuration.
+func (d *dbFlags) parse() (*pgx.ConnConfig, error) {
 	if err := d.validate(); err != nil {
 		return nil, err
 	}
@@ -153,6 +159,16 @@ func (d *dbFlags) connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, usagef("invalid database URL: %v", err)
 	}
 	cfg.ConnectTimeout = d.connectTimeout
+	return cfg, nil
+}
+
+// connect opens one connection, failing fast with a one-line error for a missing,
+// malformed or unreachable database.
+func (d *dbFlags) connect(ctx context.Context) (*pgx.Conn, error) {
+	cfg, err := d.parse()
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, d.connectTimeout)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, cfg)

@@ -45,9 +45,9 @@ Without --database-url or DATABASE_URL it uses ` + demoDatabaseURL + `.`,
 		},
 	}
 	db.register(cmd.Flags())
-	cmd.Flags().Lookup("schema").DefValue = "pgoutbox_demo"
-	_ = cmd.Flags().Set("schema", envString("PGOUTBOX_DEMO_SCHEMA", "pgoutbox_demo"))
-	cmd.Flags().Lookup("schema").Usage = "schema the demo drops, recreates and fills (env PGOUTBOX_DEMO_SCHEMA)"
+	schema := cmd.Flags().Lookup("schema")
+	schema.DefValue, schema.Usage = "pgoutbox_demo", "schema the demo drops, recreates and fills (env PGOUTBOX_DEMO_SCHEMA)"
+	_ = schema.Value.Set("pgoutbox_demo")
 	return cmd
 }
 

@@ -49,7 +49,7 @@ Use "pgoutbox migrate print" to get the SQL for your own migration tool, and
 		},
 	}
 	db.register(cmd.Flags())
-	cmd.Flags().StringVar(&lines, "lines", envString("PGOUTBOX_MIGRATE_LINES", "all"),
+	cmd.Flags().StringVar(&lines, "lines", "all",
 		`migration lines to apply: all, outbox, inbox, or a comma list (env PGOUTBOX_MIGRATE_LINES)`)
 
 	cmd.AddCommand(newMigratePrintCmd(), newMigrateStatusCmd())
@@ -88,9 +88,9 @@ so a later "pgoutbox migrate" agrees that it is applied. No database is needed.`
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&schema, "schema", envString("PGOUTBOX_SCHEMA", migrate.DefaultSchema),
+	cmd.Flags().StringVar(&schema, "schema", migrate.DefaultSchema,
 		"PostgreSQL schema to create the objects in (env PGOUTBOX_SCHEMA)")
-	cmd.Flags().StringVar(&lines, "lines", envString("PGOUTBOX_MIGRATE_LINES", "all"),
+	cmd.Flags().StringVar(&lines, "lines", "all",
 		"migration lines to print: all, outbox, inbox, or a comma list (env PGOUTBOX_MIGRATE_LINES)")
 	return cmd
 }
@@ -128,7 +128,7 @@ func newMigrateStatusCmd() *cobra.Command {
 		},
 	}
 	db.register(cmd.Flags())
-	cmd.Flags().StringVar(&lines, "lines", envString("PGOUTBOX_MIGRATE_LINES", "all"),
+	cmd.Flags().StringVar(&lines, "lines", "all",
 		"migration lines to list: all, outbox, inbox, or a comma list (env PGOUTBOX_MIGRATE_LINES)")
 	return cmd
 }

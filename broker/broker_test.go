@@ -1,0 +1,171 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+func msg(agg string, seq int64) broker.Message {
+	return broker.Message{EventID: pgoutbox.NewEventID(), AggregateType: "t", AggregateID: agg, AggregateSequence: seq,
+		EventType: "e", SchemaVersion: 1, OccurredAt: time.Now(), Payload: []byte(`{}`)}
+}
+
+// Within a lane, k+1 is sent only after k's ack; a failure stops the lane; other
+// lanes go on.
+func TestPublishLanesOrderAndFailure(t *testing.T) {
+	msgs := []broker.Message{msg("a", 1), msg("b", 1), msg("a", 2), msg("b", 2), msg("a", 3), msg("c", 1)}
+	var mu sync.Mutex
+	var sent []string
+	acked := map[string]bool{}
+	send := func(_ context.Context, m *broker.Message) (broker.AckFunc, error) {
+		key := fmt.Sprintf("%s%d", m.AggregateID, m.AggregateSequence)
+		mu.Lock()
+		defer mu.Unlock()
+		if m.AggregateSequence > 1 && !acked[fmt.Sprintf("%s%d", m.AggregateID, m.AggregateSequence-1)] {
+			t.Errorf("%s sent before its predecessor's ack", key)
+		}
+		sent = append(sent, key)
+		if key == "c1" {
+			return nil, broker.Permanent(errors.New("refused"))
+		}
+		return func(context.Context) error {
+			if key == "b1" {
+				return errors.New("nack")
+			}
+			mu.Lock()
+			acked[key] = true
+			mu.Unlock()
+			return nil
+		}, nil
+	}
+	res := broker.PublishLanes(context.Background(), msgs, send)
+	want := []string{"<nil>", "nack", "<nil>", broker.ErrPredecessorFailed.Error(), "<nil>", "refused"}
+	for i, err := range res {
+		if fmt.Sprint(err) != want[i] {
+			t.Errorf("result %d = %v, want %s", i, err, want[i])
+		}
+	}
+	if !broker.IsPermanent(res[5]) || broker.IsPermanent(res[1]) {
+		t.Error("error classes lost")
+	}
+	if strings.Contains(strings.Join(sent, " "), "b2") {
+		t.Errorf("b2 was sent after b1 failed: %v", sent)
+	}
+}
+
+// A slow ack holds back only its own lane.
+func TestPublishLanesNoHeadOfLineBlocking(t *testing.T) {
+	msgs := []broker.Message{msg("slow", 1), msg("fast", 1), msg("fast", 2), msg("fast", 3)}
+	fastDone := make(chan struct{})
+	send := func(_ context.Context, m *broker.Message) (broker.AckFunc, error) {
+		if m.AggregateID == "slow" {
+			return func(context.Context) error { <-fastDone; return nil }, nil
+		}
+		if m.AggregateSequence == 3 {
+			return func(context.Context) error { close(fastDone); return nil }, nil
+		}
+		return func(context.Context) error { return nil }, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, err := range broker.PublishLanes(ctx, msgs, send) {
+		if err != nil {
+			t.Fatalf("result %d: %v (the fast lane waited for the slow ack)", i, err)
+		}
+	}
+}
+
+func TestPublishLanesCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	res := broker.PublishLanes(ctx, []broker.Message{msg("a", 1), msg("a", 2)}, func(context.Context, *broker.Message) (broker.AckFunc, error) {
+		t.Fatal("sent with a cancelled context")
+		return nil, nil
+	})
+	if !errors.Is(res[0], context.Canceled) || !errors.Is(res[1], broker.ErrPredecessorFailed) {
+		t.Fatalf("results %v", res)
+	}
+	if !broker.IsUnavailable(context.DeadlineExceeded) || !broker.IsUnavailable(fmt.Errorf("x: %w", broker.Unavailable(errors.New("down")))) {
+		t.Error("IsUnavailable")
+	}
+}
+
+func TestWireHeadersRoundTrip(t *testing.T) {
+	m := msg("42", 7)
+	m.SchemaVersion = 3
+	m.Headers = map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tenant": "acme",
+		"outbox-event-id": "spoofed", "OUTBOX-AGGREGATE-ID": "spoofed"}
+	h := m.WireHeaders()
+	if len(h) != 9 {
+		t.Fatalf("headers %v: want the 7 Outbox-* and 2 producer headers", h)
+	}
+	names := make([]string, 0, len(h))
+	for k := range h {
+		names = append(names, k)
+	}
+	back, err := broker.ParseWireHeaders(m.Payload, names, func(n string) string { return h[n] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.EventID != m.EventID || back.AggregateID != "42" || back.AggregateSequence != 7 || back.SchemaVersion != 3 ||
+		!back.OccurredAt.Equal(m.OccurredAt) || back.Headers["tenant"] != "acme" || back.Headers["traceparent"] == "" {
+		t.Fatalf("round trip: %+v", back)
+	}
+	for _, missing := range []string{broker.HeaderEventID, broker.HeaderAggregateSequence, broker.HeaderOccurredAt} {
+		_, err := broker.ParseWireHeaders(nil, nil, func(n string) string {
+			if n == missing {
+				return ""
+			}
+			return h[n]
+		})
+		if err == nil {
+			t.Errorf("parsed without %s", missing)
+		}
+	}
+}
+
+func TestTemplate(t *testing.T) {
+	m := msg("42", 1)
+	m.AggregateType, m.EventType, m.SchemaVersion = "order", "order.paid", 2
+	for tmpl, want := range map[string]string{
+		"outbox.{aggregate_type}.{event_type}": "outbox.order.order.paid",
+		"{aggregate_type}":                     "order",
+		"v{schema_version}/{aggregate_id}":     "v2/42",
+		"static":                               "static",
+	} {
+		got, err := broker.ParseTemplate(tmpl)
+		if err != nil || got.Expand(&m) != want || got.String() != tmpl {
+			t.Errorf("%s: %q, %v; want %q", tmpl, got.Expand(&m), err, want)
+		}
+	}
+	for _, bad := range []string{"", "x.{aggregate", "x.{payload}", "{}"} {
+		if _, err := broker.ParseTemplate(bad); err == nil {
+			t.Errorf("ParseTemplate(%q) accepted", bad)
+		}
+	}
+}
+
+func FuzzTemplate(f *testing.F) {
+	for _, s := range []string{"outbox.{aggregate_type}.{event_type}", "{", "}{", "a{schema_version}b", "{{aggregate_id}}"} {
+		f.Add(s)
+	}
+	m := msg("id", 1)
+	f.Fuzz(func(t *testing.T, s string) {
+		tmpl, err := broker.ParseTemplate(s)
+		if err != nil {
+			return
+		}
+		// Literal text survives expansion; a template without braces expands to itself.
+		if !strings.ContainsAny(s, "{}") && tmpl.Expand(&m) != s {
+			t.Fatalf("%q expanded to %q", s, tmpl.Expand(&m))
+		}
+	})
+}

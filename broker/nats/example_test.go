@@ -1,0 +1,73 @@
+package nats_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/nats"
+)
+
+// Publish an event to an embedded NATS server, the zero-setup default, and read
+// it back from the OUTBOX stream.
+func Example() {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "pgoutbox-nats-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+
+	srv, err := nats.StartEmbedded(nats.EmbeddedConfig{StoreDir: dir, Port: -1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Shutdown()
+
+	pub, err := nats.Dial(ctx, srv.URL(), nats.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
+
+	results := pub.Publish(ctx, []broker.Message{{
+		EventID:           pgoutbox.NewEventID(),
+		AggregateType:     "order",
+		AggregateID:       "42",
+		AggregateSequence: 1,
+		EventType:         "created",
+		SchemaVersion:     1,
+		OccurredAt:        time.Now(),
+		Payload:           []byte(`{"total":"9.50"}`),
+	}})
+	fmt.Println("result:", results[0])
+
+	nc, err := natsgo.Connect(srv.URL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, "OUTBOX")
+	if err != nil {
+		log.Fatal(err)
+	}
+	msg, err := stream.GetMsg(ctx, 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(msg.Subject, string(msg.Data), msg.Header.Get(broker.HeaderAggregateSequence))
+	// Output:
+	// result: <nil>
+	// outbox.order.created {"total":"9.50"} 1
+}

@@ -1,0 +1,551 @@
+// Package nats publishes outbox events to NATS JetStream, the default broker.
+//
+// Each event goes to a subject expanded from [Config.Subject], with the wire
+// headers of SPEC §5 as NATS headers, the payload as body, and Nats-Msg-Id set to
+// the event id, so the stream's duplicate window drops a re-publish after a relay
+// crash. Publishes are asynchronous: every aggregate in a batch has one message in
+// flight, and the next one of an aggregate leaves only after the previous one's
+// ack ([broker.PublishLanes]).
+//
+// [New] wraps a JetStream client the caller configured; [Dial] owns its
+// connection and reconnects forever. [StartEmbedded] runs an in-process server for
+// demos and tests.
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/textproto"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+// Config configures a Publisher. The zero value is usable.
+type Config struct {
+	// Stream is the JetStream stream the events are stored in. It is created if
+	// missing; an existing stream is used as is, never modified. Defaults to
+	// "OUTBOX".
+	Stream string
+
+	// StreamSubjects are the subjects of the stream, used only when creating it.
+	// They must cover every subject Subject expands to. Defaults to ["outbox.>"].
+	StreamSubjects []string
+
+	// Subject is the template of each event's subject. Defaults to
+	// "outbox.{aggregate_type}.{event_type}".
+	Subject broker.Template
+
+	// AckTimeout bounds the wait for the server's ack of one message; a message
+	// without an ack by then fails as unavailable (it may still be stored: the
+	// retry is then dropped as a duplicate). Defaults to 5s.
+	AckTimeout time.Duration
+
+	// MaxPending is how many messages may await their ack at once, across all
+	// concurrent Publish calls of this publisher; a publish beyond it waits for a
+	// slot. Defaults to 4000.
+	MaxPending int
+
+	// Logger receives connection and stream events. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// DialOptions are extra connection options for Dial (credentials, TLS, a
+	// custom dialer); they are applied after the publisher's own, so they win.
+	// New ignores them. Defaults to none.
+	DialOptions []natsgo.Option
+}
+
+const (
+	defaultStream     = "OUTBOX"
+	defaultSubject    = "outbox.{aggregate_type}.{event_type}"
+	defaultAckTimeout = 5 * time.Second
+	defaultMaxPending = 4000
+)
+
+// withDefaults returns a copy of c with defaults applied, or an error naming the
+// first invalid field.
+func (c Config) withDefaults() (Config, error) {
+	if c.Stream == "" {
+		c.Stream = defaultStream
+	}
+	if len(c.StreamSubjects) == 0 {
+		c.StreamSubjects = []string{"outbox.>"}
+	} else {
+		c.StreamSubjects = append([]string(nil), c.StreamSubjects...)
+	}
+	if c.Subject.String() == "" {
+		c.Subject = broker.MustParseTemplate(defaultSubject)
+	}
+	if c.AckTimeout == 0 {
+		c.AckTimeout = defaultAckTimeout
+	}
+	if c.MaxPending == 0 {
+		c.MaxPending = defaultMaxPending
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, c.validate()
+}
+
+func (c *Config) validate() error {
+	if strings.ContainsAny(c.Stream, ".*> \t\r\n/\\") {
+		return fmt.Errorf("nats: Config.Stream %q: a stream name cannot contain '.', '*', '>', '/', '\\' or whitespace", c.Stream)
+	}
+	for _, s := range c.StreamSubjects {
+		if s == "" || strings.ContainsAny(s, " \t\r\n") || strings.Contains(s, "..") || strings.HasPrefix(s, ".") || strings.HasSuffix(s, ".") {
+			return fmt.Errorf("nats: Config.StreamSubjects: invalid subject %q", s)
+		}
+	}
+	if c.AckTimeout < 0 {
+		return fmt.Errorf("nats: Config.AckTimeout %s: must be positive", c.AckTimeout)
+	}
+	if c.MaxPending < 0 {
+		return fmt.Errorf("nats: Config.MaxPending %d: must be positive", c.MaxPending)
+	}
+	return nil
+}
+
+// Publisher publishes outbox events to a JetStream stream. It implements
+// [broker.Publisher] and [broker.Pinger] and is safe for concurrent use.
+type Publisher struct {
+	cfg  Config
+	js   jetstream.JetStream
+	nc   *natsgo.Conn
+	owns bool // Close closes nc (Dial)
+
+	window chan struct{} // a token per message awaiting its ack
+
+	mu     sync.Mutex
+	stream *streamState // nil until ensured, and again after a failure
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+// streamState is what the publisher knows of the stream.
+type streamState struct {
+	subjects []string
+}
+
+func (s *streamState) covers(subject string) bool {
+	for _, f := range s.subjects {
+		if subjectMatches(f, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+var errClosed = errors.New("nats: publisher closed")
+
+// New returns a publisher on js, a client the caller configured and keeps owning:
+// Close does not close its connection. If js is connected, New ensures the
+// stream now, governed by ctx, and returns an error if the server refuses to
+// create it (for instance, its subjects overlap another stream's); if js is not
+// connected, or the server does not answer, the stream is ensured on first use.
+//
+// JetStream's own async-publish options of js (WithPublishAsyncTimeout,
+// WithPublishAsyncMaxPending) still apply beneath Config.AckTimeout and
+// Config.MaxPending; set WithPublishAsyncTimeout so that acks the server never
+// sends are dropped from the client's table.
+func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Publisher, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return newPublisher(ctx, js, cfg, false)
+}
+
+// Dial connects to the NATS servers at url (comma-separated nats://, tls://,
+// ws:// or wss:// URLs) and returns a publisher that owns the connection. It
+// reconnects forever: a server that is unreachable at start-up is not an error;
+// publishes fail as [broker.Unavailable] until the server is reachable, and the
+// stream is ensured once it is. A malformed url is an error. ctx governs the
+// first attempt to ensure the stream, if the server is reachable at once.
+func Dial(ctx context.Context, url string, cfg Config) (*Publisher, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := validateURLs(url); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	opts := []natsgo.Option{
+		natsgo.Name("pgoutbox relay"),
+		natsgo.MaxReconnects(-1),
+		natsgo.RetryOnFailedConnect(true),
+		// No buffering while reconnecting: a publish then fails at once as
+		// unavailable instead of waiting out its ack timeout in a buffer.
+		natsgo.ReconnectBufSize(-1),
+		natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) {
+			if err != nil {
+				log.Warn("nats: disconnected", slog.Any("error", err))
+			}
+		}),
+		natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
+			log.Info("nats: reconnected", slog.String("url", nc.ConnectedUrlRedacted()))
+		}),
+		natsgo.ErrorHandler(func(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
+			log.Warn("nats: async error", slog.Any("error", err))
+		}),
+	}
+	nc, err := natsgo.Connect(url, append(opts, cfg.DialOptions...)...)
+	if err != nil {
+		return nil, fmt.Errorf("nats: connect: %w", err)
+	}
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout),
+		jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
+	)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("nats: jetstream: %w", err)
+	}
+	p, err := newPublisher(ctx, js, cfg, true)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// validateURLs catches what nats.go would only find when it first dials, which
+// with RetryOnFailedConnect is never reported.
+func validateURLs(s string) error {
+	if strings.TrimSpace(s) == "" {
+		return errors.New("nats: empty server URL")
+	}
+	for _, raw := range strings.Split(s, ",") {
+		raw = strings.TrimSpace(raw)
+		if !strings.Contains(raw, "://") {
+			raw = "nats://" + raw
+		}
+		u, err := url.Parse(raw)
+		if err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // ue.URL may hold a password
+			}
+			return fmt.Errorf("nats: malformed server URL: %w", err)
+		}
+		switch u.Scheme {
+		case "nats", "tls", "ws", "wss":
+		default:
+			return fmt.Errorf("nats: server URL %s: scheme %q, want nats, tls, ws or wss", u.Redacted(), u.Scheme)
+		}
+		if u.Hostname() == "" {
+			return fmt.Errorf("nats: server URL %s: no host", u.Redacted())
+		}
+		if port := u.Port(); port != "" {
+			if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+				return fmt.Errorf("nats: server URL %s: invalid port %q", u.Redacted(), port)
+			}
+		}
+	}
+	return nil
+}
+
+func newPublisher(ctx context.Context, js jetstream.JetStream, cfg Config, owns bool) (*Publisher, error) {
+	p := &Publisher{
+		cfg:    cfg,
+		js:     js,
+		nc:     js.Conn(),
+		owns:   owns,
+		window: make(chan struct{}, cfg.MaxPending),
+		closed: make(chan struct{}),
+	}
+	if p.nc.IsConnected() {
+		if _, err := p.ensureStream(ctx); err != nil {
+			if broker.IsPermanent(classify(err)) {
+				return nil, err
+			}
+			cfg.Logger.Warn("nats: stream not ensured yet, will retry on first publish",
+				slog.String("stream", cfg.Stream), slog.Any("error", err))
+		}
+	}
+	return p, nil
+}
+
+// ensureStream looks the stream up, creating it if missing, and caches what the
+// publisher needs to know of it. Its errors are not classified: a stream the
+// server refuses to create is a refusal for New but an outage for Publish, which
+// must not quarantine events over a stream's configuration.
+func (p *Publisher) ensureStream(ctx context.Context) (*streamState, error) {
+	if !p.nc.IsConnected() {
+		return nil, fmt.Errorf("nats: ensure stream %s: %w", p.cfg.Stream, connErr(p.nc))
+	}
+	s, err := p.js.Stream(ctx, p.cfg.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = p.js.CreateStream(ctx, jetstream.StreamConfig{
+			Name:     p.cfg.Stream,
+			Subjects: p.cfg.StreamSubjects,
+			Storage:  jetstream.FileStorage,
+		})
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			// Another relay created it first, maybe with other settings: use theirs.
+			s, err = p.js.Stream(ctx, p.cfg.Stream)
+		} else if err == nil {
+			p.cfg.Logger.Info("nats: created stream", slog.String("stream", p.cfg.Stream),
+				slog.Any("subjects", p.cfg.StreamSubjects))
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nats: ensure stream %s: %w", p.cfg.Stream, err)
+	}
+	st := &streamState{subjects: s.CachedInfo().Config.Subjects}
+	if len(st.subjects) == 0 {
+		// A stream created without subjects listens on its own name.
+		st.subjects = []string{p.cfg.Stream}
+	}
+	p.mu.Lock()
+	p.stream = st
+	p.mu.Unlock()
+	return st, nil
+}
+
+// currentStream returns the cached stream state, ensuring the stream first if
+// nothing is cached (at start-up, or after a failure).
+func (p *Publisher) currentStream(ctx context.Context) (*streamState, error) {
+	p.mu.Lock()
+	st := p.stream
+	p.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	return p.ensureStream(ctx)
+}
+
+// forgetStream makes the next Publish look the stream up again: after a failure
+// it may have been deleted, or recreated with other subjects.
+func (p *Publisher) forgetStream() {
+	p.mu.Lock()
+	p.stream = nil
+	p.mu.Unlock()
+}
+
+// Publish publishes msgs and returns one result per message; see
+// [broker.Publisher]. ctx bounds the whole call, including waiting for a slot in
+// the MaxPending window and for the acks.
+func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error {
+	results := make([]error, len(msgs))
+	if len(msgs) == 0 {
+		return results
+	}
+	failAll := func(err error) []error {
+		for i := range results {
+			results[i] = err
+		}
+		return results
+	}
+	if err := ctx.Err(); err != nil {
+		return failAll(err)
+	}
+	select {
+	case <-p.closed:
+		return failAll(broker.Unavailable(errClosed))
+	default:
+	}
+	st, err := p.currentStream(ctx)
+	if err != nil {
+		return failAll(broker.Unavailable(err))
+	}
+	// A subject outside the stream is refused permanently, so first make sure the
+	// cached subjects are not stale.
+	for i := range msgs {
+		if subj := p.cfg.Subject.Expand(&msgs[i]); validateSubject(subj) == nil && !st.covers(subj) {
+			if st, err = p.ensureStream(ctx); err != nil {
+				return failAll(broker.Unavailable(err))
+			}
+			break
+		}
+	}
+
+	results = broker.PublishLanes(ctx, msgs, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
+		return p.send(ctx, st, m)
+	})
+	for _, err := range results {
+		if err != nil && !broker.IsPermanent(err) && !errors.Is(err, broker.ErrPredecessorFailed) {
+			p.forgetStream()
+			break
+		}
+	}
+	return results
+}
+
+// send publishes m asynchronously and returns how to wait for its ack.
+func (p *Publisher) send(ctx context.Context, st *streamState, m *broker.Message) (broker.AckFunc, error) {
+	subj := p.cfg.Subject.Expand(m)
+	if err := validateSubject(subj); err != nil {
+		return nil, broker.Permanent(fmt.Errorf("nats: event %s: %w", m.EventID, err))
+	}
+	if !st.covers(subj) {
+		return nil, broker.Permanent(fmt.Errorf("nats: event %s: subject %q is not in stream %s (subjects %v)",
+			m.EventID, subj, p.cfg.Stream, st.subjects))
+	}
+	msg := &natsgo.Msg{Subject: subj, Data: m.Payload, Header: natsgo.Header{}}
+	for k, v := range m.WireHeaders() {
+		// nats.go trims values and turns line breaks into spaces; refuse rather
+		// than deliver a header that differs from the event's.
+		if v != textproto.TrimString(v) || strings.ContainsAny(v, "\r\n") {
+			return nil, broker.Permanent(fmt.Errorf("nats: event %s: header %q: value %q cannot be sent unchanged", m.EventID, k, v))
+		}
+		msg.Header.Set(k, v)
+	}
+	// Fail fast rather than hand the client a message it cannot send now.
+	if !p.nc.IsConnected() {
+		return nil, broker.Unavailable(fmt.Errorf("nats: event %s: %w", m.EventID, connErr(p.nc)))
+	}
+
+	select {
+	case p.window <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-p.closed:
+		return nil, broker.Unavailable(errClosed)
+	}
+	paf, err := p.js.PublishMsgAsync(msg,
+		jetstream.WithMsgID(m.EventID.String()),
+		// The server refuses, rather than stores elsewhere, a subject another
+		// stream has taken.
+		jetstream.WithExpectStream(p.cfg.Stream),
+		jetstream.WithStallWait(p.cfg.AckTimeout),
+	)
+	if err != nil {
+		<-p.window
+		return nil, fmt.Errorf("nats: publish event %s to %s: %w", m.EventID, subj, classify(err))
+	}
+	// The watcher frees the window slot when the ack arrives, whether or not
+	// anyone is waiting for it yet: PublishLanes sends every lane's head before
+	// it waits for the first ack.
+	done := make(chan error, 1)
+	go p.awaitAck(paf, done)
+	return func(ctx context.Context) error {
+		select {
+		case err := <-done:
+			if err != nil {
+				return fmt.Errorf("nats: publish event %s to %s: %w", m.EventID, subj, err)
+			}
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, nil
+}
+
+func (p *Publisher) awaitAck(paf jetstream.PubAckFuture, done chan<- error) {
+	defer func() { <-p.window }()
+	timer := time.NewTimer(p.cfg.AckTimeout)
+	defer timer.Stop()
+	select {
+	case <-paf.Ok():
+		done <- nil
+	case err := <-paf.Err():
+		done <- classify(err)
+	case <-timer.C:
+		done <- broker.Unavailable(fmt.Errorf("no ack within %s", p.cfg.AckTimeout))
+	case <-p.closed:
+		done <- broker.Unavailable(errClosed)
+	}
+}
+
+// connErr says why nc cannot publish now.
+func connErr(nc *natsgo.Conn) error {
+	switch nc.Status() {
+	case natsgo.CLOSED:
+		return natsgo.ErrConnectionClosed
+	case natsgo.RECONNECTING:
+		return natsgo.ErrConnectionReconnecting
+	case natsgo.DRAINING_PUBS, natsgo.DRAINING_SUBS:
+		return natsgo.ErrConnectionDraining
+	default:
+		return natsgo.ErrDisconnected
+	}
+}
+
+// classify marks err as permanent when the message itself was refused and as
+// unavailable when the server could not be reached or did not answer.
+func classify(err error) error {
+	if err == nil || broker.IsPermanent(err) || broker.IsUnavailable(err) {
+		return err
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return err
+	case errors.Is(err, natsgo.ErrMaxPayload),
+		errors.Is(err, natsgo.ErrBadSubject),
+		errors.Is(err, natsgo.ErrBadHeaderMsg),
+		errors.Is(err, natsgo.ErrHeadersNotSupported),
+		errors.Is(err, jetstream.ErrInvalidSubject),
+		errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum):
+		return broker.Permanent(err)
+	case errors.Is(err, natsgo.ErrNoResponders),
+		errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, natsgo.ErrConnectionClosed),
+		errors.Is(err, natsgo.ErrConnectionReconnecting),
+		errors.Is(err, natsgo.ErrConnectionDraining),
+		errors.Is(err, natsgo.ErrDisconnected),
+		errors.Is(err, natsgo.ErrReconnectBufExceeded),
+		errors.Is(err, natsgo.ErrTimeout),
+		errors.Is(err, natsgo.ErrInvalidConnection),
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout),
+		errors.Is(err, jetstream.ErrTooManyStalledMsgs),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount),
+		errors.Is(err, jetstream.ErrJetStreamPublisherClosed):
+		return broker.Unavailable(err)
+	}
+	// Any other answer of the JetStream API: 4xx is about the request itself
+	// (the message, or a stream config the server will not accept), 5xx about the
+	// server's state.
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		if apiErr.Code >= 400 && apiErr.Code < 500 {
+			return broker.Permanent(err)
+		}
+		return broker.Unavailable(err)
+	}
+	return err
+}
+
+// Ping reports whether the publisher can publish: the server is reachable and the
+// stream exists (Ping creates it if missing). ctx bounds the check. Its errors
+// are marked [broker.Unavailable].
+func (p *Publisher) Ping(ctx context.Context) error {
+	select {
+	case <-p.closed:
+		return broker.Unavailable(errClosed)
+	default:
+	}
+	if _, err := p.ensureStream(ctx); err != nil {
+		return broker.Unavailable(err)
+	}
+	return nil
+}
+
+// Close fails in-flight publishes and, for a publisher from Dial, closes its
+// connection. It is safe to call more than once.
+func (p *Publisher) Close() error {
+	p.closeOnce.Do(func() {
+		close(p.closed)
+		if p.owns {
+			p.nc.Close()
+		}
+	})
+	return nil
+}
+
+var (
+	_ broker.Publisher = (*Publisher)(nil)
+	_ broker.Pinger    = (*Publisher)(nil)
+)

@@ -1,0 +1,145 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/pgoutbox/pgoutbox/broker"
+	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/null"
+)
+
+const brokerHelp = `Brokers (--broker):
+  embedded            an in-process NATS JetStream server (the default, zero setup);
+                      data in --embedded-dir, clients may connect on --embedded-port
+  nats://host:4222    NATS JetStream; several servers comma-separated; tls:// for TLS.
+                      Stream --nats-stream (created if missing on --nats-stream-subjects),
+                      subject --topic-template (default outbox.{aggregate_type}.{event_type}),
+                      Nats-Msg-Id = event id so re-publishes are dropped as duplicates
+  null://             acknowledges everything and keeps nothing (benchmarks, dry runs)
+
+Templates (--topic-template) may use {aggregate_type}, {aggregate_id}, {event_type}
+and {schema_version}.`
+
+// brokerFlags select and configure the broker of the relay (and later of replay).
+type brokerFlags struct {
+	url           string
+	embeddedDir   string
+	embeddedPort  int
+	topicTemplate string
+	natsStream    string
+	natsSubjects  []string
+	ackTimeout    time.Duration
+}
+
+func (b *brokerFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&b.url, "broker", "embedded", "where to publish: embedded, nats://…, null:// (env PGOUTBOX_BROKER)")
+	fs.StringVar(&b.embeddedDir, "embedded-dir", defaultEmbeddedDir(), "data directory of --broker embedded (env PGOUTBOX_EMBEDDED_DIR)")
+	fs.IntVar(&b.embeddedPort, "embedded-port", -1, "client port of --broker embedded; -1 picks a free one (env PGOUTBOX_EMBEDDED_PORT)")
+	fs.StringVar(&b.topicTemplate, "topic-template", "", "destination template: NATS subject (env PGOUTBOX_TOPIC_TEMPLATE) (default per broker)")
+	fs.StringVar(&b.natsStream, "nats-stream", "OUTBOX", "JetStream stream to publish into (env PGOUTBOX_NATS_STREAM)")
+	fs.StringSliceVar(&b.natsSubjects, "nats-stream-subjects", nil, "subjects of the stream when it has to be created (env PGOUTBOX_NATS_STREAM_SUBJECTS) (default: the template's literal prefix + \".>\", e.g. outbox.>)")
+	fs.DurationVar(&b.ackTimeout, "ack-timeout", 5*time.Second, "how long to wait for the broker's ack of one message (env PGOUTBOX_ACK_TIMEOUT)")
+}
+
+// brokerTarget is a checked --broker choice, ready to open.
+type brokerTarget struct {
+	flags          *brokerFlags
+	kind           string // embedded, nats, null
+	template       *broker.Template
+	streamSubjects []string
+}
+
+// parse checks the broker flags without connecting anywhere, so that a typo fails
+// at start-up with one line.
+func (b *brokerFlags) parse() (*brokerTarget, error) {
+	t := &brokerTarget{flags: b}
+	switch {
+	case b.url == "embedded":
+		if b.embeddedDir == "" {
+			return nil, usagef("--embedded-dir must not be empty")
+		}
+		if b.embeddedPort < -1 || b.embeddedPort > 65535 {
+			return nil, usagef("--embedded-port %d: want -1 (any free port) or 0..65535", b.embeddedPort)
+		}
+		t.kind = "embedded"
+	case b.url == "null://" || b.url == "null":
+		t.kind = "null"
+	default:
+		u, err := url.Parse(strings.TrimSpace(strings.Split(b.url, ",")[0]))
+		if err != nil || u.Scheme == "" {
+			return nil, usagef("--broker %q is not a broker URL (want embedded, nats://host:port or null://)", b.url)
+		}
+		switch u.Scheme {
+		case "nats", "tls", "ws", "wss":
+			t.kind = "nats"
+		default:
+			return nil, usagef("--broker %q: unknown scheme %q (want embedded, nats://, tls://, null://)", b.url, u.Scheme)
+		}
+	}
+	if b.topicTemplate != "" {
+		tmpl, err := broker.ParseTemplate(b.topicTemplate)
+		if err != nil {
+			return nil, usagef("--topic-template: %v", err)
+		}
+		t.template = &tmpl
+	}
+	t.streamSubjects = b.natsSubjects
+	if len(t.streamSubjects) == 0 && t.template != nil {
+		// The template's leading literal tokens, e.g. "events.{aggregate_type}" → "events.>".
+		lit, _, _ := strings.Cut(b.topicTemplate, "{")
+		prefix := lit[:strings.LastIndexByte(lit, '.')+1]
+		if prefix == "" {
+			return nil, usagef("--topic-template %q starts with a placeholder: give the stream's subjects with --nats-stream-subjects", b.topicTemplate)
+		}
+		t.streamSubjects = []string{prefix + ">"}
+	}
+	if b.ackTimeout <= 0 {
+		return nil, usagef("--ack-timeout must be positive, got %s", b.ackTimeout)
+	}
+	return t, nil
+}
+
+// open connects to the broker (starting the embedded one if chosen) and returns
+// the publisher and a function that closes everything it opened.
+func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publisher, func(), error) {
+	if t.kind == "null" {
+		return &null.Publisher{}, func() {}, nil
+	}
+	cfg := natsbroker.Config{Stream: t.flags.natsStream, StreamSubjects: t.streamSubjects, AckTimeout: t.flags.ackTimeout, Logger: log}
+	if t.template != nil {
+		cfg.Subject = *t.template
+	}
+	serverURL := t.flags.url
+	var embedded *natsbroker.Embedded
+	if t.kind == "embedded" {
+		var err error
+		embedded, err = natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{
+			StoreDir: t.flags.embeddedDir, Port: t.flags.embeddedPort, Logger: log.With(slog.String("component", "embedded-nats")),
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("start embedded NATS server: %w", err)
+		}
+		serverURL = embedded.URL()
+		log.Info("embedded NATS JetStream server running", slog.String("url", serverURL), slog.String("dir", t.flags.embeddedDir))
+	}
+	pub, err := natsbroker.Dial(ctx, serverURL, cfg)
+	if err != nil {
+		if embedded != nil {
+			embedded.Shutdown()
+		}
+		return nil, nil, usageError{err}
+	}
+	return pub, func() {
+		_ = pub.Close()
+		if embedded != nil {
+			embedded.Shutdown()
+		}
+	}, nil
+}

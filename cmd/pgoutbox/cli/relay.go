@@ -1,0 +1,207 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/pgoutbox/pgoutbox/migrate"
+	"github.com/pgoutbox/pgoutbox/relay"
+)
+
+type relayFlags struct {
+	db      dbFlags
+	broker  brokerFlags
+	log     logFlags
+	cfg     relay.Config
+	stopMax time.Duration
+}
+
+func newRelayCmd() *cobra.Command {
+	var f relayFlags
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Publish committed outbox events to a broker until stopped",
+		Long: `Run a relay: claim committed events in small batches, publish them to the
+broker, and mark them published once the broker acknowledged them. Any number of
+relays may run against one outbox; events of one aggregate are published in
+sequence order across all of them. A commit wakes the relay at once through
+LISTEN/NOTIFY; --poll-interval is the fallback.
+
+SIGTERM or SIGINT stops it gracefully: no new claims, in-flight publishes finish
+(at most --shutdown-timeout), unpublished leases are released, exit status 0.
+An unreachable database or broker is retried with backoff; nothing is lost.
+
+` + brokerHelp,
+		Example: `  DATABASE_URL=postgres://app@db/app pgoutbox relay --broker nats://nats:4222
+  pgoutbox relay --broker embedded --embedded-dir /var/lib/pgoutbox/nats --embedded-port 4222
+  pgoutbox relay --broker 'nats://a:4222,nats://b:4222' --topic-template 'events.{aggregate_type}' --nats-stream EVENTS`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := rejectZero(cmd.Flags(), "batch-size", "run-length", "workers", "lease", "publish-timeout",
+				"poll-interval", "max-attempts", "backoff-base", "backoff-max"); err != nil {
+				return err
+			}
+			return runRelay(cmd.Context(), &f, cmd.ErrOrStderr())
+		},
+	}
+	fs := cmd.Flags()
+	f.db.register(fs)
+	f.broker.register(fs)
+	f.log.register(fs)
+	fs.StringVar(&f.cfg.ID, "id", "", "relay id written in claimed_by; unique per running relay (env PGOUTBOX_RELAY_ID) (default <hostname>-<pid>)")
+	fs.IntVar(&f.cfg.BatchSize, "batch-size", 500, "most events claimed at once (env PGOUTBOX_BATCH_SIZE)")
+	fs.IntVar(&f.cfg.RunLength, "run-length", 10, "most events of one aggregate claimed at once (env PGOUTBOX_RUN_LENGTH)")
+	fs.IntVar(&f.cfg.Workers, "workers", 2, "concurrent claim/publish loops (env PGOUTBOX_WORKERS)")
+	fs.DurationVar(&f.cfg.Lease, "lease", 30*time.Second, "how long claimed events stay reserved before another relay may take them over (env PGOUTBOX_LEASE)")
+	fs.DurationVar(&f.cfg.PublishTimeout, "publish-timeout", 0, "bound on one batch's publish; must be shorter than --lease (env PGOUTBOX_PUBLISH_TIMEOUT) (default lease/2)")
+	fs.DurationVar(&f.cfg.PollInterval, "poll-interval", 2*time.Second, "how often to look for events without a notification (env PGOUTBOX_POLL_INTERVAL)")
+	fs.BoolVar(&f.cfg.DisableNotify, "no-notify", false, "do not LISTEN for commits; rely on polling alone (env PGOUTBOX_NO_NOTIFY)")
+	fs.IntVar(&f.cfg.MaxAttempts, "max-attempts", 10, "failed publishes before an event is quarantined (env PGOUTBOX_MAX_ATTEMPTS)")
+	fs.DurationVar(&f.cfg.BackoffBase, "backoff-base", time.Second, "first retry delay, doubled per attempt (env PGOUTBOX_BACKOFF_BASE)")
+	fs.DurationVar(&f.cfg.BackoffMax, "backoff-max", 5*time.Minute, "longest retry delay (env PGOUTBOX_BACKOFF_MAX)")
+	fs.DurationVar(&f.stopMax, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight publishes (env PGOUTBOX_SHUTDOWN_TIMEOUT)")
+	return cmd
+}
+
+func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
+	if f.stopMax <= 0 {
+		return usagef("--shutdown-timeout must be positive, got %s", f.stopMax)
+	}
+	logger, err := f.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	cfg := f.cfg
+	cfg.Schema = f.db.schema
+	cfg.Logger = logger
+	// Validate everything before touching the network.
+	if err := cfg.Validate(); err != nil {
+		return usageError{flagNames(err)}
+	}
+	target, err := f.broker.parse()
+	if err != nil {
+		return err
+	}
+	connCfg, err := f.db.parse()
+	if err != nil {
+		return err
+	}
+
+	poolCfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return err
+	}
+	poolCfg.ConnConfig = connCfg
+	poolCfg.MaxConns = int32(cfg.Workers + 2)
+	cctx, cancel := context.WithTimeout(ctx, f.db.connectTimeout)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(cctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("connect to database: %w", err)
+	}
+	defer pool.Close()
+	if err := pool.Ping(cctx); err != nil {
+		return fmt.Errorf("connect to database: %w", err)
+	}
+	if err := checkMigrated(cctx, pool, cfg.Schema); err != nil {
+		return err
+	}
+
+	pub, closeBroker, err := target.open(ctx, logger)
+	if err != nil {
+		return err
+	}
+	defer closeBroker()
+
+	r, err := relay.New(pool, pub, &cfg)
+	if err != nil {
+		return err
+	}
+	if err := r.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	<-ctx.Done() // SIGTERM or SIGINT
+	logger.Info("stopping: finishing in-flight publishes", slog.Duration("shutdown_timeout", f.stopMax))
+	sctx, scancel := context.WithTimeout(context.Background(), f.stopMax)
+	defer scancel()
+	if err := r.Stop(sctx); err != nil {
+		return fmt.Errorf("relay did not stop within --shutdown-timeout %s; unreleased leases expire after --lease", f.stopMax)
+	}
+	return nil
+}
+
+// rejectZero refuses an explicit zero for flags whose zero would silently mean
+// "the default" in relay.Config.
+func rejectZero(fs *pflag.FlagSet, names ...string) error {
+	for _, n := range names {
+		if f := fs.Lookup(n); f != nil && f.Changed && (f.Value.String() == "0" || f.Value.String() == "0s") {
+			return usagef("--%s must be positive, got %s", n, f.Value.String())
+		}
+	}
+	return nil
+}
+
+// checkMigrated fails with advice when the schema lacks the outbox migrations.
+func checkMigrated(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	st, err := migrate.State(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
+	if err != nil {
+		return err
+	}
+	for _, s := range st {
+		if !s.Applied {
+			return fmt.Errorf("schema %s lacks migration %s/%d %s: run 'pgoutbox migrate --schema %s' first", schema, s.Line, s.Version, s.Name, schema)
+		}
+	}
+	return nil
+}
+
+// flagNames rewrites relay.Config field names in err as the flags that set them.
+func flagNames(err error) error {
+	r := strings.NewReplacer(
+		"Config.BatchSize", "--batch-size", "Config.RunLength", "--run-length", "Config.Workers", "--workers",
+		"Config.Lease", "--lease", "Config.PublishTimeout", "--publish-timeout", "Config.PollInterval", "--poll-interval",
+		"Config.MaxAttempts", "--max-attempts", "Config.BackoffBase", "--backoff-base", "Config.BackoffMax", "--backoff-max",
+		"Config.ID", "--id", "Config.Schema", "--schema", "\n", "; ")
+	return errors.New(r.Replace(err.Error()))
+}
+
+// logFlags choose the log format and level of long-running verbs.
+type logFlags struct {
+	format, level string
+}
+
+func (l *logFlags) register(fs interface {
+	StringVar(p *string, name, value, usage string)
+}) {
+	fs.StringVar(&l.format, "log-format", "text", "log format: text or json (env PGOUTBOX_LOG_FORMAT)")
+	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn or error (env PGOUTBOX_LOG_LEVEL)")
+}
+
+func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(l.level)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", l.level)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch l.format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	default:
+		return nil, usagef("--log-format %q: want text or json", l.format)
+	}
+}
+
+// defaultEmbeddedDir is where --broker embedded keeps its data unless told.
+func defaultEmbeddedDir() string { return filepath.Join(os.TempDir(), "pgoutbox-embedded-nats") }

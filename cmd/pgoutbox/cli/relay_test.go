@@ -1,0 +1,362 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/internal/natstest"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/relay"
+)
+
+// relayEnv is a migrated schema and a NATS stream of one test's own, with helpers
+// to run `pgoutbox relay` processes against them.
+type relayEnv struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	schema string
+	target natstest.Target
+}
+
+func newRelayEnv(t *testing.T) *relayEnv {
+	t.Helper()
+	pool, schema := pgtest.Migrated(t, 8)
+	return &relayEnv{t: t, pool: pool, schema: schema, target: natstest.New(t, natstest.URL())}
+}
+
+func (e *relayEnv) table() string { return pgx.Identifier{e.schema, "outbox_events"}.Sanitize() }
+
+func (e *relayEnv) count(where string) int {
+	e.t.Helper()
+	var n int
+	pgtest.Must(e.t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table()+" WHERE "+where).Scan(&n), "count")
+	return n
+}
+
+// enqueue writes perAgg events to each of n aggregates, interleaved, and returns their ids.
+func (e *relayEnv) enqueue(aggregates, perAgg int) []pgoutbox.UUID {
+	e.t.Helper()
+	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: e.schema})
+	pgtest.Must(e.t, err, "producer")
+	var ids []pgoutbox.UUID
+	var batch []pgoutbox.Event
+	for s := range perAgg {
+		for a := range aggregates {
+			batch = append(batch, pgoutbox.Event{AggregateType: "acct", AggregateID: fmt.Sprintf("a%04d", a), EventType: "changed", Payload: s})
+			if len(batch) == 1000 || (s == perAgg-1 && a == aggregates-1) {
+				res, err := p.EnqueueTx(context.Background(), e.pool, batch...)
+				pgtest.Must(e.t, err, "enqueue")
+				for _, r := range res {
+					ids = append(ids, r.EventID)
+				}
+				batch = batch[:0]
+			}
+		}
+	}
+	return ids
+}
+
+// relayProc is a running `pgoutbox relay` process.
+type relayProc struct {
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	ready  chan struct{} // closed once it logged "relay starting"
+	done   chan error
+}
+
+func (e *relayEnv) startRelay(id, brokerURL string, extra ...string) *relayProc {
+	e.t.Helper()
+	args := append([]string{"relay", "--database-url", pgtest.URL(), "--schema", e.schema, "--id", id,
+		"--broker", brokerURL, "--nats-stream", e.target.Stream, "--topic-template", e.target.Template}, extra...)
+	cmd := exec.Command(binary, args...)
+	cmd.Env = os.Environ()
+	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, ready: make(chan struct{}), done: make(chan error, 1)}
+	pr, pw := io.Pipe()
+	cmd.Stderr = pw
+	pgtest.Must(e.t, cmd.Start(), "start relay %s", id)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		var once sync.Once
+		for sc.Scan() {
+			p.stderr.WriteLine(sc.Text())
+			if strings.Contains(sc.Text(), "relay starting") {
+				once.Do(func() { close(p.ready) })
+			}
+		}
+	}()
+	go func() { err := cmd.Wait(); pw.Close(); p.done <- err }()
+	e.t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	select {
+	case <-p.ready:
+	case err := <-p.done:
+		e.t.Fatalf("relay %s exited before starting: %v\n%s", id, err, p.stderr.String())
+	case <-time.After(30 * time.Second):
+		e.t.Fatalf("relay %s did not start:\n%s", id, p.stderr.String())
+	}
+	return p
+}
+
+// stop sends sig and returns the exit code.
+func (p *relayProc) stop(t *testing.T, sig syscall.Signal) int {
+	t.Helper()
+	pgtest.Must(t, p.cmd.Process.Signal(sig), "signal")
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("relay did not exit after %v:\n%s", sig, p.stderr.String())
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) WriteLine(l string) { s.mu.Lock(); s.b.WriteString(l + "\n"); s.mu.Unlock() }
+func (s *syncBuffer) String() string     { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// checkStream asserts every id is on the stream and each aggregate's first
+// appearances are 1..N in order; it returns the duplicate count.
+func checkStream(t *testing.T, got []broker.Message, want []pgoutbox.UUID) int {
+	t.Helper()
+	seen := map[pgoutbox.UUID]bool{}
+	next := map[string]int64{}
+	dups := 0
+	for _, m := range got {
+		if seen[m.EventID] {
+			dups++
+			continue
+		}
+		seen[m.EventID] = true
+		if m.AggregateSequence != next[m.AggregateID]+1 {
+			t.Fatalf("order violated on %s: %d first appeared after %d", m.AggregateID, m.AggregateSequence, next[m.AggregateID])
+		}
+		next[m.AggregateID] = m.AggregateSequence
+	}
+	for _, id := range want {
+		if !seen[id] {
+			t.Fatalf("event %s never reached the broker (%d of %d seen)", id, len(seen), len(want))
+		}
+	}
+	return dups
+}
+
+// Acceptance: four relay processes drain 20,000 events over 300 aggregates; SIGTERM
+// stops each with status 0.
+func TestRelayProcessesDrainInOrder(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	ids := e.enqueue(300, 67)
+	var procs []*relayProc
+	for i := range 4 {
+		procs = append(procs, e.startRelay(fmt.Sprintf("proc-%d", i), natstest.URL()))
+	}
+	waitFor(t, 3*time.Minute, "the backlog to drain", func() bool { return e.count("published_at IS NULL") == 0 })
+	for i, p := range procs {
+		if code := p.stop(t, syscall.SIGTERM); code != 0 {
+			t.Fatalf("relay %d exited %d after SIGTERM:\n%s", i, code, p.stderr.String())
+		}
+	}
+	dups := checkStream(t, e.target.Read(t), ids)
+	var per []string
+	rows, err := e.pool.Query(context.Background(), "SELECT claimed_by || '=' || count(*) FROM "+e.table()+" GROUP BY claimed_by ORDER BY 1")
+	pgtest.Must(t, err, "per relay")
+	per, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	pgtest.Must(t, err, "per relay")
+	t.Logf("%d events published by %v, %d duplicates", len(ids), per, dups)
+}
+
+// Acceptance: SIGTERM with events in flight exits 0, leaves no lease held and loses
+// nothing.
+func TestRelaySIGTERMWithEventsInFlight(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	ids := e.enqueue(200, 100)
+	p := e.startRelay("term", natstest.URL(), "--batch-size", "200")
+	waitFor(t, time.Minute, "publishing to begin", func() bool { return e.count("published_at IS NOT NULL") > 0 })
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("exit status %d after SIGTERM:\n%s", code, p.stderr.String())
+	}
+	if n := e.count("published_at IS NULL AND claimed_by IS NOT NULL"); n != 0 {
+		t.Fatalf("%d events still leased after SIGTERM:\n%s", n, p.stderr.String())
+	}
+	left := e.count("published_at IS NULL")
+	p2 := e.startRelay("after-term", natstest.URL())
+	waitFor(t, time.Minute, "the rest to drain", func() bool { return e.count("published_at IS NULL") == 0 })
+	p2.stop(t, syscall.SIGTERM)
+	dups := checkStream(t, e.target.Read(t), ids)
+	t.Logf("%d of %d events were left after SIGTERM; %d duplicates", left, len(ids), dups)
+}
+
+// Acceptance: a relay SIGKILLed while holding leases. Its publishes reach NATS but the
+// acks are held back by a proxy, so it dies owning its batch; another relay
+// publishes those events once the lease expires, in order, nothing lost.
+func TestRelaySIGKILLHoldingLeases(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	proxy := newAckHoldingProxy(t, strings.TrimPrefix(natstest.URL(), "nats://"))
+	victim := e.startRelay("victim", "nats://"+proxy.addr(), "--lease", "2s", "--publish-timeout", "1500ms", "--ack-timeout", "10s")
+	proxy.holdAcks()
+	ids := e.enqueue(50, 4)
+	waitFor(t, 30*time.Second, "the victim to hold leases", func() bool {
+		return e.count("claimed_by = 'victim' AND claim_until > now() AND published_at IS NULL") > 0
+	})
+	pgtest.Must(t, victim.cmd.Process.Kill(), "SIGKILL")
+	<-victim.done
+	held := e.count("claimed_by = 'victim' AND published_at IS NULL")
+	if held == 0 {
+		t.Fatal("the victim released its leases before being killed; the test proves nothing")
+	}
+
+	// The successor runs in-process so that its takeover count can be read.
+	pub, err := natsbroker.Dial(context.Background(), natstest.URL(), natsbroker.Config{
+		Stream: e.target.Stream, StreamSubjects: e.target.Subjects(), Subject: broker.MustParseTemplate(e.target.Template)})
+	pgtest.Must(t, err, "dial")
+	defer pub.Close()
+	r, err := relay.New(e.pool, pub, &relay.Config{Schema: e.schema, ID: "successor", PollInterval: 100 * time.Millisecond})
+	pgtest.Must(t, err, "relay")
+	pgtest.Must(t, r.Start(context.Background()), "start")
+	defer r.Stop(context.Background()) //nolint:errcheck
+	waitFor(t, 30*time.Second, "the successor to publish everything", func() bool { return e.count("published_at IS NULL") == 0 })
+	dups := checkStream(t, e.target.Read(t), ids)
+	if s := r.Stats(); s.TakenOver < int64(held) {
+		t.Fatalf("successor took over %d leases, the victim held %d", s.TakenOver, held)
+	}
+	t.Logf("victim died holding %d leases; successor took them over; %d duplicates dropped or counted", held, dups)
+}
+
+// ackHoldingProxy forwards TCP between a client and a server; holdAcks stops
+// forwarding server → client bytes (the client's publishes still arrive, their acks
+// do not).
+type ackHoldingProxy struct {
+	ln   net.Listener
+	hold atomic.Bool
+	wait chan struct{} // closed when the test ends, releasing held copies
+}
+
+func newAckHoldingProxy(t *testing.T, server string) *ackHoldingProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	pgtest.Must(t, err, "listen")
+	p := &ackHoldingProxy{ln: ln, wait: make(chan struct{})}
+	var wg sync.WaitGroup
+	var conns sync.Map
+	t.Cleanup(func() {
+		ln.Close()
+		close(p.wait)
+		conns.Range(func(k, _ any) bool { k.(net.Conn).Close(); return true })
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", server)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			conns.Store(c, true)
+			conns.Store(s, true)
+			wg.Add(2)
+			go func() { defer wg.Done(); _, _ = io.Copy(s, c); s.Close() }()
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 && p.hold.Load() {
+						<-p.wait // never forward again
+						return
+					}
+					if n > 0 {
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						c.Close()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+func (p *ackHoldingProxy) addr() string { return p.ln.Addr().String() }
+func (p *ackHoldingProxy) holdAcks()    { p.hold.Store(true) }
+
+func TestRelayFlagErrors(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--broker", "kafkaa://x:9092"}, `unknown scheme "kafkaa"`},
+		{[]string{"--broker", "not a url"}, "is not a broker URL"},
+		{[]string{"--batch-size", "0"}, "--batch-size must be positive"},
+		{[]string{"--batch-size", "20000"}, "--batch-size must be in 1..10000"},
+		{[]string{"--lease", "0s"}, "--lease must be positive"},
+		{[]string{"--lease", "1s", "--publish-timeout", "2s"}, "--publish-timeout (2s) must be positive and shorter than --lease (1s)"},
+		{[]string{"--topic-template", "x.{nope}"}, "unknown placeholder {nope}"},
+		{[]string{"--log-level", "loud"}, "--log-level"},
+		{[]string{"--max-attempts", "-1"}, "--max-attempts must be positive"},
+	}
+	for _, tc := range cases {
+		_, errOut, code := run(t, append([]string{"relay", "--database-url", "postgres://x@127.0.0.1:1/db"}, tc.args...)...)
+		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("relay %v: exit %d, stderr %q, want one line with %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}
+
+func TestRelayRefusesUnmigratedSchema(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Schema(t, 1)
+	_ = pool
+	_, errOut, code := run(t, "relay", "--database-url", pgtest.URL(), "--schema", schema, "--broker", "null://")
+	if code != 1 || !strings.Contains(errOut, "run 'pgoutbox migrate --schema "+schema+"' first") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+}
