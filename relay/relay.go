@@ -512,20 +512,24 @@ func (r *Relay) settle(batch []claimed, results []error) time.Duration {
 		}
 	}
 
-	b := &pgx.Batch{}
-	if len(acked) > 0 {
-		b.Queue(r.q.mark, acked)
-	}
-	if len(failIDs) > 0 {
-		b.Queue(r.q.fail, failIDs, failErrs, failDelays, failQuarantine, r.cfg.ID)
-	}
-	if len(released) > 0 {
-		b.Queue(r.q.release, released, r.cfg.ID)
+	// A pgx.Batch cannot be sent twice: build a fresh one for every attempt.
+	newBatch := func() *pgx.Batch {
+		b := &pgx.Batch{}
+		if len(acked) > 0 {
+			b.Queue(r.q.mark, acked)
+		}
+		if len(failIDs) > 0 {
+			b.Queue(r.q.fail, failIDs, failErrs, failDelays, failQuarantine, r.cfg.ID)
+		}
+		if len(released) > 0 {
+			b.Queue(r.q.release, released, r.cfg.ID)
+		}
+		return b
 	}
 	var wait backoff
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := r.pool.SendBatch(ctx, b).Close()
+		err := r.pool.SendBatch(ctx, newBatch()).Close()
 		cancel()
 		if err == nil {
 			r.setUp(&r.dbDown, "database")

@@ -394,3 +394,49 @@ func TestConfigValidation(t *testing.T) {
 		t.Error("nil publisher accepted")
 	}
 }
+
+// The database drops the relay's connections mid-run (pg_terminate_backend, as a
+// failover or an admin would): the relay reports itself unhealthy, retries, and
+// finishes the job with nothing lost and order held.
+func TestDatabaseConnectionsKilledMidRun(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 4)
+	ids := o.enqueue(t, 100, 30)
+	app := pgtest.Name("relay")
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	pgtest.Must(t, err, "parse")
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	relayPool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	pgtest.Must(t, err, "pool")
+	t.Cleanup(relayPool.Close)
+
+	var once sync.Once
+	killed := make(chan struct{})
+	rec := &recorder{fail: func(*broker.Message) error {
+		once.Do(func() {
+			// Kill every connection of the relay while it is publishing its first batch:
+			// with one worker, the settle of that batch meets a dead connection.
+			_, err := o.pool.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", app)
+			if err != nil {
+				t.Errorf("terminate: %v", err)
+			}
+			close(killed)
+		})
+		return nil
+	}}
+	r, err := relay.New(relayPool, rec, &relay.Config{Schema: o.schema, Logger: quietLogger(), Workers: 1, BatchSize: 200, PollInterval: 100 * time.Millisecond})
+	pgtest.Must(t, err, "relay")
+	pgtest.Must(t, r.Start(context.Background()), "start")
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		pgtest.Must(t, r.Stop(ctx), "stop")
+	}()
+	<-killed
+	waitFor(t, time.Minute, "the backlog to drain after the connections were killed", func() bool {
+		return o.count(t, "published_at IS NULL") == 0
+	})
+	dups := checkStream(t, rec.messages(), ids)
+	waitFor(t, 10*time.Second, "the relay to report healthy", func() bool { return r.Healthy() == nil })
+	t.Logf("%d events, %d duplicates after the connections were killed", len(ids), dups)
+}
