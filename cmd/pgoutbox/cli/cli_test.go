@@ -208,7 +208,8 @@ func TestDemo(t *testing.T) {
 	schema := pgtest.SchemaName(t, pool, "demo")
 	for range 2 { // re-runnable: the second run starts from a fresh schema
 		out, errOut, code := run(t, "demo", "--database-url", pgtest.URL(), "--schema", schema)
-		if code != 0 || !strings.Contains(out, "2 orders, 4 events") {
+		if code != 0 || !strings.Contains(out, "2 orders, 4 events") || !strings.Contains(out, "6. relay: published 4 events") ||
+			strings.Count(out, "outbox.order.order.") != 4 {
 			t.Fatalf("demo: code %d, stderr %q\n%s", code, errOut, out)
 		}
 	}
@@ -217,5 +218,11 @@ func TestDemo(t *testing.T) {
 		pgx.Identifier{schema, "outbox_events"}.Sanitize()).Scan(&seqs), "read")
 	if strings.Join(seqs, " ") != "A-1/1 A-1/2 C-3/1 C-3/2" {
 		t.Fatalf("demo outbox holds %v", seqs)
+	}
+	var unpublished int
+	pgtest.Must(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+pgx.Identifier{schema, "outbox_events"}.Sanitize()+
+		" WHERE published_at IS NULL").Scan(&unpublished), "read")
+	if unpublished != 0 {
+		t.Fatalf("%d demo events left unpublished", unpublished)
 	}
 }

@@ -5,13 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/migrate"
+	"github.com/pgoutbox/pgoutbox/relay"
 )
 
 // demoDatabaseURL is used when neither --database-url nor DATABASE_URL is set: a
@@ -27,8 +36,9 @@ func newDemoCmd() *cobra.Command {
 (pgoutbox_demo by default; it is dropped and recreated on every run and left in
 place afterwards for you to inspect), then place orders in business transactions
 that also enqueue events: a commit, a rollback, a multi-event transaction and an
-enqueue through the outbox_enqueue SQL function. It prints the outbox and what
-each step proves.
+enqueue through the outbox_enqueue SQL function. Then a relay publishes them to an
+embedded NATS JetStream server, and the demo prints the stream as a consumer
+sees it. It prints what each step proves.
 
 Without --database-url or DATABASE_URL it uses ` + demoDatabaseURL + `.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -141,11 +151,99 @@ func runDemo(ctx context.Context, conn *pgx.Conn, schema string, out io.Writer, 
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+q+".orders").Scan(&orders); err != nil {
 		return fmt.Errorf("count orders: %w", err)
 	}
-	fmt.Fprintf(out, "\n%d orders, %d events: every committed change has its events, the rolled-back one has none.\n", orders, n)
+	fmt.Fprintf(out, "\n%d orders, %d events: every committed change has its events, the rolled-back one has none.\n\n", orders, n)
+
+	if err := demoRelay(ctx, conn.Config(), schema, n, out); err != nil {
+		return err
+	}
 	if psqlURL != "" {
-		fmt.Fprintf(out, "Inspect with: psql '%s' -c 'TABLE %s.outbox_events'\n", psqlURL, q)
+		fmt.Fprintf(out, "\nInspect with: psql '%s' -c 'TABLE %s.outbox_events'\n", psqlURL, q)
 	}
 	return nil
+}
+
+// demoRelay runs a relay against an embedded NATS JetStream server until the n
+// events are published, then prints what the stream holds.
+func demoRelay(ctx context.Context, connCfg *pgx.ConnConfig, schema string, n int, out io.Writer) error {
+	dir, err := os.MkdirTemp("", "pgoutbox-demo-nats")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: dir, Port: -1})
+	if err != nil {
+		return fmt.Errorf("start embedded NATS: %w", err)
+	}
+	defer srv.Shutdown()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	pub, err := natsbroker.Dial(ctx, srv.URL(), natsbroker.Config{Logger: quiet})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	poolCfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return err
+	}
+	poolCfg.ConnConfig = connCfg.Copy()
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("connect to database: %w", err)
+	}
+	defer pool.Close()
+
+	r, err := relay.New(pool, pub, &relay.Config{Schema: schema, ID: "demo-relay", Logger: quiet})
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := r.Start(ctx); err != nil {
+		return err
+	}
+	defer r.Stop(context.WithoutCancel(ctx)) //nolint:errcheck // the demo's results are printed below
+	events := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	for {
+		var pending int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+events+" WHERE published_at IS NULL").Scan(&pending); err != nil {
+			return fmt.Errorf("count pending events: %w", err)
+		}
+		if pending == 0 {
+			break
+		}
+		if time.Since(start) > 30*time.Second {
+			return fmt.Errorf("the relay did not publish the %d pending events within 30s", pending)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	fmt.Fprintf(out, "6. relay: published %d events to an embedded NATS JetStream server (%s) in %s\n",
+		n, srv.URL(), time.Since(start).Round(time.Millisecond))
+
+	nc, err := natsgo.Connect(srv.URL())
+	if err != nil {
+		return fmt.Errorf("connect to NATS: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cons, err := js.OrderedConsumer(ctx, "OUTBOX", jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return fmt.Errorf("read stream OUTBOX: %w", err)
+	}
+	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		return fmt.Errorf("read stream OUTBOX: %w", err)
+	}
+	fmt.Fprintf(out, "\nstream OUTBOX (what a consumer receives; per order, in sequence):\n")
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "SUBJECT\tAGGREGATE-ID\tSEQ\tOUTBOX-EVENT-ID\tBODY")
+	for m := range batch.Messages() {
+		h := m.Headers()
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", m.Subject(), h.Get(broker.HeaderAggregateID),
+			h.Get(broker.HeaderAggregateSequence), h.Get(broker.HeaderEventID), m.Data())
+	}
+	return w.Flush()
 }
 
 var errDemoRollback = errors.New("demo: payment declined")
