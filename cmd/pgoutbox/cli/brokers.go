@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/null"
+	"github.com/pgoutbox/pgoutbox/broker/webhook"
 )
 
 const brokerHelp = `Brokers (--broker):
@@ -22,6 +25,12 @@ const brokerHelp = `Brokers (--broker):
                       Stream --nats-stream (created if missing on --nats-stream-subjects),
                       subject --topic-template (default outbox.{aggregate_type}.{event_type}),
                       Nats-Msg-Id = event id so re-publishes are dropped as duplicates
+  https://host/path   HTTP webhook: one signed POST per event (http:// too). The path may
+                      hold {aggregate_type}, {event_type}, … placeholders. The HMAC secret
+                      comes from PGOUTBOX_WEBHOOK_SECRET or --webhook-secret-file (never a
+                      flag value, so it stays out of ps); receivers verify Outbox-Signature
+                      with the Go helper webhook.Verifier. 2xx acks; 400/404/… quarantine;
+                      401/403/408/429/502-504, timeouts and connection errors retry
   null://             acknowledges everything and keeps nothing (benchmarks, dry runs)
 
 Templates (--topic-template) may use {aggregate_type}, {aggregate_id}, {event_type}
@@ -36,6 +45,8 @@ type brokerFlags struct {
 	natsStream    string
 	natsSubjects  []string
 	ackTimeout    time.Duration
+	secretFile    string
+	unsigned      bool
 }
 
 func (b *brokerFlags) register(fs *pflag.FlagSet) {
@@ -45,16 +56,45 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.topicTemplate, "topic-template", "", "destination template: NATS subject (env PGOUTBOX_TOPIC_TEMPLATE) (default per broker)")
 	fs.StringVar(&b.natsStream, "nats-stream", "OUTBOX", "JetStream stream to publish into (env PGOUTBOX_NATS_STREAM)")
 	fs.StringSliceVar(&b.natsSubjects, "nats-stream-subjects", nil, "subjects of the stream when it has to be created (env PGOUTBOX_NATS_STREAM_SUBJECTS) (default: the template's literal prefix + \".>\", e.g. outbox.>)")
-	fs.DurationVar(&b.ackTimeout, "ack-timeout", 5*time.Second, "how long to wait for the broker's ack of one message (env PGOUTBOX_ACK_TIMEOUT)")
+	fs.DurationVar(&b.ackTimeout, "ack-timeout", 5*time.Second, "how long to wait for the broker's ack of one message; the request timeout of a webhook (env PGOUTBOX_ACK_TIMEOUT)")
+	fs.StringVar(&b.secretFile, "webhook-secret-file", "", "file holding the webhook HMAC secret; else PGOUTBOX_WEBHOOK_SECRET is used (env PGOUTBOX_WEBHOOK_SECRET_FILE)")
+	fs.BoolVar(&b.unsigned, "webhook-unsigned", false, "send webhook requests without a signature (env PGOUTBOX_WEBHOOK_UNSIGNED)")
 }
 
 // brokerTarget is a checked --broker choice, ready to open.
 type brokerTarget struct {
 	flags          *brokerFlags
-	kind           string // embedded, nats, null
+	kind           string // embedded, nats, webhook, null
 	template       *broker.Template
 	streamSubjects []string
+	secret         []byte // webhook
 }
+
+// webhookSecret reads the HMAC secret from --webhook-secret-file or
+// PGOUTBOX_WEBHOOK_SECRET.
+func (b *brokerFlags) webhookSecret() ([]byte, error) {
+	var secret []byte
+	switch {
+	case b.secretFile != "":
+		raw, err := os.ReadFile(b.secretFile)
+		if err != nil {
+			return nil, usagef("--webhook-secret-file: %v", err)
+		}
+		secret = bytes.TrimRight(raw, "\r\n")
+	default:
+		secret = []byte(os.Getenv("PGOUTBOX_WEBHOOK_SECRET"))
+	}
+	switch {
+	case len(secret) == 0 && !b.unsigned:
+		return nil, usagef("a webhook needs a signing secret: set PGOUTBOX_WEBHOOK_SECRET or --webhook-secret-file (or --webhook-unsigned)")
+	case len(secret) > 0 && len(secret) < webhook.MinSecretLen:
+		return nil, usagef("the webhook secret is %d bytes; use at least %d (32 random bytes are good)", len(secret), webhook.MinSecretLen)
+	}
+	return secret, nil
+}
+
+// redactURL names a URL without its credentials.
+func redactURL(u *url.URL) string { return u.Redacted() }
 
 // parse checks the broker flags without connecting anywhere, so that a typo fails
 // at start-up with one line.
@@ -74,13 +114,29 @@ func (b *brokerFlags) parse() (*brokerTarget, error) {
 	default:
 		u, err := url.Parse(strings.TrimSpace(strings.Split(b.url, ",")[0]))
 		if err != nil || u.Scheme == "" {
-			return nil, usagef("--broker %q is not a broker URL (want embedded, nats://host:port or null://)", b.url)
+			shown := b.url
+			if strings.Contains(shown, "@") {
+				shown = "(value hidden: it may hold credentials)"
+			}
+			return nil, usagef("--broker %q is not a broker URL (want embedded, nats://host:port, https://host/path or null://)", shown)
 		}
 		switch u.Scheme {
 		case "nats", "tls", "ws", "wss":
 			t.kind = "nats"
+		case "http", "https":
+			if _, err := webhook.ParseURL(b.url); err != nil {
+				return nil, usagef("--broker: %v", err)
+			}
+			if b.topicTemplate != "" {
+				return nil, usagef("--topic-template does not apply to webhooks: put placeholders in the URL's path")
+			}
+			secret, err := b.webhookSecret()
+			if err != nil {
+				return nil, err
+			}
+			t.kind, t.secret = "webhook", secret
 		default:
-			return nil, usagef("--broker %q: unknown scheme %q (want embedded, nats://, tls://, null://)", b.url, u.Scheme)
+			return nil, usagef("--broker %s: unknown scheme %q (want embedded, nats://, tls://, http://, https://, null://)", redactURL(u), u.Scheme)
 		}
 	}
 	if b.topicTemplate != "" {
@@ -109,8 +165,16 @@ func (b *brokerFlags) parse() (*brokerTarget, error) {
 // open connects to the broker (starting the embedded one if chosen) and returns
 // the publisher and a function that closes everything it opened.
 func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publisher, func(), error) {
-	if t.kind == "null" {
+	switch t.kind {
+	case "null":
 		return &null.Publisher{}, func() {}, nil
+	case "webhook":
+		pub, err := webhook.New(webhook.Config{URL: t.flags.url, Secret: t.secret, AllowUnsigned: t.flags.unsigned,
+			Timeout: t.flags.ackTimeout, Logger: log})
+		if err != nil {
+			return nil, nil, usageError{err}
+		}
+		return pub, func() { _ = pub.Close() }, nil
 	}
 	cfg := natsbroker.Config{Stream: t.flags.natsStream, StreamSubjects: t.streamSubjects, AckTimeout: t.flags.ackTimeout, Logger: log}
 	if t.template != nil {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -22,6 +24,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/webhook"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -360,3 +363,56 @@ func TestRelayRefusesUnmigratedSchema(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
 }
+
+// A relay process publishes to a webhook: every request is signed with the secret
+// from the environment, each aggregate's events arrive in order.
+func TestRelayToWebhook(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	secret := "0123456789abcdef0123456789abcdef"
+	verifier := &webhook.Verifier{Secrets: [][]byte{[]byte(secret)}}
+	var mu sync.Mutex
+	var got []broker.Message
+	srv := httptest.NewServer(verifier.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		names := make([]string, 0, len(r.Header))
+		for k := range r.Header {
+			names = append(names, k)
+		}
+		m, err := broker.ParseWireHeaders(body, names, r.Header.Get)
+		if err != nil || r.Header.Get("Idempotency-Key") != m.EventID.String() {
+			http.Error(w, fmt.Sprint("bad request: ", err), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		got = append(got, m)
+		mu.Unlock()
+	})))
+	t.Cleanup(srv.Close)
+
+	ids := e.enqueue(5, 10)
+	cmd := exec.Command(binary, "relay", "--database-url", pgtest.URL(), "--schema", e.schema, "--broker", srv.URL+"/hooks/{aggregate_type}")
+	cmd.Env = append(os.Environ(), "PGOUTBOX_WEBHOOK_SECRET="+secret)
+	var stderr syncBuffer
+	cmd.Stderr = writerFunc(func(b []byte) (int, error) { stderr.WriteLine(string(b)); return len(b), nil })
+	pgtest.Must(t, cmd.Start(), "start relay")
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	waitFor(t, 30*time.Second, "the events to be delivered", func() bool { return e.count("published_at IS NULL") == 0 })
+	pgtest.Must(t, cmd.Process.Signal(syscall.SIGTERM), "SIGTERM")
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("relay: %v\n%s", err, stderr.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	checkStream(t, got, ids)
+
+	// Without a secret the relay refuses to start.
+	_, errOut, code := run(t, "relay", "--database-url", pgtest.URL(), "--broker", "https://example.invalid/hook")
+	if code != 2 || !strings.Contains(errOut, "PGOUTBOX_WEBHOOK_SECRET") {
+		t.Fatalf("no secret: exit %d, %q", code, errOut)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }

@@ -1,0 +1,345 @@
+package webhook
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+// Names of the headers the publisher sets beside the wire headers of SPEC §5.
+const (
+	// HeaderSignature carries the request's HMAC signature; see [Sign] for its
+	// format. Producer headers cannot spoof it: [broker.Message.WireHeaders] drops
+	// their Outbox-* names.
+	HeaderSignature = "Outbox-Signature"
+
+	// HeaderIdempotencyKey carries the event id, the same on every attempt, so a
+	// receiver can tell a re-delivery from a new event.
+	HeaderIdempotencyKey = "Idempotency-Key"
+)
+
+// signedHeaders are the wire headers the signature covers, in signing order:
+// everything a receiver needs to act on an event besides the body.
+var signedHeaders = [...]string{
+	broker.HeaderEventID,
+	broker.HeaderEventType,
+	broker.HeaderAggregateType,
+	broker.HeaderAggregateID,
+	broker.HeaderAggregateSequence,
+	broker.HeaderSchemaVersion,
+	broker.HeaderOccurredAt,
+}
+
+const (
+	// MinSecretLen is the shortest secret the publisher and the verifier accept: a
+	// shorter one could be guessed offline from a single signed request.
+	MinSecretLen = 16
+
+	defaultTolerance = 5 * time.Minute
+	defaultMaxBody   = 1 << 20
+
+	// Bounds on what the verifier parses and hashes for one request.
+	maxSignatureLen = 1024
+	maxSignatures   = 8
+	maxTimestampLen = 12 // decimal digits: far beyond any real clock
+)
+
+// Verification errors, for errors.Is. Verify wraps them with details.
+var (
+	// ErrNoSignature: the request has no Outbox-Signature header.
+	ErrNoSignature = errors.New("webhook: no " + HeaderSignature + " header")
+	// ErrMalformedSignature: the Outbox-Signature header is not of the form
+	// t=<unix seconds>,v1=<64 hex digits>[,v1=…].
+	ErrMalformedSignature = errors.New("webhook: malformed " + HeaderSignature + " header")
+	// ErrBadSignature: no signature matches any of the secrets; the body or a
+	// signed header was changed, or the sender uses another secret.
+	ErrBadSignature = errors.New("webhook: signature does not match")
+	// ErrTooOld: the signature is valid but older than the tolerance: a replay,
+	// or a sender whose clock is behind.
+	ErrTooOld = errors.New("webhook: signature is too old")
+	// ErrTooNew: the signature is valid but dated further in the future than the
+	// tolerance: a sender whose clock is ahead.
+	ErrTooNew = errors.New("webhook: signature is dated in the future")
+)
+
+var newline = []byte{'\n'}
+
+// Sign returns the value of the Outbox-Signature header for a request with body
+// and the wire headers in h, signed with secret at time t:
+//
+//	t=<t as Unix seconds>,v1=<hex(HMAC-SHA256(secret, signed))>
+//
+// where signed is the timestamp, the seven Outbox-* contract headers and the
+// body, joined by newlines ("\n"):
+//
+//	<t>
+//	<Outbox-Event-Id>
+//	<Outbox-Event-Type>
+//	<Outbox-Aggregate-Type>
+//	<Outbox-Aggregate-Id>
+//	<Outbox-Aggregate-Sequence>
+//	<Outbox-Schema-Version>
+//	<Outbox-Occurred-At>
+//	<body>
+//
+// A missing header counts as empty. Header values cannot hold a newline, so the
+// joined text is unambiguous. The timestamp lets a receiver refuse replays
+// ([ErrTooOld]); signing the contract headers keeps a replayed body from being
+// relabelled as another event. Producer headers such as traceparent are not
+// signed. The secret's bytes are used as they are (a hex string is not decoded).
+//
+// The publisher calls Sign for every attempt; it is exported for other senders
+// and for tests of receivers.
+func Sign(secret []byte, t time.Time, h http.Header, body []byte) string {
+	ts := t.Unix()
+	mac := signature(hmac.New(sha256.New, secret), ts, h, body)
+	return "t=" + strconv.FormatInt(ts, 10) + ",v1=" + hex.EncodeToString(mac)
+}
+
+func signature(mac hash.Hash, ts int64, h http.Header, body []byte) []byte {
+	var buf [20]byte
+	mac.Write(strconv.AppendInt(buf[:0], ts, 10))
+	for _, name := range signedHeaders {
+		mac.Write(newline)
+		_, _ = io.WriteString(mac, h.Get(name))
+	}
+	mac.Write(newline)
+	mac.Write(body)
+	return mac.Sum(nil)
+}
+
+// parsedSignature is an Outbox-Signature header.
+type parsedSignature struct {
+	t  int64
+	v1 [][]byte
+}
+
+// parseSignature parses an Outbox-Signature header: comma-separated key=value
+// fields without spaces, exactly one t (Unix seconds, decimal, no sign or leading
+// zero) and one to eight v1 (64 lowercase hex digits: several while a sender
+// signs with an old and a new secret). Other keys (lowercase letters and digits)
+// with printable values are ignored, for later signature schemes. Errors wrap
+// ErrMalformedSignature and never quote the header.
+func parseSignature(s string) (parsedSignature, error) {
+	var p parsedSignature
+	malformed := func(format string, args ...any) (parsedSignature, error) {
+		return parsedSignature{}, fmt.Errorf("%w: "+format, append([]any{ErrMalformedSignature}, args...)...)
+	}
+	if len(s) > maxSignatureLen {
+		return malformed("longer than %d bytes", maxSignatureLen)
+	}
+	haveT := false
+	n := 0
+	for field := range strings.SplitSeq(s, ",") {
+		n++
+		key, value, ok := strings.Cut(field, "=")
+		if !ok || !isSignatureKey(key) || value == "" {
+			return malformed("field %d is not key=value", n)
+		}
+		switch key {
+		case "t":
+			if haveT {
+				return malformed("more than one timestamp")
+			}
+			if len(value) > maxTimestampLen || !isDecimal(value) || (len(value) > 1 && value[0] == '0') {
+				return malformed("timestamp is not Unix seconds")
+			}
+			p.t, _ = strconv.ParseInt(value, 10, 64) // cannot fail: at most 12 digits
+			haveT = true
+		case "v1":
+			if len(p.v1) == maxSignatures {
+				return malformed("more than %d signatures", maxSignatures)
+			}
+			if len(value) != 2*sha256.Size || !isLowerHex(value) {
+				return malformed("v1 is not %d lowercase hex digits", 2*sha256.Size)
+			}
+			mac, _ := hex.DecodeString(value) // cannot fail: checked above
+			p.v1 = append(p.v1, mac)
+		default:
+			for i := 0; i < len(value); i++ {
+				if value[i] <= ' ' || value[i] >= 0x7f {
+					return malformed("field %d has a space or a non-printable byte", n)
+				}
+			}
+		}
+	}
+	switch {
+	case !haveT:
+		return malformed("no timestamp (t=)")
+	case len(p.v1) == 0:
+		return malformed("no v1 signature")
+	}
+	return p, nil
+}
+
+func isSignatureKey(s string) bool {
+	if s == "" || len(s) > 16 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+func isDecimal(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+func isLowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// Verifier checks the signature of webhook requests on the receiving side. Its
+// fields must not change once it is in use; it is then safe for concurrent use.
+type Verifier struct {
+	// Secrets are the keys a signature may be made with; a request is accepted
+	// if it was signed with any of them. To rotate a secret without refusing
+	// events: add the new secret here, switch the sender to it, then remove the
+	// old one. Each must be at least MinSecretLen bytes. Required.
+	Secrets [][]byte
+
+	// Tolerance is how far the signature's timestamp may be from the receiver's
+	// clock, either way. Together with deduplication by Idempotency-Key over
+	// that window, it makes a captured request useless for replays. Defaults to
+	// 5 minutes.
+	Tolerance time.Duration
+
+	// MaxBody bounds the body Handler reads; a larger request is answered 413,
+	// which the publisher takes as a permanent refusal. Defaults to 1 MiB.
+	MaxBody int64
+
+	// Now returns the current time. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// check validates the configuration and returns the tolerance to apply.
+func (v *Verifier) check() (time.Duration, error) {
+	if len(v.Secrets) == 0 {
+		return 0, errors.New("webhook: Verifier.Secrets is empty")
+	}
+	for i, s := range v.Secrets {
+		if len(s) < MinSecretLen {
+			return 0, fmt.Errorf("webhook: Verifier.Secrets[%d] is %d bytes, want at least %d", i, len(s), MinSecretLen)
+		}
+	}
+	switch {
+	case v.Tolerance < 0:
+		return 0, fmt.Errorf("webhook: Verifier.Tolerance %s: must not be negative", v.Tolerance)
+	case v.Tolerance == 0:
+		return defaultTolerance, nil
+	}
+	return v.Tolerance, nil
+}
+
+// Verify checks the Outbox-Signature header of a request with header h and body:
+// a signature made with one of the secrets over the body and the signed headers
+// (see [Sign]), with a timestamp within the tolerance. A request whose
+// Idempotency-Key differs from its (signed) Outbox-Event-Id is refused too, since
+// the key is what a receiver deduplicates on. Signatures are compared in constant
+// time.
+//
+// It returns nil for an authentic request, or an error wrapping one of
+// ErrNoSignature, ErrMalformedSignature, ErrBadSignature, ErrTooOld or
+// ErrTooNew; or a configuration error (no secrets, a short one).
+func (v *Verifier) Verify(h http.Header, body []byte) error {
+	tolerance, err := v.check()
+	if err != nil {
+		return err
+	}
+	values := h.Values(HeaderSignature)
+	switch {
+	case len(values) == 0 || len(values) == 1 && values[0] == "":
+		return ErrNoSignature
+	case len(values) > 1:
+		return fmt.Errorf("%w: %d %s headers", ErrMalformedSignature, len(values), HeaderSignature)
+	}
+	sig, err := parseSignature(values[0])
+	if err != nil {
+		return err
+	}
+	if key := h.Get(HeaderIdempotencyKey); key != "" && key != h.Get(broker.HeaderEventID) {
+		return fmt.Errorf("%w: %s differs from %s", ErrBadSignature, HeaderIdempotencyKey, broker.HeaderEventID)
+	}
+	// The signature first: a timestamp error then says that the request is
+	// authentic, only stale.
+	matched := false
+	for _, secret := range v.Secrets {
+		want := signature(hmac.New(sha256.New, secret), sig.t, h, body)
+		for _, got := range sig.v1 {
+			matched = hmac.Equal(want, got) || matched
+		}
+	}
+	if !matched {
+		return ErrBadSignature
+	}
+	now := time.Now
+	if v.Now != nil {
+		now = v.Now
+	}
+	switch age := now().Sub(time.Unix(sig.t, 0)); {
+	case age > tolerance:
+		return fmt.Errorf("%w: signed %s ago, tolerance %s", ErrTooOld, age.Truncate(time.Second), tolerance)
+	case age < -tolerance:
+		return fmt.Errorf("%w: signed %s ahead, tolerance %s", ErrTooNew, (-age).Truncate(time.Second), tolerance)
+	}
+	return nil
+}
+
+// Handler returns middleware that reads the request body (up to MaxBody), checks
+// its signature with Verify and passes the request on to next with the body
+// restored. It answers itself when the check fails: 401 Unauthorized for a
+// missing, malformed, wrong or stale signature (which the publisher takes as a
+// permanent refusal, so the event is quarantined, not retried forever), 413 for a
+// body over MaxBody, 500 when the Verifier is misconfigured (retried).
+func (v *Verifier) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := v.check(); err != nil {
+			http.Error(w, "webhook signature verifier is misconfigured", http.StatusInternalServerError)
+			return
+		}
+		limit := v.MaxBody
+		if limit <= 0 {
+			limit = defaultMaxBody
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+		if err != nil {
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				http.Error(w, fmt.Sprintf("request body over %d bytes", limit), http.StatusRequestEntityTooLarge)
+				return
+			}
+			http.Error(w, "cannot read the request body", http.StatusBadRequest)
+			return
+		}
+		if err := v.Verify(r.Header, body); err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,686 @@
+// Package webhook publishes outbox events as HTTP POST requests to a webhook
+// endpoint, and verifies their signatures on the receiving side.
+//
+// # The request
+//
+// Each event is one POST to [Config.URL] (whose path may be a template, see
+// [ParseURL]) with the payload as body and these headers:
+//
+//	Content-Type: application/json
+//	Outbox-Event-Id, Outbox-Event-Type, …   the wire headers of SPEC §5
+//	traceparent, …                          the producer's headers
+//	Idempotency-Key: <event id>             the same on every attempt
+//	Outbox-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>   see Sign
+//
+// plus Config.Header. A producer header whose name the adapter or HTTP owns
+// (Content-Type, Content-Length, Content-Encoding, Transfer-Encoding,
+// Idempotency-Key, Host, Connection, Expect, …) or that Config.Header sets is
+// dropped; one that cannot be sent unchanged (a line break, a leading space, a
+// name that is not an HTTP token) is refused as permanent.
+//
+// # Acknowledgements and errors
+//
+// Within an aggregate, event k+1 is POSTed only after k was answered 2xx
+// ([broker.PublishLanes]); different aggregates are in flight together, up to
+// Config.MaxConcurrency requests. The answer decides the event's fate:
+//
+//	2xx                          acknowledged
+//	3xx                          broker.Unavailable: redirects are never followed
+//	401, 403                     broker.Unavailable: the endpoint refuses us, not the event
+//	408, 429                     broker.Unavailable
+//	409, 425                     retryable (409: the same Idempotency-Key is in flight)
+//	other 4xx                    broker.Permanent: the event is quarantined
+//	502, 503, 504                broker.Unavailable
+//	500, other 5xx               retryable, quarantined after the relay's max attempts
+//	connection error, timeout    broker.Unavailable
+//
+// Unavailable answers never count towards quarantine: they say nothing about the
+// event (the endpoint is down, overloaded, misconfigured or moved). 401 and 403
+// belong here because they mean a wrong secret, a clock more than the receiver's
+// tolerance off, or revoked credentials: quarantining every event until someone
+// fixes the configuration would only add an operator chore to the outage. A 500 may be
+// the receiver choking on this very event, so it counts. A timeout is ambiguous —
+// the endpoint may have acted on the event — so the retry carries the same
+// Idempotency-Key and the receiver must deduplicate on it.
+//
+// A non-2xx answer fails the event with a [*StatusError], which carries the
+// status and a short, sanitized excerpt of the response body; the relay stores its
+// text as the event's last error.
+//
+// A redirect is not followed because following one would re-send the event, with
+// its signature and Config.Header credentials, to an address nobody configured,
+// and 301/302/303 would turn the POST into a GET whose 2xx acknowledges nothing.
+// Point Config.URL at the final address instead.
+//
+// After a 429 or 503 with a Retry-After header, the publisher sends nothing to the
+// endpoint for that long (at most Config.RetryAfterMax): every event fails at once
+// as unavailable instead.
+//
+// # Receiving
+//
+// [Verifier] checks signatures on the receiving side, as a function or as
+// net/http middleware, with several secrets for rotation.
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+// Config configures a Publisher.
+type Config struct {
+	// URL is the endpoint every event is POSTed to: http:// or https://, with a
+	// host, optionally a port, a path and a query. The path may hold the
+	// placeholders of broker.Template, for instance
+	// "https://hooks.example.com/outbox/{aggregate_type}/{event_type}"; values are
+	// path-escaped, so a "/" in an aggregate id stays inside its segment, and an
+	// event whose value is empty, "." or ".." is refused. User info in the URL is
+	// sent as basic authentication. See ParseURL. Required.
+	URL string
+
+	// Secret is the key of the HMAC-SHA256 signature of every request (see Sign);
+	// the receiver's Verifier needs the same bytes. At least MinSecretLen bytes;
+	// 32 random bytes are good. Required unless AllowUnsigned.
+	Secret []byte
+
+	// AllowUnsigned permits an empty Secret: requests then carry no
+	// Outbox-Signature header, and the receiver must authenticate them otherwise
+	// (mutual TLS, an Authorization header in Header). Defaults to false.
+	AllowUnsigned bool
+
+	// Timeout bounds one request, from dialing to reading the status line and a
+	// bounded part of the body. A request without an answer by then fails as
+	// unavailable; the endpoint may still have received it (the retry carries the
+	// same Idempotency-Key). Defaults to 10s.
+	Timeout time.Duration
+
+	// MaxConcurrency is how many requests may be in flight at once, across all
+	// concurrent Publish calls; a request beyond it waits for a slot. Defaults to
+	// 64.
+	MaxConcurrency int
+
+	// RetryAfterMax caps the pause a 429 or 503 answer can impose through its
+	// Retry-After header. Negative: Retry-After is ignored. Defaults to 1 minute.
+	RetryAfterMax time.Duration
+
+	// HTTPClient sends the requests: set it for TLS settings (a private CA,
+	// client certificates), a proxy or a custom dialer. The publisher uses a copy
+	// whose CheckRedirect refuses every redirect; the client's own Timeout, if
+	// any, still applies. Its transport should keep at least MaxConcurrency idle
+	// connections per host (http.Transport.MaxIdleConnsPerHost; Go's default is
+	// 2), or connections are opened and closed all the time. Close does not close
+	// its connections. Defaults to a client of the publisher's own, with proxies
+	// from the environment (HTTPS_PROXY, NO_PROXY, …).
+	HTTPClient *http.Client
+
+	// Header holds headers added to every request, an Authorization header for
+	// instance. They win over producer headers of the same name. Names the
+	// adapter or HTTP owns (Content-Type, Idempotency-Key, Outbox-*, Host, …) are
+	// refused. Defaults to none.
+	Header http.Header
+
+	// Logger receives the publisher's own events (a Retry-After pause, a dropped
+	// producer header); failed requests are reported through Publish's results.
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+const (
+	defaultTimeout        = 10 * time.Second
+	defaultMaxConcurrency = 64
+	defaultRetryAfterMax  = time.Minute
+
+	userAgent = "pgoutbox-webhook"
+
+	excerptRead = 4 << 10  // response body bytes read for an error's excerpt
+	excerptLen  = 256      // bytes of excerpt kept
+	drainLimit  = 64 << 10 // response body bytes read so the connection can be reused
+)
+
+// reservedHeaders are the headers the adapter sets or HTTP itself manages; a
+// producer header cannot replace them, and Config.Header cannot set them.
+var reservedHeaders = map[string]bool{
+	"Content-Type":      true,
+	"Content-Length":    true,
+	"Content-Encoding":  true,
+	"Transfer-Encoding": true,
+	"Trailer":           true,
+	"Te":                true,
+	"Host":              true,
+	"Connection":        true,
+	"Keep-Alive":        true,
+	"Proxy-Connection":  true,
+	"Upgrade":           true,
+	"Expect":            true,
+	"Idempotency-Key":   true,
+}
+
+// withDefaults returns a copy of c with defaults applied, and the parsed
+// endpoint, or an error naming the first invalid field.
+func (c Config) withDefaults() (Config, *endpoint, error) {
+	ep, err := parseEndpoint(c.URL)
+	if err != nil {
+		return c, nil, fmt.Errorf("webhook: Config.URL: %w", err)
+	}
+	switch {
+	case len(c.Secret) == 0 && !c.AllowUnsigned:
+		return c, nil, errors.New("webhook: Config.Secret is required (or set Config.AllowUnsigned to send unsigned requests)")
+	case len(c.Secret) > 0 && len(c.Secret) < MinSecretLen:
+		return c, nil, fmt.Errorf("webhook: Config.Secret is %d bytes, want at least %d", len(c.Secret), MinSecretLen)
+	case c.Timeout < 0:
+		return c, nil, fmt.Errorf("webhook: Config.Timeout %s: must be positive", c.Timeout)
+	case c.MaxConcurrency < 0:
+		return c, nil, fmt.Errorf("webhook: Config.MaxConcurrency %d: must be positive", c.MaxConcurrency)
+	}
+	c.Secret = slices.Clone(c.Secret)
+	if c.Timeout == 0 {
+		c.Timeout = defaultTimeout
+	}
+	if c.MaxConcurrency == 0 {
+		c.MaxConcurrency = defaultMaxConcurrency
+	}
+	if c.RetryAfterMax == 0 {
+		c.RetryAfterMax = defaultRetryAfterMax
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	static := make(http.Header, len(c.Header))
+	for name, values := range c.Header {
+		if !isToken(name) {
+			return c, nil, fmt.Errorf("webhook: Config.Header: %q is not a valid header name", name)
+		}
+		canon := http.CanonicalHeaderKey(name)
+		if reservedHeaders[canon] || strings.HasPrefix(canon, "Outbox-") {
+			return c, nil, fmt.Errorf("webhook: Config.Header: %s is set by the publisher", canon)
+		}
+		for _, v := range values {
+			if err := checkHeaderValue(v); err != nil {
+				return c, nil, fmt.Errorf("webhook: Config.Header: %s: %w", canon, err)
+			}
+		}
+		static[canon] = append(static[canon], values...)
+	}
+	c.Header = static
+	return c, ep, nil
+}
+
+// Publisher POSTs outbox events to a webhook endpoint. It implements
+// [broker.Publisher] and [broker.Pinger] and is safe for concurrent use.
+type Publisher struct {
+	cfg       Config
+	ep        *endpoint
+	client    *http.Client
+	transport *http.Transport // the publisher's own, or nil with Config.HTTPClient
+	slots     chan struct{}   // a token per request in flight
+	now       func() time.Time
+
+	holdUntil atomic.Int64 // Unix nanoseconds; no requests before (Retry-After)
+
+	ctx    context.Context // ends at Close, cancelling requests in flight
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	closed   bool
+	inFlight sync.WaitGroup
+}
+
+var errClosed = errors.New("webhook: publisher closed")
+
+// ErrTimeout is wrapped by the error of a request that got no answer within
+// Config.Timeout. The endpoint may have received the event: the retry carries the
+// same Idempotency-Key.
+var ErrTimeout = errors.New("no answer within the timeout")
+
+// New returns a publisher for cfg. It does not contact the endpoint.
+func New(cfg Config) (*Publisher, error) {
+	cfg, ep, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	p := &Publisher{
+		cfg:   cfg,
+		ep:    ep,
+		slots: make(chan struct{}, cfg.MaxConcurrency),
+		now:   time.Now,
+	}
+	if cfg.HTTPClient != nil {
+		c := *cfg.HTTPClient
+		p.client = &c
+	} else {
+		p.transport = &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			ForceAttemptHTTP2:     true,
+			MaxIdleConns:          max(100, cfg.MaxConcurrency),
+			MaxIdleConnsPerHost:   cfg.MaxConcurrency,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ExpectContinueTimeout: time.Second,
+		}
+		p.client = &http.Client{Transport: p.transport}
+	}
+	p.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	return p, nil
+}
+
+// StatusError is the error of a request the endpoint answered with a status
+// other than 2xx.
+type StatusError struct {
+	// StatusCode is the HTTP status, 404 say.
+	StatusCode int
+	// Body is an excerpt of the response body: valid UTF-8, control characters
+	// and runs of white space turned into single spaces, cut after 256 bytes
+	// with a "…".
+	Body string
+	// RetryAfter is the delay a 429 or 503 answer asked for with Retry-After, or
+	// zero.
+	RetryAfter time.Duration
+	// Location is the scheme and host of a redirect's target (its path is left
+	// out: it may hold a token), or "" for other answers.
+	Location string
+}
+
+// Error returns the status, the redirect or Retry-After if any, and the excerpt.
+func (e *StatusError) Error() string {
+	var b strings.Builder
+	b.WriteString(strconv.Itoa(e.StatusCode))
+	if text := http.StatusText(e.StatusCode); text != "" {
+		b.WriteString(" " + text)
+	}
+	if e.StatusCode >= 300 && e.StatusCode < 400 {
+		b.WriteString(", a redirect")
+		if e.Location != "" {
+			b.WriteString(" to " + e.Location)
+		}
+		b.WriteString(" (not followed: set the final address as the endpoint URL)")
+	}
+	if e.RetryAfter > 0 {
+		b.WriteString(", Retry-After " + e.RetryAfter.String())
+	}
+	if e.Body != "" {
+		b.WriteString(": " + strconv.Quote(e.Body))
+	}
+	return b.String()
+}
+
+// classifyStatus marks err, the error of a non-2xx answer, as the package doc's
+// table says.
+func classifyStatus(code int, err error) error {
+	switch {
+	case code >= 300 && code < 400,
+		code == http.StatusUnauthorized,
+		code == http.StatusForbidden,
+		code == http.StatusRequestTimeout,
+		code == http.StatusTooManyRequests,
+		code == http.StatusBadGateway,
+		code == http.StatusServiceUnavailable,
+		code == http.StatusGatewayTimeout:
+		return broker.Unavailable(err)
+	case code == http.StatusConflict, code == http.StatusTooEarly:
+		// 409: the draft Idempotency-Key standard's answer to a retry that arrives
+		// while the first attempt is still being processed.
+		return err
+	case code >= 400 && code < 500:
+		return broker.Permanent(err)
+	}
+	return err
+}
+
+// Publish POSTs msgs and returns one result per message; see [broker.Publisher]
+// and the package doc for how answers are classified. ctx bounds the whole call,
+// including waiting for a slot under Config.MaxConcurrency; each request is also
+// bounded by Config.Timeout.
+func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error {
+	if p.ctx.Err() != nil {
+		results := make([]error, len(msgs))
+		for i := range results {
+			results[i] = broker.Unavailable(errClosed)
+		}
+		return results
+	}
+	return broker.PublishLanes(ctx, msgs, p.send)
+}
+
+// send starts the POST of m and returns how to wait for its answer.
+func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
+	if p.ctx.Err() != nil {
+		return nil, broker.Unavailable(errClosed)
+	}
+	target, err := p.ep.target(m)
+	if err != nil {
+		return nil, broker.Permanent(fmt.Errorf("webhook: event %s: %w", m.EventID, err))
+	}
+	header, err := p.header(m)
+	if err != nil {
+		return nil, broker.Permanent(fmt.Errorf("webhook: event %s: %w", m.EventID, err))
+	}
+	if err := p.held(); err != nil {
+		return nil, err
+	}
+	select {
+	case p.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-p.ctx.Done():
+		return nil, broker.Unavailable(errClosed)
+	}
+	release := func() { <-p.slots }
+	// A pause may have begun while this request waited for its slot.
+	if err := p.held(); err != nil {
+		release()
+		return nil, err
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		release()
+		return nil, broker.Unavailable(errClosed)
+	}
+	p.inFlight.Add(1)
+	p.mu.Unlock()
+
+	done := make(chan error, 1)
+	go func() {
+		defer p.inFlight.Done()
+		defer release()
+		done <- p.post(ctx, m, target, header)
+	}()
+	return func(ctx context.Context) error {
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, nil
+}
+
+// header returns the request headers of m, without the signature.
+func (p *Publisher) header(m *broker.Message) (http.Header, error) {
+	wire := m.WireHeaders()
+	h := make(http.Header, len(wire)+len(p.cfg.Header)+4)
+	for name, values := range p.cfg.Header {
+		h[name] = slices.Clone(values)
+	}
+	sent := make(map[string]string, len(wire)) // canonical name → name as given
+	for name, v := range wire {
+		if !isToken(name) {
+			return nil, fmt.Errorf("header name %q is not an HTTP token", name)
+		}
+		canon := http.CanonicalHeaderKey(name)
+		if reservedHeaders[canon] {
+			p.cfg.Logger.Debug("webhook: dropped a producer header the publisher sets",
+				slog.String("event_id", m.EventID.String()), slog.String("header", canon))
+			continue
+		}
+		if _, ok := p.cfg.Header[canon]; ok {
+			continue // Config.Header wins
+		}
+		if other, ok := sent[canon]; ok {
+			return nil, fmt.Errorf("headers %q and %q are the same HTTP header", other, name)
+		}
+		if err := checkHeaderValue(v); err != nil {
+			return nil, fmt.Errorf("header %s: %w", name, err)
+		}
+		sent[canon] = name
+		h[canon] = []string{v}
+	}
+	h.Set("Content-Type", "application/json")
+	h.Set(HeaderIdempotencyKey, m.EventID.String())
+	if h.Get("User-Agent") == "" {
+		h.Set("User-Agent", userAgent)
+	}
+	return h, nil
+}
+
+// post sends one request and classifies the outcome.
+func (p *Publisher) post(ctx context.Context, m *broker.Message, target string, header http.Header) error {
+	rctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	stop := context.AfterFunc(p.ctx, cancel) // Close cancels it too
+	defer stop()
+
+	what := func() string { return fmt.Sprintf("webhook: POST event %s to %s", m.EventID, p.ep.origin) }
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, target, bytes.NewReader(m.Payload))
+	if err != nil {
+		return broker.Permanent(fmt.Errorf("%s: %s", what(), parseErrorText(err)))
+	}
+	req.Header = header
+	if len(p.cfg.Secret) > 0 {
+		// Signed as late as possible, so the timestamp is the time of sending.
+		header.Set(HeaderSignature, Sign(p.cfg.Secret, p.now(), header, m.Payload))
+	}
+	// net/http itself may send the request again on a fresh connection when a
+	// kept-alive one turns out dead: it counts a request with an Idempotency-Key
+	// as safe to replay, and the receiver deduplicates it like any retry.
+	resp, err := p.client.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // ue.URL may hold a token
+		}
+		switch {
+		case p.ctx.Err() != nil:
+			return broker.Unavailable(fmt.Errorf("%s: %w", what(), errClosed))
+		case ctx.Err() != nil:
+			return fmt.Errorf("%s: %w", what(), ctx.Err())
+		case rctx.Err() != nil:
+			return broker.Unavailable(fmt.Errorf("%s: %w (%s); the retry carries the same %s", what(), ErrTimeout, p.cfg.Timeout, HeaderIdempotencyKey))
+		}
+		return broker.Unavailable(fmt.Errorf("%s: %w", what(), err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		// The status is the ack; the body is read only to reuse the connection.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
+		return nil
+	}
+	se := &StatusError{StatusCode: resp.StatusCode, Body: excerpt(resp.Body)}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		if loc, err := resp.Location(); err == nil && loc.Host != "" {
+			se.Location = loc.Scheme + "://" + loc.Host
+		}
+	}
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		se.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), p.now())
+		p.hold(se.RetryAfter)
+	}
+	return classifyStatus(resp.StatusCode, fmt.Errorf("%s: %w", what(), se))
+}
+
+// excerpt reads the start of a response body and makes it fit for an error
+// message: valid UTF-8, no control characters or line breaks, bounded.
+func excerpt(r io.Reader) string {
+	raw, _ := io.ReadAll(io.LimitReader(r, excerptRead))
+	var b strings.Builder
+	space := false
+	for _, c := range strings.ToValidUTF8(string(raw), "\uFFFD") {
+		if unicode.IsSpace(c) || !unicode.IsPrint(c) {
+			space = b.Len() > 0
+			continue
+		}
+		if space {
+			b.WriteByte(' ')
+			space = false
+		}
+		b.WriteRune(c)
+	}
+	s := b.String()
+	if len(s) > excerptLen {
+		s = s[:excerptLen]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+		s += "…"
+	}
+	return s
+}
+
+// retryAfter parses a Retry-After value, delay-seconds or an HTTP date; 0 when
+// absent, malformed or past.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs <= 0 {
+			return 0
+		}
+		return time.Duration(min(secs, int64(24*time.Hour/time.Second))) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now).Truncate(time.Second)
+	}
+	return 0
+}
+
+// hold pauses requests for d, capped at Config.RetryAfterMax.
+func (p *Publisher) hold(d time.Duration) {
+	if d <= 0 || p.cfg.RetryAfterMax < 0 {
+		return
+	}
+	d = min(d, p.cfg.RetryAfterMax)
+	now := p.now()
+	until := now.Add(d).UnixNano()
+	for {
+		cur := p.holdUntil.Load()
+		if cur >= until {
+			return
+		}
+		if p.holdUntil.CompareAndSwap(cur, until) {
+			if cur <= now.UnixNano() { // a new pause, not one extended by the next 503
+				p.cfg.Logger.Warn("webhook: endpoint asked for a pause (Retry-After); not sending until it ends",
+					slog.String("endpoint", p.ep.origin), slog.Duration("pause", d))
+			}
+			return
+		}
+	}
+}
+
+// held returns an unavailable error while a Retry-After pause lasts.
+func (p *Publisher) held() error {
+	until := p.holdUntil.Load()
+	if until == 0 || p.now().UnixNano() >= until {
+		return nil
+	}
+	return broker.Unavailable(fmt.Errorf("webhook: %s asked to retry after %s (Retry-After); not sent",
+		p.ep.origin, time.Unix(0, until).UTC().Format(time.RFC3339)))
+}
+
+// Ping reports whether the endpoint answers: it sends a HEAD request (with
+// Config.Header, without an event or signature) to Config.URL, cut before the
+// first placeholder. Any answer shows the endpoint reachable — 405 Method Not
+// Allowed included — except 502, 503 and 504; those, a connection error and a
+// timeout are returned marked [broker.Unavailable]. ctx and Config.Timeout bound
+// the request. A webhook has no cheaper health check: call Ping sparingly.
+func (p *Publisher) Ping(ctx context.Context) error {
+	if p.ctx.Err() != nil {
+		return broker.Unavailable(errClosed)
+	}
+	rctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	stop := context.AfterFunc(p.ctx, cancel)
+	defer stop()
+	what := "webhook: HEAD " + p.ep.origin
+	req, err := http.NewRequestWithContext(rctx, http.MethodHead, p.ep.ping, nil)
+	if err != nil {
+		return fmt.Errorf("%s: %s", what, parseErrorText(err))
+	}
+	for name, values := range p.cfg.Header {
+		req.Header[name] = slices.Clone(values)
+	}
+	if req.Header.Get("User-Agent") == "" {
+		req.Header.Set("User-Agent", userAgent)
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return broker.Unavailable(fmt.Errorf("%s: %w", what, err))
+	}
+	_ = resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return broker.Unavailable(fmt.Errorf("%s: %w", what, &StatusError{StatusCode: resp.StatusCode}))
+	}
+	return nil
+}
+
+// Close cancels the requests in flight, which fail as unavailable, waits for them
+// to end and closes the idle connections of the publisher's own client. It is
+// safe to call more than once.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	already := p.closed
+	p.closed = true
+	p.mu.Unlock()
+	if already {
+		return nil
+	}
+	p.cancel()
+	p.inFlight.Wait()
+	if p.transport != nil {
+		p.transport.CloseIdleConnections()
+	}
+	return nil
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110 §5.6.2), a valid header
+// name.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// checkHeaderValue refuses a value that HTTP cannot carry, or that a receiver
+// would not see unchanged: control characters, line breaks, leading or trailing
+// white space (which servers trim).
+func checkHeaderValue(v string) error {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return fmt.Errorf("value %q holds a control character", v)
+		}
+	}
+	if strings.Trim(v, " \t") != v {
+		return fmt.Errorf("value %q has leading or trailing white space", v)
+	}
+	return nil
+}
+
+var (
+	_ broker.Publisher = (*Publisher)(nil)
+	_ broker.Pinger    = (*Publisher)(nil)
+)
