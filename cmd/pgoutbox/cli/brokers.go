@@ -184,8 +184,12 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 	var embedded *natsbroker.Embedded
 	if t.kind == "embedded" {
 		var err error
+		var serverLog *slog.Logger // the server's own chatter only at --log-level debug
+		if log.Enabled(ctx, slog.LevelDebug) {
+			serverLog = log.With(slog.String("component", "embedded-nats"))
+		}
 		embedded, err = natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{
-			StoreDir: t.flags.embeddedDir, Port: t.flags.embeddedPort, Logger: log.With(slog.String("component", "embedded-nats")),
+			StoreDir: t.flags.embeddedDir, Port: t.flags.embeddedPort, Logger: serverLog,
 		})
 		if err != nil {
 			return nil, nil, fmt.Errorf("start embedded NATS server: %w", err)
