@@ -15,6 +15,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/null"
+	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
 )
 
@@ -25,6 +26,11 @@ const brokerHelp = `Brokers (--broker):
                       Stream --nats-stream (created if missing on --nats-stream-subjects),
                       subject --topic-template (default outbox.{aggregate_type}.{event_type}),
                       Nats-Msg-Id = event id so re-publishes are dropped as duplicates
+  amqp://user:pass@host:5672/vhost   RabbitMQ (amqps:// for TLS): publisher confirms,
+                      persistent messages, topic exchange --amqp-exchange (declared if
+                      missing), routing key --topic-template (default
+                      {aggregate_type}.{event_type}), message_id = event id; an unroutable
+                      message is an error (bind a queue), retried like any other
   https://host/path   HTTP webhook: one signed POST per event (http:// too). The path may
                       hold {aggregate_type}, {event_type}, … placeholders. The HMAC secret
                       comes from PGOUTBOX_WEBHOOK_SECRET or --webhook-secret-file (never a
@@ -47,6 +53,7 @@ type brokerFlags struct {
 	ackTimeout    time.Duration
 	secretFile    string
 	unsigned      bool
+	amqpExchange  string
 }
 
 func (b *brokerFlags) register(fs *pflag.FlagSet) {
@@ -57,6 +64,7 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.natsStream, "nats-stream", "OUTBOX", "JetStream stream to publish into (env PGOUTBOX_NATS_STREAM)")
 	fs.StringSliceVar(&b.natsSubjects, "nats-stream-subjects", nil, "subjects of the stream when it has to be created (env PGOUTBOX_NATS_STREAM_SUBJECTS) (default: the template's literal prefix + \".>\", e.g. outbox.>)")
 	fs.DurationVar(&b.ackTimeout, "ack-timeout", 5*time.Second, "how long to wait for the broker's ack of one message; the request timeout of a webhook (env PGOUTBOX_ACK_TIMEOUT)")
+	fs.StringVar(&b.amqpExchange, "amqp-exchange", "outbox", "RabbitMQ topic exchange to publish to (env PGOUTBOX_AMQP_EXCHANGE)")
 	fs.StringVar(&b.secretFile, "webhook-secret-file", "", "file holding the webhook HMAC secret; else PGOUTBOX_WEBHOOK_SECRET is used (env PGOUTBOX_WEBHOOK_SECRET_FILE)")
 	fs.BoolVar(&b.unsigned, "webhook-unsigned", false, "send webhook requests without a signature (env PGOUTBOX_WEBHOOK_UNSIGNED)")
 }
@@ -64,7 +72,7 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 // brokerTarget is a checked --broker choice, ready to open.
 type brokerTarget struct {
 	flags          *brokerFlags
-	kind           string // embedded, nats, webhook, null
+	kind           string // embedded, nats, rabbitmq, webhook, null
 	template       *broker.Template
 	streamSubjects []string
 	secret         []byte // webhook
@@ -123,6 +131,8 @@ func (b *brokerFlags) parse() (*brokerTarget, error) {
 		switch u.Scheme {
 		case "nats", "tls", "ws", "wss":
 			t.kind = "nats"
+		case "amqp", "amqps":
+			t.kind = "rabbitmq"
 		case "http", "https":
 			if _, err := webhook.ParseURL(b.url); err != nil {
 				return nil, usagef("--broker: %v", err)
@@ -136,7 +146,7 @@ func (b *brokerFlags) parse() (*brokerTarget, error) {
 			}
 			t.kind, t.secret = "webhook", secret
 		default:
-			return nil, usagef("--broker %s: unknown scheme %q (want embedded, nats://, tls://, http://, https://, null://)", redactURL(u), u.Scheme)
+			return nil, usagef("--broker %s: unknown scheme %q (want embedded, nats://, tls://, amqp://, amqps://, http://, https://, null://)", redactURL(u), u.Scheme)
 		}
 	}
 	if b.topicTemplate != "" {
@@ -168,6 +178,16 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 	switch t.kind {
 	case "null":
 		return &null.Publisher{}, func() {}, nil
+	case "rabbitmq":
+		cfg := rabbitmq.Config{Exchange: t.flags.amqpExchange, ConfirmTimeout: t.flags.ackTimeout, Logger: log}
+		if t.template != nil {
+			cfg.RoutingKey = *t.template
+		}
+		pub, err := rabbitmq.Dial(ctx, t.flags.url, cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		return pub, func() { _ = pub.Close() }, nil
 	case "webhook":
 		pub, err := webhook.New(webhook.Config{URL: t.flags.url, Secret: t.secret, AllowUnsigned: t.flags.unsigned,
 			Timeout: t.flags.ackTimeout, Logger: log})

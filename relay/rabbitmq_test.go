@@ -1,0 +1,136 @@
+package relay_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/relay"
+)
+
+const rabbitURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+// Acceptance: the RabbitMQ connection is closed by the server mid-run (as an
+// operator or a node restart would). The relay recovers and nothing is lost; each
+// aggregate's first appearances in the queue are in order.
+func TestRabbitMQConnectionKilledMidRun(t *testing.T) {
+	t.Parallel()
+	ctl, err := exec.LookPath("rabbitmqctl")
+	if err != nil {
+		t.Skip("rabbitmqctl not found")
+	}
+	o := newOutbox(t, 8)
+	name := pgtest.Name("pgoutbox_relay_test")
+	conn, err := amqp.Dial(rabbitURL)
+	pgtest.Must(t, err, "connect to RabbitMQ")
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	pgtest.Must(t, err, "channel")
+	pgtest.Must(t, ch.ExchangeDeclare(name, "topic", true, false, false, false, nil), "declare exchange")
+	_, err = ch.QueueDeclare(name, true, false, false, false, nil)
+	pgtest.Must(t, err, "declare queue")
+	pgtest.Must(t, ch.QueueBind(name, "#", name, false, nil), "bind")
+	t.Cleanup(func() {
+		_, _ = ch.QueueDelete(name, false, false, false)
+		_ = ch.ExchangeDelete(name, false, false)
+	})
+
+	pub, err := rabbitmq.Dial(context.Background(), rabbitURL, rabbitmq.Config{Exchange: name, ConnectionName: name, Logger: quietLogger()})
+	pgtest.Must(t, err, "dial")
+	t.Cleanup(func() { _ = pub.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pid := rabbitConnectionPID(t, ctx, ctl, name)
+	ids := o.enqueue(t, 100, 30)
+	// The second batch waits until the server has closed the connection, so the
+	// close lands mid-run whatever the speed of the machine.
+	gate := &gatedPublisher{Publisher: pub, after: 1, open: make(chan struct{}), reached: make(chan struct{})}
+	r := startRelay(t, o, gate, relay.Config{BatchSize: 100, Workers: 1, PollInterval: 100 * time.Millisecond,
+		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	<-gate.reached
+	if out, err := exec.CommandContext(ctx, ctl, "close_connection", pid, "pgoutbox relay test").CombinedOutput(); err != nil {
+		t.Fatalf("rabbitmqctl close_connection: %v: %s", err, out)
+	}
+	close(gate.open)
+	waitFor(t, 2*time.Minute, "the backlog to drain after the connection was closed", func() bool {
+		return o.count(t, "published_at IS NULL") == 0
+	})
+
+	var got []broker.Message
+	for {
+		d, ok, err := ch.Get(name, true)
+		pgtest.Must(t, err, "get")
+		if !ok {
+			break
+		}
+		got = append(got, fromAMQP(t, d))
+	}
+	dups := checkStream(t, got, ids)
+	if now := rabbitConnectionPID(t, ctx, ctl, name); now == pid {
+		t.Errorf("the publisher still uses connection %s: it was never closed, the test proved nothing", pid)
+	}
+	t.Logf("%d events, %d messages in the queue (%d duplicates), relay stats %+v", len(ids), len(got), dups, r.Stats())
+}
+
+// gatedPublisher lets the first `after` Publish calls through, then holds the next
+// one until open is closed (announcing it on reached).
+type gatedPublisher struct {
+	broker.Publisher
+	after         int
+	calls         atomic.Int32
+	open, reached chan struct{}
+}
+
+func (g *gatedPublisher) Publish(ctx context.Context, msgs []broker.Message) []error {
+	if int(g.calls.Add(1)) == g.after+1 {
+		close(g.reached)
+		<-g.open
+	}
+	return g.Publisher.Publish(ctx, msgs)
+}
+
+func fromAMQP(t *testing.T, d amqp.Delivery) broker.Message {
+	t.Helper()
+	names := make([]string, 0, len(d.Headers))
+	for k := range d.Headers {
+		names = append(names, k)
+	}
+	m, err := broker.ParseWireHeaders(d.Body, names, func(n string) string {
+		if v, ok := d.Headers[n]; ok {
+			return fmt.Sprint(v)
+		}
+		return ""
+	})
+	pgtest.Must(t, err, "decode message %s", d.MessageId)
+	return m
+}
+
+// rabbitConnectionPID finds the server's pid of the connection named name.
+func rabbitConnectionPID(t *testing.T, ctx context.Context, ctl, name string) string {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, ctl, "list_connections", "--quiet", "--no-table-headers", "pid", "client_properties").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_connections: %v: %s", err, out)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		pid, props, ok := strings.Cut(sc.Text(), "\t")
+		if ok && strings.Contains(props, `{"connection_name","`+name+`"}`) {
+			return pid
+		}
+	}
+	t.Fatalf("no RabbitMQ connection named %s", name)
+	return ""
+}
