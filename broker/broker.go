@@ -132,10 +132,12 @@ type Publisher interface {
 	//
 	// msgs holds, per aggregate, consecutive sequences in ascending order. The
 	// adapter must never let message k+1 of an aggregate be published before k is
-	// acknowledged, unless the broker itself keeps their order when k fails (then it
-	// reports so through OrderedPipelining). Once a message fails, the later messages
-	// of its aggregate in msgs must not be published: report ErrPredecessorFailed
-	// for them. [PublishLanes] implements this for brokers with asynchronous acks.
+	// acknowledged, unless the broker provably keeps their order when k fails (none
+	// of the shipped adapters relies on that: even Kafka's idempotent producer, as
+	// franz-go implements it, can store k+1 without k after a failure). Once a
+	// message fails, the later messages of its aggregate in msgs must not be
+	// published: report ErrPredecessorFailed for them. [PublishLanes] implements
+	// this for brokers with asynchronous acks.
 	Publish(ctx context.Context, msgs []Message) []error
 
 	// Close releases the broker connection. In-flight Publish calls fail.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/kafka"
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
@@ -26,6 +27,10 @@ const brokerHelp = `Brokers (--broker):
                       Stream --nats-stream (created if missing on --nats-stream-subjects),
                       subject --topic-template (default outbox.{aggregate_type}.{event_type}),
                       Nats-Msg-Id = event id so re-publishes are dropped as duplicates
+  kafka://host:9092[,host:9092][?tls=true&sasl=plain|scram-sha-256|scram-sha-512]
+                      Kafka (user:password@ before the hosts for SASL): idempotent producer,
+                      acks=all, record key = aggregate id (one aggregate, one partition),
+                      topic --topic-template (default outbox.{aggregate_type})
   amqp://user:pass@host:5672/vhost   RabbitMQ (amqps:// for TLS): publisher confirms,
                       persistent messages, topic exchange --amqp-exchange (declared if
                       missing), routing key --topic-template (default
@@ -72,7 +77,7 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 // brokerTarget is a checked --broker choice, ready to open.
 type brokerTarget struct {
 	flags          *brokerFlags
-	kind           string // embedded, nats, rabbitmq, webhook, null
+	kind           string // embedded, nats, kafka, rabbitmq, webhook, null
 	template       *broker.Template
 	streamSubjects []string
 	secret         []byte // webhook
@@ -131,6 +136,11 @@ func (b *brokerFlags) parse() (*brokerTarget, error) {
 		switch u.Scheme {
 		case "nats", "tls", "ws", "wss":
 			t.kind = "nats"
+		case "kafka":
+			if _, err := kafka.ParseURL(b.url); err != nil {
+				return nil, usagef("--broker: %v", err)
+			}
+			t.kind = "kafka"
 		case "amqp", "amqps":
 			t.kind = "rabbitmq"
 		case "http", "https":
@@ -146,7 +156,7 @@ func (b *brokerFlags) parse() (*brokerTarget, error) {
 			}
 			t.kind, t.secret = "webhook", secret
 		default:
-			return nil, usagef("--broker %s: unknown scheme %q (want embedded, nats://, tls://, amqp://, amqps://, http://, https://, null://)", redactURL(u), u.Scheme)
+			return nil, usagef("--broker %s: unknown scheme %q (want embedded, nats://, tls://, kafka://, amqp://, amqps://, http://, https://, null://)", redactURL(u), u.Scheme)
 		}
 	}
 	if b.topicTemplate != "" {
@@ -178,6 +188,16 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 	switch t.kind {
 	case "null":
 		return &null.Publisher{}, func() {}, nil
+	case "kafka":
+		cfg := kafka.Config{ProduceTimeout: t.flags.ackTimeout, Logger: log}
+		if t.template != nil {
+			cfg.Topic = *t.template
+		}
+		pub, err := kafka.Dial(ctx, t.flags.url, cfg)
+		if err != nil {
+			return nil, nil, usageError{err}
+		}
+		return pub, func() { _ = pub.Close() }, nil
 	case "rabbitmq":
 		cfg := rabbitmq.Config{Exchange: t.flags.amqpExchange, ConfirmTimeout: t.flags.ackTimeout, Logger: log}
 		if t.template != nil {
