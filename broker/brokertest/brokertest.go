@@ -265,6 +265,13 @@ func (b *batch) checkContent(t *testing.T, s stored) {
 
 func publish(t *testing.T, p broker.Publisher, msgs []broker.Message) []error {
 	t.Helper()
+	return Publish(t, p, msgs...)
+}
+
+// Publish publishes msgs through p with a generous deadline and fails the test
+// unless there is exactly one result per message.
+func Publish(t testing.TB, p broker.Publisher, msgs ...broker.Message) []error {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
 	results := p.Publish(ctx, msgs)
@@ -272,6 +279,26 @@ func publish(t *testing.T, p broker.Publisher, msgs []broker.Message) []error {
 		t.Fatalf("Publish returned %d results for %d messages", len(results), len(msgs))
 	}
 	return results
+}
+
+// Message returns a message of the given aggregate and sequence with a fresh event
+// id, a fixed occurred-at, a small JSON payload and two producer headers
+// (traceparent and X-Tenant), for adapters' own tests.
+func Message(aggType, aggID string, seq int64) broker.Message {
+	return broker.Message{
+		EventID:           pgoutbox.NewEventID(),
+		AggregateType:     aggType,
+		AggregateID:       aggID,
+		AggregateSequence: seq,
+		EventType:         "created",
+		SchemaVersion:     2,
+		OccurredAt:        time.Date(2025, 3, 4, 5, 6, 7, 890, time.UTC),
+		Payload:           []byte(`{"total":"9.50"}`),
+		Headers: map[string]string{
+			broker.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+			"X-Tenant":               "acme corp",
+		},
+	}
 }
 
 func testPerKeyOrder(t *testing.T, h Harness) {

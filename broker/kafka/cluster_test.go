@@ -19,7 +19,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
@@ -255,31 +254,15 @@ func header(r *kgo.Record, name string) string {
 }
 
 func message(aggType, aggID string, seq int64) broker.Message {
-	return broker.Message{
-		EventID:           pgoutbox.NewEventID(),
-		AggregateType:     aggType,
-		AggregateID:       aggID,
-		AggregateSequence: seq,
-		EventType:         "changed",
-		SchemaVersion:     1,
-		OccurredAt:        time.Date(2025, 3, 4, 5, 6, 7, 890, time.UTC),
-		Payload:           []byte(fmt.Sprintf(`{"seq":%d}`, seq)),
-		Headers: map[string]string{
-			broker.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-			"X-Tenant":               "acme corp",
-		},
-	}
+	m := brokertest.Message(aggType, aggID, seq)
+	m.EventType, m.SchemaVersion = "changed", 1
+	m.Payload = []byte(fmt.Sprintf(`{"seq":%d}`, seq))
+	return m
 }
 
 func publish(t *testing.T, p broker.Publisher, msgs ...broker.Message) []error {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	results := p.Publish(ctx, msgs)
-	if len(results) != len(msgs) {
-		t.Fatalf("Publish: %d results for %d messages", len(results), len(msgs))
-	}
-	return results
+	return brokertest.Publish(t, p, msgs...)
 }
 
 func read(t *testing.T, c *cluster, topics ...string) []*kgo.Record {

@@ -18,8 +18,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/nats"
 )
 
@@ -81,31 +81,12 @@ func newPublisher(t *testing.T, js jetstream.JetStream, cfg nats.Config) *nats.P
 }
 
 func message(aggType string, seq int64) broker.Message {
-	return broker.Message{
-		EventID:           pgoutbox.NewEventID(),
-		AggregateType:     aggType,
-		AggregateID:       "order-42",
-		AggregateSequence: seq,
-		EventType:         "created",
-		SchemaVersion:     2,
-		OccurredAt:        time.Date(2025, 3, 4, 5, 6, 7, 890, time.UTC),
-		Payload:           []byte(`{"total":"9.50"}`),
-		Headers: map[string]string{
-			broker.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-			"X-Tenant":               "acme corp",
-		},
-	}
+	return brokertest.Message(aggType, "order-42", seq)
 }
 
 func publish(t *testing.T, p broker.Publisher, msgs ...broker.Message) []error {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	results := p.Publish(ctx, msgs)
-	if len(results) != len(msgs) {
-		t.Fatalf("Publish: %d results for %d messages", len(results), len(msgs))
-	}
-	return results
+	return brokertest.Publish(t, p, msgs...)
 }
 
 func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.StreamInfo {

@@ -18,7 +18,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
@@ -171,31 +170,12 @@ func dial(t *testing.T, url string, cfg rabbitmq.Config) *rabbitmq.Publisher {
 }
 
 func message(aggType, aggID string, seq int64) broker.Message {
-	return broker.Message{
-		EventID:           pgoutbox.NewEventID(),
-		AggregateType:     aggType,
-		AggregateID:       aggID,
-		AggregateSequence: seq,
-		EventType:         "created",
-		SchemaVersion:     2,
-		OccurredAt:        time.Date(2025, 3, 4, 5, 6, 7, 890, time.UTC),
-		Payload:           []byte(`{"total":"9.50"}`),
-		Headers: map[string]string{
-			broker.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-			"X-Tenant":               "acme corp",
-		},
-	}
+	return brokertest.Message(aggType, aggID, seq)
 }
 
 func publish(t *testing.T, p broker.Publisher, msgs ...broker.Message) []error {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	results := p.Publish(ctx, msgs)
-	if len(results) != len(msgs) {
-		t.Fatalf("Publish: %d results for %d messages", len(results), len(msgs))
-	}
-	return results
+	return brokertest.Publish(t, p, msgs...)
 }
 
 // eventually calls ok every few milliseconds until it returns true, and fails
