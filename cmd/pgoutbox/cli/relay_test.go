@@ -338,6 +338,10 @@ func TestRelayFlagErrors(t *testing.T) {
 	}{
 		{[]string{"--broker", "kafkaa://x:9092"}, `unknown scheme "kafkaa"`},
 		{[]string{"--broker", "not a url"}, "is not a broker URL"},
+		{[]string{"--broker", "kafka://host:notaport"}, "kafka:"},
+		{[]string{"--broker", "kafka://user:hunter2@host:9092?sasl=bogus"}, "kafka:"},
+		{[]string{"--broker", "https://example.com/hook", "--topic-template", "x.{event_type}"}, "does not apply to webhooks"},
+		{[]string{"--broker", "ftp://host"}, `unknown scheme "ftp"`},
 		{[]string{"--batch-size", "0"}, "--batch-size must be positive"},
 		{[]string{"--batch-size", "20000"}, "--batch-size must be in 1..10000"},
 		{[]string{"--lease", "0s"}, "--lease must be positive"},
@@ -348,7 +352,7 @@ func TestRelayFlagErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		_, errOut, code := run(t, append([]string{"relay", "--database-url", "postgres://x@127.0.0.1:1/db"}, tc.args...)...)
-		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
+		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 || strings.Contains(errOut, "hunter2") {
 			t.Errorf("relay %v: exit %d, stderr %q, want one line with %q", tc.args, code, errOut, tc.want)
 		}
 	}
@@ -416,3 +420,14 @@ func TestRelayToWebhook(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+func TestRelayHelpDocumentsEveryBroker(t *testing.T) {
+	t.Parallel()
+	out, _, code := run(t, "relay", "--help")
+	for _, want := range []string{"embedded", "nats://", "kafka://", "amqp://", "https://", "null://", "--topic-template",
+		"PGOUTBOX_WEBHOOK_SECRET", "(env DATABASE_URL)", "(env PGOUTBOX_BATCH_SIZE)"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("relay --help lacks %q", want)
+		}
+	}
+}
