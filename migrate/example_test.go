@@ -35,5 +35,6 @@ func ExampleUp() {
 	// applied outbox/1 outbox_events
 	// applied outbox/2 notify
 	// applied inbox/1 processed_events
+	// applied inbox/2 consumer_positions
 	// second run applied 0
 }

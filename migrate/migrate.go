@@ -3,7 +3,7 @@
 // Migrations are plain SQL files embedded in the binary, numbered within a line:
 // the "outbox" line (outbox_events, the per-aggregate sequence counters and the
 // outbox_enqueue function) lives in the producer's database, the "inbox" line
-// (processed_events) in each consumer's. Both may share one database.
+// (processed_events and consumer_positions) in each consumer's. Both may share one database.
 //
 // Up applies what is missing. Each migration runs in its own transaction holding a
 // transaction-scoped advisory lock, so any number of processes may call Up at once:
@@ -38,7 +38,7 @@ const (
 	// LineOutbox holds the producer side: outbox_events, outbox_aggregate_sequences
 	// and the outbox_enqueue function.
 	LineOutbox Line = "outbox"
-	// LineInbox holds the consumer side: processed_events.
+	// LineInbox holds the consumer side: processed_events and consumer_positions.
 	LineInbox Line = "inbox"
 )
 

@@ -1,0 +1,233 @@
+package natsinbox_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/inbox/natsinbox"
+	"github.com/pgoutbox/pgoutbox/internal/natstest"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// env is one test's world: a migrated schema with a business table (effects: one row
+// per application, numbered in application order) and a stream of its own on the
+// shared NATS server.
+type env struct {
+	pool   *pgxpool.Pool
+	schema string
+	target natstest.Target
+}
+
+func newEnv(t testing.TB, maxConns int32) *env {
+	t.Helper()
+	pool, schema := pgtest.Migrated(t, maxConns)
+	e := &env{pool: pool, schema: schema, target: natstest.New(t, natstest.URL())}
+	_, err := pool.Exec(context.Background(), `CREATE TABLE `+e.table("effects")+` (
+		n            bigserial PRIMARY KEY,
+		event_id     uuid   NOT NULL,
+		aggregate_id text   NOT NULL,
+		sequence     bigint NOT NULL)`)
+	pgtest.Must(t, err, "create effects")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = e.target.JS.CreateStream(ctx, jetstream.StreamConfig{
+		Name: e.target.Stream, Subjects: e.target.Subjects(), Storage: jetstream.MemoryStorage})
+	pgtest.Must(t, err, "create stream")
+	return e
+}
+
+func (e *env) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
+
+func (e *env) count(t testing.TB, table, where string, args ...any) int {
+	t.Helper()
+	var n int
+	err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table(table)+" WHERE "+where, args...).Scan(&n)
+	pgtest.Must(t, err, "count %s", table)
+	return n
+}
+
+// sequences returns what was applied of aggregate id, in application order.
+func (e *env) sequences(t testing.TB, id string) []int64 {
+	t.Helper()
+	rows, err := e.pool.Query(context.Background(), "SELECT sequence FROM "+e.table("effects")+" WHERE aggregate_id = $1 ORDER BY n", id)
+	pgtest.Must(t, err, "read effects")
+	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	pgtest.Must(t, err, "read effects")
+	return seqs
+}
+
+// record is the business effect of the tests' handlers.
+func (e *env) record(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+	_, err := tx.Exec(ctx, "INSERT INTO "+e.table("effects")+" (event_id, aggregate_id, sequence) VALUES ($1, $2, $3)",
+		ev.EventID.String(), ev.AggregateID, ev.AggregateSequence)
+	return err
+}
+
+// consumer returns an inbox consumer that records effects, or runs h when given.
+func (e *env) consumer(t testing.TB, cfg inbox.Config, h inbox.Handler[pgx.Tx]) *inbox.Consumer[pgx.Tx] {
+	t.Helper()
+	if h == nil {
+		h = e.record
+	}
+	if cfg.Name == "" {
+		cfg.Name = "billing"
+	}
+	cfg.Schema = e.schema
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
+	c, err := inbox.New(inbox.Pgx(e.pool), h, &cfg)
+	pgtest.Must(t, err, "inbox.New")
+	return c
+}
+
+// connect opens a JetStream client of its own (an instance's connection).
+func connect(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	nc, err := natsgo.Connect(natstest.URL())
+	pgtest.Must(t, err, "connect to NATS")
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	pgtest.Must(t, err, "jetstream")
+	return js
+}
+
+// subscribe starts a subscriber on the env's stream, stopped when the test ends.
+func (e *env) subscribe(t testing.TB, js jetstream.JetStream, proc inbox.Processor, cfg natsinbox.Config) *natsinbox.Subscriber {
+	t.Helper()
+	cfg.Stream = e.target.Stream
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
+	s, err := natsinbox.New(js, proc, &cfg)
+	pgtest.Must(t, err, "natsinbox.New")
+	pgtest.Must(t, s.Start(context.Background()), "Start")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.Stop(ctx); err != nil {
+			t.Errorf("stop subscriber: %v", err)
+		}
+	})
+	return s
+}
+
+// published is one message to put on the stream, with its Nats-Msg-Id: a new id
+// makes the stream store a copy (a forced redelivery of the same event).
+type published struct {
+	m     broker.Message
+	msgID string
+}
+
+func once(msgs ...broker.Message) []published {
+	out := make([]published, len(msgs))
+	for i, m := range msgs {
+		out[i] = published{m, m.EventID.String()}
+	}
+	return out
+}
+
+// publish stores msgs on the env's stream, in order, as the relay would send them.
+func (e *env) publish(t testing.TB, msgs []published) {
+	t.Helper()
+	js := e.target.JS
+	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
+	for _, p := range msgs {
+		nm := &natsgo.Msg{Subject: e.target.Prefix + "." + p.m.AggregateType + "." + p.m.EventType, Data: p.m.Payload, Header: natsgo.Header{}}
+		for k, v := range p.m.WireHeaders() {
+			nm.Header.Set(k, v)
+		}
+		f, err := js.PublishMsgAsync(nm, jetstream.WithMsgID(p.msgID))
+		pgtest.Must(t, err, "publish")
+		futures = append(futures, f)
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(60 * time.Second):
+		t.Fatal("publishes not acknowledged within 60s")
+	}
+	for _, f := range futures {
+		select {
+		case err := <-f.Err():
+			t.Fatalf("publish: %v", err)
+		default:
+		}
+	}
+}
+
+// consumerInfo reads the durable consumer's state from the server.
+func (e *env) consumerInfo(t testing.TB, durable string) *jetstream.ConsumerInfo {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := e.target.JS.Consumer(ctx, e.target.Stream, durable)
+	pgtest.Must(t, err, "consumer %s", durable)
+	info, err := c.Info(ctx)
+	pgtest.Must(t, err, "consumer info")
+	return info
+}
+
+// settled reports whether the durable consumer has nothing left to deliver or ack.
+func (e *env) settled(t testing.TB, durable string) bool {
+	info := e.consumerInfo(t, durable)
+	return info.NumPending == 0 && info.NumAckPending == 0
+}
+
+func event(id string, seq int64) broker.Message {
+	return broker.Message{
+		EventID:           pgoutbox.NewEventID(),
+		AggregateType:     "order",
+		AggregateID:       id,
+		AggregateSequence: seq,
+		EventType:         "updated",
+		SchemaVersion:     1,
+		OccurredAt:        time.Now(),
+		Payload:           []byte(fmt.Sprintf(`{"order_id":%q,"step":%d}`, id, seq)),
+	}
+}
+
+func lane(id string, n int) []broker.Message {
+	out := make([]broker.Message, n)
+	for i := range out {
+		out[i] = event(id, int64(i+1))
+	}
+	return out
+}
+
+func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
+	}
+}
+
+// processorFunc is a Processor made of a function, to wrap a consumer.
+type processorFunc struct {
+	name string
+	fn   func(ctx context.Context, d inbox.Delivery) inbox.Outcome
+}
+
+func (p processorFunc) Name() string { return p.name }
+func (p processorFunc) Process(ctx context.Context, d inbox.Delivery) inbox.Outcome {
+	return p.fn(ctx, d)
+}
