@@ -83,8 +83,8 @@
 // # Subscribers and metrics
 //
 // [Processor] is the broker-neutral seam: a subscriber builds a [Delivery], calls
-// Process, and acts on [Outcome.Action]. Package inbox/natsinbox is the NATS
-// JetStream subscriber; one for another broker is a small package that does the
-// same. [Config.Observer] receives every outcome; package inbox/inboxprom turns them
+// Process, and acts on [Outcome.Action]. Packages inbox/natsinbox (NATS JetStream),
+// inbox/kafkainbox (Kafka consumer groups) and inbox/rabbitinbox (RabbitMQ) are the
+// subscribers; one for another broker is a small package that does the same. [Config.Observer] receives every outcome; package inbox/inboxprom turns them
 // into Prometheus metrics. docs/consumer.md covers all of this in more depth.
 package inbox

@@ -1,0 +1,333 @@
+package kafkainbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/kafka"
+	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/inbox/kafkainbox"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// topic is where the publisher's default template puts events of aggregate type
+// "order".
+const topic = "outbox.order"
+
+// env is one test's world: a migrated schema with a business table (effects: one row
+// per application, numbered in application order), an in-process Kafka cluster of
+// its own (kfake, which speaks the real protocol) with a multi-partition topic, and
+// the relay's Kafka publisher on it.
+type env struct {
+	pool    *pgxpool.Pool
+	schema  string
+	cluster *kfake.Cluster
+	addrs   []string
+	pub     *kafka.Publisher
+	adm     *kadm.Client
+}
+
+func newEnv(t testing.TB, maxConns int32, partitions int32) *env {
+	t.Helper()
+	pool, schema := pgtest.Migrated(t, maxConns)
+	e := &env{pool: pool, schema: schema}
+	_, err := pool.Exec(context.Background(), `CREATE TABLE `+e.table("effects")+` (
+		n            bigserial PRIMARY KEY,
+		event_id     uuid   NOT NULL,
+		aggregate_id text   NOT NULL,
+		sequence     bigint NOT NULL)`)
+	pgtest.Must(t, err, "create effects")
+
+	// Short session timeouts are allowed so that a killed member leaves the group
+	// quickly (TestCrashKillsProcessAfterCommit).
+	e.cluster, err = kfake.NewCluster(kfake.SeedTopics(partitions, topic), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	pgtest.Must(t, err, "kfake")
+	t.Cleanup(e.cluster.Close)
+	e.addrs = e.cluster.ListenAddrs()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e.pub, err = kafka.Dial(ctx, "kafka://"+strings.Join(e.addrs, ","), kafka.Config{Logger: quiet})
+	pgtest.Must(t, err, "kafka.Dial")
+	t.Cleanup(func() { _ = e.pub.Close() })
+	admCl, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...))
+	pgtest.Must(t, err, "admin client")
+	t.Cleanup(admCl.Close)
+	e.adm = kadm.NewClient(admCl)
+	return e
+}
+
+func (e *env) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
+
+func (e *env) count(t testing.TB, table, where string, args ...any) int {
+	t.Helper()
+	var n int
+	err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table(table)+" WHERE "+where, args...).Scan(&n)
+	pgtest.Must(t, err, "count %s", table)
+	return n
+}
+
+// sequences returns what was applied of aggregate id, in application order.
+func (e *env) sequences(t testing.TB, id string) []int64 {
+	t.Helper()
+	rows, err := e.pool.Query(context.Background(), "SELECT sequence FROM "+e.table("effects")+" WHERE aggregate_id = $1 ORDER BY n", id)
+	pgtest.Must(t, err, "read effects")
+	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	pgtest.Must(t, err, "read effects")
+	return seqs
+}
+
+// applied returns the n (application rank) of each applied event, by event id.
+func (e *env) applied(t testing.TB) map[string]int64 {
+	t.Helper()
+	rows, err := e.pool.Query(context.Background(), "SELECT event_id::text, n FROM "+e.table("effects"))
+	pgtest.Must(t, err, "read effects")
+	out := map[string]int64{}
+	var id string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+		out[id] = n
+		return nil
+	})
+	pgtest.Must(t, err, "read effects")
+	return out
+}
+
+// record is the business effect of the tests' handlers.
+func (e *env) record(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+	_, err := tx.Exec(ctx, "INSERT INTO "+e.table("effects")+" (event_id, aggregate_id, sequence) VALUES ($1, $2, $3)",
+		ev.EventID.String(), ev.AggregateID, ev.AggregateSequence)
+	return err
+}
+
+// consumer returns an inbox consumer named "billing" that records effects, or runs
+// h when given.
+func (e *env) consumer(t testing.TB, cfg inbox.Config, h inbox.Handler[pgx.Tx]) *inbox.Consumer[pgx.Tx] {
+	t.Helper()
+	if h == nil {
+		h = e.record
+	}
+	if cfg.Name == "" {
+		cfg.Name = "billing"
+	}
+	cfg.Schema = e.schema
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
+	c, err := inbox.New(inbox.Pgx(e.pool), h, &cfg)
+	pgtest.Must(t, err, "inbox.New")
+	return c
+}
+
+// clientOpts are the options of a group member on the env's topic. A short
+// heartbeat interval makes members notice rebalances within 100ms rather than 3s.
+func (e *env) clientOpts(extra ...kgo.Opt) []kgo.Opt {
+	return append([]kgo.Opt{
+		kgo.SeedBrokers(e.addrs...),
+		kgo.ConsumeTopics(topic),
+		kgo.HeartbeatInterval(100 * time.Millisecond),
+		kgo.FetchMaxWait(200 * time.Millisecond),
+	}, extra...)
+}
+
+// newSubscriber returns a subscriber in the group named after proc, not started.
+func (e *env) newSubscriber(t testing.TB, proc inbox.Processor, cfg kafkainbox.Config, extra ...kgo.Opt) *kafkainbox.Subscriber {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
+	s, err := kafkainbox.New(e.clientOpts(extra...), proc, &cfg)
+	pgtest.Must(t, err, "kafkainbox.New")
+	return s
+}
+
+// subscribe starts a subscriber, stopped when the test ends.
+func (e *env) subscribe(t testing.TB, proc inbox.Processor, cfg kafkainbox.Config, extra ...kgo.Opt) *kafkainbox.Subscriber {
+	t.Helper()
+	s := e.newSubscriber(t, proc, cfg, extra...)
+	pgtest.Must(t, s.Start(context.Background()), "Start")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.Stop(ctx); err != nil {
+			t.Errorf("stop subscriber: %v", err)
+		}
+	})
+	return s
+}
+
+// publish stores msgs with the relay's publisher: key = aggregate id, every wire
+// header, each aggregate's events in order.
+func (e *env) publish(t testing.TB, msgs []broker.Message) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i, err := range e.pub.Publish(ctx, msgs) {
+		if err != nil {
+			t.Fatalf("publish %s/%d: %v", msgs[i].AggregateID, msgs[i].AggregateSequence, err)
+		}
+	}
+}
+
+// produceRaw stores a record as another producer would, without outbox headers.
+func (e *env) produceRaw(t testing.TB, key, value string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...))
+	pgtest.Must(t, err, "producer")
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pgtest.Must(t, cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte(value)}).FirstErr(), "produce")
+}
+
+// offsets returns the group's committed offset and the end offset of each
+// partition of the topic (a partition without a commit counts as committed at 0).
+func (e *env) offsets(t testing.TB, group string) (committed, end map[int32]int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ends, err := e.adm.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	pgtest.Must(t, err, "list end offsets")
+	fetched, err := e.adm.FetchOffsets(ctx, group)
+	if err == nil {
+		err = fetched.Error()
+	}
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		err = nil // no member has joined yet: nothing committed
+	}
+	pgtest.Must(t, err, "fetch committed offsets")
+	committed, end = map[int32]int64{}, map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		end[o.Partition] = o.Offset
+		committed[o.Partition] = 0
+		if c, ok := fetched.Lookup(o.Topic, o.Partition); ok && c.At >= 0 {
+			committed[o.Partition] = c.At
+		}
+	})
+	return committed, end
+}
+
+// lag is how many records of the topic lie beyond the group's committed offsets.
+func (e *env) lag(t testing.TB, group string) int64 {
+	t.Helper()
+	committed, end := e.offsets(t, group)
+	var lag int64
+	for p, o := range end {
+		lag += o - committed[p]
+	}
+	return lag
+}
+
+// records reads every record of the topic, each partition in offset order.
+func (e *env) records(t testing.TB) []*kgo.Record {
+	t.Helper()
+	_, end := e.offsets(t, "nobody")
+	from := map[int32]kgo.Offset{}
+	left := 0
+	for p, o := range end {
+		if o > 0 {
+			from[p] = kgo.NewOffset().AtStart()
+			left++
+		}
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...), kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}))
+	pgtest.Must(t, err, "reader")
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []*kgo.Record
+	for left > 0 {
+		fs := cl.PollFetches(ctx)
+		pgtest.Must(t, ctx.Err(), "read the topic")
+		fs.EachRecord(func(r *kgo.Record) {
+			out = append(out, r)
+			if r.Offset == end[r.Partition]-1 {
+				left--
+			}
+		})
+	}
+	return out
+}
+
+func event(id string, seq int64) broker.Message {
+	return broker.Message{
+		EventID:           pgoutbox.NewEventID(),
+		AggregateType:     "order",
+		AggregateID:       id,
+		AggregateSequence: seq,
+		EventType:         "updated",
+		SchemaVersion:     1,
+		OccurredAt:        time.Now(),
+		Payload:           []byte(fmt.Sprintf(`{"order_id":%q,"step":%d}`, id, seq)),
+	}
+}
+
+func lane(id string, n int) []broker.Message {
+	out := make([]broker.Message, n)
+	for i := range out {
+		out[i] = event(id, int64(i+1))
+	}
+	return out
+}
+
+// partitionOf is the partition the publisher's key hashing (murmur2, as Kafka's
+// Java client) puts aggregate id in.
+func partitionOf(id string, partitions int) int32 {
+	return int32(kgo.StickyKeyPartitioner(nil).ForTopic(topic).Partition(&kgo.Record{Key: []byte(id)}, partitions))
+}
+
+// idsIn returns n aggregate ids that hash to partition p.
+func idsIn(p int32, partitions, n int) []string {
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		if id := fmt.Sprintf("agg-%d", i); partitionOf(id, partitions) == p {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
+	}
+}
+
+// processorFunc is a Processor made of a function, to wrap a consumer.
+type processorFunc struct {
+	name string
+	fn   func(ctx context.Context, d inbox.Delivery) inbox.Outcome
+}
+
+func (p processorFunc) Name() string { return p.name }
+func (p processorFunc) Process(ctx context.Context, d inbox.Delivery) inbox.Outcome {
+	return p.fn(ctx, d)
+}
