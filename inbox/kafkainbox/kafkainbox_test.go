@@ -24,6 +24,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/kafkainbox"
+	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
@@ -44,7 +45,7 @@ func TestTwoInstancesApplyEveryEventOnceInOrder(t *testing.T) {
 	lanes := make([][]broker.Message, aggregates)
 	live := make([]int, aggregates)
 	for a := range lanes {
-		lanes[a] = lane(fmt.Sprintf("agg-%02d", a), perAggregate)
+		lanes[a] = inboxtest.Lane(fmt.Sprintf("agg-%02d", a), perAggregate)
 		live[a] = a
 	}
 	next := make([]int, aggregates)
@@ -75,18 +76,18 @@ func TestTwoInstancesApplyEveryEventOnceInOrder(t *testing.T) {
 	}
 
 	start := time.Now()
-	consumers := []*inbox.Consumer[pgx.Tx]{e.consumer(t, inbox.Config{}, nil), e.consumer(t, inbox.Config{}, nil)}
+	consumers := []*inbox.Consumer[pgx.Tx]{e.Consumer(t, inbox.Config{}, nil), e.Consumer(t, inbox.Config{}, nil)}
 	subs := []*kafkainbox.Subscriber{e.subscribe(t, consumers[0], kafkainbox.Config{Concurrency: 4})}
 	publishFrom(0, len(batches)/2)
 	subs = append(subs, e.subscribe(t, consumers[1], kafkainbox.Config{Concurrency: 4}))
 	publishFrom(len(batches)/2, len(batches))
 	waitFor(t, 3*time.Minute, "every event to be applied and every offset committed", func() bool {
-		return e.count(t, "effects", "true") == aggregates*perAggregate && e.lag(t, "billing") == 0
+		return e.Count(t, "effects", "true") == aggregates*perAggregate && e.lag(t, "billing") == 0
 	})
 	elapsed := time.Since(start)
 
 	for a := range aggregates {
-		got := e.sequences(t, fmt.Sprintf("agg-%02d", a))
+		got := e.Sequences(t, fmt.Sprintf("agg-%02d", a))
 		if len(got) != perAggregate {
 			t.Fatalf("aggregate %d: %d effects, want %d", a, len(got), perAggregate)
 		}
@@ -146,7 +147,7 @@ func TestHandlerErrorRetriesInPlace(t *testing.T) {
 	}
 	var msgs []broker.Message
 	for _, id := range append(slices.Clone(blocked), others...) {
-		msgs = append(msgs, lane(id, 5)...)
+		msgs = append(msgs, inboxtest.Lane(id, 5)...)
 	}
 	target := msgs[1] // blocked[0], sequence 2
 	e.publish(t, msgs)
@@ -155,14 +156,14 @@ func TestHandlerErrorRetriesInPlace(t *testing.T) {
 	var flowed atomic.Bool
 	var mu sync.Mutex
 	var rowsSeen []int // committed rows of the event when each attempt runs: what failures left behind
-	c := e.consumer(t, inbox.Config{RetryDelay: 20 * time.Millisecond, MaxRetryDelay: 50 * time.Millisecond},
+	c := e.Consumer(t, inbox.Config{RetryDelay: 20 * time.Millisecond, MaxRetryDelay: 50 * time.Millisecond},
 		func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-			if err := e.record(ctx, tx, ev); err != nil || ev.EventID != target.EventID {
+			if err := e.Record(ctx, tx, ev); err != nil || ev.EventID != target.EventID {
 				return err
 			}
 			var n int
-			err := e.pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+e.table("processed_events")+" WHERE event_id = $1) + "+
-				"(SELECT count(*) FROM "+e.table("effects")+" WHERE event_id = $1)", ev.EventID.String()).Scan(&n)
+			err := e.pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+e.Table("processed_events")+" WHERE event_id = $1) + "+
+				"(SELECT count(*) FROM "+e.Table("effects")+" WHERE event_id = $1)", ev.EventID.String()).Scan(&n)
 			mu.Lock()
 			rowsSeen = append(rowsSeen, n)
 			mu.Unlock()
@@ -176,7 +177,7 @@ func TestHandlerErrorRetriesInPlace(t *testing.T) {
 				// While this partition waits, the others are worked off.
 				othersDone := func() bool {
 					var n int
-					err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.table("effects")+" WHERE aggregate_id = ANY($1)", others).Scan(&n)
+					err := e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.Table("effects")+" WHERE aggregate_id = ANY($1)", others).Scan(&n)
 					return err == nil && n == len(others)*5
 				}
 				for deadline := time.Now().Add(30 * time.Second); !othersDone() && time.Now().Before(deadline); {
@@ -189,7 +190,7 @@ func TestHandlerErrorRetriesInPlace(t *testing.T) {
 		})
 	s := e.subscribe(t, c, kafkainbox.Config{Concurrency: 4})
 	waitFor(t, time.Minute, "every event to be applied and committed", func() bool {
-		return e.count(t, "effects", "true") == len(msgs) && e.lag(t, "billing") == 0
+		return e.Count(t, "effects", "true") == len(msgs) && e.lag(t, "billing") == 0
 	})
 
 	mu.Lock()
@@ -241,16 +242,16 @@ func TestRestartResumesFromCommittedOffsets(t *testing.T) {
 	e := newEnv(t, 6, 4)
 	var msgs []broker.Message
 	for a := range aggregates {
-		msgs = append(msgs, lane(fmt.Sprintf("agg-%02d", a), perAggregate)...)
+		msgs = append(msgs, inboxtest.Lane(fmt.Sprintf("agg-%02d", a), perAggregate)...)
 	}
 	e.publish(t, msgs)
 	cfg := kafkainbox.Config{Concurrency: 2, MaxBufferedRecords: 4, CommitInterval: time.Hour}
 
-	first := e.consumer(t, inbox.Config{}, nil)
+	first := e.Consumer(t, inbox.Config{}, nil)
 	s := e.newSubscriber(t, first, cfg)
 	pgtest.Must(t, s.Start(context.Background()), "Start")
 	waitFor(t, 30*time.Second, "a third of the events to be applied", func() bool {
-		return e.count(t, "effects", "true") >= len(msgs)/3
+		return e.Count(t, "effects", "true") >= len(msgs)/3
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -261,18 +262,18 @@ func TestRestartResumesFromCommittedOffsets(t *testing.T) {
 	for _, o := range committed {
 		sum += o
 	}
-	if applied := first.Stats().Applied; sum != done || applied != done || int64(e.count(t, "effects", "true")) != done {
+	if applied := first.Stats().Applied; sum != done || applied != done || int64(e.Count(t, "effects", "true")) != done {
 		t.Fatalf("after Stop: %d records acked, %d applied, %d committed (%v); want all equal", done, applied, sum, committed)
 	}
 	if done == int64(len(msgs)) {
 		t.Fatal("the first subscriber finished everything before it was stopped")
 	}
 
-	second := e.consumer(t, inbox.Config{}, nil)
+	second := e.Consumer(t, inbox.Config{}, nil)
 	cfg.CommitInterval = 0 // the default
 	e.subscribe(t, second, cfg)
 	waitFor(t, time.Minute, "the rest to be applied and committed", func() bool {
-		return e.count(t, "effects", "true") == len(msgs) && e.lag(t, "billing") == 0
+		return e.Count(t, "effects", "true") == len(msgs) && e.lag(t, "billing") == 0
 	})
 	if st := second.Stats(); st.Duplicates != 0 || st.Applied != int64(len(msgs))-done {
 		t.Fatalf("second consumer %+v: want %d applied and no record read again", st, int64(len(msgs))-done)
@@ -282,7 +283,7 @@ func TestRestartResumesFromCommittedOffsets(t *testing.T) {
 		for i := range want {
 			want[i] = int64(i + 1)
 		}
-		if got := e.sequences(t, fmt.Sprintf("agg-%02d", a)); !slices.Equal(got, want) {
+		if got := e.Sequences(t, fmt.Sprintf("agg-%02d", a)); !slices.Equal(got, want) {
 			t.Fatalf("aggregate %d applied %v", a, got)
 		}
 	}
@@ -297,11 +298,11 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 	e := newEnv(t, 4, 2)
 	var msgs []broker.Message
 	for a := range 4 {
-		msgs = append(msgs, lane(fmt.Sprint(a), 3)...)
+		msgs = append(msgs, inboxtest.Lane(fmt.Sprint(a), 3)...)
 	}
 	e.publish(t, msgs)
 
-	c := e.consumer(t, inbox.Config{}, nil)
+	c := e.Consumer(t, inbox.Config{}, nil)
 	var returned atomic.Int32
 	// Process commits the consumer transaction and returns; the subscriber would
 	// commit the offsets an hour later.
@@ -313,7 +314,7 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 	s := e.newSubscriber(t, wrapper, kafkainbox.Config{CommitInterval: time.Hour})
 	pgtest.Must(t, s.Start(context.Background()), "Start")
 	waitFor(t, 30*time.Second, "every event to be applied", func() bool {
-		return e.count(t, "effects", "true") == len(msgs) && returned.Load() == int32(len(msgs))
+		return e.Count(t, "effects", "true") == len(msgs) && returned.Load() == int32(len(msgs))
 	})
 	refuse := e.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Err: kerr.GroupAuthorizationFailed, Count: -1})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -327,10 +328,10 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 		t.Fatalf("%d records beyond the committed offsets, want %d (none committed)", lag, len(msgs))
 	}
 
-	again := e.consumer(t, inbox.Config{}, nil)
+	again := e.Consumer(t, inbox.Config{}, nil)
 	e.subscribe(t, again, kafkainbox.Config{})
 	waitFor(t, 30*time.Second, "the records to be read again and committed", func() bool { return e.lag(t, "billing") == 0 })
-	if n := e.count(t, "effects", "true"); n != len(msgs) {
+	if n := e.Count(t, "effects", "true"); n != len(msgs) {
 		t.Fatalf("%d effects, want %d", n, len(msgs))
 	}
 	if st := again.Stats(); st.Duplicates != int64(len(msgs)) || st.Applied != 0 {
@@ -345,7 +346,7 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 func TestCrashKillsProcessAfterCommit(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4, 2)
-	msgs := lane("1", 3)
+	msgs := inboxtest.Lane("1", 3)
 	e.publish(t, msgs)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -357,17 +358,17 @@ func TestCrashKillsProcessAfterCommit(t *testing.T) {
 	if err == nil || cmd.ProcessState == nil || !strings.Contains(cmd.ProcessState.String(), "killed") {
 		t.Fatalf("helper ended with %v (%v), want killed; output:\n%s", err, cmd.ProcessState, out)
 	}
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects after the crash, want 1 (the helper committed)", n)
 	}
 	if lag := e.lag(t, "billing"); lag != int64(len(msgs)) {
 		t.Fatalf("%d records beyond the committed offsets after the crash, want %d", lag, len(msgs))
 	}
 
-	c := e.consumer(t, inbox.Config{}, nil)
+	c := e.Consumer(t, inbox.Config{}, nil)
 	e.subscribe(t, c, kafkainbox.Config{})
 	waitFor(t, 30*time.Second, "the records to be processed and committed", func() bool { return e.lag(t, "billing") == 0 })
-	if got := e.sequences(t, "1"); !slices.Equal(got, []int64{1, 2, 3}) {
+	if got := e.Sequences(t, "1"); !slices.Equal(got, []int64{1, 2, 3}) {
 		t.Fatalf("applied %v, want [1 2 3]", got)
 	}
 	if st := c.Stats(); st.Duplicates != 1 || st.Applied != 2 {
@@ -386,7 +387,8 @@ func TestHelperProcess(t *testing.T) {
 	}
 	e := &env{schema: os.Getenv("HELPER_SCHEMA"), addrs: strings.Split(os.Getenv("HELPER_BROKERS"), ",")}
 	e.pool = pgtest.Pool(t, pgtest.URL(), 2)
-	c := e.consumer(t, inbox.Config{}, nil)
+	e.Effects = &inboxtest.Effects{Pool: e.pool, Schema: e.schema} // the parent test created the table
+	c := e.Consumer(t, inbox.Config{}, nil)
 	crash := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
 		o := c.Process(ctx, d)
 		if o.Status == inbox.StatusApplied {
@@ -410,8 +412,8 @@ func TestUndecodableRecordIsSkipped(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4, 2)
 	e.produceRaw(t, "1", `{"no":"headers"}`)
-	e.publish(t, []broker.Message{event("1", 1)}) // same key: same partition, behind it
-	c := e.consumer(t, inbox.Config{}, nil)
+	e.publish(t, []broker.Message{inboxtest.Event("1", 1)}) // same key: same partition, behind it
+	c := e.Consumer(t, inbox.Config{}, nil)
 	s := e.subscribe(t, c, kafkainbox.Config{})
 	waitFor(t, 30*time.Second, "both records to be committed", func() bool { return e.lag(t, "billing") == 0 })
 	if st := s.Stats(); st.Terminated != 1 || st.Acked != 1 || st.Retried != 0 {
@@ -432,47 +434,47 @@ func TestRevocationCommitsFinishedRecordsOnly(t *testing.T) {
 	var msgs []broker.Message
 	ids := []string{idsIn(0, 2, 1)[0], idsIn(1, 2, 1)[0]}
 	for _, id := range ids {
-		msgs = append(msgs, lane(id, 2)...)
+		msgs = append(msgs, inboxtest.Lane(id, 2)...)
 	}
 	e.publish(t, msgs)
 
 	var failing atomic.Bool
 	failing.Store(true)
 	var failures [2]atomic.Int32
-	first := e.consumer(t, inbox.Config{RetryDelay: 10 * time.Millisecond, MaxRetryDelay: 20 * time.Millisecond},
+	first := e.Consumer(t, inbox.Config{RetryDelay: 10 * time.Millisecond, MaxRetryDelay: 20 * time.Millisecond},
 		func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 			if ev.AggregateSequence == 2 && failing.Load() {
 				failures[slices.Index(ids, ev.AggregateID)].Add(1)
 				return errors.New("downstream unavailable")
 			}
-			return e.record(ctx, tx, ev)
+			return e.Record(ctx, tx, ev)
 		})
 	a := e.subscribe(t, first, kafkainbox.Config{CommitInterval: time.Hour})
 	waitFor(t, 30*time.Second, "both partitions to retry their second record", func() bool {
-		return e.count(t, "effects", "true") == 2 && failures[0].Load() > 0 && failures[1].Load() > 0
+		return e.Count(t, "effects", "true") == 2 && failures[0].Load() > 0 && failures[1].Load() > 0
 	})
 	if lag := e.lag(t, "billing"); lag != 4 {
 		t.Fatalf("%d records beyond the committed offsets before the rebalance, want 4 (nothing committed)", lag)
 	}
 
-	second := e.consumer(t, inbox.Config{}, nil)
+	second := e.Consumer(t, inbox.Config{}, nil)
 	b := e.subscribe(t, second, kafkainbox.Config{})
 	waitFor(t, 30*time.Second, "one partition to move and its retried record to be applied by the new owner", func() bool {
-		return a.Stats().Partitions == 1 && b.Stats().Partitions == 1 && e.count(t, "effects", "true") == 3
+		return a.Stats().Partitions == 1 && b.Stats().Partitions == 1 && e.Count(t, "effects", "true") == 3
 	})
 	if st := second.Stats(); st.Applied != 1 || st.Duplicates != 0 {
 		t.Fatalf("new owner %+v: want the retried record applied and the finished one not read again", st)
 	}
 	failing.Store(false)
 	waitFor(t, 30*time.Second, "the other partition's record to be applied", func() bool {
-		return e.count(t, "effects", "true") == 4
+		return e.Count(t, "effects", "true") == 4
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pgtest.Must(t, a.Stop(ctx), "Stop") // the first member commits on leaving
 	waitFor(t, 30*time.Second, "every offset to be committed", func() bool { return e.lag(t, "billing") == 0 })
 	for _, id := range ids {
-		if got := e.sequences(t, id); !slices.Equal(got, []int64{1, 2}) {
+		if got := e.Sequences(t, id); !slices.Equal(got, []int64{1, 2}) {
 			t.Fatalf("aggregate %s applied %v", id, got)
 		}
 	}
@@ -483,13 +485,13 @@ func TestRevocationCommitsFinishedRecordsOnly(t *testing.T) {
 func TestStopFinishesInFlight(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4, 1)
-	e.publish(t, lane("1", 3))
+	e.publish(t, inboxtest.Lane("1", 3))
 	entered := make(chan struct{}, 3)
 	release := make(chan struct{})
-	blocking := e.consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+	blocking := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 		entered <- struct{}{}
 		<-release
-		return e.record(ctx, tx, ev)
+		return e.Record(ctx, tx, ev)
 	})
 	stopping := make(chan struct{})
 	logger := slog.New(onMessage{"subscriber stopping", func() { close(stopping) }})
@@ -512,13 +514,13 @@ func TestStopFinishesInFlight(t *testing.T) {
 		t.Fatal("a second record was started after Stop")
 	default:
 	}
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
 	}
 	if committed, _ := e.offsets(t, "billing"); committed[0] != 1 {
 		t.Fatalf("committed %v, want offset 1: the finished record", committed)
 	}
-	c := e.consumer(t, inbox.Config{}, nil)
+	c := e.Consumer(t, inbox.Config{}, nil)
 	e.subscribe(t, c, kafkainbox.Config{})
 	waitFor(t, 30*time.Second, "the rest to be applied and committed", func() bool { return e.lag(t, "billing") == 0 })
 	if st := c.Stats(); st.Applied != 2 || st.Duplicates != 0 {
@@ -533,11 +535,11 @@ func TestStopFinishesInFlight(t *testing.T) {
 func TestStopDeadlineAbandonsInFlight(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4, 1)
-	e.publish(t, lane("1", 1))
+	e.publish(t, inboxtest.Lane("1", 1))
 	entered := make(chan struct{})
 	var once sync.Once
-	c := e.consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		if err := e.record(ctx, tx, ev); err != nil {
+	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+		if err := e.Record(ctx, tx, ev); err != nil {
 			return err
 		}
 		once.Do(func() { close(entered) })
@@ -552,15 +554,15 @@ func TestStopDeadlineAbandonsInFlight(t *testing.T) {
 	if err := s.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Stop = %v, want the deadline", err)
 	}
-	if n := e.count(t, "effects", "true") + e.count(t, "processed_events", "true"); n != 0 {
+	if n := e.Count(t, "effects", "true") + e.Count(t, "processed_events", "true"); n != 0 {
 		t.Fatalf("%d rows left by an abandoned record", n)
 	}
 	if lag := e.lag(t, "billing"); lag != 1 {
 		t.Fatalf("lag %d, want 1: the abandoned record must not be committed", lag)
 	}
-	e.subscribe(t, e.consumer(t, inbox.Config{}, nil), kafkainbox.Config{})
+	e.subscribe(t, e.Consumer(t, inbox.Config{}, nil), kafkainbox.Config{})
 	waitFor(t, 30*time.Second, "the abandoned record to be applied", func() bool { return e.lag(t, "billing") == 0 })
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
 	}
 }
@@ -570,11 +572,11 @@ func TestStopDeadlineAbandonsInFlight(t *testing.T) {
 func TestStartContextEndStopsHard(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4, 1)
-	e.publish(t, lane("1", 2))
+	e.publish(t, inboxtest.Lane("1", 2))
 	entered := make(chan struct{})
 	var once sync.Once
-	c := e.consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		if err := e.record(ctx, tx, ev); err != nil {
+	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+		if err := e.Record(ctx, tx, ev); err != nil {
 			return err
 		}
 		once.Do(func() { close(entered) })
@@ -590,7 +592,7 @@ func TestStartContextEndStopsHard(t *testing.T) {
 	stopCtx, stopCancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer stopCancel()
 	pgtest.Must(t, s.Stop(stopCtx), "Stop after a hard stop")
-	if n := e.count(t, "effects", "true") + e.count(t, "processed_events", "true"); n != 0 {
+	if n := e.Count(t, "effects", "true") + e.Count(t, "processed_events", "true"); n != 0 {
 		t.Fatalf("%d rows left by an abandoned record", n)
 	}
 	if lag := e.lag(t, "billing"); lag != 2 {
@@ -603,21 +605,21 @@ func TestStartContextEndStopsHard(t *testing.T) {
 func TestMaxAttemptsSkips(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4, 1)
-	e.publish(t, []broker.Message{event("poison", 1)})
-	e.publish(t, []broker.Message{event("fine", 1)})
-	c := e.consumer(t, inbox.Config{RetryDelay: time.Millisecond, MaxRetryDelay: 5 * time.Millisecond},
+	e.publish(t, []broker.Message{inboxtest.Event("poison", 1)})
+	e.publish(t, []broker.Message{inboxtest.Event("fine", 1)})
+	c := e.Consumer(t, inbox.Config{RetryDelay: time.Millisecond, MaxRetryDelay: 5 * time.Millisecond},
 		func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 			if ev.AggregateID == "poison" {
 				return errors.New("bug")
 			}
-			return e.record(ctx, tx, ev)
+			return e.Record(ctx, tx, ev)
 		})
 	s := e.subscribe(t, c, kafkainbox.Config{MaxAttempts: 3})
 	waitFor(t, 30*time.Second, "both records to be committed", func() bool { return e.lag(t, "billing") == 0 })
 	if st := s.Stats(); st.Skipped != 1 || st.Retried != 2 || st.Acked != 1 {
 		t.Fatalf("subscriber stats %+v", st)
 	}
-	if got := e.sequences(t, "fine"); !slices.Equal(got, []int64{1}) {
+	if got := e.Sequences(t, "fine"); !slices.Equal(got, []int64{1}) {
 		t.Fatalf("the record behind the skipped one: applied %v", got)
 	}
 }
@@ -626,11 +628,11 @@ func TestMaxAttemptsSkips(t *testing.T) {
 func TestEventHeadersAreTheProducers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2, 1)
-	m := event("1", 1)
+	m := inboxtest.Event("1", 1)
 	m.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tenant": "eu"}
 	e.publish(t, []broker.Message{m})
 	got := make(chan map[string]string, 1)
-	c := e.consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 		got <- ev.Headers
 		return nil
 	})

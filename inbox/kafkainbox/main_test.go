@@ -17,11 +17,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/kafkainbox"
+	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
@@ -38,6 +38,7 @@ const topic = "outbox.order"
 // its own (kfake, which speaks the real protocol) with a multi-partition topic, and
 // the relay's Kafka publisher on it.
 type env struct {
+	*inboxtest.Effects
 	pool    *pgxpool.Pool
 	schema  string
 	cluster *kfake.Cluster
@@ -50,12 +51,8 @@ func newEnv(t testing.TB, maxConns int32, partitions int32) *env {
 	t.Helper()
 	pool, schema := pgtest.Migrated(t, maxConns)
 	e := &env{pool: pool, schema: schema}
-	_, err := pool.Exec(context.Background(), `CREATE TABLE `+e.table("effects")+` (
-		n            bigserial PRIMARY KEY,
-		event_id     uuid   NOT NULL,
-		aggregate_id text   NOT NULL,
-		sequence     bigint NOT NULL)`)
-	pgtest.Must(t, err, "create effects")
+	e.Effects = inboxtest.NewEffects(t, pool, schema)
+	var err error
 
 	// Short session timeouts are allowed so that a killed member leaves the group
 	// quickly (TestCrashKillsProcessAfterCommit).
@@ -76,30 +73,10 @@ func newEnv(t testing.TB, maxConns int32, partitions int32) *env {
 	return e
 }
 
-func (e *env) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
-
-func (e *env) count(t testing.TB, table, where string, args ...any) int {
-	t.Helper()
-	var n int
-	err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table(table)+" WHERE "+where, args...).Scan(&n)
-	pgtest.Must(t, err, "count %s", table)
-	return n
-}
-
-// sequences returns what was applied of aggregate id, in application order.
-func (e *env) sequences(t testing.TB, id string) []int64 {
-	t.Helper()
-	rows, err := e.pool.Query(context.Background(), "SELECT sequence FROM "+e.table("effects")+" WHERE aggregate_id = $1 ORDER BY n", id)
-	pgtest.Must(t, err, "read effects")
-	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	pgtest.Must(t, err, "read effects")
-	return seqs
-}
-
 // applied returns the n (application rank) of each applied event, by event id.
 func (e *env) applied(t testing.TB) map[string]int64 {
 	t.Helper()
-	rows, err := e.pool.Query(context.Background(), "SELECT event_id::text, n FROM "+e.table("effects"))
+	rows, err := e.pool.Query(context.Background(), "SELECT event_id::text, n FROM "+e.Table("effects"))
 	pgtest.Must(t, err, "read effects")
 	out := map[string]int64{}
 	var id string
@@ -110,32 +87,6 @@ func (e *env) applied(t testing.TB) map[string]int64 {
 	})
 	pgtest.Must(t, err, "read effects")
 	return out
-}
-
-// record is the business effect of the tests' handlers.
-func (e *env) record(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-	_, err := tx.Exec(ctx, "INSERT INTO "+e.table("effects")+" (event_id, aggregate_id, sequence) VALUES ($1, $2, $3)",
-		ev.EventID.String(), ev.AggregateID, ev.AggregateSequence)
-	return err
-}
-
-// consumer returns an inbox consumer named "billing" that records effects, or runs
-// h when given.
-func (e *env) consumer(t testing.TB, cfg inbox.Config, h inbox.Handler[pgx.Tx]) *inbox.Consumer[pgx.Tx] {
-	t.Helper()
-	if h == nil {
-		h = e.record
-	}
-	if cfg.Name == "" {
-		cfg.Name = "billing"
-	}
-	cfg.Schema = e.schema
-	if cfg.Logger == nil {
-		cfg.Logger = quiet
-	}
-	c, err := inbox.New(inbox.Pgx(e.pool), h, &cfg)
-	pgtest.Must(t, err, "inbox.New")
-	return c
 }
 
 // clientOpts are the options of a group member on the env's topic. A short
@@ -268,27 +219,6 @@ func (e *env) records(t testing.TB) []*kgo.Record {
 				left--
 			}
 		})
-	}
-	return out
-}
-
-func event(id string, seq int64) broker.Message {
-	return broker.Message{
-		EventID:           pgoutbox.NewEventID(),
-		AggregateType:     "order",
-		AggregateID:       id,
-		AggregateSequence: seq,
-		EventType:         "updated",
-		SchemaVersion:     1,
-		OccurredAt:        time.Now(),
-		Payload:           []byte(fmt.Sprintf(`{"order_id":%q,"step":%d}`, id, seq)),
-	}
-}
-
-func lane(id string, n int) []broker.Message {
-	out := make([]broker.Message, n)
-	for i := range out {
-		out[i] = event(id, int64(i+1))
 	}
 	return out
 }

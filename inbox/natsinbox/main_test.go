@@ -2,21 +2,19 @@ package natsinbox_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/natsinbox"
+	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
@@ -29,6 +27,7 @@ var quiet = slog.New(slog.DiscardHandler)
 // per application, numbered in application order) and a stream of its own on the
 // shared NATS server.
 type env struct {
+	*inboxtest.Effects
 	pool   *pgxpool.Pool
 	schema string
 	target natstest.Target
@@ -38,63 +37,13 @@ func newEnv(t testing.TB, maxConns int32) *env {
 	t.Helper()
 	pool, schema := pgtest.Migrated(t, maxConns)
 	e := &env{pool: pool, schema: schema, target: natstest.New(t, natstest.URL())}
-	_, err := pool.Exec(context.Background(), `CREATE TABLE `+e.table("effects")+` (
-		n            bigserial PRIMARY KEY,
-		event_id     uuid   NOT NULL,
-		aggregate_id text   NOT NULL,
-		sequence     bigint NOT NULL)`)
-	pgtest.Must(t, err, "create effects")
+	e.Effects = inboxtest.NewEffects(t, pool, schema)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = e.target.JS.CreateStream(ctx, jetstream.StreamConfig{
+	_, err := e.target.JS.CreateStream(ctx, jetstream.StreamConfig{
 		Name: e.target.Stream, Subjects: e.target.Subjects(), Storage: jetstream.MemoryStorage})
 	pgtest.Must(t, err, "create stream")
 	return e
-}
-
-func (e *env) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
-
-func (e *env) count(t testing.TB, table, where string, args ...any) int {
-	t.Helper()
-	var n int
-	err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table(table)+" WHERE "+where, args...).Scan(&n)
-	pgtest.Must(t, err, "count %s", table)
-	return n
-}
-
-// sequences returns what was applied of aggregate id, in application order.
-func (e *env) sequences(t testing.TB, id string) []int64 {
-	t.Helper()
-	rows, err := e.pool.Query(context.Background(), "SELECT sequence FROM "+e.table("effects")+" WHERE aggregate_id = $1 ORDER BY n", id)
-	pgtest.Must(t, err, "read effects")
-	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	pgtest.Must(t, err, "read effects")
-	return seqs
-}
-
-// record is the business effect of the tests' handlers.
-func (e *env) record(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-	_, err := tx.Exec(ctx, "INSERT INTO "+e.table("effects")+" (event_id, aggregate_id, sequence) VALUES ($1, $2, $3)",
-		ev.EventID.String(), ev.AggregateID, ev.AggregateSequence)
-	return err
-}
-
-// consumer returns an inbox consumer that records effects, or runs h when given.
-func (e *env) consumer(t testing.TB, cfg inbox.Config, h inbox.Handler[pgx.Tx]) *inbox.Consumer[pgx.Tx] {
-	t.Helper()
-	if h == nil {
-		h = e.record
-	}
-	if cfg.Name == "" {
-		cfg.Name = "billing"
-	}
-	cfg.Schema = e.schema
-	if cfg.Logger == nil {
-		cfg.Logger = quiet
-	}
-	c, err := inbox.New(inbox.Pgx(e.pool), h, &cfg)
-	pgtest.Must(t, err, "inbox.New")
-	return c
 }
 
 // connect opens a JetStream client of its own (an instance's connection).
@@ -187,27 +136,6 @@ func (e *env) consumerInfo(t testing.TB, durable string) *jetstream.ConsumerInfo
 func (e *env) settled(t testing.TB, durable string) bool {
 	info := e.consumerInfo(t, durable)
 	return info.NumPending == 0 && info.NumAckPending == 0
-}
-
-func event(id string, seq int64) broker.Message {
-	return broker.Message{
-		EventID:           pgoutbox.NewEventID(),
-		AggregateType:     "order",
-		AggregateID:       id,
-		AggregateSequence: seq,
-		EventType:         "updated",
-		SchemaVersion:     1,
-		OccurredAt:        time.Now(),
-		Payload:           []byte(fmt.Sprintf(`{"order_id":%q,"step":%d}`, id, seq)),
-	}
-}
-
-func lane(id string, n int) []broker.Message {
-	out := make([]broker.Message, n)
-	for i := range out {
-		out[i] = event(id, int64(i+1))
-	}
-	return out
 }
 
 func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/natsinbox"
+	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
@@ -33,7 +34,7 @@ func TestEveryMessageDeliveredThreeTimesAppliesOnce(t *testing.T) {
 	var msgs []published
 	var events int
 	for a := range 10 {
-		l := lane(fmt.Sprint(a), 5)
+		l := inboxtest.Lane(fmt.Sprint(a), 5)
 		events += len(l)
 		for copyNo := range 3 {
 			for _, m := range l {
@@ -42,10 +43,10 @@ func TestEveryMessageDeliveredThreeTimesAppliesOnce(t *testing.T) {
 		}
 	}
 	e.publish(t, msgs)
-	c := e.consumer(t, inbox.Config{}, nil)
+	c := e.Consumer(t, inbox.Config{}, nil)
 	e.subscribe(t, connect(t), c, natsinbox.Config{})
 	waitFor(t, time.Minute, "every copy to be acked", func() bool { return e.settled(t, "billing") })
-	if n := e.count(t, "effects", "true"); n != events {
+	if n := e.Count(t, "effects", "true"); n != events {
 		t.Fatalf("%d effects, want %d", n, events)
 	}
 	if s := c.Stats(); s.Applied != int64(events) || s.Duplicates != int64(2*events) {
@@ -58,12 +59,12 @@ func TestEveryMessageDeliveredThreeTimesAppliesOnce(t *testing.T) {
 func TestGapRejectedThenAppliedInOrder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	l := lane("42", 4)
+	l := inboxtest.Lane("42", 4)
 	e.publish(t, once(l[0], l[2], l[1], l[3]))
-	c := e.consumer(t, inbox.Config{GapRetryDelay: 20 * time.Millisecond}, nil)
+	c := e.Consumer(t, inbox.Config{GapRetryDelay: 20 * time.Millisecond}, nil)
 	s := e.subscribe(t, connect(t), c, natsinbox.Config{Concurrency: 1})
 	waitFor(t, 30*time.Second, "all four to be applied", func() bool { return e.settled(t, "billing") })
-	if got := e.sequences(t, "42"); !slices.Equal(got, []int64{1, 2, 3, 4}) {
+	if got := e.Sequences(t, "42"); !slices.Equal(got, []int64{1, 2, 3, 4}) {
 		t.Fatalf("applied %v, want [1 2 3 4]", got)
 	}
 	if st := c.Stats(); st.Gaps < 1 || st.Applied != 4 {
@@ -79,18 +80,18 @@ func TestGapRejectedThenAppliedInOrder(t *testing.T) {
 func TestHandlerErrorRedelivers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	m := event("7", 1)
+	m := inboxtest.Event("7", 1)
 	e.publish(t, once(m))
 	var calls atomic.Int32
 	var mu sync.Mutex
 	var rowsSeen []int // committed rows when each attempt runs: what failures left behind
-	c := e.consumer(t, inbox.Config{RetryDelay: 20 * time.Millisecond}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		if err := e.record(ctx, tx, ev); err != nil {
+	c := e.Consumer(t, inbox.Config{RetryDelay: 20 * time.Millisecond}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+		if err := e.Record(ctx, tx, ev); err != nil {
 			return err
 		}
 		var n int
-		err := e.pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+e.table("processed_events")+
-			") + (SELECT count(*) FROM "+e.table("effects")+")").Scan(&n)
+		err := e.pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+e.Table("processed_events")+
+			") + (SELECT count(*) FROM "+e.Table("effects")+")").Scan(&n)
 		mu.Lock()
 		rowsSeen = append(rowsSeen, n)
 		mu.Unlock()
@@ -109,7 +110,7 @@ func TestHandlerErrorRedelivers(t *testing.T) {
 	if calls.Load() != 3 || !slices.Equal(rowsSeen, []int{0, 0, 0}) {
 		t.Fatalf("%d handler calls; committed rows seen at each: %v (want 3 calls, nothing left by the failures)", calls.Load(), rowsSeen)
 	}
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
 	}
 	if st := c.Stats(); st.Failed != 2 || st.Applied != 1 {
@@ -124,9 +125,9 @@ func TestUndecodableMessageIsTerminated(t *testing.T) {
 	_, err := e.target.JS.PublishMsg(context.Background(), &natsgo.Msg{
 		Subject: e.target.Prefix + ".order.updated", Data: []byte(`{"no":"headers"}`)})
 	pgtest.Must(t, err, "publish")
-	good := event("1", 1)
+	good := inboxtest.Event("1", 1)
 	e.publish(t, once(good))
-	c := e.consumer(t, inbox.Config{}, nil)
+	c := e.Consumer(t, inbox.Config{}, nil)
 	s := e.subscribe(t, connect(t), c, natsinbox.Config{})
 	waitFor(t, 30*time.Second, "both messages to be settled", func() bool { return e.settled(t, "billing") })
 	if st := s.Stats(); st.Terminated != 1 || st.Acked != 1 {
@@ -153,7 +154,7 @@ func TestFourInstancesApplyTenThousandEventsInOrder(t *testing.T) {
 	next := make([]int, aggregates)
 	lanes := make([][]published, aggregates)
 	for a := range lanes {
-		lanes[a] = once(lane(fmt.Sprintf("agg-%03d", a), perAggregate)...)
+		lanes[a] = once(inboxtest.Lane(fmt.Sprintf("agg-%03d", a), perAggregate)...)
 	}
 	type slot struct {
 		at float64
@@ -188,17 +189,17 @@ func TestFourInstancesApplyTenThousandEventsInOrder(t *testing.T) {
 	var consumers []*inbox.Consumer[pgx.Tx]
 	var subs []*natsinbox.Subscriber
 	for range instances {
-		c := e.consumer(t, inbox.Config{}, nil)
+		c := e.Consumer(t, inbox.Config{}, nil)
 		consumers = append(consumers, c)
 		subs = append(subs, e.subscribe(t, connect(t), c, natsinbox.Config{Concurrency: 2, MaxAckPending: 500}))
 	}
 	waitFor(t, 3*time.Minute, "every message to be applied and acked", func() bool {
-		return e.count(t, "effects", "true") == aggregates*perAggregate && e.settled(t, "billing")
+		return e.Count(t, "effects", "true") == aggregates*perAggregate && e.settled(t, "billing")
 	})
 	elapsed := time.Since(start)
 
 	for a := range aggregates {
-		got := e.sequences(t, fmt.Sprintf("agg-%03d", a))
+		got := e.Sequences(t, fmt.Sprintf("agg-%03d", a))
 		if len(got) != perAggregate {
 			t.Fatalf("aggregate %d: %d effects, want %d", a, len(got), perAggregate)
 		}
@@ -242,15 +243,15 @@ func TestStopFinishesInFlightAndReleasesTheRest(t *testing.T) {
 	e := newEnv(t, 4)
 	var msgs []published
 	for a := range 5 {
-		msgs = append(msgs, once(event(fmt.Sprint(a), 1))...)
+		msgs = append(msgs, once(inboxtest.Event(fmt.Sprint(a), 1))...)
 	}
 	e.publish(t, msgs)
 	entered := make(chan struct{}, 1)
 	release := make(chan struct{})
-	blocking := e.consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+	blocking := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 		entered <- struct{}{}
 		<-release
-		return e.record(ctx, tx, ev)
+		return e.Record(ctx, tx, ev)
 	})
 	cfg := natsinbox.Config{Concurrency: 1, Prefetch: 5, AckWait: time.Minute}
 	cfg.Stream = e.target.Stream
@@ -277,13 +278,13 @@ func TestStopFinishesInFlightAndReleasesTheRest(t *testing.T) {
 	if st := s.Stats(); st.Acked != 1 || st.Released != 4 {
 		t.Fatalf("stats %+v, want 1 acked and 4 released", st)
 	}
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
 	}
 	// Released, not abandoned: a new instance gets them well within AckWait.
-	e.subscribe(t, connect(t), e.consumer(t, inbox.Config{}, nil), natsinbox.Config{})
+	e.subscribe(t, connect(t), e.Consumer(t, inbox.Config{}, nil), natsinbox.Config{})
 	waitFor(t, 20*time.Second, "the released messages to be processed", func() bool { return e.settled(t, "billing") })
-	if n := e.count(t, "effects", "true"); n != 5 {
+	if n := e.Count(t, "effects", "true"); n != 5 {
 		t.Fatalf("%d effects, want 5", n)
 	}
 	pgtest.Must(t, s.Stop(context.Background()), "second Stop")
@@ -294,10 +295,10 @@ func TestStopFinishesInFlightAndReleasesTheRest(t *testing.T) {
 func TestStopDeadlineAbandonsInFlight(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	e.publish(t, once(event("1", 1)))
+	e.publish(t, once(inboxtest.Event("1", 1)))
 	entered := make(chan struct{})
-	c := e.consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		if err := e.record(ctx, tx, ev); err != nil {
+	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+		if err := e.Record(ctx, tx, ev); err != nil {
 			return err
 		}
 		close(entered)
@@ -314,12 +315,12 @@ func TestStopDeadlineAbandonsInFlight(t *testing.T) {
 	if err := s.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Stop = %v, want the deadline", err)
 	}
-	if n := e.count(t, "effects", "true") + e.count(t, "processed_events", "true"); n != 0 {
+	if n := e.Count(t, "effects", "true") + e.Count(t, "processed_events", "true"); n != 0 {
 		t.Fatalf("%d rows left by an abandoned delivery", n)
 	}
-	e.subscribe(t, connect(t), e.consumer(t, inbox.Config{}, nil), natsinbox.Config{})
+	e.subscribe(t, connect(t), e.Consumer(t, inbox.Config{}, nil), natsinbox.Config{})
 	waitFor(t, 20*time.Second, "the abandoned message to be redelivered", func() bool { return e.settled(t, "billing") })
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
 	}
 }
@@ -330,7 +331,7 @@ func TestStopDeadlineAbandonsInFlight(t *testing.T) {
 func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	e.publish(t, once(event("1", 1)))
+	e.publish(t, once(inboxtest.Event("1", 1)))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -340,17 +341,17 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	if err == nil || cmd.ProcessState == nil || !strings.Contains(cmd.ProcessState.String(), "killed") {
 		t.Fatalf("helper ended with %v (%v), want killed; output:\n%s", err, cmd.ProcessState, out)
 	}
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects after the crash, want 1 (the helper committed)", n)
 	}
 	if info := e.consumerInfo(t, "billing"); info.NumAckPending != 1 {
 		t.Fatalf("%d messages awaiting ack after the crash, want 1", info.NumAckPending)
 	}
 
-	c := e.consumer(t, inbox.Config{}, nil)
+	c := e.Consumer(t, inbox.Config{}, nil)
 	e.subscribe(t, connect(t), c, natsinbox.Config{})
 	waitFor(t, 30*time.Second, "the redelivery to be acked", func() bool { return e.settled(t, "billing") })
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects after the redelivery, want 1", n)
 	}
 	if st := c.Stats(); st.Duplicates != 1 || st.Applied != 0 {
@@ -369,7 +370,8 @@ func TestHelperProcess(t *testing.T) {
 	}
 	e := &env{schema: os.Getenv("HELPER_SCHEMA")}
 	e.pool = pgtest.Pool(t, pgtest.URL(), 2)
-	c := e.consumer(t, inbox.Config{}, nil)
+	e.Effects = &inboxtest.Effects{Pool: e.pool, Schema: e.schema} // the parent test created the table
+	c := e.Consumer(t, inbox.Config{}, nil)
 	crash := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
 		o := c.Process(ctx, d)
 		if o.Status == inbox.StatusApplied {
@@ -399,9 +401,9 @@ func TestExistingConsumer(t *testing.T) {
 	_, err = e.target.JS.CreateConsumer(ctx, e.target.Stream, jetstream.ConsumerConfig{
 		Durable: "noack", AckPolicy: jetstream.AckNonePolicy})
 	pgtest.Must(t, err, "create consumer")
-	c := e.consumer(t, inbox.Config{}, nil)
+	c := e.Consumer(t, inbox.Config{}, nil)
 
-	e.publish(t, once(event("1", 1)))
+	e.publish(t, once(inboxtest.Event("1", 1)))
 	e.subscribe(t, connect(t), c, natsinbox.Config{Durable: "custom", AckWait: time.Hour})
 	waitFor(t, 20*time.Second, "the message to be acked", func() bool { return e.settled(t, "custom") })
 	if info := e.consumerInfo(t, "custom"); info.Config.AckWait != 7*time.Second {
@@ -453,11 +455,11 @@ func TestConfigValidation(t *testing.T) {
 func TestEventHeadersAreTheProducers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
-	m := event("1", 1)
+	m := inboxtest.Event("1", 1)
 	m.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tenant": "eu"}
 	e.publish(t, once(m))
 	got := make(chan map[string]string, 1)
-	c := e.consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 		got <- ev.Headers
 		return nil
 	})

@@ -14,16 +14,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/rabbitinbox"
+	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
@@ -49,6 +48,7 @@ func uniqueName(prefix string) string {
 // shared RabbitMQ server an exchange and a queue bound to it with "#", and the
 // relay's publisher on that exchange.
 type env struct {
+	*inboxtest.Effects
 	pool     *pgxpool.Pool
 	schema   string
 	admin    *amqp.Connection
@@ -67,12 +67,7 @@ func newEnvArgs(t testing.TB, maxConns int32, args amqp.Table) *env {
 	_, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineInbox}})
 	pgtest.Must(t, err, "migrate")
 	e := &env{pool: pool, schema: schema}
-	_, err = pool.Exec(ctx, `CREATE TABLE `+e.table("effects")+` (
-		n            bigserial PRIMARY KEY,
-		event_id     uuid   NOT NULL,
-		aggregate_id text   NOT NULL,
-		sequence     bigint NOT NULL)`)
-	pgtest.Must(t, err, "create effects")
+	e.Effects = inboxtest.NewEffects(t, pool, schema)
 
 	e.admin, err = amqp.Dial(amqpURL)
 	pgtest.Must(t, err, "connect to the shared RabbitMQ server")
@@ -180,51 +175,6 @@ func closeConnection(name string) error {
 	return fmt.Errorf("no connection named %q", name)
 }
 
-func (e *env) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
-
-func (e *env) count(t testing.TB, table, where string, args ...any) int {
-	t.Helper()
-	var n int
-	err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table(table)+" WHERE "+where, args...).Scan(&n)
-	pgtest.Must(t, err, "count %s", table)
-	return n
-}
-
-// sequences returns what was applied of aggregate id, in application order.
-func (e *env) sequences(t testing.TB, id string) []int64 {
-	t.Helper()
-	rows, err := e.pool.Query(context.Background(), "SELECT sequence FROM "+e.table("effects")+" WHERE aggregate_id = $1 ORDER BY n", id)
-	pgtest.Must(t, err, "read effects")
-	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	pgtest.Must(t, err, "read effects")
-	return seqs
-}
-
-// record is the business effect of the tests' handlers.
-func (e *env) record(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-	_, err := tx.Exec(ctx, "INSERT INTO "+e.table("effects")+" (event_id, aggregate_id, sequence) VALUES ($1, $2, $3)",
-		ev.EventID.String(), ev.AggregateID, ev.AggregateSequence)
-	return err
-}
-
-// consumer returns an inbox consumer that records effects, or runs h when given.
-func (e *env) consumer(t testing.TB, cfg inbox.Config, h inbox.Handler[pgx.Tx]) *inbox.Consumer[pgx.Tx] {
-	t.Helper()
-	if h == nil {
-		h = e.record
-	}
-	if cfg.Name == "" {
-		cfg.Name = "billing"
-	}
-	cfg.Schema = e.schema
-	if cfg.Logger == nil {
-		cfg.Logger = quiet
-	}
-	c, err := inbox.New(inbox.Pgx(e.pool), h, &cfg)
-	pgtest.Must(t, err, "inbox.New")
-	return c
-}
-
 // dial returns a subscriber on the env's queue, not started, with a connection
 // name of its own, stopped when the test ends.
 func (e *env) dial(t testing.TB, proc inbox.Processor, cfg rabbitinbox.Config) *rabbitinbox.Subscriber {
@@ -267,27 +217,6 @@ func (e *env) publish(t testing.TB, msgs ...broker.Message) {
 	for i, err := range e.pub.Publish(ctx, msgs) {
 		pgtest.Must(t, err, "publish %s/%s #%d", msgs[i].AggregateType, msgs[i].AggregateID, msgs[i].AggregateSequence)
 	}
-}
-
-func event(id string, seq int64) broker.Message {
-	return broker.Message{
-		EventID:           pgoutbox.NewEventID(),
-		AggregateType:     "order",
-		AggregateID:       id,
-		AggregateSequence: seq,
-		EventType:         "updated",
-		SchemaVersion:     1,
-		OccurredAt:        time.Now(),
-		Payload:           []byte(fmt.Sprintf(`{"order_id":%q,"step":%d}`, id, seq)),
-	}
-}
-
-func lane(id string, n int) []broker.Message {
-	out := make([]broker.Message, n)
-	for i := range out {
-		out[i] = event(id, int64(i+1))
-	}
-	return out
 }
 
 // poll checks cond until it holds (true) or within has passed (false).

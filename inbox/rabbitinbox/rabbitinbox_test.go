@@ -20,6 +20,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/rabbitinbox"
+	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
@@ -38,7 +39,7 @@ func TestThreeInstancesApplyEveryAggregateInOrder(t *testing.T) {
 	// random.
 	lanes := make([][]broker.Message, aggregates)
 	for a := range lanes {
-		lanes[a] = lane(fmt.Sprintf("agg-%02d", a), perAggregate)
+		lanes[a] = inboxtest.Lane(fmt.Sprintf("agg-%02d", a), perAggregate)
 	}
 	var order []broker.Message
 	for live := aggregates; live > 0; {
@@ -56,7 +57,7 @@ func TestThreeInstancesApplyEveryAggregateInOrder(t *testing.T) {
 	var consumers []*inbox.Consumer[pgx.Tx]
 	var subs []*rabbitinbox.Subscriber
 	for range instances {
-		c := e.consumer(t, inbox.Config{}, nil)
+		c := e.Consumer(t, inbox.Config{}, nil)
 		consumers = append(consumers, c)
 		subs = append(subs, e.subscribe(t, c, rabbitinbox.Config{Concurrency: 4, Prefetch: 32}))
 	}
@@ -82,12 +83,12 @@ func TestThreeInstancesApplyEveryAggregateInOrder(t *testing.T) {
 		return n
 	}
 	waitFor(t, 3*time.Minute, "every message to be applied and acked", func() bool {
-		return acked() == published && e.count(t, "effects", "true") == aggregates*perAggregate && e.ready(t, e.queue) == 0
+		return acked() == published && e.Count(t, "effects", "true") == aggregates*perAggregate && e.ready(t, e.queue) == 0
 	})
 	elapsed := time.Since(start)
 
 	for a := range aggregates {
-		got := e.sequences(t, fmt.Sprintf("agg-%02d", a))
+		got := e.Sequences(t, fmt.Sprintf("agg-%02d", a))
 		if len(got) != perAggregate {
 			t.Fatalf("aggregate %d: %d effects, want %d", a, len(got), perAggregate)
 		}
@@ -136,22 +137,22 @@ func TestThreeInstancesApplyEveryAggregateInOrder(t *testing.T) {
 func TestHandlerErrorRequeues(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	e.publish(t, event("7", 1))
+	e.publish(t, inboxtest.Event("7", 1))
 	const maxDelay = 100 * time.Millisecond
 	var calls atomic.Int32
 	var mu sync.Mutex
 	var rowsSeen []int // committed rows when each attempt runs: what failures left behind
 	var times []time.Time
-	c := e.consumer(t, inbox.Config{RetryDelay: time.Minute, MaxRetryDelay: time.Hour}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+	c := e.Consumer(t, inbox.Config{RetryDelay: time.Minute, MaxRetryDelay: time.Hour}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 		mu.Lock()
 		times = append(times, time.Now())
 		mu.Unlock()
-		if err := e.record(ctx, tx, ev); err != nil {
+		if err := e.Record(ctx, tx, ev); err != nil {
 			return err
 		}
 		var n int
-		err := e.pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+e.table("processed_events")+
-			") + (SELECT count(*) FROM "+e.table("effects")+")").Scan(&n)
+		err := e.pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+e.Table("processed_events")+
+			") + (SELECT count(*) FROM "+e.Table("effects")+")").Scan(&n)
 		mu.Lock()
 		rowsSeen = append(rowsSeen, n)
 		mu.Unlock()
@@ -175,7 +176,7 @@ func TestHandlerErrorRequeues(t *testing.T) {
 			t.Errorf("attempt %d came %s after the previous one, before MaxRequeueDelay (%s)", i+1, d, maxDelay)
 		}
 	}
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
 	}
 	if st := c.Stats(); st.Failed != 2 || st.Applied != 1 {
@@ -194,14 +195,14 @@ func TestQuorumQueueCountsAttempts(t *testing.T) {
 	queue := uniqueName("pgotest-inbox-quorum")
 	e.deleteAtEnd(t, "", queue)
 	var fails atomic.Int32
-	c := e.consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 		if len(ev.Headers) != 0 {
 			return fmt.Errorf("unexpected headers %v", ev.Headers)
 		}
 		if fails.Add(1) <= 2 {
 			return errors.New("payment service down")
 		}
-		return e.record(ctx, tx, ev)
+		return e.Record(ctx, tx, ev)
 	})
 	var mu sync.Mutex
 	var attempts []int
@@ -213,7 +214,7 @@ func TestQuorumQueueCountsAttempts(t *testing.T) {
 	}}
 	s := e.subscribe(t, counting, rabbitinbox.Config{Queue: queue, Exchange: e.exchange,
 		QueueArguments: amqp.Table{"x-queue-type": "quorum"}, MaxRequeueDelay: 20 * time.Millisecond})
-	e.publish(t, event("1", 1))
+	e.publish(t, inboxtest.Event("1", 1))
 	waitFor(t, 30*time.Second, "the message to be acked", func() bool { return s.Stats().Acked == 1 })
 	mu.Lock()
 	defer mu.Unlock()
@@ -226,8 +227,8 @@ func TestQuorumQueueCountsAttempts(t *testing.T) {
 func TestStopRequeuesWaitingMessagesAtOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	e.publish(t, event("7", 1))
-	c := e.consumer(t, inbox.Config{RetryDelay: time.Hour, MaxRetryDelay: time.Hour}, func(context.Context, pgx.Tx, inbox.Event) error {
+	e.publish(t, inboxtest.Event("7", 1))
+	c := e.Consumer(t, inbox.Config{RetryDelay: time.Hour, MaxRetryDelay: time.Hour}, func(context.Context, pgx.Tx, inbox.Event) error {
 		return errors.New("payment service down")
 	})
 	s := e.subscribe(t, c, rabbitinbox.Config{MaxRequeueDelay: time.Hour})
@@ -246,14 +247,14 @@ func TestStopRequeuesWaitingMessagesAtOnce(t *testing.T) {
 func TestGapRejectedThenAppliedInOrder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	l := lane("42", 3)
+	l := inboxtest.Lane("42", 3)
 	e.publish(t, l[0])
 	e.publish(t, l[2])
 	e.publish(t, l[1])
-	c := e.consumer(t, inbox.Config{GapRetryDelay: 20 * time.Millisecond}, nil)
+	c := e.Consumer(t, inbox.Config{GapRetryDelay: 20 * time.Millisecond}, nil)
 	s := e.subscribe(t, c, rabbitinbox.Config{Concurrency: 1})
 	waitFor(t, 30*time.Second, "all three to be acked", func() bool { return s.Stats().Acked == 3 })
-	if got := e.sequences(t, "42"); !slices.Equal(got, []int64{1, 2, 3}) {
+	if got := e.Sequences(t, "42"); !slices.Equal(got, []int64{1, 2, 3}) {
 		t.Fatalf("applied %v, want [1 2 3]", got)
 	}
 	if st := c.Stats(); st.Gaps < 1 || st.Applied != 3 {
@@ -275,14 +276,14 @@ func TestReconnectsAfterServerClosesConnection(t *testing.T) {
 	var msgs []broker.Message
 	for i := range perAggregate {
 		for a := range aggregates {
-			msgs = append(msgs, event(fmt.Sprintf("agg-%02d", a), int64(i+1)))
+			msgs = append(msgs, inboxtest.Event(fmt.Sprintf("agg-%02d", a), int64(i+1)))
 		}
 	}
 	e.publish(t, msgs...)
 
 	// Once a third is applied, deliveries are held before processing; the
 	// connection is closed under them.
-	c := e.consumer(t, inbox.Config{GapRetryDelay: 20 * time.Millisecond}, nil)
+	c := e.Consumer(t, inbox.Config{GapRetryDelay: 20 * time.Millisecond}, nil)
 	var hold atomic.Bool
 	held := make(chan struct{}, 64)
 	release := make(chan struct{})
@@ -306,11 +307,11 @@ func TestReconnectsAfterServerClosesConnection(t *testing.T) {
 	close(release)
 
 	waitFor(t, 2*time.Minute, "every event to be applied", func() bool {
-		return e.count(t, "effects", "true") == aggregates*perAggregate && e.ready(t, e.queue) == 0
+		return e.Count(t, "effects", "true") == aggregates*perAggregate && e.ready(t, e.queue) == 0
 	})
 	pgtest.Must(t, s.Stop(context.Background()), "Stop")
 	for a := range aggregates {
-		got := e.sequences(t, fmt.Sprintf("agg-%02d", a))
+		got := e.Sequences(t, fmt.Sprintf("agg-%02d", a))
 		if len(got) != perAggregate {
 			t.Fatalf("aggregate %d: %d effects, want %d", a, len(got), perAggregate)
 		}
@@ -337,8 +338,8 @@ func TestReconnectsAfterServerClosesConnection(t *testing.T) {
 func TestConnectionLostAfterCommitBeforeAck(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	e.publish(t, event("1", 1))
-	c := e.consumer(t, inbox.Config{}, nil)
+	e.publish(t, inboxtest.Event("1", 1))
+	c := e.Consumer(t, inbox.Config{}, nil)
 	name := uniqueName("pgotest-inbox-crash")
 	var sub atomic.Pointer[rabbitinbox.Subscriber]
 	var crashed atomic.Bool
@@ -368,7 +369,7 @@ func TestConnectionLostAfterCommitBeforeAck(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "the redelivery to be acked", func() bool { return s.Stats().Acked == 1 })
 	pgtest.Must(t, s.Stop(context.Background()), "Stop")
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
 	}
 	if st := c.Stats(); st.Applied != 1 || st.Duplicates != 1 {
@@ -402,7 +403,7 @@ func TestUndecodableMessageIsRejected(t *testing.T) {
 		return ch.PublishWithContext(context.Background(), e.exchange, "order.updated", false, false,
 			amqp.Publishing{MessageId: "not-an-event", Body: []byte(`{"no":"headers"}`)})
 	})
-	e.publish(t, event("1", 1))
+	e.publish(t, inboxtest.Event("1", 1))
 
 	var logs strings.Builder
 	var logMu sync.Mutex
@@ -411,7 +412,7 @@ func TestUndecodableMessageIsRejected(t *testing.T) {
 		defer logMu.Unlock()
 		return logs.Write(p)
 	}), nil))
-	c := e.consumer(t, inbox.Config{}, nil)
+	c := e.Consumer(t, inbox.Config{}, nil)
 	s := e.subscribe(t, c, rabbitinbox.Config{Logger: logger})
 	waitFor(t, 30*time.Second, "both messages to be settled", func() bool {
 		st := s.Stats()
@@ -444,15 +445,15 @@ func TestStopFinishesInFlightAndReleasesTheRest(t *testing.T) {
 	e := newEnv(t, 4)
 	var msgs []broker.Message
 	for a := range 5 {
-		msgs = append(msgs, event(fmt.Sprint(a), 1))
+		msgs = append(msgs, inboxtest.Event(fmt.Sprint(a), 1))
 	}
 	e.publish(t, msgs...)
 	entered := make(chan struct{}, 1)
 	release := make(chan struct{})
-	blocking := e.consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+	blocking := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 		entered <- struct{}{}
 		<-release
-		return e.record(ctx, tx, ev)
+		return e.Record(ctx, tx, ev)
 	})
 	s := e.subscribe(t, blocking, rabbitinbox.Config{Concurrency: 1})
 	<-entered
@@ -472,14 +473,14 @@ func TestStopFinishesInFlightAndReleasesTheRest(t *testing.T) {
 	if st := s.Stats(); st.Acked != 1 || st.Released != 4 {
 		t.Fatalf("stats %+v, want 1 acked and 4 released", st)
 	}
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
 	}
 	// Requeued at once: the queue has them again, for a new instance.
 	waitFor(t, 10*time.Second, "the released messages to be back in the queue", func() bool { return e.ready(t, e.queue) == 4 })
-	next := e.subscribe(t, e.consumer(t, inbox.Config{}, nil), rabbitinbox.Config{})
+	next := e.subscribe(t, e.Consumer(t, inbox.Config{}, nil), rabbitinbox.Config{})
 	waitFor(t, 20*time.Second, "the released messages to be processed", func() bool { return next.Stats().Acked == 4 })
-	if n := e.count(t, "effects", "true"); n != 5 {
+	if n := e.Count(t, "effects", "true"); n != 5 {
 		t.Fatalf("%d effects, want 5", n)
 	}
 	pgtest.Must(t, s.Stop(context.Background()), "second Stop")
@@ -490,10 +491,10 @@ func TestStopFinishesInFlightAndReleasesTheRest(t *testing.T) {
 func TestStopDeadlineAbandonsInFlight(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	e.publish(t, event("1", 1))
+	e.publish(t, inboxtest.Event("1", 1))
 	entered := make(chan struct{})
-	c := e.consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		if err := e.record(ctx, tx, ev); err != nil {
+	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+		if err := e.Record(ctx, tx, ev); err != nil {
 			return err
 		}
 		close(entered)
@@ -507,12 +508,12 @@ func TestStopDeadlineAbandonsInFlight(t *testing.T) {
 	if err := s.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Stop = %v, want the deadline", err)
 	}
-	if n := e.count(t, "effects", "true") + e.count(t, "processed_events", "true"); n != 0 {
+	if n := e.Count(t, "effects", "true") + e.Count(t, "processed_events", "true"); n != 0 {
 		t.Fatalf("%d rows left by an abandoned delivery", n)
 	}
-	next := e.subscribe(t, e.consumer(t, inbox.Config{}, nil), rabbitinbox.Config{})
+	next := e.subscribe(t, e.Consumer(t, inbox.Config{}, nil), rabbitinbox.Config{})
 	waitFor(t, 20*time.Second, "the abandoned message to be redelivered", func() bool { return next.Stats().Acked == 1 })
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
 	}
 }
@@ -524,7 +525,7 @@ func TestDeclaresAndBindsQueue(t *testing.T) {
 	e := newEnv(t, 4)
 	exchange, queue := uniqueName("pgotest-inbox-x"), uniqueName("pgotest-inbox-q")
 	e.deleteAtEnd(t, exchange, queue)
-	c := e.consumer(t, inbox.Config{}, nil)
+	c := e.Consumer(t, inbox.Config{}, nil)
 	s := e.subscribe(t, c, rabbitinbox.Config{Queue: queue, Exchange: exchange, BindingKeys: []string{"order.*"},
 		QueueArguments: amqp.Table{"x-queue-type": "classic"}})
 	e.onChannel(t, func(ch *amqp.Channel) error {
@@ -534,11 +535,11 @@ func TestDeclaresAndBindsQueue(t *testing.T) {
 	pub, err := rabbitmq.Dial(context.Background(), amqpURL, rabbitmq.Config{Exchange: exchange, Logger: quiet})
 	pgtest.Must(t, err, "dial the publisher")
 	defer pub.Close()
-	invoice := event("9", 1)
+	invoice := inboxtest.Event("9", 1)
 	invoice.AggregateType = "invoice"
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	results := pub.Publish(ctx, []broker.Message{event("1", 1), invoice})
+	results := pub.Publish(ctx, []broker.Message{inboxtest.Event("1", 1), invoice})
 	pgtest.Must(t, results[0], "publish the order event")
 	if !errors.Is(results[1], rabbitmq.ErrUnroutable) {
 		t.Fatalf("publish an invoice event = %v, want unroutable: the queue is bound with order.* only", results[1])
@@ -548,7 +549,7 @@ func TestDeclaresAndBindsQueue(t *testing.T) {
 	// A second instance finds the queue and binds it again, harmlessly.
 	other := e.subscribe(t, c, rabbitinbox.Config{Queue: queue, Exchange: exchange, BindingKeys: []string{"order.*"}})
 	pgtest.Must(t, other.Stop(context.Background()), "Stop")
-	if n := e.count(t, "effects", "true"); n != 1 {
+	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
 	}
 }
@@ -616,7 +617,7 @@ func TestConfigValidation(t *testing.T) {
 func TestStopBeforeStart(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
-	s := e.dial(t, e.consumer(t, inbox.Config{}, nil), rabbitinbox.Config{})
+	s := e.dial(t, e.Consumer(t, inbox.Config{}, nil), rabbitinbox.Config{})
 	pgtest.Must(t, s.Stop(context.Background()), "Stop")
 	if err := s.Start(context.Background()); err == nil {
 		t.Fatal("Start after Stop succeeded")
@@ -627,11 +628,11 @@ func TestStopBeforeStart(t *testing.T) {
 func TestEventHeadersAreTheProducers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
-	m := event("1", 1)
+	m := inboxtest.Event("1", 1)
 	m.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "X-Tenant": "eu"}
 	e.publish(t, m)
 	got := make(chan map[string]string, 1)
-	c := e.consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 		got <- ev.Headers
 		return nil
 	})
