@@ -36,6 +36,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/amqpconn"
 )
 
 // Config configures a Publisher. The zero value is usable.
@@ -300,48 +301,7 @@ func (p *Publisher) connect(ctx context.Context, l *link) (*link, *session, erro
 
 // dial opens a connection, bounded by ctx.
 func (p *Publisher) dial(ctx context.Context) (*link, error) {
-	var (
-		mu   sync.Mutex
-		conn net.Conn
-	)
-	props := amqp.NewConnectionProperties()
-	props["connection_name"] = p.cfg.ConnectionName
-	cfg := amqp.Config{
-		Properties: props,
-		Dial: func(network, addr string) (net.Conn, error) {
-			c, err := p.cfg.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			// Bounds the TLS and AMQP handshakes; amqp091-go clears it after.
-			deadline, _ := ctx.Deadline()
-			if err := c.SetDeadline(deadline); err != nil {
-				c.Close()
-				return nil, err
-			}
-			mu.Lock()
-			conn = c
-			mu.Unlock()
-			return c, nil
-		},
-	}
-	if p.target.tls != nil {
-		// amqp091-go fills in ServerName: give it a copy.
-		cfg.TLSClientConfig = p.target.tls.Clone()
-	}
-	stop := context.AfterFunc(ctx, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if conn != nil {
-			_ = conn.SetDeadline(time.Now())
-		}
-	})
-	c, err := amqp.DialConfig(p.target.url, cfg)
-	if !stop() && err == nil {
-		// ctx ended as the handshake completed: its deadline may be set.
-		_ = c.CloseDeadline(time.Now().Add(closeTimeout))
-		return nil, broker.Unavailable(fmt.Errorf("connect: %w", ctx.Err()))
-	}
+	c, err := amqpconn.Dial(ctx, p.target.url, p.cfg.ConnectionName, p.target.tls, p.cfg.DialContext)
 	if err != nil {
 		if refused(err) {
 			return nil, err

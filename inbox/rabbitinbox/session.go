@@ -5,15 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unicode"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/pgoutbox/pgoutbox/internal/amqpconn"
 )
 
 // closeTimeout bounds the close handshake of a connection the Subscriber gives up
@@ -115,49 +115,7 @@ func bounded(ctx context.Context, conn *amqp.Connection, fn func() error) error 
 
 // dial opens a connection named Config.ConnectionName, bounded by ctx.
 func (s *Subscriber) dial(ctx context.Context) (*amqp.Connection, error) {
-	var (
-		mu   sync.Mutex
-		conn net.Conn
-	)
-	props := amqp.NewConnectionProperties()
-	props["connection_name"] = s.cfg.ConnectionName
-	cfg := amqp.Config{
-		Properties: props,
-		Dial: func(network, addr string) (net.Conn, error) {
-			var d net.Dialer
-			c, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			// Bounds the TLS and AMQP handshakes; amqp091-go clears it after.
-			deadline, _ := ctx.Deadline()
-			if err := c.SetDeadline(deadline); err != nil {
-				c.Close()
-				return nil, err
-			}
-			mu.Lock()
-			conn = c
-			mu.Unlock()
-			return c, nil
-		},
-	}
-	if s.cfg.TLSConfig != nil {
-		// amqp091-go fills in ServerName: give it a copy.
-		cfg.TLSClientConfig = s.cfg.TLSConfig.Clone()
-	}
-	stop := context.AfterFunc(ctx, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if conn != nil {
-			_ = conn.SetDeadline(time.Now())
-		}
-	})
-	c, err := amqp.DialConfig(s.url, cfg)
-	if !stop() && err == nil {
-		// ctx ended as the handshake completed: its deadline may be set.
-		_ = c.CloseDeadline(time.Now().Add(closeTimeout))
-		return nil, fmt.Errorf("rabbitinbox: connect to %s: %w", s.display, ctx.Err())
-	}
+	c, err := amqpconn.Dial(ctx, s.url, s.cfg.ConnectionName, s.cfg.TLSConfig, nil)
 	if err != nil {
 		return nil, fmt.Errorf("rabbitinbox: connect to %s: %w", s.display, err)
 	}
