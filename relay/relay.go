@@ -32,6 +32,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 )
 
 // Relay moves events from the outbox to a broker. Create it with New, then Start
@@ -408,6 +409,10 @@ func (r *Relay) claimFrom(ctx context.Context, from cursor, limit int) ([]claime
 	if err != nil {
 		return nil, fmt.Errorf("claim batch: %w", err)
 	}
+	if err := failpoint.Inject(failpoint.RelayClaim); err != nil {
+		rows.Close()
+		return nil, fmt.Errorf("claim batch: %w", err)
+	}
 	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
 		var c claimed
 		var headers map[string]string
@@ -451,9 +456,18 @@ func (r *Relay) process(batch []claimed) time.Duration {
 	for i := range batch {
 		msgs[i] = batch[i].msg
 	}
-	pctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.PublishTimeout)
-	results := r.pub.Publish(pctx, msgs)
-	cancel()
+	var results []error
+	if err := failpoint.Inject(failpoint.RelayBeforePublish); err != nil {
+		results = make([]error, len(msgs))
+		for i := range results {
+			results[i] = broker.Unavailable(err)
+		}
+	} else {
+		pctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.PublishTimeout)
+		results = r.pub.Publish(pctx, msgs)
+		cancel()
+		_ = failpoint.Inject(failpoint.RelayAfterPublish) // crash or delay only: the broker has spoken
+	}
 	if len(results) != len(msgs) {
 		r.log.Error("publisher returned the wrong number of results; releasing the batch",
 			slog.Int("messages", len(msgs)), slog.Int("results", len(results)))
@@ -529,7 +543,9 @@ func (r *Relay) settle(batch []claimed, results []error) time.Duration {
 	var wait backoff
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := r.pool.SendBatch(ctx, newBatch()).Close()
+		br := r.pool.SendBatch(ctx, newBatch())
+		err := failpoint.Inject(failpoint.RelayMark)
+		err = errors.Join(err, br.Close())
 		cancel()
 		if err == nil {
 			r.setUp(&r.dbDown, "database")

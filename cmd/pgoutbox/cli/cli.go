@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -77,7 +78,12 @@ flag's help (DATABASE_URL for the database).`,
 	root.CompletionOptions.DisableDefaultCmd = true
 	// Flags not given on the command line take the environment variable their help
 	// names ("(env NAME)"): one rule for every verb, checked like the flag itself.
-	root.PersistentPreRunE = func(c *cobra.Command, _ []string) error { return applyEnv(c.Flags()) }
+	root.PersistentPreRunE = func(c *cobra.Command, _ []string) error {
+		if err := failpoint.EnvError(); err != nil {
+			return usageError{err}
+		}
+		return applyEnv(c.Flags())
+	}
 	root.AddCommand(newMigrateCmd(), newRelayCmd(), newVersionCmd(), newDemoCmd())
 	// Unknown verbs and stray arguments are usage errors too.
 	for _, c := range append(root.Commands(), root) {
