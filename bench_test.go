@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
@@ -14,22 +15,31 @@ import (
 
 // BenchmarkBusinessTx measures what the outbox adds to a small business transaction
 // (one INSERT, commit): the same transaction without and with one enqueued event,
-// serially and from 16 concurrent producers. Compare the two ns/op of one run:
+// serially and from 16 concurrent producers, and with the relays' wake-up
+// notification turned off (SET pgoutbox.notify = 'off'). Compare the two ns/op of one run:
 //
 //	go test -run '^$' -bench BusinessTx -count 6 . | benchstat -col /outbox -
 func BenchmarkBusinessTx(b *testing.B) {
 	for _, producers := range []int{1, 16} {
-		for _, outbox := range []string{"without", "with"} {
+		for _, outbox := range []string{"without", "with", "with-notify-off"} {
 			b.Run(fmt.Sprintf("producers=%d/outbox=%s", producers, outbox), func(b *testing.B) {
-				benchBusinessTx(b, producers, outbox == "with")
+				benchBusinessTx(b, producers, outbox != "without", outbox == "with-notify-off")
 			})
 		}
 	}
 }
 
-func benchBusinessTx(b *testing.B, producers int, withOutbox bool) {
+func benchBusinessTx(b *testing.B, producers int, withOutbox, notifyOff bool) {
 	f := newFixture(b, int32(producers))
 	ctx := context.Background()
+	if notifyOff {
+		cfg := f.pool.Config().Copy()
+		cfg.ConnConfig.RuntimeParams["pgoutbox.notify"] = "off"
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		pgtest.Must(b, err, "pool with notify off")
+		b.Cleanup(pool.Close)
+		f.pool = pool
+	}
 	orders := f.table("orders")
 	_, err := f.pool.Exec(ctx, "CREATE TABLE "+orders+" (id bigint PRIMARY KEY, customer text NOT NULL, total_cents int NOT NULL)")
 	pgtest.Must(b, err, "create orders")

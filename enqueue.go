@@ -68,7 +68,7 @@ func NewProducer(cfg *Config) (*Producer, error) {
 		c.Propagator = propagation.TraceContext{}
 	}
 	p := &Producer{schema: c.Schema, maxPayload: c.MaxPayloadBytes, propagator: c.Propagator}
-	p.stmt1 = p.insertSQL(1)
+	p.stmt1 = p.insertOneSQL()
 	return p, nil
 }
 
@@ -252,6 +252,31 @@ func (p *Producer) insert(ctx context.Context, chunk []row, query queryFunc) ([]
 	return out, nil
 }
 
+// insertOneSQL builds the statement for the common case of one event: the same
+// parameters and result as insertSQL(1), without the grouping and numbering that
+// only several events need. The counter upsert's row lock serialises writers of
+// the aggregate, as in insertSQL. Both call outbox_wake (outbox migration 4), which
+// notifies the relays only when one of them waits for work.
+func (p *Producer) insertOneSQL() string {
+	return fmt.Sprintf(`WITH counter AS (
+    INSERT INTO %[1]s AS c (aggregate_type, aggregate_id, last_sequence) VALUES ($3::text, $4::text, 1)
+    ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_sequence = c.last_sequence + 1
+    RETURNING c.last_sequence
+),
+ins AS (
+    INSERT INTO %[2]s (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, schema_version, payload, headers, occurred_at)
+    SELECT $2::uuid, $3::text, $4::text, counter.last_sequence, $5::text, $6::int, $7::jsonb, $8::jsonb, coalesce($9::timestamptz, now())
+    FROM counter
+    RETURNING aggregate_sequence
+),
+wake AS MATERIALIZED (
+    SELECT %[3]s() AS notified
+)
+SELECT $1::int, aggregate_sequence FROM ins, wake`,
+		pgx.Identifier{p.schema, "outbox_aggregate_sequences"}.Sanitize(), pgx.Identifier{p.schema, "outbox_events"}.Sanitize(),
+		pgx.Identifier{p.schema, "outbox_wake"}.Sanitize())
+}
+
 // insertSQL builds the statement that enqueues n events in one round trip.
 //
 // The counters CTE upserts one row per aggregate, adding the number of its events in
@@ -291,7 +316,10 @@ ins AS (
     INSERT INTO %[2]s (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, schema_version, payload, headers, occurred_at)
     SELECT event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, schema_version, payload, headers, coalesce(occurred_at, now())
     FROM seq
+),
+wake AS MATERIALIZED (
+    SELECT %[3]s() AS notified
 )
-SELECT ord, aggregate_sequence FROM seq`, counters, events)
+SELECT ord, aggregate_sequence FROM seq, wake`, counters, events, pgx.Identifier{p.schema, "outbox_wake"}.Sanitize())
 	return b.String()
 }

@@ -1,5 +1,6 @@
-// Package admin holds the operator's actions on an outbox: retrying quarantined
-// events today; status, dead-letter listing, replay and cleanup build on it.
+// Package admin holds the operator's actions on an outbox: its health figures
+// ([Admin.Status]), the dead letters (list, show, retry, skip with an audited
+// reason), replay and cleanup. The pgoutbox CLI is a thin layer over it.
 package admin
 
 import (
@@ -14,22 +15,32 @@ import (
 )
 
 // DB is what Admin needs of a database handle: *pgxpool.Pool, *pgx.Conn and pgx.Tx
-// have it.
+// have it. Begin is used by actions that must be atomic over several statements
+// (Skip); on a pgx.Tx it opens a savepoint.
 type DB interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // Config configures an Admin.
 type Config struct {
 	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to "public".
 	Schema string
+
+	// InboxSchema is the schema holding the consumer inbox's processed_events
+	// table, whose size Status reports (as absent when it does not exist there).
+	// Defaults to Schema.
+	InboxSchema string
 }
 
 // Admin runs operator actions against one outbox.
 type Admin struct {
-	db      DB
-	events  string
-	channel string
+	db          DB
+	schema      string
+	inboxSchema string
+	events      string
+	skipped     string
+	channel     string
 }
 
 // New returns an Admin working through db.
@@ -41,14 +52,24 @@ func New(db DB, cfg *Config) (*Admin, error) {
 	if err := migrate.ValidateSchema(schema); err != nil {
 		return nil, fmt.Errorf("admin: Config.Schema: %w", err)
 	}
+	inbox := schema
+	if cfg != nil && cfg.InboxSchema != "" {
+		inbox = cfg.InboxSchema
+	}
+	if err := migrate.ValidateSchema(inbox); err != nil {
+		return nil, fmt.Errorf("admin: Config.InboxSchema: %w", err)
+	}
 	return &Admin{
-		db:      db,
-		events:  pgx.Identifier{schema, "outbox_events"}.Sanitize(),
-		channel: migrate.NotifyChannel(schema),
+		db:          db,
+		schema:      schema,
+		inboxSchema: inbox,
+		events:      pgx.Identifier{schema, "outbox_events"}.Sanitize(),
+		skipped:     pgx.Identifier{schema, "outbox_skipped_events"}.Sanitize(),
+		channel:     migrate.NotifyChannel(schema),
 	}, nil
 }
 
-// ErrNoEvents is returned by Retry when called without event ids.
+// ErrNoEvents is returned by Retry and Skip when called without event ids.
 var ErrNoEvents = errors.New("admin: no event ids given")
 
 // Retry gives quarantined events a fresh start: quarantine lifted, attempts reset
@@ -60,22 +81,5 @@ func (a *Admin) Retry(ctx context.Context, ids ...pgoutbox.UUID) ([]pgoutbox.UUI
 	if len(ids) == 0 {
 		return nil, ErrNoEvents
 	}
-	q := fmt.Sprintf(`WITH retried AS (
-    UPDATE %s
-       SET quarantined_at = NULL, attempt_count = 0, available_at = now(), claimed_by = NULL, claim_until = NULL
-     WHERE event_id = ANY($1::uuid[]) AND quarantined_at IS NOT NULL AND published_at IS NULL
-    RETURNING event_id
-), wake AS (
-    SELECT pg_notify($2, '') WHERE EXISTS (SELECT 1 FROM retried)
-)
-SELECT event_id FROM retried, (SELECT count(*) FROM wake) w`, a.events)
-	rows, err := a.db.Query(ctx, q, ids, a.channel)
-	if err != nil {
-		return nil, fmt.Errorf("admin: retry: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
-	if err != nil {
-		return nil, fmt.Errorf("admin: retry: %w", err)
-	}
-	return out, nil
+	return a.retry(ctx, " AND e.event_id = ANY($2::uuid[])", []any{a.channel, ids}, 0)
 }

@@ -56,6 +56,22 @@ type Message struct {
 	// Headers are the producer's headers, including traceparent when the producer
 	// had a trace context.
 	Headers map[string]string
+	// DedupID is the id a broker with publish-side deduplication (NATS JetStream's
+	// Nats-Msg-Id) drops repeats by. Empty means the event id, which the relay
+	// always uses: a re-publish after a crash is then dropped as a duplicate. A
+	// replay sets a different one so that a broker inside its duplicate window
+	// stores the message again; the Outbox-Event-Id header, which consumers dedup
+	// on, stays the event id. Adapters without such a feature ignore it.
+	DedupID string
+}
+
+// BrokerDedupID returns the id a broker's publish-side deduplication should use:
+// DedupID, or the event id when DedupID is empty.
+func (m *Message) BrokerDedupID() string {
+	if m.DedupID != "" {
+		return m.DedupID
+	}
+	return m.EventID.String()
 }
 
 // WireHeaders returns every header the message carries on the wire: the producer's

@@ -85,6 +85,10 @@ type Config struct {
 	// inbox/inboxprom has Prometheus collectors). Defaults to none.
 	Observer Observer
 
+	// Tracing, when set, gives every delivery an OpenTelemetry span tied to the
+	// producer's trace (see [Tracing]). Defaults to nil: no tracing.
+	Tracing *Tracing
+
 	// Logger receives failures, undecodable deliveries and accepted gaps. Defaults to
 	// slog.Default().
 	Logger *slog.Logger

@@ -9,6 +9,8 @@ import (
 	"runtime/debug"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Handler applies one event's business effect through tx, the consumer transaction
@@ -199,6 +201,7 @@ type Consumer[TX any] struct {
 	h     Handler[TX]
 	q     queries
 	log   *slog.Logger
+	trace *tracer // nil: tracing off
 	stats counters
 }
 
@@ -216,11 +219,12 @@ func New[TX any](db Driver[TX], h Handler[TX], cfg *Config) (*Consumer[TX], erro
 		return nil, err
 	}
 	return &Consumer[TX]{
-		cfg: c,
-		db:  db,
-		h:   h,
-		q:   newQueries(c.Schema),
-		log: c.Logger.With(slog.String("consumer", c.Name)),
+		cfg:   c,
+		db:    db,
+		h:     h,
+		q:     newQueries(c.Schema),
+		log:   c.Logger.With(slog.String("consumer", c.Name)),
+		trace: newTracer(c.Tracing, c.Name),
 	}, nil
 }
 
@@ -250,6 +254,10 @@ func (c *Consumer[TX]) Stats() Stats {
 // transaction, handler included; the handler receives a context derived from it.
 func (c *Consumer[TX]) Process(ctx context.Context, d Delivery) Outcome {
 	start := time.Now()
+	var span trace.Span
+	if c.trace != nil {
+		ctx, span = c.trace.start(ctx, &d)
+	}
 	o := c.process(ctx, d)
 	o.Consumer = c.cfg.Name
 	o.Duration = time.Since(start)
@@ -260,6 +268,9 @@ func (c *Consumer[TX]) Process(ctx context.Context, d Delivery) Outcome {
 		o.RetryAfter = backoff(c.cfg.RetryDelay, c.cfg.MaxRetryDelay, d.Attempt)
 	}
 	c.record(&o)
+	if span != nil {
+		c.trace.end(span, &o)
+	}
 	if c.cfg.Observer != nil {
 		c.cfg.Observer.Observe(o)
 	}

@@ -34,6 +34,8 @@ func ExampleUp() {
 	// Output:
 	// applied outbox/1 outbox_events
 	// applied outbox/2 notify
+	// applied outbox/3 skips
+	// applied outbox/4 quiet_notify
 	// applied inbox/1 processed_events
 	// applied inbox/2 consumer_positions
 	// second run applied 0

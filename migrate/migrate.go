@@ -62,9 +62,13 @@ type Migration struct {
 	sql     string // with the {{schema}} placeholder
 }
 
-// SQL returns the migration's statements for the given schema.
+// SQL returns the migration's statements for the given schema: the placeholder
+// {{schema}} becomes the quoted identifier, {{schema_name}} a string literal.
 func (m Migration) SQL(schema string) string {
-	return strings.ReplaceAll(m.sql, "{{schema}}", pgx.Identifier{schema}.Sanitize())
+	return strings.NewReplacer(
+		"{{schema}}", pgx.Identifier{schema}.Sanitize(),
+		"{{schema_name}}", "'"+strings.ReplaceAll(schema, "'", "''")+"'",
+	).Replace(m.sql)
 }
 
 // All returns the embedded migrations of the given lines (every line when none is
@@ -128,6 +132,14 @@ type Config struct {
 	// Lines restricts the migration to these lines. Defaults to all of them
 	// (outbox, then inbox).
 	Lines []Line
+
+	// Partitioned creates outbox_events partitioned by RANGE (occurred_at), one
+	// partition a day plus a default one, so that cleanup drops whole partitions
+	// instead of deleting rows; see [CreatePartitions] and docs/design.md for the
+	// trade-offs. It only matters when the outbox line is first applied: an
+	// existing table keeps its kind, and Up refuses to turn a plain table into a
+	// partitioned one (that takes a data migration). Defaults to false.
+	Partitioned bool
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -188,7 +200,7 @@ func Up(ctx context.Context, db DB, cfg *Config) ([]Applied, error) {
 	}
 	var applied []Applied
 	for _, m := range all {
-		did, err := apply(ctx, db, c.Schema, m)
+		did, err := apply(ctx, db, c, m)
 		if err != nil {
 			return applied, err
 		}
@@ -196,11 +208,17 @@ func Up(ctx context.Context, db DB, cfg *Config) ([]Applied, error) {
 			applied = append(applied, Applied{Line: m.Line, Version: m.Version, Name: m.Name})
 		}
 	}
+	if slices.Contains(c.Lines, LineOutbox) {
+		if _, err := ensurePartitions(ctx, db, c.Schema); err != nil {
+			return applied, err
+		}
+	}
 	return applied, nil
 }
 
 // apply runs one migration unless the bookkeeping table says it ran already.
-func apply(ctx context.Context, db DB, schema string, m Migration) (bool, error) {
+func apply(ctx context.Context, db DB, c Config, m Migration) (bool, error) {
+	schema := c.Schema
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("migrate: begin: %w", err)
@@ -220,11 +238,16 @@ func apply(ctx context.Context, db DB, schema string, m Migration) (bool, error)
 	if err := tx.QueryRow(ctx, q, string(m.Line), m.Version).Scan(&done); err != nil {
 		return false, fmt.Errorf("migrate: read applied versions: %w", err)
 	}
+	if c.Partitioned && m.Line == LineOutbox && m.Version == 1 {
+		if err := checkPartitionable(ctx, tx, schema); err != nil {
+			return false, err
+		}
+	}
 	if done {
 		return false, nil
 	}
 	// Simple protocol: a migration file holds several statements.
-	if _, err := tx.Exec(ctx, m.SQL(schema), pgx.QueryExecModeSimpleProtocol); err != nil {
+	if _, err := tx.Exec(ctx, migrationSQL(c, m), pgx.QueryExecModeSimpleProtocol); err != nil {
 		return false, fmt.Errorf("migrate: apply %s: %w", m.fileName(), err)
 	}
 	if _, err := tx.Exec(ctx, recordSQL(schema, m)); err != nil {
@@ -357,8 +380,12 @@ func SQL(cfg *Config) (string, error) {
 	b.WriteString(bookkeepingSQL(c.Schema) + ";\n")
 	for _, m := range all {
 		fmt.Fprintf(&b, "\n-- %s\n", m.fileName())
-		b.WriteString(strings.TrimRight(m.SQL(c.Schema), "\n") + "\n")
+		b.WriteString(strings.TrimRight(migrationSQL(c, m), "\n") + "\n")
 		b.WriteString(recordSQL(c.Schema, m) + ";\n")
+	}
+	if c.Partitioned && slices.Contains(c.Lines, LineOutbox) {
+		fmt.Fprintf(&b, "\n-- the first partitions (run this daily, e.g. with pg_cron, unless pgoutbox cleanup runs)\n")
+		fmt.Fprintf(&b, "SELECT %s(%d);\n", pgx.Identifier{c.Schema, "outbox_create_partitions"}.Sanitize(), DefaultPartitionsAhead)
 	}
 	b.WriteString("COMMIT;\n")
 	return b.String(), nil
@@ -372,8 +399,8 @@ func joinLines(lines []Line) string {
 	return strings.Join(s, ", ")
 }
 
-// NotifyChannel returns the LISTEN/NOTIFY channel on which the outbox_notify trigger
-// (outbox migration 2) announces commits to a schema's outbox: "pgoutbox.<schema>", or
+// NotifyChannel returns the LISTEN/NOTIFY channel on which outbox_wake (outbox
+// migration 4) announces commits to a schema's outbox: "pgoutbox.<schema>", or
 // "pgoutbox.<md5 of schema>" when that exceeds PostgreSQL's 63-byte identifier limit.
 func NotifyChannel(schema string) string {
 	c := "pgoutbox." + schema

@@ -62,6 +62,11 @@ type Config struct {
 	// Logger receives the relay's logs. It logs state changes (database or broker
 	// down, back up), not every event. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// Observer is told about every claim and every settled batch, for metrics
+	// (package relay/relayprom). It is called on the hot path and must not block.
+	// Defaults to none.
+	Observer Observer
 }
 
 // Validate reports what New would reject in c, with its defaults applied.

@@ -49,9 +49,7 @@ func TestRabbitMQConnectionKilledMidRun(t *testing.T) {
 	pub, err := rabbitmq.Dial(context.Background(), rabbitURL, rabbitmq.Config{Exchange: name, ConnectionName: name, Logger: quietLogger()})
 	pgtest.Must(t, err, "dial")
 	t.Cleanup(func() { _ = pub.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	pid := rabbitConnectionPID(t, ctx, ctl, name)
+	pid := rabbitConnectionPID(t, ctl, name)
 	ids := o.enqueue(t, 100, 30)
 	// The second batch waits until the server has closed the connection, so the
 	// close lands mid-run whatever the speed of the machine.
@@ -59,6 +57,8 @@ func TestRabbitMQConnectionKilledMidRun(t *testing.T) {
 	r := startRelay(t, o, gate, relay.Config{BatchSize: 100, Workers: 1, PollInterval: 100 * time.Millisecond,
 		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	<-gate.reached
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // rabbitmqctl starts slowly on a busy box
+	defer cancel()
 	if out, err := exec.CommandContext(ctx, ctl, "close_connection", pid, "pgoutbox relay test").CombinedOutput(); err != nil {
 		t.Fatalf("rabbitmqctl close_connection: %v: %s", err, out)
 	}
@@ -77,7 +77,7 @@ func TestRabbitMQConnectionKilledMidRun(t *testing.T) {
 		got = append(got, fromAMQP(t, d))
 	}
 	dups := checkStream(t, got, ids)
-	if now := rabbitConnectionPID(t, ctx, ctl, name); now == pid {
+	if now := rabbitConnectionPID(t, ctl, name); now == pid {
 		t.Errorf("the publisher still uses connection %s: it was never closed, the test proved nothing", pid)
 	}
 	t.Logf("%d events, %d messages in the queue (%d duplicates), relay stats %+v", len(ids), len(got), dups, r.Stats())
@@ -116,9 +116,12 @@ func fromAMQP(t *testing.T, d amqp.Delivery) broker.Message {
 	return m
 }
 
-// rabbitConnectionPID finds the server's pid of the connection named name.
-func rabbitConnectionPID(t *testing.T, ctx context.Context, ctl, name string) string {
+// rabbitConnectionPID finds the server's pid of the connection named name. Each
+// call gets a minute of its own: rabbitmqctl starts slowly on a busy box.
+func rabbitConnectionPID(t *testing.T, ctl, name string) string {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	out, err := exec.CommandContext(ctx, ctl, "list_connections", "--quiet", "--no-table-headers", "pid", "client_properties").CombinedOutput()
 	if err != nil {
 		t.Fatalf("rabbitmqctl list_connections: %v: %s", err, out)

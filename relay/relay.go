@@ -61,7 +61,10 @@ type Relay struct {
 	leased map[pgoutbox.UUID]struct{} // leases taken and not yet settled
 
 	dbDown, brokerDown atomic.Bool
-	stats              counters
+
+	idleWorkers atomic.Int32  // workers waiting for a wake-up (idle.go)
+	idleChanged chan struct{} // the relay became idle or busy
+	stats       counters
 }
 
 // Stats are a relay's counters since Start.
@@ -99,6 +102,8 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Relay, error) 
 		retry:    make(chan time.Time, 16),
 		stopping: make(chan struct{}),
 		leased:   map[pgoutbox.UUID]struct{}{},
+
+		idleChanged: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -115,15 +120,22 @@ func (r *Relay) Stats() Stats {
 	}
 }
 
+// Errors of Healthy, matched with errors.Is.
+var (
+	ErrDatabaseUnreachable = errors.New("relay: database unreachable")
+	ErrBrokerUnreachable   = errors.New("relay: broker unreachable")
+)
+
 // Healthy reports nil when the last contact with the database and with the broker
-// succeeded, else what is down.
+// succeeded, else what is down: ErrDatabaseUnreachable, ErrBrokerUnreachable or
+// both (errors.Is tells them apart).
 func (r *Relay) Healthy() error {
 	var errs []error
 	if r.dbDown.Load() {
-		errs = append(errs, errors.New("relay: database unreachable"))
+		errs = append(errs, ErrDatabaseUnreachable)
 	}
 	if r.brokerDown.Load() {
-		errs = append(errs, errors.New("relay: broker unreachable"))
+		errs = append(errs, ErrBrokerUnreachable)
 	}
 	return errors.Join(errs...)
 }
@@ -157,8 +169,9 @@ func (r *Relay) Start(ctx context.Context) error {
 		r.helpers.Add(1)
 		go r.poll()
 		if !r.cfg.DisableNotify {
-			r.helpers.Add(1)
+			r.helpers.Add(2)
 			go r.listen()
+			go r.guard()
 		}
 	})
 	return err
@@ -303,8 +316,10 @@ func (r *Relay) work(id int) {
 	var cur cursor
 	var wait backoff
 	again := true // claim at once on start: there may be a backlog
+	idle := false
 	for {
 		if !again {
+			r.setIdle(&idle, true)
 			select {
 			case <-r.stopping:
 				return
@@ -336,6 +351,7 @@ func (r *Relay) work(id int) {
 		if !again {
 			continue
 		}
+		r.setIdle(&idle, false)
 		if pause := r.process(batch); pause > 0 {
 			// The broker is unreachable: hold off claiming instead of cycling every
 			// lane's head through failed attempts.
@@ -378,6 +394,7 @@ type claimed struct {
 func (r *Relay) claim(cur *cursor) ([]claimed, error) {
 	ctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.Lease/2)
 	defer cancel()
+	start := time.Now()
 	batch, err := r.claimFrom(ctx, *cur, r.cfg.BatchSize)
 	if err != nil {
 		return nil, err
@@ -389,6 +406,15 @@ func (r *Relay) claim(cur *cursor) ([]claimed, error) {
 			r.log.Debug("claim from the first lanes failed", slog.Any("error", err))
 		}
 		batch = append(batch, more...)
+	}
+	if obs := r.cfg.Observer; obs != nil && len(batch) > 0 {
+		takenOver := 0
+		for _, c := range batch {
+			if c.previousHolder != nil && *c.previousHolder != r.cfg.ID {
+				takenOver++
+			}
+		}
+		obs.BatchClaimed(ClaimedBatch{Events: len(batch), TakenOver: takenOver, Duration: time.Since(start)})
 	}
 	*cur = cursor{}
 	for _, c := range batch {
@@ -457,6 +483,7 @@ func (r *Relay) process(batch []claimed) time.Duration {
 		msgs[i] = batch[i].msg
 	}
 	var results []error
+	start := time.Now()
 	if err := failpoint.Inject(failpoint.RelayBeforePublish); err != nil {
 		results = make([]error, len(msgs))
 		for i := range results {
@@ -468,6 +495,7 @@ func (r *Relay) process(batch []claimed) time.Duration {
 		cancel()
 		_ = failpoint.Inject(failpoint.RelayAfterPublish) // crash or delay only: the broker has spoken
 	}
+	published := time.Since(start)
 	if len(results) != len(msgs) {
 		r.log.Error("publisher returned the wrong number of results; releasing the batch",
 			slog.Int("messages", len(msgs)), slog.Int("results", len(results)))
@@ -476,7 +504,7 @@ func (r *Relay) process(batch []claimed) time.Duration {
 			results[i] = broker.ErrPredecessorFailed
 		}
 	}
-	return r.settle(batch, results)
+	return r.settle(batch, results, published)
 }
 
 // settle records the outcome of a publish: acked events published, failed ones
@@ -484,7 +512,7 @@ func (r *Relay) process(batch []claimed) time.Duration {
 // in one round trip and one implicit transaction. If the database is unreachable,
 // settling is retried until the relay is hard-stopped; the leases then simply expire
 // and the events are published again (a duplicate, never a loss).
-func (r *Relay) settle(batch []claimed, results []error) time.Duration {
+func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Duration) time.Duration {
 	var (
 		acked, released           []pgoutbox.UUID
 		failIDs                   []pgoutbox.UUID
@@ -495,16 +523,32 @@ func (r *Relay) settle(batch []claimed, results []error) time.Duration {
 		quarantined, firstRetryIn = 0, time.Duration(0)
 	)
 	hardStopped := r.hardCtx.Err() != nil
+	var outcomes []EventOutcome // only for the Observer
+	if r.cfg.Observer != nil {
+		outcomes = make([]EventOutcome, len(batch))
+	}
+	note := func(i int, res Result, attempt int, err error) {
+		if outcomes != nil {
+			o := &outcomes[i]
+			o.EventID, o.AggregateType, o.EventType = batch[i].msg.EventID, batch[i].msg.AggregateType, batch[i].msg.EventType
+			o.Result, o.Attempt, o.Err = res, attempt, err
+			if err != nil {
+				o.Reason = ClassifyFailure(err)
+			}
+		}
+	}
 	for i, err := range results {
 		c := &batch[i]
 		switch {
 		case err == nil:
 			acked = append(acked, c.msg.EventID)
 			anyAck = true
+			note(i, ResultPublished, c.attempts+1, nil)
 		case errors.Is(err, broker.ErrPredecessorFailed),
 			hardStopped && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 			// Not attempted, or abandoned by a hard stop: not the event's fault.
 			released = append(released, c.msg.EventID)
+			note(i, ResultReleased, 0, nil)
 		default:
 			unavailable := broker.IsUnavailable(err)
 			allUnavailable = allUnavailable && unavailable
@@ -516,8 +560,12 @@ func (r *Relay) settle(batch []claimed, results []error) time.Duration {
 				r.log.Warn("event quarantined", slog.String("event_id", c.msg.EventID.String()),
 					slog.String("aggregate", c.msg.AggregateType+"/"+c.msg.AggregateID),
 					slog.Int64("sequence", c.msg.AggregateSequence), slog.Int("attempts", attempt), slog.Any("error", err))
-			} else if firstRetryIn == 0 || delay < firstRetryIn {
-				firstRetryIn = delay
+				note(i, ResultQuarantined, attempt, err)
+			} else {
+				if firstRetryIn == 0 || delay < firstRetryIn {
+					firstRetryIn = delay
+				}
+				note(i, ResultFailed, attempt, err)
 			}
 			failIDs = append(failIDs, c.msg.EventID)
 			failErrs = append(failErrs, errorText(err))
@@ -541,6 +589,7 @@ func (r *Relay) settle(batch []claimed, results []error) time.Duration {
 		return b
 	}
 	var wait backoff
+	settleStart := time.Now()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		br := r.pool.SendBatch(ctx, newBatch())
@@ -565,6 +614,9 @@ func (r *Relay) settle(batch []claimed, results []error) time.Duration {
 	r.stats.failed.Add(int64(len(failIDs)))
 	r.stats.quarantined.Add(int64(quarantined))
 	r.stats.released.Add(int64(len(released)))
+	if outcomes != nil {
+		r.cfg.Observer.BatchSettled(SettledBatch{Events: outcomes, PublishDuration: publishDuration, SettleDuration: time.Since(settleStart)})
+	}
 
 	if firstRetryIn > 0 {
 		// Wake up when the first backoff ends rather than at the next poll.

@@ -33,79 +33,67 @@ func newQueries(schema string) queries {
 //
 //   - lanes walks the distinct aggregates that have unpublished events, in index
 //     order from the cursor, one index probe each (a loose index scan of the partial
-//     index): it never reads the published history, and stops as soon as the LIMIT
-//     of the outer query is met.
-//   - runs takes, per lane, the first $6 unpublished events and keeps the longest
-//     claimable prefix: an event is claimable when it is not quarantined, its backoff
-//     is over and nobody holds a live lease on it. A lane whose head is not claimable
-//     (in flight elsewhere, backing off, quarantined) contributes nothing: sequence
-//     k+1 is never claimed while k waits.
-//   - runs is MATERIALIZED and handed to locked as an array, so that it is computed
-//     once (a few hundred rows at most) and looked up by primary key, whatever the
-//     table's statistics say: a join let the planner scan every pending row instead.
-//   - locked re-reads those rows FOR UPDATE SKIP LOCKED. A row another relay leased
-//     or published since our snapshot is re-checked on its new version and dropped.
-//   - the UPDATE leases a locked row only if every unpublished event before it in its
-//     lane is also in locked. The NOT EXISTS may see an older snapshot than the
-//     locks, but that only makes it stricter: rows become published, never
-//     unpublished, so a stale view can only add blockers. This keeps every claim a
-//     prefix of its lane even when two relays race for the same lane.
+//     index), and notes each lane's head: its lowest unpublished sequence. It never
+//     reads the published history, and stops as soon as the LIMIT of runs is met.
+//   - runs takes, per lane, the first $6 claimable events (not quarantined, backoff
+//     over, no live lease) and locks them FOR UPDATE SKIP LOCKED as it reads them; a
+//     row leased or published by another relay since our snapshot is re-checked on
+//     its new version and skipped, as is a row another claim holds locked right now.
+//     It keeps the rows whose sequences run head, head+1, head+2, ... without a gap:
+//     a lane whose head is not claimable (in flight elsewhere, backing off,
+//     quarantined, just published) contributes nothing, and a run stops at the first
+//     event it could not take. So sequence k+1 is never claimed while k waits, even
+//     when two relays race for the same lane.
+//   - The head is right because no snapshot can miss a lower unpublished sequence:
+//     sequence k+1 is allocated only after k's transaction committed (the counter
+//     row lock), so a snapshot that sees k+1 sees k. A stale head (published since)
+//     only makes the statement stricter: that row is skipped, so the lane yields
+//     nothing this time.
+//   - runs is MATERIALIZED so that it is computed once, and the UPDATE finds its rows
+//     by (tableoid, ctid): they are locked by this statement, so that is their
+//     current version, and no index is searched again.
 //
 // No ordering here depends on timestamps: lanes are ordered by sequence alone.
 const claimSQL = `
-WITH RECURSIVE lanes (aggregate_type, aggregate_id) AS (
-    (SELECT aggregate_type, aggregate_id FROM %[1]s
+WITH RECURSIVE lanes (aggregate_type, aggregate_id, head) AS (
+    (SELECT aggregate_type, aggregate_id, aggregate_sequence FROM %[1]s
       WHERE published_at IS NULL AND (aggregate_type, aggregate_id) > ($3::text, $4::text)
       ORDER BY aggregate_type, aggregate_id, aggregate_sequence
       LIMIT 1)
     UNION ALL
-    SELECT nxt.aggregate_type, nxt.aggregate_id
+    SELECT nxt.aggregate_type, nxt.aggregate_id, nxt.aggregate_sequence
       FROM lanes l
       CROSS JOIN LATERAL (
-        SELECT aggregate_type, aggregate_id FROM %[1]s
+        SELECT aggregate_type, aggregate_id, aggregate_sequence FROM %[1]s
          WHERE published_at IS NULL AND (aggregate_type, aggregate_id) > (l.aggregate_type, l.aggregate_id)
          ORDER BY aggregate_type, aggregate_id, aggregate_sequence
          LIMIT 1) nxt
 ),
 runs AS MATERIALIZED (
-    SELECT r.event_id
+    SELECT r.tableoid, r.ctid, r.claimed_by
       FROM lanes l
       CROSS JOIN LATERAL (
-        SELECT w.event_id FROM (
-            SELECT h.event_id,
-                   bool_and(h.quarantined_at IS NULL AND h.available_at <= now()
-                            AND (h.claim_until IS NULL OR h.claim_until < now()))
-                       OVER (ORDER BY h.aggregate_sequence) AS claimable_prefix
-              FROM (SELECT event_id, aggregate_sequence, quarantined_at, available_at, claim_until
-                      FROM %[1]s
-                     WHERE published_at IS NULL
-                       AND aggregate_type = l.aggregate_type AND aggregate_id = l.aggregate_id
-                     ORDER BY aggregate_sequence
-                     LIMIT $6) h
-        ) w
-        WHERE w.claimable_prefix) r
+        SELECT h.tableoid, h.ctid, h.claimed_by,
+               h.aggregate_sequence - l.head + 1 = row_number() OVER (ORDER BY h.aggregate_sequence) AS gapless
+          FROM (SELECT e.tableoid, e.ctid, e.aggregate_sequence, e.claimed_by
+                  FROM %[1]s e
+                 WHERE e.published_at IS NULL
+                   AND e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
+                   AND e.quarantined_at IS NULL AND e.available_at <= now()
+                   AND (e.claim_until IS NULL OR e.claim_until < now())
+                 ORDER BY e.aggregate_sequence
+                 LIMIT $6
+                 FOR UPDATE OF e SKIP LOCKED) h
+      ) r
+     WHERE r.gapless
      LIMIT $5
-),
-locked AS (
-    SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.claimed_by AS previous_holder
-      FROM %[1]s e
-     WHERE e.event_id = ANY (ARRAY(SELECT event_id FROM runs))
-       AND e.published_at IS NULL AND e.quarantined_at IS NULL AND e.available_at <= now()
-       AND (e.claim_until IS NULL OR e.claim_until < now())
-       FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE %[1]s e
    SET claimed_by = $1, claim_until = now() + $2 * interval '1 millisecond'
-  FROM locked l
- WHERE e.event_id = l.event_id
-   AND NOT EXISTS (
-        SELECT 1 FROM %[1]s p
-         WHERE p.published_at IS NULL
-           AND p.aggregate_type = l.aggregate_type AND p.aggregate_id = l.aggregate_id
-           AND p.aggregate_sequence < l.aggregate_sequence
-           AND p.event_id NOT IN (SELECT event_id FROM locked))
+  FROM runs r
+ WHERE e.tableoid = r.tableoid AND e.ctid = r.ctid
 RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type,
-          e.schema_version, e.payload, e.headers, e.occurred_at, e.attempt_count, l.previous_holder`
+          e.schema_version, e.payload, e.headers, e.occurred_at, e.attempt_count, r.claimed_by`
 
 // markSQL records the broker's acks. It does not check the lease: an event the
 // broker acknowledged is published, whoever holds it now (a relay that took over an

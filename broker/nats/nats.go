@@ -3,9 +3,10 @@
 // Each event goes to a subject expanded from [Config.Subject], with the wire
 // headers of SPEC §5 as NATS headers, the payload as body, and Nats-Msg-Id set to
 // the event id, so the stream's duplicate window drops a re-publish after a relay
-// crash. Publishes are asynchronous: every aggregate in a batch has one message in
-// flight, and the next one of an aggregate leaves only after the previous one's
-// ack ([broker.PublishLanes]).
+// crash. A replay sets [broker.Message.DedupID], which becomes the Nats-Msg-Id
+// instead, so that the stream stores it again. Publishes are asynchronous: every
+// aggregate in a batch has one message in flight, and the next one of an
+// aggregate leaves only after the previous one's ack ([broker.PublishLanes]).
 //
 // [New] wraps a JetStream client the caller configured; [Dial] owns its
 // connection and reconnects forever. [StartEmbedded] runs an in-process server for
@@ -415,7 +416,7 @@ func (p *Publisher) send(ctx context.Context, st *streamState, m *broker.Message
 		return nil, broker.Unavailable(errClosed)
 	}
 	paf, err := p.js.PublishMsgAsync(msg,
-		jetstream.WithMsgID(m.EventID.String()),
+		jetstream.WithMsgID(m.BrokerDedupID()),
 		// The server refuses, rather than stores elsewhere, a subject another
 		// stream has taken.
 		jetstream.WithExpectStream(p.cfg.Stream),

@@ -199,6 +199,44 @@ func TestDuplicateWithinWindowStoredOnce(t *testing.T) {
 	}
 }
 
+// A replay inside the duplicate window is stored again when it carries its own
+// DedupID, while consumers still see the original event id; repeating the same
+// DedupID is dropped like any duplicate.
+func TestDedupIDStoresReplayWithinWindow(t *testing.T) {
+	t.Parallel()
+	js := sharedJetStream(t)
+	cfg := isolated(t, js)
+	p := newPublisher(t, js, cfg)
+
+	m := message("order", 1)
+	replay := m
+	replay.DedupID = m.EventID.String() + ":replay:1"
+	for i, msg := range []broker.Message{m, replay, replay} {
+		if err := publish(t, p, msg)[0]; err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	if n := streamInfo(t, js, cfg.Stream).State.Msgs; n != 2 {
+		t.Fatalf("stream holds %d messages, want 2 (original and one replay)", n)
+	}
+	s, err := js.Stream(t.Context(), cfg.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq, wantDedup := range map[uint64]string{1: m.EventID.String(), 2: replay.DedupID} {
+		got, err := s.GetMsg(t.Context(), seq)
+		if err != nil {
+			t.Fatalf("get message %d: %v", seq, err)
+		}
+		if id := got.Header.Get(broker.HeaderEventID); id != m.EventID.String() {
+			t.Errorf("message %d: %s = %q, want %s", seq, broker.HeaderEventID, id, m.EventID)
+		}
+		if id := got.Header.Get(jetstream.MsgIDHeader); id != wantDedup {
+			t.Errorf("message %d: %s = %q, want %q", seq, jetstream.MsgIDHeader, id, wantDedup)
+		}
+	}
+}
+
 func TestRefusedMessagesArePermanent(t *testing.T) {
 	t.Parallel()
 	js := sharedJetStream(t)

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 )
 
 // partition is the goroutine of one assigned partition: it processes the
@@ -176,6 +177,9 @@ func (s *Subscriber) handle(p *partition, rec *kgo.Record) bool {
 			// The transaction has committed (or found the event applied): only now
 			// may the offset move past the record. A crash before the commit of
 			// that offset means a re-read, which the inbox recognises.
+			if o.Status == inbox.StatusApplied {
+				_ = failpoint.Inject(failpoint.ConsumerAfterCommit) // crash or delay: the commit is done
+			}
 			p.finish(rec)
 			s.acked.Add(1)
 			return true

@@ -35,6 +35,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 )
 
 // Config configures a Subscriber. The zero value is usable; each field documents its
@@ -455,6 +456,9 @@ func (s *Subscriber) handle(msg jetstream.Msg) {
 		// The transaction has committed (or found the event applied): only now may
 		// the broker forget the message. A crash before this line means a
 		// redelivery, which the inbox recognises.
+		if o.Status == inbox.StatusApplied {
+			_ = failpoint.Inject(failpoint.ConsumerAfterCommit) // crash or delay: the commit is done
+		}
 		err = msg.Ack()
 		s.acked.Add(1)
 	case inbox.ActionTerm:

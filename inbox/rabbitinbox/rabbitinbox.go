@@ -77,6 +77,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 )
 
 // maxShortstr is the longest AMQP short string: queue and exchange names, routing
@@ -596,6 +597,9 @@ func (s *Subscriber) handle(it *item) {
 		// The transaction has committed (or found the event applied): only now
 		// may the server forget the message. A crash or a lost connection before
 		// the ack reaches it means a redelivery, which the inbox recognises.
+		if o.Status == inbox.StatusApplied {
+			_ = failpoint.Inject(failpoint.ConsumerAfterCommit) // crash or delay: the commit is done
+		}
 		s.settle(it, "ack", &s.acked, func() error { return it.d.Ack(false) })
 	case inbox.ActionTerm:
 		s.settle(it, "reject", &s.rejected, func() error { return it.d.Nack(false, false) })

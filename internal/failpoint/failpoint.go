@@ -43,12 +43,13 @@ const (
 	RelayMark            = "relay/mark"             // relay: settle statements sent, outcome not read
 	ConsumerAfterCommit  = "consumer/after-commit"  // consumer: effect committed, broker not acked
 	CleanupMidBatch      = "cleanup/mid-batch"      // cleanup: some batches deleted, more to go
+	CDCAfterPublish      = "cdc/after-publish"      // CDC source: broker acknowledged, neither marked nor LSN confirmed
 )
 
 // Points lists every named point.
 var Points = []string{
 	ProducerBeforeCommit, ProducerAfterCommit, RelayClaim, RelayBeforePublish,
-	RelayAfterPublish, RelayMark, ConsumerAfterCommit, CleanupMidBatch,
+	RelayAfterPublish, RelayMark, ConsumerAfterCommit, CleanupMidBatch, CDCAfterPublish,
 }
 
 // ErrInjected is wrapped by the errors the "error" action returns.

@@ -84,7 +84,7 @@ flag's help (DATABASE_URL for the database).`,
 		}
 		return applyEnv(c.Flags())
 	}
-	root.AddCommand(newMigrateCmd(), newRelayCmd(), newVersionCmd(), newDemoCmd())
+	root.AddCommand(newMigrateCmd(), newRelayCmd(), newVersionCmd(), newDemoCmd(), newBenchCmd(), newStatusCmd(), newDLQCmd(), newReplayCmd(), newCleanupCmd(), newCDCCmd())
 	// Unknown verbs and stray arguments are usage errors too.
 	for _, c := range append(root.Commands(), root) {
 		if c.Args == nil {

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 	"go.uber.org/goleak"
 
@@ -199,30 +198,5 @@ func TestVersion(t *testing.T) {
 	out, _, code := run(t, "version")
 	if code != 0 || !strings.HasPrefix(out, "pgoutbox ") || !strings.Contains(out, "schema   outbox v") || !strings.Contains(out, "schema   inbox v") {
 		t.Fatalf("code %d:\n%s", code, out)
-	}
-}
-
-func TestDemo(t *testing.T) {
-	t.Parallel()
-	pool := pgtest.Pool(t, pgtest.URL(), 1)
-	schema := pgtest.SchemaName(t, pool, "demo")
-	for range 2 { // re-runnable: the second run starts from a fresh schema
-		out, errOut, code := run(t, "demo", "--database-url", pgtest.URL(), "--schema", schema)
-		if code != 0 || !strings.Contains(out, "2 orders, 4 events") || !strings.Contains(out, "6. relay: published 4 events") ||
-			strings.Count(out, "outbox.order.order.") != 4 {
-			t.Fatalf("demo: code %d, stderr %q\n%s", code, errOut, out)
-		}
-	}
-	var seqs []string
-	pgtest.Must(t, pool.QueryRow(context.Background(), "SELECT array_agg(aggregate_id || '/' || aggregate_sequence ORDER BY aggregate_id, aggregate_sequence) FROM "+
-		pgx.Identifier{schema, "outbox_events"}.Sanitize()).Scan(&seqs), "read")
-	if strings.Join(seqs, " ") != "A-1/1 A-1/2 C-3/1 C-3/2" {
-		t.Fatalf("demo outbox holds %v", seqs)
-	}
-	var unpublished int
-	pgtest.Must(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+pgx.Identifier{schema, "outbox_events"}.Sanitize()+
-		" WHERE published_at IS NULL").Scan(&unpublished), "read")
-	if unpublished != 0 {
-		t.Fatalf("%d demo events left unpublished", unpublished)
 	}
 }

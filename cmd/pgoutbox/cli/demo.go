@@ -1,13 +1,24 @@
 package cli
 
 import (
+	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
 	"os"
-	"text/tabwriter"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,234 +27,738 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
-	"github.com/pgoutbox/pgoutbox"
-	"github.com/pgoutbox/pgoutbox/broker"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/examples/orders"
+	"github.com/pgoutbox/pgoutbox/examples/orders/audit"
+	"github.com/pgoutbox/pgoutbox/examples/orders/fakepay"
+	"github.com/pgoutbox/pgoutbox/examples/orders/inventory"
+	"github.com/pgoutbox/pgoutbox/examples/orders/loadgen"
+	"github.com/pgoutbox/pgoutbox/examples/orders/ordersvc"
+	"github.com/pgoutbox/pgoutbox/examples/orders/payments"
 	"github.com/pgoutbox/pgoutbox/migrate"
-	"github.com/pgoutbox/pgoutbox/relay"
 )
 
 // demoDatabaseURL is used when neither --database-url nor DATABASE_URL is set: a
 // local PostgreSQL with trust authentication, as on a developer machine.
 const demoDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
+// Settings of the demo's relays and consumers: short leases and ack waits, so that
+// the work of a killed process is taken over within seconds.
+const (
+	demoLease      = 2 * time.Second
+	demoAckWait    = 3 * time.Second
+	demoPayTimeout = time.Second
+	demoDrainMax   = 2 * time.Minute
+)
+
+type demoFlags struct {
+	db          dbFlags
+	duration    time.Duration
+	chaos       bool
+	keep        bool
+	rate        float64
+	natsURL     string
+	replicas    int
+	timeoutRate float64
+	failRate    float64
+	noKey       bool
+}
+
 func newDemoCmd() *cobra.Command {
-	var db dbFlags
+	var f demoFlags
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Show the outbox at work on a local database, in a schema of its own",
-		Long: `Run a short scripted demonstration against PostgreSQL: migrate a fresh schema
-(pgoutbox_demo by default; it is dropped and recreated on every run and left in
-place afterwards for you to inspect), then place orders in business transactions
-that also enqueue events: a commit, a rollback, a multi-event transaction and an
-enqueue through the outbox_enqueue SQL function. Then a relay publishes them to an
-embedded NATS JetStream server, and the demo prints the stream as a consumer
-sees it. It prints what each step proves.
+		Short: "Run the order example end to end and check that every order was reserved and charged exactly once",
+		Long: `Run the whole pattern on this machine: the order service of examples/orders
+writes orders and their events in one transaction, relays publish them to an
+embedded NATS JetStream server, an inventory consumer reserves stock through the
+inbox, and a payment worker charges a fake payment API with the event id as the
+idempotency key. A load generator places orders (retrying some requests with the
+same Idempotency-Key, cancelling some orders) for --duration, while a live view
+shows orders/s, events published/s, the age of the oldest pending event and the
+duplicates absorbed. The relays and consumers are separate processes; --chaos
+kills them with SIGKILL at random and restarts them.
 
-Without --database-url or DATABASE_URL it uses ` + demoDatabaseURL + `.`,
+At the end the demo waits until every event is published and consumed, then
+checks the database and the payment API's records and prints a verdict line:
+every order reserved (and, if cancelled, released) exactly once and charged
+exactly once. The exit status is 0 only if the verdict holds.
+
+Everything lives in a new schema (pgoutbox_demo_<random>) and a stream of its own,
+both removed at the end — also on Ctrl-C — unless --keep. Without --database-url
+or DATABASE_URL it uses ` + demoDatabaseURL + `.`,
+		Example: `  pgoutbox demo
+  pgoutbox demo --duration 1m --chaos
+  DATABASE_URL=postgres://app@db:5432/app pgoutbox demo --keep
+  pgoutbox demo --no-idempotency-key --payment-timeout-rate 0.2   # watch the verdict fail`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			hint := ""
-			if db.url == "" {
-				db.url, hint = demoDatabaseURL, demoDatabaseURL
-			}
-			conn, err := db.connect(cmd.Context())
-			if err != nil {
+			if err := f.validate(); err != nil {
 				return err
 			}
-			defer conn.Close(context.WithoutCancel(cmd.Context()))
-			return runDemo(cmd.Context(), conn, db.schema, cmd.OutOrStdout(), hint)
+			return runDemo(cmd.Context(), &f, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
-	db.register(cmd.Flags())
-	schema := cmd.Flags().Lookup("schema")
-	schema.DefValue, schema.Usage = "pgoutbox_demo", "schema the demo drops, recreates and fills (env PGOUTBOX_DEMO_SCHEMA)"
-	_ = schema.Value.Set("pgoutbox_demo")
+	fs := cmd.Flags()
+	f.db.register(fs)
+	schema := fs.Lookup("schema")
+	schema.DefValue, schema.Usage = "", "schema to create for the demo; must not exist yet (env PGOUTBOX_DEMO_SCHEMA) (default pgoutbox_demo_<random>)"
+	f.db.schema = ""
+	fs.DurationVar(&f.duration, "duration", 30*time.Second, "how long to place orders (env PGOUTBOX_DEMO_DURATION)")
+	fs.BoolVar(&f.chaos, "chaos", false, "SIGKILL relays and consumers at random while it runs, and restart them (env PGOUTBOX_DEMO_CHAOS)")
+	fs.BoolVar(&f.keep, "keep", false, "keep the schema and the stream afterwards, for inspection (env PGOUTBOX_DEMO_KEEP)")
+	fs.Float64Var(&f.rate, "rate", 40, "orders placed per second (env PGOUTBOX_DEMO_RATE)")
+	fs.StringVar(&f.natsURL, "nats-url", "embedded", "NATS JetStream server, or embedded for an in-process one (env PGOUTBOX_DEMO_NATS_URL)")
+	fs.IntVar(&f.replicas, "replicas", 2, "processes of each kind: relays, inventory consumers, payment workers (env PGOUTBOX_DEMO_REPLICAS)")
+	fs.Float64Var(&f.timeoutRate, "payment-timeout-rate", 0.05, "share of charge requests the fake payment API records and then leaves unanswered (env PGOUTBOX_DEMO_PAYMENT_TIMEOUT_RATE)")
+	fs.Float64Var(&f.failRate, "payment-fail-rate", 0.05, "share of charge requests the fake payment API fails with 503 (env PGOUTBOX_DEMO_PAYMENT_FAIL_RATE)")
+	fs.BoolVar(&f.noKey, "no-idempotency-key", false, "payment workers charge without the idempotency key: retries double-charge and the verdict fails (env PGOUTBOX_DEMO_NO_IDEMPOTENCY_KEY)")
+	cmd.AddCommand(newDemoWorkerCmd())
 	return cmd
 }
 
-type order struct {
-	ID    string `json:"order_id"`
-	Total int    `json:"total_cents"`
-}
-
-// runDemo runs the demonstration; psqlURL, when set, is shown for inspecting the result.
-func runDemo(ctx context.Context, conn *pgx.Conn, schema string, out io.Writer, psqlURL string) error {
-	q := pgx.Identifier{schema}.Sanitize()
-	fmt.Fprintf(out, "pgoutbox demo: schema %s (dropped and recreated)\n\n", q)
-	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+q+" CASCADE"); err != nil {
-		return fmt.Errorf("reset demo schema: %w", err)
+func (f *demoFlags) validate() error {
+	switch {
+	case f.duration <= 0:
+		return usagef("--duration must be positive, got %s", f.duration)
+	case f.rate <= 0 || f.rate > 10000:
+		return usagef("--rate %g: want more than 0 and at most 10000 orders per second", f.rate)
+	case f.replicas < 1 || f.replicas > 8:
+		return usagef("--replicas %d: want 1..8", f.replicas)
+	case f.timeoutRate < 0 || f.failRate < 0 || f.timeoutRate+f.failRate > 0.5:
+		return usagef("--payment-timeout-rate %g and --payment-fail-rate %g: want each ≥ 0, together at most 0.5", f.timeoutRate, f.failRate)
+	case strings.TrimSpace(f.natsURL) == "":
+		return usagef("--nats-url must not be empty (embedded for an in-process server)")
 	}
-	applied, err := migrate.Up(ctx, conn, &migrate.Config{Schema: schema})
-	if err != nil {
-		return err
+	if f.db.url == "" {
+		f.db.url = demoDatabaseURL
 	}
-	fmt.Fprintf(out, "1. migrate: applied %d migrations\n", len(applied))
-	if _, err := conn.Exec(ctx, "CREATE TABLE "+q+".orders (id text PRIMARY KEY, total_cents int NOT NULL, status text NOT NULL)"); err != nil {
-		return fmt.Errorf("create orders table: %w", err)
-	}
-	producer, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
-	if err != nil {
-		return err
-	}
-
-	// placeOrder is the business transaction: the order row and its events commit or
-	// roll back together.
-	placeOrder := func(o order, paid, fail bool) error {
-		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "INSERT INTO "+q+".orders VALUES ($1, $2, 'placed')", o.ID, o.Total); err != nil {
-				return err
-			}
-			events := []pgoutbox.Event{{AggregateType: "order", AggregateID: o.ID, EventType: "order.placed", Payload: o}}
-			if paid {
-				events = append(events, pgoutbox.Event{AggregateType: "order", AggregateID: o.ID, EventType: "order.paid", Payload: o})
-			}
-			if _, err := producer.EnqueueTx(ctx, tx, events...); err != nil {
-				return err
-			}
-			if fail {
-				return errDemoRollback
-			}
-			return nil
-		})
-	}
-	if err := placeOrder(order{"A-1", 1250}, false, false); err != nil {
-		return err
-	}
-	fmt.Fprintln(out, "2. order A-1 placed: its row and one event committed together")
-	if err := placeOrder(order{"B-2", 990}, false, true); !errors.Is(err, errDemoRollback) {
-		return fmt.Errorf("rolled-back order: %v", err)
-	}
-	fmt.Fprintln(out, "3. order B-2 failed and rolled back: no row, no event")
-	if err := placeOrder(order{"C-3", 4200}, true, false); err != nil {
-		return err
-	}
-	fmt.Fprintln(out, "4. order C-3 placed and paid in one transaction: two events, consecutive sequences")
-	if _, err := conn.Exec(ctx, "SELECT "+q+".outbox_enqueue('order', 'A-1', 'order.shipped', '{\"order_id\":\"A-1\",\"carrier\":\"post\"}')"); err != nil {
-		return fmt.Errorf("outbox_enqueue: %w", err)
-	}
-	fmt.Fprintln(out, "5. order A-1 shipped, enqueued from SQL with outbox_enqueue(): next in A-1's lane")
-
-	rows, err := conn.Query(ctx, "SELECT aggregate_id, aggregate_sequence, event_type, event_id::text, payload::text FROM "+q+
-		".outbox_events ORDER BY aggregate_id, aggregate_sequence")
-	if err != nil {
-		return fmt.Errorf("read outbox: %w", err)
-	}
-	fmt.Fprintf(out, "\n%s.outbox_events (unpublished, waiting for the relay):\n", q)
-	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "AGGREGATE\tSEQ\tEVENT TYPE\tEVENT ID\tPAYLOAD")
-	n := 0
-	for rows.Next() {
-		var agg, typ, id, payload string
-		var seq int64
-		if err := rows.Scan(&agg, &seq, &typ, &id, &payload); err != nil {
-			return fmt.Errorf("read outbox: %w", err)
+	if f.db.schema != "" {
+		if err := migrate.ValidateSchema(f.db.schema); err != nil {
+			return usagef("--schema: %v", err)
 		}
-		fmt.Fprintf(w, "order/%s\t%d\t%s\t%s\t%s\n", agg, seq, typ, id, payload)
-		n++
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read outbox: %w", err)
-	}
-	if err := w.Flush(); err != nil {
-		return err
-	}
-	var orders int
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+q+".orders").Scan(&orders); err != nil {
-		return fmt.Errorf("count orders: %w", err)
-	}
-	fmt.Fprintf(out, "\n%d orders, %d events: every committed change has its events, the rolled-back one has none.\n\n", orders, n)
-
-	if err := demoRelay(ctx, conn.Config(), schema, n, out); err != nil {
-		return err
-	}
-	if psqlURL != "" {
-		fmt.Fprintf(out, "\nInspect with: psql '%s' -c 'TABLE %s.outbox_events'\n", psqlURL, q)
 	}
 	return nil
 }
 
-// demoRelay runs a relay against an embedded NATS JetStream server until the n
-// events are published, then prints what the stream holds.
-func demoRelay(ctx context.Context, connCfg *pgx.ConnConfig, schema string, n int, out io.Writer) error {
-	dir, err := os.MkdirTemp("", "pgoutbox-demo-nats")
+// demo is one run of the demo.
+type demo struct {
+	f       *demoFlags
+	out     io.Writer
+	errOut  io.Writer
+	log     *slog.Logger // in-process services: errors only
+	id      string
+	schema  string
+	stream  string
+	prefix  string // subjects: prefix.>
+	natsURL string
+	pool    *pgxpool.Pool
+
+	procs []*demoProc
+	kills atomic.Int64
+}
+
+func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) (err error) {
+	d := &demo{f: f, out: out, errOut: errOut, log: slog.New(slog.NewTextHandler(errOut, &slog.HandlerOptions{Level: slog.LevelError}))}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	d.id = hex.EncodeToString(b)
+	d.schema = f.db.schema
+	if d.schema == "" {
+		d.schema = "pgoutbox_demo_" + d.id
+	}
+	d.stream, d.prefix = "DEMO_"+strings.ToUpper(d.id), "demo_"+d.id
+	dbf := f.db
+	dbf.schema = d.schema
+	connCfg, err := dbf.parse()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: dir, Port: -1})
-	if err != nil {
-		return fmt.Errorf("start embedded NATS: %w", err)
-	}
-	defer srv.Shutdown()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	pub, err := natsbroker.Dial(ctx, srv.URL(), natsbroker.Config{Logger: quiet})
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
+	bg := context.WithoutCancel(ctx) // for set-up and clean-up that must finish after Ctrl-C
+
 	poolCfg, err := pgxpool.ParseConfig("")
 	if err != nil {
 		return err
 	}
-	poolCfg.ConnConfig = connCfg.Copy()
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	poolCfg.ConnConfig = connCfg
+	poolCfg.MaxConns = 16
+	cctx, cancel := context.WithTimeout(ctx, f.db.connectTimeout)
+	defer cancel()
+	if d.pool, err = pgxpool.NewWithConfig(cctx, poolCfg); err == nil {
+		err = d.pool.Ping(cctx)
+	}
 	if err != nil {
+		if d.pool != nil {
+			d.pool.Close()
+		}
 		return fmt.Errorf("connect to database: %w", err)
 	}
-	defer pool.Close()
-
-	r, err := relay.New(pool, pub, &relay.Config{Schema: schema, ID: "demo-relay", Logger: quiet})
-	if err != nil {
+	defer d.pool.Close()
+	var exists bool
+	if err := d.pool.QueryRow(cctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", d.schema).Scan(&exists); err != nil {
+		return fmt.Errorf("look up schema: %w", err)
+	}
+	if exists {
+		return usagef("schema %s exists; the demo only works in a schema it creates (leave out --schema for a fresh one)", d.schema)
+	}
+	// From here on, whatever happens, remove what was created unless --keep.
+	var cleanups []func() string
+	defer func() {
+		var kept []string
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			if s := cleanups[i](); s != "" {
+				kept = append(kept, s)
+			}
+		}
+		if len(kept) > 0 {
+			verb := "removed"
+			if f.keep {
+				verb = "kept (--keep)"
+			}
+			fmt.Fprintf(out, "%s %s\n", verb, strings.Join(kept, " and "))
+		}
+	}()
+	cleanups = append(cleanups, func() string {
+		if f.keep {
+			return "schema " + d.schema
+		}
+		if _, err := d.pool.Exec(bg, "DROP SCHEMA IF EXISTS "+pgx.Identifier{d.schema}.Sanitize()+" CASCADE"); err != nil {
+			fmt.Fprintf(errOut, "pgoutbox: drop schema %s: %v\n", d.schema, err)
+			return ""
+		}
+		return "schema " + d.schema
+	})
+	if err := orders.Migrate(cctx, d.pool, d.schema); err != nil {
 		return err
 	}
-	start := time.Now()
-	if err := r.Start(ctx); err != nil {
-		return err
-	}
-	defer r.Stop(context.WithoutCancel(ctx)) //nolint:errcheck // the demo's results are printed below
-	events := pgx.Identifier{schema, "outbox_events"}.Sanitize()
-	for {
-		var pending int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+events+" WHERE published_at IS NULL").Scan(&pending); err != nil {
-			return fmt.Errorf("count pending events: %w", err)
-		}
-		if pending == 0 {
-			break
-		}
-		if time.Since(start) > 30*time.Second {
-			return fmt.Errorf("the relay did not publish the %d pending events within 30s", pending)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	fmt.Fprintf(out, "6. relay: published %d events to an embedded NATS JetStream server (%s) in %s\n",
-		n, srv.URL(), time.Since(start).Round(time.Millisecond))
 
-	nc, err := natsgo.Connect(srv.URL())
-	if err != nil {
-		return fmt.Errorf("connect to NATS: %w", err)
+	// The broker.
+	brokerDesc := f.natsURL
+	d.natsURL = f.natsURL
+	if f.natsURL == "embedded" {
+		dir, err := os.MkdirTemp("", "pgoutbox-demo-nats-")
+		if err != nil {
+			return err
+		}
+		srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: dir, Port: -1})
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return fmt.Errorf("start embedded NATS: %w", err)
+		}
+		cleanups = append(cleanups, func() string {
+			srv.Shutdown()
+			if f.keep {
+				return "NATS store " + dir
+			}
+			_ = os.RemoveAll(dir)
+			return ""
+		})
+		d.natsURL = srv.URL()
+		brokerDesc = "embedded NATS JetStream at " + d.natsURL
 	}
-	defer nc.Close()
+	nc, err := natsgo.Connect(d.natsURL, natsgo.Name("pgoutbox demo"))
+	if err != nil {
+		return fmt.Errorf("connect to NATS %s: %w", d.natsURL, err)
+	}
+	cleanups = append(cleanups, func() string { nc.Close(); return "" })
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
 	}
-	cons, err := js.OrderedConsumer(ctx, "OUTBOX", jetstream.OrderedConsumerConfig{})
+	if _, err := js.CreateStream(cctx, jetstream.StreamConfig{Name: d.stream, Subjects: []string{d.prefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+		return fmt.Errorf("create stream %s: %w", d.stream, err)
+	}
+	cleanups = append(cleanups, func() string {
+		if f.keep {
+			return "stream " + d.stream
+		}
+		dctx, cancel := context.WithTimeout(bg, 10*time.Second)
+		defer cancel()
+		if err := js.DeleteStream(dctx, d.stream); err != nil {
+			fmt.Fprintf(errOut, "pgoutbox: delete stream %s: %v\n", d.stream, err)
+			return ""
+		}
+		return "stream " + d.stream
+	})
+
+	// The in-process services: the fake payment API and the order service.
+	pay := fakepay.New(&fakepay.Config{TimeoutRate: f.timeoutRate, FailRate: f.failRate, Logger: d.log})
+	payURL, stopPay, err := serveDemo(pay)
 	if err != nil {
-		return fmt.Errorf("read stream OUTBOX: %w", err)
+		return err
 	}
-	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	defer stopPay()
+	svc, err := ordersvc.New(d.pool, &ordersvc.Config{Schema: d.schema, Logger: d.log})
 	if err != nil {
-		return fmt.Errorf("read stream OUTBOX: %w", err)
+		return err
 	}
-	fmt.Fprintf(out, "\nstream OUTBOX (what a consumer receives; per order, in sequence):\n")
-	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "SUBJECT\tAGGREGATE-ID\tSEQ\tOUTBOX-EVENT-ID\tBODY")
-	for m := range batch.Messages() {
-		h := m.Headers()
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", m.Subject(), h.Get(broker.HeaderAggregateID),
-			h.Get(broker.HeaderAggregateSequence), h.Get(broker.HeaderEventID), m.Data())
+	ordersURL, stopOrders, err := serveDemo(svc.Handler())
+	if err != nil {
+		return err
 	}
-	return w.Flush()
+	defer stopOrders()
+
+	fmt.Fprintf(out, "pgoutbox demo: the order example of examples/orders, end to end\n")
+	fmt.Fprintf(out, "  database  %s:%d/%s, schema %s (new)\n", connCfg.Host, connCfg.Port, connCfg.Database, d.schema)
+	fmt.Fprintf(out, "  broker    %s, stream %s\n", brokerDesc, d.stream)
+	fmt.Fprintf(out, "  services  order service %s, fake payment API %s (%.0f%% timeouts, %.0f%% failures)\n",
+		ordersURL, payURL, 100*f.timeoutRate, 100*f.failRate)
+	chaos := "off"
+	if f.chaos {
+		chaos = "SIGKILL at random, then restart"
+	}
+	fmt.Fprintf(out, "  processes %d relays, %d inventory consumers, %d payment workers; chaos: %s\n", f.replicas, f.replicas, f.replicas, chaos)
+	fmt.Fprintf(out, "  load      %g orders/s for %s; 10%% of requests sent twice with one Idempotency-Key, 20%% of orders cancelled\n\n",
+		f.rate, f.duration)
+
+	// The relays and consumers, as child processes of this binary.
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find the pgoutbox binary: %w", err)
+	}
+	for _, role := range []string{"relay", "inventory", "payments"} {
+		for i := range f.replicas {
+			name := fmt.Sprintf("%s-%d", role, i+1)
+			args := []string{"demo", "worker", "--role", role, "--id", name, "--database-url", f.db.url, "--schema", d.schema,
+				"--nats-url", d.natsURL, "--stream", d.stream, "--subject-prefix", d.prefix, "--payment-url", payURL}
+			if f.noKey {
+				args = append(args, "--no-idempotency-key")
+			}
+			d.procs = append(d.procs, &demoProc{name: name, role: role, exe: exe, args: args})
+		}
+	}
+	stopProcs := make(chan struct{})
+	var procsDone sync.WaitGroup
+	for _, p := range d.procs {
+		procsDone.Add(1)
+		go func() { defer procsDone.Done(); p.supervise(stopProcs) }()
+	}
+	stopAll := sync.OnceFunc(func() { close(stopProcs); procsDone.Wait() })
+	defer stopAll()
+
+	// Load, chaos and the live view.
+	gen := loadgen.New(loadgen.Config{BaseURL: ordersURL, Rate: f.rate, Logger: d.log})
+	loadCtx, stopLoad := context.WithTimeout(ctx, f.duration)
+	defer stopLoad()
+	loadDone := make(chan struct{})
+	go func() { defer close(loadDone); gen.Run(loadCtx) }()
+	chaosCtx, stopChaos := context.WithCancel(loadCtx)
+	defer stopChaos()
+	if f.chaos {
+		go d.chaos(chaosCtx)
+	}
+	v := newDemoView(out, d, svc, pay)
+	start := time.Now()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	phase := "placing orders"
+	interrupted := false
+	var drainStart time.Time
+	var drained bool
+	var prog audit.Progress
+	for !drained {
+		select {
+		case <-ctx.Done():
+			interrupted = true
+		case <-loadDone:
+			if drainStart.IsZero() {
+				drainStart = time.Now()
+				phase = "draining"
+				loadDone = nil
+			}
+		case <-tick.C:
+		}
+		if interrupted {
+			break
+		}
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		p, err := audit.ReadProgress(pctx, d.pool, d.schema)
+		cancel()
+		if err == nil {
+			prog = p
+		} else if ctx.Err() == nil {
+			d.log.Error("read progress", slog.Any("error", err))
+		}
+		v.draw(phase, time.Since(start), prog)
+		if !drainStart.IsZero() {
+			drained = err == nil && prog.Drained(inventory.ConsumerName, payments.ConsumerName)
+			if !drained && time.Since(drainStart) > demoDrainMax {
+				break
+			}
+		}
+	}
+	v.finish()
+	stopLoad()
+	<-loadDoneOrClosed(loadDone)
+	stopAll()
+	if interrupted {
+		fmt.Fprintf(out, "interrupted after %s: no verdict\n", time.Since(start).Round(time.Second))
+		return errors.New("demo interrupted before its verdict")
+	}
+
+	st := gen.Stats()
+	fmt.Fprintf(out, "placed %d orders in %s (%d cancelled, %d requests retried with the same key); ",
+		st.Created, f.duration, st.Cancelled, st.Retries)
+	if drained {
+		fmt.Fprintf(out, "everything published and consumed %s later\n", time.Since(drainStart).Round(100*time.Millisecond))
+	} else {
+		fmt.Fprintf(out, "NOT drained after %s: %d events unpublished, processed %v of %d\n", demoDrainMax, prog.Unpublished, prog.Processed, prog.Events)
+	}
+	actx, cancel := context.WithTimeout(bg, time.Minute)
+	defer cancel()
+	rep, err := audit.Check(actx, d.pool, d.schema, pay.Charges())
+	if err != nil {
+		return err
+	}
+	if st.Mismatches > 0 {
+		rep.ProblemCount++
+		rep.Problems = append(rep.Problems, fmt.Sprintf("%d retried order requests got a different order than the first", st.Mismatches))
+	}
+	if !drained {
+		rep.ProblemCount++
+		rep.Problems = append(rep.Problems, "the pipeline did not drain")
+	}
+	dups := v.duplicates()
+	absorbed := fmt.Sprintf("duplicates absorbed: %d retried requests, %d redeliveries, %d repeated payment calls; %d processes killed",
+		dups.requests, dups.deliveries, dups.payments, d.kills.Load())
+	if rep.OK() {
+		fmt.Fprintf(out, "verdict: PASS — every order was reserved and charged exactly once: %s; %s\n", rep.Summary(), absorbed)
+		return nil
+	}
+	fmt.Fprintf(out, "verdict: FAIL — %d problems: %s; %s\n", rep.ProblemCount, rep.Summary(), absorbed)
+	for _, p := range rep.Problems {
+		fmt.Fprintf(out, "  - %s\n", p)
+	}
+	for _, p := range d.procs {
+		if t := p.tail(); t != "" && !drained {
+			fmt.Fprintf(errOut, "--- last log lines of %s ---\n%s", p.name, t)
+		}
+	}
+	return errors.New("the verdict failed: not every order was reserved and charged exactly once")
 }
 
-var errDemoRollback = errors.New("demo: payment declined")
+func loadDoneOrClosed(c chan struct{}) <-chan struct{} {
+	if c == nil {
+		closed := make(chan struct{})
+		close(closed)
+		return closed
+	}
+	return c
+}
+
+// serveDemo serves h on a free local port.
+func serveDemo(h http.Handler) (url string, stop func(), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}, nil
+}
+
+// chaos kills a random relay or consumer with SIGKILL every 0.5–2s until ctx ends.
+func (d *demo) chaos(ctx context.Context) {
+	for {
+		t := time.NewTimer(500*time.Millisecond + mrand.N(1500*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if d.procs[mrand.IntN(len(d.procs))].kill() {
+			d.kills.Add(1)
+		}
+	}
+}
+
+// workerStats is what a worker process reports, cumulatively, once in a while.
+type workerStats struct {
+	Applied    int64 `json:"applied"`
+	Duplicates int64 `json:"duplicates"`
+	Gaps       int64 `json:"gaps"`
+	Failed     int64 `json:"failed"`
+}
+
+func (a workerStats) add(b workerStats) workerStats {
+	return workerStats{a.Applied + b.Applied, a.Duplicates + b.Duplicates, a.Gaps + b.Gaps, a.Failed + b.Failed}
+}
+
+// demoProc supervises one relay or consumer process: it starts it, restarts it
+// after it dies (as a process manager would), and stops it at the end.
+type demoProc struct {
+	name, role string
+	exe        string
+	args       []string
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	running bool
+	done    workerStats // sum of the finished incarnations' last reports
+	cur     workerStats // the running incarnation's last report
+	logTail []string
+}
+
+func (p *demoProc) supervise(stop <-chan struct{}) {
+	for {
+		exited, err := p.start()
+		if err != nil {
+			p.note(fmt.Sprintf("start: %v", err))
+		} else {
+			select {
+			case <-exited:
+			case <-stop:
+				p.terminate(exited)
+				return
+			}
+		}
+		// Died (killed by chaos, or crashed): restart shortly, as a supervisor would.
+		select {
+		case <-stop:
+			return
+		case <-time.After(200*time.Millisecond + mrand.N(800*time.Millisecond)):
+		}
+	}
+}
+
+func (p *demoProc) start() (<-chan struct{}, error) {
+	cmd := exec.Command(p.exe, p.args...)
+	cmd.Env = os.Environ()
+	setDemoProcAttr(cmd)
+	stdin, err := cmd.StdinPipe() // closed when this process dies: the worker's cue to exit
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	p.cmd, p.running, p.cur = cmd, true, workerStats{}
+	p.mu.Unlock()
+	var readers sync.WaitGroup
+	readers.Add(2)
+	go func() {
+		defer readers.Done()
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var s workerStats
+			if json.Unmarshal(sc.Bytes(), &s) == nil {
+				p.mu.Lock()
+				p.cur = s
+				p.mu.Unlock()
+			}
+		}
+	}()
+	go func() {
+		defer readers.Done()
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			p.note(sc.Text())
+		}
+	}()
+	exited := make(chan struct{})
+	go func() {
+		readers.Wait()
+		err := cmd.Wait()
+		_ = stdin.Close()
+		p.mu.Lock()
+		p.running = false
+		p.done, p.cur = p.done.add(p.cur), workerStats{}
+		p.mu.Unlock()
+		if err != nil && !isKilled(err) {
+			p.note(fmt.Sprintf("exited: %v", err))
+		}
+		close(exited)
+	}()
+	return exited, nil
+}
+
+// kill sends SIGKILL to the running process; it reports whether one was running.
+func (p *demoProc) kill() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.running {
+		return false
+	}
+	p.note0("killed with SIGKILL (chaos)")
+	return p.cmd.Process.Kill() == nil
+}
+
+// terminate stops the process gracefully (SIGTERM), with SIGKILL after 15s.
+func (p *demoProc) terminate(exited <-chan struct{}) {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
+	}
+}
+
+func (p *demoProc) stats() workerStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done.add(p.cur)
+}
+
+func (p *demoProc) note(line string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.note0(line)
+}
+
+func (p *demoProc) note0(line string) {
+	p.logTail = append(p.logTail, line)
+	if len(p.logTail) > 20 {
+		p.logTail = p.logTail[len(p.logTail)-20:]
+	}
+}
+
+func (p *demoProc) tail() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.logTail) == 0 {
+		return ""
+	}
+	return strings.Join(p.logTail, "\n") + "\n"
+}
+
+func isKilled(err error) bool {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return true
+		}
+	}
+	return false
+}
+
+// demoView is the live terminal view: redrawn in place on a terminal, a line per
+// second otherwise.
+type demoView struct {
+	out      io.Writer
+	tty      bool
+	d        *demo
+	svc      *ordersvc.Service
+	pay      *fakepay.Server
+	lines    int // lines drawn last time (tty)
+	lastAt   time.Time
+	lastOrd  int64
+	lastPub  int64
+	lastSeen bool
+}
+
+func newDemoView(out io.Writer, d *demo, svc *ordersvc.Service, pay *fakepay.Server) *demoView {
+	v := &demoView{out: out, d: d, svc: svc, pay: pay, lastAt: time.Now(), lastSeen: true}
+	if f, ok := out.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb" {
+			v.tty = true
+		}
+	}
+	return v
+}
+
+type demoDuplicates struct{ requests, deliveries, payments int64 }
+
+func (d demoDuplicates) total() int64 { return d.requests + d.deliveries + d.payments }
+
+func (v *demoView) duplicates() demoDuplicates {
+	var deliveries int64
+	for _, p := range v.d.procs {
+		deliveries += p.stats().Duplicates
+	}
+	return demoDuplicates{requests: v.svc.Stats().Replayed, deliveries: deliveries, payments: v.pay.Stats().Replays}
+}
+
+func (v *demoView) draw(phase string, elapsed time.Duration, p audit.Progress) {
+	now := time.Now()
+	created := v.svc.Stats().Created
+	published := p.Events - p.Unpublished
+	var ordRate, pubRate float64
+	if v.lastSeen {
+		secs := now.Sub(v.lastAt).Seconds()
+		ordRate, pubRate = float64(created-v.lastOrd)/secs, float64(published-v.lastPub)/secs
+	}
+	v.lastAt, v.lastOrd, v.lastPub, v.lastSeen = now, created, published, true
+	dups := v.duplicates()
+	pending := "none"
+	if p.Unpublished > 0 {
+		pending = fmt.Sprintf("%d, oldest %.1fs", p.Unpublished, p.OldestPendingSeconds)
+	}
+	el := elapsed.Round(time.Second)
+	if !v.tty {
+		fmt.Fprintf(v.out, "[%4s] %s: orders/s %5.1f  events published/s %5.1f  oldest pending %4.1fs  duplicates absorbed %d  killed %d\n",
+			el, phase, ordRate, pubRate, p.OldestPendingSeconds, dups.total(), v.d.kills.Load())
+		return
+	}
+	var inv, pay workerStats
+	for _, pr := range v.d.procs {
+		switch pr.role {
+		case inventory.ConsumerName:
+			inv = inv.add(pr.stats())
+		case payments.ConsumerName:
+			pay = pay.add(pr.stats())
+		}
+	}
+	head := fmt.Sprintf("  %-20s %s of %s", phase, el, v.d.f.duration)
+	if el > v.d.f.duration {
+		head = fmt.Sprintf("  %-20s %s after %s of orders", phase, el-v.d.f.duration, v.d.f.duration)
+	}
+	lines := []string{
+		head,
+		fmt.Sprintf("  %-20s %7.1f   %d orders so far", "orders/s", ordRate, created),
+		fmt.Sprintf("  %-20s %7.1f   %d of %d events published", "events published/s", pubRate, published, p.Events),
+		fmt.Sprintf("  %-20s %7.1fs  pending: %s", "oldest pending", p.OldestPendingSeconds, pending),
+		fmt.Sprintf("  %-20s %7d   %d retried requests, %d redeliveries, %d repeated payment calls", "duplicates absorbed",
+			dups.total(), dups.requests, dups.deliveries, dups.payments),
+		fmt.Sprintf("  %-20s %7s   inventory %d applied · payments %d applied, %d failed and retried", "consumers", "",
+			inv.Applied, pay.Applied, pay.Failed),
+		fmt.Sprintf("  %-20s %7d   %s", "processes killed", v.d.kills.Load(), v.running()),
+	}
+	if v.lines > 0 {
+		fmt.Fprintf(v.out, "\x1b[%dA", v.lines)
+	}
+	for _, l := range lines {
+		fmt.Fprintf(v.out, "\r\x1b[K%s\n", l)
+	}
+	v.lines = len(lines)
+}
+
+// running lists the processes that are down right now.
+func (v *demoView) running() string {
+	var down []string
+	for _, p := range v.d.procs {
+		p.mu.Lock()
+		if !p.running {
+			down = append(down, p.name)
+		}
+		p.mu.Unlock()
+	}
+	if len(down) == 0 {
+		return "all processes up"
+	}
+	return "down, restarting: " + strings.Join(down, " ")
+}
+
+func (v *demoView) finish() {
+	if v.tty && v.lines > 0 {
+		fmt.Fprintln(v.out)
+	}
+}

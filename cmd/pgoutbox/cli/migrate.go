@@ -12,6 +12,7 @@ import (
 func newMigrateCmd() *cobra.Command {
 	var db dbFlags
 	var lines string
+	var partitioned bool
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade the outbox tables (safe to run any number of times)",
@@ -19,6 +20,10 @@ func newMigrateCmd() *cobra.Command {
 counters, the outbox_enqueue SQL function (line "outbox") and processed_events
 (line "inbox"). Running it again is a no-op; several processes may run it at
 once (an advisory lock serialises them).
+
+--partitioned creates outbox_events partitioned by day (occurred_at), so that
+cleanup drops whole days instead of deleting rows; see docs/design.md for the
+trade-offs. It applies when the table is first created.
 
 Use "pgoutbox migrate print" to get the SQL for your own migration tool, and
 "pgoutbox migrate status" to see what a database has.`,
@@ -30,6 +35,7 @@ Use "pgoutbox migrate print" to get the SQL for your own migration tool, and
 			if err != nil {
 				return err
 			}
+			cfg.Partitioned = partitioned
 			conn, err := db.connect(cmd.Context())
 			if err != nil {
 				return err
@@ -51,6 +57,8 @@ Use "pgoutbox migrate print" to get the SQL for your own migration tool, and
 	db.register(cmd.Flags())
 	cmd.Flags().StringVar(&lines, "lines", "all",
 		`migration lines to apply: all, outbox, inbox, or a comma list (env PGOUTBOX_MIGRATE_LINES)`)
+	cmd.Flags().BoolVar(&partitioned, "partitioned", false,
+		"create outbox_events partitioned by day, so cleanup drops partitions (env PGOUTBOX_PARTITIONED)")
 
 	cmd.AddCommand(newMigratePrintCmd(), newMigrateStatusCmd())
 	return cmd
@@ -69,6 +77,7 @@ func migrateConfig(schema, lines string) (*migrate.Config, error) {
 
 func newMigratePrintCmd() *cobra.Command {
 	var schema, lines string
+	var partitioned bool
 	cmd := &cobra.Command{
 		Use:   "print",
 		Short: "Print the migration SQL instead of applying it",
@@ -80,6 +89,7 @@ so a later "pgoutbox migrate" agrees that it is applied. No database is needed.`
 			if err != nil {
 				return err
 			}
+			cfg.Partitioned = partitioned
 			script, err := migrate.SQL(cfg)
 			if err != nil {
 				return err
@@ -92,6 +102,8 @@ so a later "pgoutbox migrate" agrees that it is applied. No database is needed.`
 		"PostgreSQL schema to create the objects in (env PGOUTBOX_SCHEMA)")
 	cmd.Flags().StringVar(&lines, "lines", "all",
 		"migration lines to print: all, outbox, inbox, or a comma list (env PGOUTBOX_MIGRATE_LINES)")
+	cmd.Flags().BoolVar(&partitioned, "partitioned", false,
+		"print the partitioned outbox_events (env PGOUTBOX_PARTITIONED)")
 	return cmd
 }
 

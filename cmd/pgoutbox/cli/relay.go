@@ -15,6 +15,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/broker/brokerotel"
 	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
@@ -25,6 +27,13 @@ type relayFlags struct {
 	log     logFlags
 	cfg     relay.Config
 	stopMax time.Duration
+
+	cleanupInterval time.Duration // 0: no cleanup job
+	retention       time.Duration
+
+	metricsAddr string
+	stdout      io.Writer // console trace exporter
+	cdc         cdcFlags  // --source and the CDC source's names (relay_cdc.go)
 }
 
 func newRelayCmd() *cobra.Command {
@@ -42,7 +51,7 @@ SIGTERM or SIGINT stops it gracefully: no new claims, in-flight publishes finish
 (at most --shutdown-timeout), unpublished leases are released, exit status 0.
 An unreachable database or broker is retried with backoff; nothing is lost.
 
-` + brokerHelp,
+` + cdcHelp + "\n\n" + brokerHelp + "\n\n" + metricsHelp + "\n\n" + tracingHelp,
 		Example: `  DATABASE_URL=postgres://app@db/app pgoutbox relay --broker nats://nats:4222
   pgoutbox relay --broker embedded --embedded-dir /var/lib/pgoutbox/nats --embedded-port 4222
   pgoutbox relay --broker 'nats://a:4222,nats://b:4222' --topic-template 'events.{aggregate_type}' --nats-stream EVENTS`,
@@ -51,6 +60,12 @@ An unreachable database or broker is retried with backoff; nothing is lost.
 				"poll-interval", "max-attempts", "backoff-base", "backoff-max"); err != nil {
 				return err
 			}
+			f.stdout = cmd.OutOrStdout()
+			if isCDC, err := f.cdc.isCDC(); err != nil {
+				return err
+			} else if isCDC {
+				return runRelayCDC(cmd.Context(), &f, cmd.ErrOrStderr())
+			}
 			return runRelay(cmd.Context(), &f, cmd.ErrOrStderr())
 		},
 	}
@@ -58,6 +73,7 @@ An unreachable database or broker is retried with backoff; nothing is lost.
 	f.db.register(fs)
 	f.broker.register(fs)
 	f.log.register(fs)
+	f.cdc.register(fs)
 	fs.StringVar(&f.cfg.ID, "id", "", "relay id written in claimed_by; unique per running relay (env PGOUTBOX_RELAY_ID) (default <hostname>-<pid>)")
 	fs.IntVar(&f.cfg.BatchSize, "batch-size", 500, "most events claimed at once (env PGOUTBOX_BATCH_SIZE)")
 	fs.IntVar(&f.cfg.RunLength, "run-length", 10, "most events of one aggregate claimed at once (env PGOUTBOX_RUN_LENGTH)")
@@ -69,6 +85,9 @@ An unreachable database or broker is retried with backoff; nothing is lost.
 	fs.IntVar(&f.cfg.MaxAttempts, "max-attempts", 10, "failed publishes before an event is quarantined (env PGOUTBOX_MAX_ATTEMPTS)")
 	fs.DurationVar(&f.cfg.BackoffBase, "backoff-base", time.Second, "first retry delay, doubled per attempt (env PGOUTBOX_BACKOFF_BASE)")
 	fs.DurationVar(&f.cfg.BackoffMax, "backoff-max", 5*time.Minute, "longest retry delay (env PGOUTBOX_BACKOFF_MAX)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this host:port, e.g. :9090 (env PGOUTBOX_METRICS_ADDR) (default off)")
+	fs.DurationVar(&f.cleanupInterval, "cleanup-interval", 0, "run pgoutbox cleanup this often inside the relay; one relay at a time does (env PGOUTBOX_CLEANUP_INTERVAL) (default off)")
+	fs.DurationVar(&f.retention, "retention", admin.DefaultRetention, "with --cleanup-interval: keep published events this long (env PGOUTBOX_RETENTION)")
 	fs.DurationVar(&f.stopMax, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight publishes (env PGOUTBOX_SHUTDOWN_TIMEOUT)")
 	return cmd
 }
@@ -76,6 +95,9 @@ An unreachable database or broker is retried with backoff; nothing is lost.
 func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	if f.stopMax <= 0 {
 		return usagef("--shutdown-timeout must be positive, got %s", f.stopMax)
+	}
+	if f.cleanupInterval < 0 || f.retention <= 0 {
+		return usagef("--cleanup-interval must not be negative and --retention must be positive, got %s and %s", f.cleanupInterval, f.retention)
 	}
 	logger, err := f.log.logger(stderr)
 	if err != nil {
@@ -96,6 +118,24 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	ops, err := newRelayOps(f.metricsAddr)
+	if err != nil {
+		return err
+	}
+	if ops != nil {
+		cfg.Observer = ops.metrics
+	}
+	traces, err := setupTracing(ctx, f.stdout)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := traces.shutdown(fctx); err != nil {
+			logger.Warn("could not flush traces", slog.Any("error", err))
+		}
+	}()
 
 	poolCfg, err := pgxpool.ParseConfig("")
 	if err != nil {
@@ -103,6 +143,12 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	}
 	poolCfg.ConnConfig = connCfg
 	poolCfg.MaxConns = int32(cfg.Workers + 2)
+	if f.cleanupInterval > 0 {
+		poolCfg.MaxConns++ // the cleanup job's connection
+	}
+	if ops != nil {
+		poolCfg.MaxConns++ // scrapes and readiness probes
+	}
 	cctx, cancel := context.WithTimeout(ctx, f.db.connectTimeout)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(cctx, poolCfg)
@@ -122,13 +168,50 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 		return err
 	}
 	defer closeBroker()
+	if tp := traces.provider(); tp != nil {
+		pub = brokerotel.New(pub, &brokerotel.Config{TracerProvider: tp, System: target.system(), Destination: target.destination()})
+	}
 
 	r, err := relay.New(pool, pub, &cfg)
 	if err != nil {
 		return err
 	}
+	if ops != nil {
+		srv, err := ops.serve(pool, r, cfg.Schema, logger)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Stop(sctx)
+		}()
+	}
 	if err := r.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
+	}
+	if f.cleanupInterval > 0 {
+		cc := admin.CleanerConfig{Interval: f.cleanupInterval, Logger: logger,
+			Cleanup: admin.CleanupConfig{Schema: cfg.Schema, Retention: f.retention}}
+		if ops != nil {
+			cc.Done = func(res admin.CleanupResult, _ error) {
+				ops.metrics.CleanupDeleted("outbox_events", res.Deleted+res.DroppedRows)
+				ops.metrics.CleanupDeleted("processed_events", res.InboxDeleted)
+			}
+		}
+		cleaner, err := admin.NewCleaner(pool, cc)
+		if err != nil {
+			return usageError{err}
+		}
+		if err := cleaner.Start(context.WithoutCancel(ctx)); err != nil {
+			return err
+		}
+		// Deferred: stopped before the pool closes, after the relay stopped.
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = cleaner.Stop(sctx)
+		}()
 	}
 	<-ctx.Done() // SIGTERM or SIGINT
 	logger.Info("stopping: finishing in-flight publishes", slog.Duration("shutdown_timeout", f.stopMax))

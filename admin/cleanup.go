@@ -1,0 +1,279 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/migrate"
+)
+
+// CleanupDB is what Cleanup needs of a database handle: *pgxpool.Pool,
+// *pgxpool.Conn and *pgx.Conn have it. Each batch is its own transaction, so it
+// must not be a pgx.Tx.
+type CleanupDB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Defaults of CleanupConfig.
+const (
+	DefaultRetention        = 7 * 24 * time.Hour
+	DefaultCleanupBatchSize = 5000
+)
+
+// CleanupConfig says what Cleanup deletes.
+type CleanupConfig struct {
+	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to
+	// "public".
+	Schema string
+
+	// Retention is how long a published event is kept after it was published
+	// (published_at); older ones are deleted. It is also how far back
+	// "pgoutbox replay" can reach. Defaults to 7 days.
+	Retention time.Duration
+
+	// BatchSize is how many rows one batch looks at and at most deletes; each
+	// batch is one short statement that commits on its own. Defaults to 5000.
+	BatchSize int
+
+	// PartitionsAhead is, for a partitioned outbox, how many days of partitions
+	// after today Cleanup makes sure exist. Defaults to 7.
+	PartitionsAhead int
+
+	// InboxRetention, when positive, also deletes the consumer inbox's dedup rows
+	// (processed_events) older than it, with inbox.Cleanup. It must be at least
+	// InboxReplayHorizon. Defaults to 0: the inbox is left alone.
+	InboxRetention time.Duration
+
+	// InboxSchema is the schema of the inbox tables. Defaults to Schema.
+	InboxSchema string
+
+	// InboxReplayHorizon is the longest time after which an event a consumer
+	// applied may reach it again (see inbox.CleanupConfig.ReplayHorizon).
+	// Defaults to Retention, the least it can be: a replay can re-send any event
+	// still in the outbox.
+	InboxReplayHorizon time.Duration
+
+	// Progress, when set, is called after each batch and each dropped partition
+	// with the running totals.
+	Progress func(CleanupProgress)
+
+	// Logger receives a line per dropped partition and per partition kept for
+	// rows it still needs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// CleanupProgress is reported while Cleanup runs.
+type CleanupProgress struct {
+	// Deleted is the number of outbox rows deleted by batches so far, Batches the
+	// number of batches run.
+	Deleted int64
+	Batches int
+	// DroppedPartitions is the number of partitions dropped so far.
+	DroppedPartitions int
+}
+
+// CleanupResult reports what Cleanup did.
+type CleanupResult struct {
+	// Cutoff is the instant (database clock) before which published events were
+	// deleted.
+	Cutoff time.Time
+	// Deleted is the number of outbox rows deleted by batches, in Batches
+	// statements.
+	Deleted int64
+	Batches int
+	// DroppedPartitions names the partitions dropped whole, which held
+	// DroppedRows rows (partitioned outbox only).
+	DroppedPartitions []string
+	DroppedRows       int64
+	// CreatedPartitions names the partitions created ahead of time.
+	CreatedPartitions []string
+	// InboxDeleted is the number of processed_events rows deleted.
+	InboxDeleted int64
+	// Duration is how long the cleanup took.
+	Duration time.Duration
+}
+
+func (c *CleanupConfig) withDefaults() (CleanupConfig, error) {
+	out := *c
+	if out.Schema == "" {
+		out.Schema = migrate.DefaultSchema
+	}
+	if out.Retention == 0 {
+		out.Retention = DefaultRetention
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = DefaultCleanupBatchSize
+	}
+	if out.PartitionsAhead == 0 {
+		out.PartitionsAhead = migrate.DefaultPartitionsAhead
+	}
+	if out.InboxSchema == "" {
+		out.InboxSchema = out.Schema
+	}
+	if out.InboxReplayHorizon == 0 {
+		out.InboxReplayHorizon = out.Retention
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	switch {
+	case migrate.ValidateSchema(out.Schema) != nil:
+		return out, fmt.Errorf("admin: CleanupConfig.Schema: %w", migrate.ValidateSchema(out.Schema))
+	case out.Retention < 0:
+		return out, fmt.Errorf("admin: CleanupConfig.Retention %s: must be positive", out.Retention)
+	case out.BatchSize < 1:
+		return out, fmt.Errorf("admin: CleanupConfig.BatchSize %d: must be positive", out.BatchSize)
+	case out.PartitionsAhead < 0:
+		return out, fmt.Errorf("admin: CleanupConfig.PartitionsAhead %d: must not be negative", out.PartitionsAhead)
+	case out.InboxRetention < 0:
+		return out, fmt.Errorf("admin: CleanupConfig.InboxRetention %s: must not be negative", out.InboxRetention)
+	case migrate.ValidateSchema(out.InboxSchema) != nil:
+		return out, fmt.Errorf("admin: CleanupConfig.InboxSchema: %w", migrate.ValidateSchema(out.InboxSchema))
+	case out.InboxRetention > 0 && out.InboxRetention < out.InboxReplayHorizon:
+		// Checked before anything is deleted, not when the inbox's turn comes.
+		return out, fmt.Errorf("admin: %w: CleanupConfig.InboxRetention %s is shorter than the replay horizon %s "+
+			"(CleanupConfig.InboxReplayHorizon, by default the outbox's Retention): a replayed event could be applied twice",
+			inbox.ErrRetentionTooShort, out.InboxRetention, out.InboxReplayHorizon)
+	}
+	return out, nil
+}
+
+// Cleanup deletes published events older than the retention and, when asked, the
+// inbox's dedup rows older than theirs. It never deletes an unpublished or a
+// quarantined event, nor a per-aggregate sequence counter (the aggregate's
+// sequence would restart at 1), nor the audit rows of skipped events.
+//
+// Rows are deleted in batches of BatchSize, walking the primary key: each batch is
+// one statement in its own short transaction, locks its rows with SKIP LOCKED and
+// commits, so relays and producers never wait for it. On a partitioned outbox
+// (migrate.Config.Partitioned) Cleanup first creates the partitions ahead of time,
+// then drops each daily partition whose whole day is older than the cutoff and
+// whose rows were all published before it; the exclusive lock a DROP needs on the
+// table lasts milliseconds and is waited for at most 2s (the partition is then
+// left for the batches). Rows of partitions that cannot be dropped are deleted by
+// the batches.
+//
+// ctx bounds the whole run; what completed batches deleted stays deleted when it
+// ends early, and the result counts it.
+func Cleanup(ctx context.Context, db CleanupDB, cfg CleanupConfig) (CleanupResult, error) {
+	start := time.Now()
+	var res CleanupResult
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return res, err
+	}
+	events := pgx.Identifier{c.Schema, "outbox_events"}.Sanitize()
+	if err := db.QueryRow(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", c.Retention.Microseconds()).Scan(&res.Cutoff); err != nil {
+		return res, fmt.Errorf("admin: cleanup: read the clock: %w", err)
+	}
+	progress := func() {
+		if c.Progress != nil {
+			c.Progress(CleanupProgress{Deleted: res.Deleted, Batches: res.Batches, DroppedPartitions: len(res.DroppedPartitions)})
+		}
+	}
+
+	partitioned, err := migrate.IsPartitioned(ctx, db, c.Schema)
+	if err != nil {
+		return res, fmt.Errorf("admin: cleanup: %w", err)
+	}
+	if partitioned {
+		if res.CreatedPartitions, err = migrate.CreatePartitions(ctx, db, c.Schema, c.PartitionsAhead); err != nil {
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+				return res, fmt.Errorf("admin: cleanup: %w", err)
+			}
+			// Rows of a day without its partition go to the default one meanwhile.
+			c.Logger.Warn("cleanup: partitions ahead not created: the outbox stayed locked; next run tries again", slog.Any("error", err))
+		}
+		if err := dropPartitions(ctx, db, &c, &res, progress); err != nil {
+			res.Duration = time.Since(start)
+			return res, err
+		}
+	}
+
+	first, next := fmt.Sprintf(deleteBatchSQL, events, ">="), fmt.Sprintf(deleteBatchSQL, events, ">")
+	var cursor pgoutbox.UUID // the nil UUID: the first batch starts at the beginning
+	for {
+		if res.Batches > 0 {
+			if err := failpoint.Inject(failpoint.CleanupMidBatch); err != nil {
+				res.Duration = time.Since(start)
+				return res, fmt.Errorf("admin: cleanup: after batch %d: %w", res.Batches, err)
+			}
+		}
+		q := next
+		if res.Batches == 0 {
+			q = first
+		}
+		var last *pgoutbox.UUID
+		var n int64
+		if err := db.QueryRow(ctx, q, cursor, c.BatchSize, res.Cutoff).Scan(&last, &n); err != nil {
+			res.Duration = time.Since(start)
+			return res, fmt.Errorf("admin: cleanup: delete batch %d: %w", res.Batches+1, err)
+		}
+		res.Batches++
+		res.Deleted += n
+		progress()
+		if last == nil {
+			break
+		}
+		cursor = *last
+	}
+
+	if c.InboxRetention > 0 {
+		ir, err := inbox.Cleanup(ctx, inbox.Pgx(db), inbox.CleanupConfig{
+			Schema: c.InboxSchema, Retention: c.InboxRetention, ReplayHorizon: c.InboxReplayHorizon, BatchSize: c.BatchSize,
+		})
+		res.InboxDeleted = ir.Deleted
+		if err != nil {
+			res.Duration = time.Since(start)
+			return res, fmt.Errorf("admin: cleanup: %w", err)
+		}
+	}
+	res.Duration = time.Since(start)
+	return res, nil
+}
+
+// deleteBatchSQL deletes one batch: $1 the cursor (the last event id looked at),
+// $2 the batch size, $3 the cutoff. %[2]s is >= for the first batch and > after.
+//
+//   - scanned walks the primary key from the cursor: BatchSize rows, published or
+//     not, so a batch costs the same wherever the old rows are, and the walk ends
+//     after one pass over the table. (There is no index on published_at: it would
+//     cost every relay's mark a non-HOT update.)
+//   - doomed keeps the published rows older than the cutoff and locks them with
+//     SKIP LOCKED: a row someone else holds is left for the next run.
+//   - the DELETE checks the conditions again on the row it deletes, so a
+//     quarantined or unpublished row can never go, whatever the walk found.
+//
+// Both lookups are handed arrays, so they are primary-key probes whatever the
+// statistics say: a join let the planner hash the whole table for every batch.
+//
+// It returns the last id scanned (NULL at the end of the table) and the count
+// deleted.
+const deleteBatchSQL = `
+WITH scanned AS (
+    SELECT event_id FROM %[1]s WHERE event_id %[2]s $1::uuid ORDER BY event_id LIMIT $2::integer
+), doomed AS (
+    SELECT e.event_id FROM %[1]s e
+     WHERE e.event_id = ANY (ARRAY(SELECT event_id FROM scanned))
+       AND e.published_at < $3::timestamptz AND e.quarantined_at IS NULL
+       FOR UPDATE OF e SKIP LOCKED
+), deleted AS (
+    DELETE FROM %[1]s e
+     WHERE e.event_id = ANY (ARRAY(SELECT event_id FROM doomed))
+       AND e.published_at < $3::timestamptz AND e.quarantined_at IS NULL
+    RETURNING 1
+)
+SELECT (SELECT event_id FROM scanned ORDER BY event_id DESC LIMIT 1), (SELECT count(*) FROM deleted)`

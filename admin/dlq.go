@@ -1,0 +1,377 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox"
+)
+
+// Dead letters are quarantined events: published_at IS NULL and quarantined_at IS
+// NOT NULL. Each blocks its aggregate's later events until an operator retries it
+// (Retry, RetryWhere, RetryAll) or skips it (Skip).
+
+// Errors of the dead-letter actions; they arrive wrapped with the event ids concerned.
+var (
+	// ErrNotFound: no event has the given id.
+	ErrNotFound = errors.New("event not found")
+	// ErrNoReason: Skip was called without a reason.
+	ErrNoReason = errors.New("admin: a skip needs a reason")
+	// ErrNotQuarantined: Skip was asked to skip an event that is not quarantined.
+	ErrNotQuarantined = errors.New("only quarantined events can be skipped")
+	// ErrNoFilter: RetryWhere was called with a filter that selects everything;
+	// use RetryAll to mean that.
+	ErrNoFilter = errors.New("admin: empty filter (use RetryAll to retry every quarantined event)")
+)
+
+// States of an event, as reported in Event.State.
+const (
+	StatePending     = "pending"     // waiting for a relay
+	StateBackingOff  = "backing_off" // failed before; available_at is in the future
+	StateLeased      = "leased"      // a relay holds a live lease on it
+	StateQuarantined = "quarantined" // a dead letter: retry or skip it
+	StatePublished   = "published"   // the broker acknowledged it
+	StateSkipped     = "skipped"     // marked published by an operator's skip, never sent
+)
+
+// Filter selects quarantined events. Empty fields match everything.
+type Filter struct {
+	AggregateType string // exact match
+	AggregateID   string // exact match
+	EventType     string // exact match
+	// ErrorContains matches events whose last_error contains it, ignoring case.
+	ErrorContains string
+	// Limit caps how many events are returned or retried, oldest quarantine first.
+	// Zero means no limit.
+	Limit int
+}
+
+func (f Filter) empty() bool {
+	return f.AggregateType == "" && f.AggregateID == "" && f.EventType == "" && f.ErrorContains == ""
+}
+
+// where returns the filter's conditions on alias e (" AND ..."), numbering its
+// parameters after those already in args.
+func (f Filter) where(args []any) (string, []any) {
+	var b strings.Builder
+	add := func(cond string, v any) {
+		args = append(args, v)
+		fmt.Fprintf(&b, " AND "+cond, len(args))
+	}
+	if f.AggregateType != "" {
+		add("e.aggregate_type = $%d", f.AggregateType)
+	}
+	if f.AggregateID != "" {
+		add("e.aggregate_id = $%d", f.AggregateID)
+	}
+	if f.EventType != "" {
+		add("e.event_type = $%d", f.EventType)
+	}
+	if f.ErrorContains != "" {
+		// position() rather than LIKE: the operator's text needs no escaping.
+		add("position(lower($%d) IN lower(coalesce(e.last_error, ''))) > 0", f.ErrorContains)
+	}
+	return b.String(), args
+}
+
+// Event is one outbox row as an operator sees it.
+type Event struct {
+	ID                pgoutbox.UUID `json:"event_id"`
+	AggregateType     string        `json:"aggregate_type"`
+	AggregateID       string        `json:"aggregate_id"`
+	AggregateSequence int64         `json:"aggregate_sequence"`
+	EventType         string        `json:"event_type"`
+	SchemaVersion     int           `json:"schema_version"`
+	// Payload and Headers are loaded by Get only.
+	Payload       json.RawMessage   `json:"payload,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	OccurredAt    time.Time         `json:"occurred_at"`
+	AvailableAt   time.Time         `json:"available_at"`
+	ClaimedBy     string            `json:"claimed_by,omitempty"`
+	ClaimUntil    *time.Time        `json:"claim_until,omitempty"`
+	PublishedAt   *time.Time        `json:"published_at,omitempty"`
+	AttemptCount  int               `json:"attempt_count"`
+	LastError     string            `json:"last_error,omitempty"`
+	QuarantinedAt *time.Time        `json:"quarantined_at,omitempty"`
+	// State is one of the State constants, judged by the database's clock.
+	State string `json:"state"`
+	// Skip is the audit record of a skipped event (Get only).
+	Skip *Skipped `json:"skip,omitempty"`
+}
+
+// Skipped is the audit record of one skipped event (table outbox_skipped_events).
+type Skipped struct {
+	EventID           pgoutbox.UUID `json:"event_id"`
+	AggregateType     string        `json:"aggregate_type"`
+	AggregateID       string        `json:"aggregate_id"`
+	AggregateSequence int64         `json:"aggregate_sequence"`
+	EventType         string        `json:"event_type"`
+	LastError         string        `json:"last_error,omitempty"`
+	AttemptCount      int           `json:"attempt_count"`
+	Reason            string        `json:"reason"`
+	// SkippedBy is the operator (SkipRequest.Actor); DBUser the database role
+	// (current_user) that ran the skip.
+	SkippedBy string    `json:"skipped_by"`
+	DBUser    string    `json:"db_user"`
+	SkippedAt time.Time `json:"skipped_at"`
+}
+
+const eventColumns = `e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type, e.schema_version,
+       e.occurred_at, e.available_at, coalesce(e.claimed_by, ''), e.claim_until, e.published_at, e.attempt_count,
+       coalesce(e.last_error, ''), e.quarantined_at,
+       CASE WHEN s.event_id IS NOT NULL THEN 'skipped'
+            WHEN e.published_at IS NOT NULL THEN 'published'
+            WHEN e.quarantined_at IS NOT NULL THEN 'quarantined'
+            WHEN e.claim_until > now() THEN 'leased'
+            WHEN e.available_at > now() THEN 'backing_off'
+            ELSE 'pending' END`
+
+func scanEvent(row pgx.CollectableRow, extra ...any) (Event, error) {
+	var e Event
+	dest := append([]any{&e.ID, &e.AggregateType, &e.AggregateID, &e.AggregateSequence, &e.EventType, &e.SchemaVersion,
+		&e.OccurredAt, &e.AvailableAt, &e.ClaimedBy, &e.ClaimUntil, &e.PublishedAt, &e.AttemptCount,
+		&e.LastError, &e.QuarantinedAt, &e.State}, extra...)
+	err := row.Scan(dest...)
+	return e, err
+}
+
+// ListQuarantined returns the quarantined events matching f, oldest quarantine
+// first, without their payloads and headers. It reads only unpublished rows (the
+// outbox's partial index), however long the published history.
+func (a *Admin) ListQuarantined(ctx context.Context, f Filter) ([]Event, error) {
+	cond, args := f.where(nil)
+	q := `SELECT ` + eventColumns + `
+  FROM ` + a.events + ` e LEFT JOIN ` + a.skipped + ` s ON s.event_id = e.event_id
+ WHERE e.published_at IS NULL AND e.quarantined_at IS NOT NULL` + cond + `
+ ORDER BY e.quarantined_at, e.aggregate_type, e.aggregate_id, e.aggregate_sequence`
+	if f.Limit > 0 {
+		q += " LIMIT " + strconv.Itoa(f.Limit)
+	}
+	rows, err := a.db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("admin: list quarantined: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) { return scanEvent(row) })
+	if err != nil {
+		return nil, fmt.Errorf("admin: list quarantined: %w", err)
+	}
+	return out, nil
+}
+
+// Get returns one event, whatever its state, with its payload, headers and, if it
+// was skipped, the audit record. It returns an error wrapping ErrNotFound when no
+// event has that id (it may have been deleted by cleanup).
+func (a *Admin) Get(ctx context.Context, id pgoutbox.UUID) (*Event, error) {
+	q := `SELECT ` + eventColumns + `, e.payload, e.headers,
+       s.reason, s.skipped_by, s.db_user, s.skipped_at
+  FROM ` + a.events + ` e LEFT JOIN ` + a.skipped + ` s ON s.event_id = e.event_id
+ WHERE e.event_id = $1`
+	rows, err := a.db.Query(ctx, q, id)
+	if err != nil {
+		return nil, fmt.Errorf("admin: get event %s: %w", id, err)
+	}
+	e, err := pgx.CollectExactlyOneRow(rows, func(row pgx.CollectableRow) (Event, error) {
+		var payload []byte
+		var headers map[string]string
+		var reason, by, dbUser *string
+		var at *time.Time
+		e, err := scanEvent(row, &payload, &headers, &reason, &by, &dbUser, &at)
+		if err != nil {
+			return e, err
+		}
+		e.Payload, e.Headers = payload, headers
+		if reason != nil {
+			e.Skip = &Skipped{EventID: e.ID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+				AggregateSequence: e.AggregateSequence, EventType: e.EventType, LastError: e.LastError,
+				AttemptCount: e.AttemptCount, Reason: *reason, SkippedBy: *by, DBUser: *dbUser, SkippedAt: *at}
+		}
+		return e, nil
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("admin: get: %w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("admin: get event %s: %w", id, err)
+	}
+	return &e, nil
+}
+
+// RetryWhere retries the quarantined events that f selects, like Retry: quarantine
+// lifted, attempts reset, backoff and lease cleared, relays woken. A filter without
+// any criterion is refused with ErrNoFilter (RetryAll says that explicitly). It
+// returns the ids retried, ordered by aggregate and sequence.
+func (a *Admin) RetryWhere(ctx context.Context, f Filter) ([]pgoutbox.UUID, error) {
+	if f.empty() {
+		return nil, ErrNoFilter
+	}
+	cond, args := f.where([]any{a.channel})
+	return a.retry(ctx, cond, args, f.Limit)
+}
+
+// RetryAll retries every quarantined event. See Retry.
+func (a *Admin) RetryAll(ctx context.Context) ([]pgoutbox.UUID, error) {
+	return a.retry(ctx, "", []any{a.channel}, 0)
+}
+
+// retry lifts the quarantine of the events matching cond (" AND ..." on alias e,
+// parameters from $2; $1 is the notify channel). Only quarantined, unpublished rows
+// qualify, so a lane's later events stay where the relay's claim rule keeps them:
+// behind the retried head, published in sequence order once it is.
+func (a *Admin) retry(ctx context.Context, cond string, args []any, limit int) ([]pgoutbox.UUID, error) {
+	lim := ""
+	if limit > 0 {
+		lim = " LIMIT " + strconv.Itoa(limit)
+	}
+	q := `WITH chosen AS (
+    SELECT e.event_id FROM ` + a.events + ` e
+     WHERE e.published_at IS NULL AND e.quarantined_at IS NOT NULL` + cond + `
+     ORDER BY e.quarantined_at, e.aggregate_type, e.aggregate_id, e.aggregate_sequence` + lim + `
+       FOR UPDATE
+), retried AS (
+    UPDATE ` + a.events + ` e
+       SET quarantined_at = NULL, attempt_count = 0, available_at = now(), claimed_by = NULL, claim_until = NULL
+      FROM chosen c
+     WHERE e.event_id = c.event_id
+    RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence
+), wake AS (
+    SELECT pg_notify($1, '') WHERE EXISTS (SELECT 1 FROM retried)
+)
+SELECT event_id FROM retried, (SELECT count(*) FROM wake) w
+ ORDER BY aggregate_type, aggregate_id, aggregate_sequence`
+	rows, err := a.db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("admin: retry: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("admin: retry: %w", err)
+	}
+	return out, nil
+}
+
+// SkipRequest says which dead letters to skip, why, and who decided it.
+type SkipRequest struct {
+	// IDs are the quarantined events to skip. Required.
+	IDs []pgoutbox.UUID
+	// Reason is recorded in the audit table. Required (not blank).
+	Reason string
+	// Actor names the operator in the audit table. Defaults to DefaultActor().
+	// The database role (current_user) is recorded beside it.
+	Actor string
+}
+
+// DefaultActor returns $PGOUTBOX_ACTOR when set, else "<os user>@<hostname>".
+func DefaultActor() string {
+	if a := strings.TrimSpace(os.Getenv("PGOUTBOX_ACTOR")); a != "" {
+		return a
+	}
+	name := os.Getenv("USER")
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	if name == "" {
+		name = "uid" + strconv.Itoa(os.Getuid())
+	}
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "unknown-host"
+	}
+	return name + "@" + host
+}
+
+// Skip gives up on quarantined events: each is marked published without being sent
+// (published_at = now(), quarantined_at and the lease cleared, last_error and
+// attempt_count kept), so its aggregate's lane moves on to the next event, and a
+// row in outbox_skipped_events records who skipped it, when and why. All of it
+// happens in one transaction, then the relays are woken.
+//
+// Skipping breaks the aggregate's order for consumers (they never see the event),
+// so it is all or nothing: if any id is unknown (ErrNotFound) or not quarantined
+// (ErrNotQuarantined), nothing is skipped. A blank reason is ErrNoReason.
+func (a *Admin) Skip(ctx context.Context, req SkipRequest) ([]Skipped, error) {
+	if len(req.IDs) == 0 {
+		return nil, ErrNoEvents
+	}
+	reason := strings.TrimSpace(req.Reason)
+	if reason == "" {
+		return nil, ErrNoReason
+	}
+	actor := strings.TrimSpace(req.Actor)
+	if actor == "" {
+		actor = DefaultActor()
+	}
+	var out []Skipped
+	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
+		// Lock the rows first: a relay cannot lease a quarantined row, and nobody
+		// else may retry or skip them while we decide.
+		rows, err := tx.Query(ctx, `SELECT e.event_id, CASE WHEN e.published_at IS NOT NULL THEN 'published'
+            WHEN e.quarantined_at IS NULL THEN 'not quarantined' END
+  FROM `+a.events+` e WHERE e.event_id = ANY($1::uuid[]) FOR UPDATE`, req.IDs)
+		if err != nil {
+			return err
+		}
+		state := map[pgoutbox.UUID]*string{}
+		var id pgoutbox.UUID
+		var st *string
+		if _, err := pgx.ForEachRow(rows, []any{&id, &st}, func() error { state[id] = st; return nil }); err != nil {
+			return err
+		}
+		var missing, wrong []string
+		for _, id := range req.IDs {
+			s, ok := state[id]
+			switch {
+			case !ok:
+				missing = append(missing, id.String())
+			case s != nil:
+				wrong = append(wrong, id.String()+" is "+*s)
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("%w: %s (nothing skipped)", ErrNotFound, strings.Join(missing, ", "))
+		}
+		if len(wrong) > 0 {
+			return fmt.Errorf("%w: %s (nothing skipped)", ErrNotQuarantined, strings.Join(wrong, ", "))
+		}
+		// Both CTEs read the rows as they were before this statement: the audit row
+		// keeps the failure record, the update moves the lane on.
+		rows, err = tx.Query(ctx, `WITH audit AS (
+    INSERT INTO `+a.skipped+` AS s (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type,
+                                     last_error, attempt_count, quarantined_at, reason, skipped_by)
+    SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type,
+           e.last_error, e.attempt_count, e.quarantined_at, $2, $3
+      FROM `+a.events+` e WHERE e.event_id = ANY($1::uuid[])
+    RETURNING s.event_id, s.aggregate_type, s.aggregate_id, s.aggregate_sequence, s.event_type,
+              coalesce(s.last_error, ''), s.attempt_count, s.reason, s.skipped_by, s.db_user, s.skipped_at
+), moved AS (
+    UPDATE `+a.events+` e
+       SET published_at = now(), quarantined_at = NULL, claimed_by = NULL, claim_until = NULL
+     WHERE e.event_id = ANY($1::uuid[])
+    RETURNING e.event_id
+)
+SELECT a.* FROM audit a JOIN moved m ON m.event_id = a.event_id
+ ORDER BY a.aggregate_type, a.aggregate_id, a.aggregate_sequence`, req.IDs, reason, actor)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Skipped])
+		if err != nil {
+			return err
+		}
+		// Delivered at commit: the relays claim the lanes' next events at once.
+		_, err = tx.Exec(ctx, "SELECT pg_notify($1, '')", a.channel)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: skip: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,239 @@
+package cdc_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/cdc"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// env is a migrated schema with a slot and publication of its own; both are
+// dropped when the test ends, whatever happened (a slot left behind would retain
+// WAL forever).
+type env struct {
+	pool   *pgxpool.Pool
+	schema string
+	cfg    cdc.Config
+	prod   *pgoutbox.Producer
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	pool, schema := pgtest.Migrated(t, 16)
+	cfg := cdc.Config{Schema: schema, Slot: cdc.DefaultSlot(schema), Publication: cdc.DefaultSlot(schema),
+		Logger: quietLogger(), PollInterval: 50 * time.Millisecond, StatusInterval: time.Second}
+	t.Cleanup(func() { dropSlotAndPublication(t, pool, cfg.Slot, cfg.Publication) })
+	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
+	pgtest.Must(t, err, "producer")
+	return &env{pool: pool, schema: schema, cfg: cfg, prod: p}
+}
+
+func dropSlotAndPublication(t testing.TB, pool *pgxpool.Pool, slot, pub string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		_, _ = pool.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", slot)
+		_, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Errorf("drop slot %s: %v", slot, err)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{pub}.Sanitize()); err != nil {
+		t.Errorf("drop publication %s: %v", pub, err)
+	}
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func (e *env) table() string { return pgx.Identifier{e.schema, "outbox_events"}.Sanitize() }
+
+func (e *env) count(t testing.TB, where string) int {
+	t.Helper()
+	var n int
+	pgtest.Must(t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table()+" WHERE "+where).Scan(&n), "count")
+	return n
+}
+
+// enqueue writes perAgg events to each of aggregates aggregates, interleaved, in
+// transactions of up to txSize events, and returns the ids.
+func (e *env) enqueue(t testing.TB, aggregates, perAgg, txSize int) []pgoutbox.UUID {
+	t.Helper()
+	var ids []pgoutbox.UUID
+	var batch []pgoutbox.Event
+	flush := func() {
+		res, err := e.prod.EnqueueTx(context.Background(), e.pool, batch...)
+		pgtest.Must(t, err, "enqueue")
+		for _, r := range res {
+			ids = append(ids, r.EventID)
+		}
+		batch = batch[:0]
+	}
+	for s := range perAgg {
+		for a := range aggregates {
+			batch = append(batch, pgoutbox.Event{AggregateType: "acct", AggregateID: fmt.Sprintf("a%04d", a),
+				EventType: "acct.changed", Payload: map[string]int{"n": s}})
+			if len(batch) == txSize {
+				flush()
+			}
+		}
+	}
+	if len(batch) > 0 {
+		flush()
+	}
+	return ids
+}
+
+func (e *env) start(t testing.TB, pub broker.Publisher, cfg cdc.Config) *cdc.Source {
+	t.Helper()
+	s, err := cdc.New(e.pool, pub, &cfg)
+	pgtest.Must(t, err, "cdc.New")
+	pgtest.Must(t, s.Start(context.Background()), "start")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	return s
+}
+
+func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// recorder is an in-process broker storing every message in send order. fail
+// decides an error per message; down makes every publish fail as unreachable.
+type recorder struct {
+	mu     sync.Mutex
+	got    []broker.Message
+	fail   func(m *broker.Message) error
+	down   atomic.Bool
+	jitter time.Duration
+}
+
+func (r *recorder) Publish(ctx context.Context, msgs []broker.Message) []error {
+	return broker.PublishLanes(ctx, msgs, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
+		if r.jitter > 0 {
+			time.Sleep(rand.N(r.jitter))
+		}
+		if r.down.Load() {
+			return nil, broker.Unavailable(errors.New("no responders"))
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.fail != nil {
+			if err := r.fail(m); err != nil {
+				return nil, err
+			}
+		}
+		r.got = append(r.got, *m)
+		return func(context.Context) error { return nil }, nil
+	})
+}
+
+func (r *recorder) Close() error { return nil }
+
+func (r *recorder) messages() []broker.Message {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]broker.Message(nil), r.got...)
+}
+
+// checkStream asserts that every id in want reached the broker and that per
+// aggregate the first appearances are sequences 1..N in order; it returns the
+// number of duplicates.
+func checkStream(t testing.TB, got []broker.Message, want []pgoutbox.UUID) int {
+	t.Helper()
+	seen := map[pgoutbox.UUID]bool{}
+	next := map[string]int64{}
+	dups := 0
+	for _, m := range got {
+		if seen[m.EventID] {
+			dups++
+			continue
+		}
+		seen[m.EventID] = true
+		l := m.AggregateType + "/" + m.AggregateID
+		if m.AggregateSequence != next[l]+1 {
+			t.Fatalf("order violated on %s: sequence %d first appeared after %d", l, m.AggregateSequence, next[l])
+		}
+		next[l] = m.AggregateSequence
+	}
+	lost := 0
+	for _, id := range want {
+		if !seen[id] {
+			lost++
+		}
+	}
+	if lost > 0 {
+		t.Fatalf("%d of %d events never reached the broker", lost, len(want))
+	}
+	return dups
+}
+
+// metric reads one gauge or counter of the source's collector.
+func metric(t testing.TB, s *cdc.Source, name string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	pgtest.Must(t, reg.Register(s.Collector()), "register collector")
+	mfs, err := reg.Gather()
+	pgtest.Must(t, err, "gather")
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			m := mf.GetMetric()[0]
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("metric %s not collected", name)
+	return 0
+}
+
+// slotConfirmedAtLeast reports whether the slot confirmed lsn.
+func (e *env) slotConfirmedAtLeast(t testing.TB, lsn string) bool {
+	t.Helper()
+	var ok bool
+	pgtest.Must(t, e.pool.QueryRow(context.Background(), `SELECT coalesce(confirmed_flush_lsn >= $2::pg_lsn, false)
+  FROM pg_replication_slots WHERE slot_name = $1`, e.cfg.Slot, lsn).Scan(&ok), "slot position")
+	return ok
+}
+
+func (e *env) currentLSN(t testing.TB) string {
+	t.Helper()
+	var lsn string
+	pgtest.Must(t, e.pool.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&lsn), "current lsn")
+	return lsn
+}

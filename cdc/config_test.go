@@ -1,0 +1,39 @@
+package cdc_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgoutbox/pgoutbox/cdc"
+)
+
+func TestDefaultSlotNames(t *testing.T) {
+	for schema, want := range map[string]string{"public": "pgoutbox_public", "app_1": "pgoutbox_app_1"} {
+		if got := cdc.DefaultSlot(schema); got != want {
+			t.Errorf("DefaultSlot(%q) = %q, want %q", schema, got, want)
+		}
+	}
+	a, b := cdc.DefaultSlot("App"), cdc.DefaultSlot("app")
+	long := cdc.DefaultSlot(strings.Repeat("x", 63))
+	if a == b || len(long) > 63 {
+		t.Errorf("folded names collide or overflow: %q %q %q", a, b, long)
+	}
+	for _, s := range []string{"App", "with space", "ünïcode", strings.Repeat("x", 63)} {
+		c := cdc.Config{Schema: s}
+		if err := c.Validate(); err != nil {
+			t.Errorf("schema %q: %v", s, err)
+		}
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, c := range []cdc.Config{
+		{Slot: "Bad-Name"}, {Publication: "x y"}, {BatchSize: -1}, {BatchSize: 100, MaxBuffered: 10},
+		{StatusInterval: time.Minute}, {BackoffBase: 2 * time.Second, BackoffMax: time.Second},
+	} {
+		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "cdc: Config.") {
+			t.Errorf("%+v: %v, want a cdc: Config.<field> error", c, err)
+		}
+	}
+}

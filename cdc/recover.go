@@ -1,0 +1,81 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+// ErrSlotHealthy is returned by Recover when the slot exists, is idle and has
+// its WAL, and Force was not given: there is nothing to recover.
+var ErrSlotHealthy = errors.New("cdc: replication slot exists and is healthy")
+
+// RecoverOptions tunes Recover.
+type RecoverOptions struct {
+	// Force recreates a healthy slot too. Nothing is lost either way: every
+	// unpublished event is published from the table.
+	Force bool
+}
+
+// RecoverResult is what Recover did.
+type RecoverResult struct {
+	Slot            string // the slot's name
+	ConsistentPoint string // the new slot's start position
+	Lanes           int    // aggregates that had unpublished events
+	Published       int64  // events published from the table
+	Remaining       int64  // events still unpublished (quarantined, failing, or committed meanwhile)
+}
+
+// Recover recreates the replication slot after it was lost (dropped, or
+// invalidated by max_slot_wal_keep_size) and publishes from the table every event
+// the new slot will not send: each lane in sequence order, with the relay's retry
+// and quarantine rules. It creates the slot first, then reads the unpublished
+// events in the snapshot the slot exports, so that every event is either in that
+// snapshot or in the new slot's stream. It returns once no lane has an event that
+// may go now; events left (quarantined, backing off) stay in the table, and the
+// CDC source publishes them when it starts. The slot must not be in use.
+func Recover(ctx context.Context, pool *pgxpool.Pool, pub broker.Publisher, cfg *Config, opts RecoverOptions) (RecoverResult, error) {
+	s, err := New(pool, pub, cfg)
+	if err != nil {
+		return RecoverResult{}, err
+	}
+	c := &s.cfg
+	res := RecoverResult{Slot: c.Slot}
+	st, err := slotState(ctx, pool, c)
+	switch {
+	case err != nil && !errors.Is(err, ErrSlotLost):
+		return res, err
+	case err == nil && st.exists && !opts.Force:
+		return res, fmt.Errorf("%w: slot %q has the WAL it needs; nothing to recover (force recreates it anyway)", ErrSlotHealthy, c.Slot)
+	}
+	lanes, lsn, err := prepare(ctx, pool, c, &s.q, true)
+	if err != nil {
+		return res, err
+	}
+	res.ConsistentPoint, res.Lanes = lsn.String(), len(lanes)
+	s.hardCtx, s.hardCancel = context.WithCancel(ctx)
+	defer s.hardCancel()
+	now := time.Now()
+	for _, l := range lanes {
+		s.blocked[l.key] = &laneState{seen: l.seen, due: now}
+	}
+	for ctx.Err() == nil {
+		progressed, next := s.round()
+		if !progressed && next.After(time.Now()) {
+			break
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return res, fmt.Errorf("cdc: recover: %w", err)
+	}
+	res.Published = s.Stats().Published
+	if err := pool.QueryRow(ctx, s.q.eventsBehind).Scan(&res.Remaining); err != nil {
+		return res, fmt.Errorf("cdc: count unpublished events: %w", err)
+	}
+	return res, nil
+}

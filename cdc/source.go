@@ -1,0 +1,775 @@
+// Package cdc is the relay's logical-replication source: instead of polling the
+// outbox table, it follows the inserts into <schema>.outbox_events through a
+// durable replication slot (pgoutput) and publishes them through the same
+// broker.Publisher seam, with the same wire format, per-aggregate order, retry
+// and quarantine rules and published_at bookkeeping as the polling relay.
+//
+// The slot's confirmed position advances only past events the broker
+// acknowledged (and that were marked published), or whose failure was recorded
+// in the table: a restart resumes there, so duplicates are possible and loss is
+// not. A lane (one aggregate's events) whose event failed is handed to the
+// table path, which publishes it from the table in sequence order, with backoff
+// and quarantine, and hands it back to the stream once it caught up.
+//
+// A schema runs one source at a time: the CDC source owns every unpublished
+// event (claimed_by "cdc:<slot>", claim_until infinity, new rows by column
+// default), so a polling relay started by mistake finds nothing to claim.
+// Disable hands the events back to polling relays. Recover recreates a lost
+// slot and publishes from the table what the stream will never send.
+//
+// docs/design.md ("CDC source") states the rules and what each crash leaves.
+package cdc
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+)
+
+// lane is one aggregate's ordered events.
+type lane struct{ typ, id string }
+
+func laneOf(m *broker.Message) lane { return lane{m.AggregateType, m.AggregateID} }
+
+// laneState is a lane the table path owns.
+type laneState struct {
+	seen int64     // highest sequence the stream skipped (or the table held) for the lane
+	due  time.Time // when the table path looks at the lane next
+}
+
+// txn is one committed transaction received from the slot.
+type txn struct {
+	end       pglogrepl.LSN // confirming it means: everything up to its commit is settled
+	commit    time.Time
+	events    []broker.Message // sorted by lane, then sequence
+	next      int              // events[:next] were handed out or skipped
+	unsettled int
+}
+
+// item is one event of a batch.
+type item struct {
+	msg      broker.Message
+	tx       *txn // nil for the table path
+	attempts int  // attempt_count before this attempt
+}
+
+// Source streams outbox inserts from a replication slot to a broker. Create it
+// with New, Start it, Stop it; it is not restartable.
+type Source struct {
+	cfg  Config
+	pool *pgxpool.Pool
+	pub  broker.Publisher
+	q    queries
+	log  *slog.Logger
+
+	mu         sync.Mutex
+	blocked    map[lane]*laneState
+	queue      []*txn // received, not wholly settled, in commit order
+	buffered   int    // events of queue not settled
+	confirmed  pglogrepl.LSN
+	lastPushed pglogrepl.LSN
+	walEnd     pglogrepl.LSN // a keepalive's position, safe to confirm once queue is empty
+
+	work, space, tableWake, brokerBack chan struct{}
+	stopping                           chan struct{}
+	hardCtx                            context.Context
+	hardCancel                         context.CancelFunc
+	wg                                 sync.WaitGroup
+	startOnce, stopOnce                sync.Once
+	started                            atomic.Bool
+
+	inFlight                       atomic.Bool // the dispatcher has a batch out
+	dbDown, brokerDown, streamDown atomic.Bool
+	stats                          counters
+}
+
+type counters struct {
+	published, fromTable, failed, quarantined, duplicates, skipped atomic.Int64
+}
+
+// Stats are a source's counters since Start.
+type Stats struct {
+	Published   int64 // events acknowledged by the broker and marked published
+	FromTable   int64 // of Published, those the table path published
+	Failed      int64 // failed publish attempts recorded
+	Quarantined int64 // events quarantined
+	Duplicates  int64 // streamed events not sent again because they were published already
+	Skipped     int64 // streamed events left to the table path (their lane was blocked)
+}
+
+// New returns a source reading the slot through pool's server and publishing
+// with pub. cfg may be nil for all defaults; invalid settings are reported here.
+// The pool's role needs the REPLICATION attribute.
+func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Source, error) {
+	if pool == nil || pub == nil {
+		return nil, errors.New("cdc: New needs a pool and a publisher")
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Source{
+		cfg: c, pool: pool, pub: pub, q: newQueries(c.Schema),
+		log:        c.Logger.With(slog.String("source", "cdc"), slog.String("slot", c.Slot)),
+		blocked:    map[lane]*laneState{},
+		work:       make(chan struct{}, 1),
+		space:      make(chan struct{}, 1),
+		tableWake:  make(chan struct{}, 1),
+		brokerBack: make(chan struct{}, 1),
+		stopping:   make(chan struct{}),
+	}, nil
+}
+
+// Config returns the source's configuration with its defaults applied.
+func (s *Source) Config() Config { return s.cfg }
+
+// Stats returns the source's counters.
+func (s *Source) Stats() Stats {
+	c := &s.stats
+	return Stats{Published: c.published.Load(), FromTable: c.fromTable.Load(), Failed: c.failed.Load(),
+		Quarantined: c.quarantined.Load(), Duplicates: c.duplicates.Load(), Skipped: c.skipped.Load()}
+}
+
+// Healthy reports nil when the last contact with the database, the broker and
+// the replication stream succeeded, else what is down.
+func (s *Source) Healthy() error {
+	var errs []error
+	if s.dbDown.Load() {
+		errs = append(errs, errors.New("cdc: database unreachable"))
+	}
+	if s.brokerDown.Load() {
+		errs = append(errs, errors.New("cdc: broker unreachable"))
+	}
+	if s.streamDown.Load() {
+		errs = append(errs, errors.New("cdc: replication stream down"))
+	}
+	return errors.Join(errs...)
+}
+
+// Start runs the start-up checks and set-up (publication, slot, ownership of
+// unpublished events) and returns their error, if any; then it streams in the
+// background until Stop. Cancelling ctx stops the source abruptly (prefer Stop).
+// Start may be called once.
+func (s *Source) Start(ctx context.Context) error {
+	err := errors.New("cdc: already started")
+	s.startOnce.Do(func() { err = s.start(ctx) })
+	return err
+}
+
+func (s *Source) start(ctx context.Context) error {
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	lanes, lsn, err := prepare(sctx, s.pool, &s.cfg, &s.q, false)
+	if err != nil {
+		return err
+	}
+	s.confirmed, s.lastPushed = lsn, lsn
+	now := time.Now()
+	for _, l := range lanes {
+		s.blocked[l.key] = &laneState{seen: l.seen, due: now}
+	}
+	s.started.Store(true)
+	s.hardCtx, s.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
+	s.log.Info("cdc source starting", slog.String("schema", s.cfg.Schema), slog.String("publication", s.cfg.Publication),
+		slog.String("confirmed_lsn", lsn.String()), slog.Int("backfill_lanes", len(lanes)))
+	// Start's ctx ending is a hard stop. Not in wg: Stop cancels hardCtx after
+	// waiting for wg.
+	go func() {
+		select {
+		case <-ctx.Done():
+			s.signalStop()
+			s.hardCancel()
+		case <-s.hardCtx.Done():
+		}
+	}()
+	ready := make(chan error, 1)
+	s.wg.Add(3)
+	go s.stream(ready)
+	go s.dispatch()
+	go s.tablePath()
+	// Return once the stream is up, so that a slot in use elsewhere is reported
+	// here rather than in the logs.
+	select {
+	case err := <-ready:
+		if err != nil {
+			s.signalStop()
+			s.hardCancel()
+			s.wg.Wait()
+			return err
+		}
+	case <-sctx.Done():
+		s.signalStop()
+		s.hardCancel()
+		s.wg.Wait()
+		return fmt.Errorf("cdc: start replication: %w", sctx.Err())
+	}
+	return nil
+}
+
+// prepare runs the checks, creates what is missing and takes ownership. It
+// returns the lanes the table path must publish first (unpublished events the
+// stream will not send) and the slot's confirmed position. With recreate, an
+// existing idle slot is dropped first.
+func prepare(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries, recreate bool) ([]laneSeen, pglogrepl.LSN, error) {
+	slot, err := checkServer(ctx, pool, c)
+	if err != nil && !(recreate && errors.Is(err, ErrSlotLost)) {
+		return nil, 0, err
+	}
+	if err := ensurePublication(ctx, pool, c); err != nil {
+		return nil, 0, err
+	}
+	if err := ensureOwnership(ctx, pool, c, q); err != nil {
+		return nil, 0, err
+	}
+	if slot.exists && recreate {
+		if err := dropSlot(ctx, pool, c.Slot); err != nil {
+			return nil, 0, err
+		}
+		slot.exists = false
+	}
+	if !slot.exists {
+		lsn, lanes, err := createSlot(ctx, pool, c, q)
+		return lanes, lsn, err
+	}
+	var lsn pglogrepl.LSN
+	var text *string
+	if err := pool.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", c.Slot).Scan(&text); err != nil {
+		return nil, 0, fmt.Errorf("cdc: read slot %s: %w", c.Slot, err)
+	}
+	if text != nil {
+		if lsn, err = pglogrepl.ParseLSN(*text); err != nil {
+			return nil, 0, fmt.Errorf("cdc: slot %s: %w", c.Slot, err)
+		}
+	}
+	// Every unpublished event committed before the confirmed position is one the
+	// stream will not send again: failed, held back behind a failure, or acked
+	// and not marked when the last run died. The previous run saw all of them
+	// committed, so this snapshot sees them; the table path owns their lanes.
+	lanes, err := readPendingLanes(ctx, pool, q)
+	if err != nil {
+		return nil, 0, fmt.Errorf("cdc: read unpublished events: %w", err)
+	}
+	return lanes, lsn, nil
+}
+
+func (s *Source) signalStop() { s.stopOnce.Do(func() { close(s.stopping) }) }
+
+// Stop shuts the source down: no new batches, the batch in flight is published
+// and settled, and the confirmed position is reported to the server. If ctx ends
+// first, in-flight publishes are abandoned (the restart publishes them again)
+// and ctx's error is returned. Stop is safe to call more than once, and before
+// Start.
+func (s *Source) Stop(ctx context.Context) error {
+	s.signalStop()
+	if !s.started.Load() {
+		return nil
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = fmt.Errorf("cdc: stop: %w", ctx.Err())
+		s.hardCancel()
+		<-done
+	}
+	s.hardCancel()
+	// The server releases the slot a moment after the connection closes; wait
+	// for it (briefly) so that a restart right away does not find it in use.
+	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer wcancel()
+	for {
+		var active bool
+		err := s.pool.QueryRow(wctx, "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1", s.cfg.Slot).Scan(&active)
+		if err != nil || !active || !sleepCtx(wctx, 20*time.Millisecond) {
+			break
+		}
+	}
+	st := s.Stats()
+	s.log.Info("cdc source stopped", slog.Int64("published", st.Published), slog.Int64("failed", st.Failed),
+		slog.Int64("quarantined", st.Quarantined))
+	return err
+}
+
+func poke(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// push queues a transaction received from the slot. After a reconnect the server
+// sends again what followed the confirmed position; transactions queued already
+// are dropped by their end position.
+func (s *Source) push(t *txn) {
+	slices.SortFunc(t.events, func(a, b broker.Message) int {
+		return cmp.Or(strings.Compare(a.AggregateType, b.AggregateType), strings.Compare(a.AggregateID, b.AggregateID),
+			cmp.Compare(a.AggregateSequence, b.AggregateSequence))
+	})
+	s.mu.Lock()
+	if t.end <= s.lastPushed {
+		s.mu.Unlock()
+		return
+	}
+	t.unsettled = len(t.events)
+	s.queue = append(s.queue, t)
+	s.buffered += len(t.events)
+	s.lastPushed = t.end
+	s.advanceLocked()
+	s.mu.Unlock()
+	poke(s.work)
+}
+
+func (s *Source) full() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buffered >= s.cfg.MaxBuffered
+}
+
+// advanceLocked drops settled transactions from the head of the queue and moves
+// the confirmed position to the end of the last one.
+func (s *Source) advanceLocked() {
+	n := 0
+	for n < len(s.queue) && s.queue[n].unsettled == 0 && s.queue[n].next == len(s.queue[n].events) {
+		s.confirmed = max(s.confirmed, s.queue[n].end)
+		n++
+	}
+	if n > 0 {
+		clear(s.queue[:n])
+		s.queue = s.queue[n:]
+	}
+}
+
+// reportable is the position to confirm to the server: the end of the last
+// settled transaction or, when nothing received is unsettled, the server's last
+// keepalive position (WAL of other tables, and of our own marks, must not be
+// retained for us).
+func (s *Source) reportable() pglogrepl.LSN {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.queue) == 0 {
+		return max(s.confirmed, s.walEnd)
+	}
+	return s.confirmed
+}
+
+// oldestUnconfirmed is the commit time of the oldest transaction received and not
+// yet settled (zero when none).
+func (s *Source) oldestUnconfirmed() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.queue) == 0 {
+		return time.Time{}
+	}
+	return s.queue[0].commit
+}
+
+// dispatch turns queued transactions into batches: one batch in flight at a time,
+// so that a lane whose event fails is blocked before its next event is looked at.
+func (s *Source) dispatch() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.stopping:
+			return
+		case <-s.work:
+		}
+		for {
+			select {
+			case <-s.stopping:
+				return
+			default:
+			}
+			s.inFlight.Store(true)
+			batch := s.assemble()
+			if len(batch) == 0 {
+				s.inFlight.Store(false)
+				break
+			}
+			pause := s.process(batch)
+			s.inFlight.Store(false)
+			if pause > 0 {
+				// The broker is unreachable: wait for the table path to get an ack
+				// through (or for the pause to end) instead of failing every lane.
+				t := time.NewTimer(pause)
+				select {
+				case <-s.stopping:
+					t.Stop()
+					return
+				case <-s.brokerBack:
+				case <-t.C:
+				}
+				t.Stop()
+			}
+		}
+	}
+}
+
+// assemble takes the next batch from the queue. Events of lanes the table path
+// owns are skipped (settled at once: the table has them); the lane remembers the
+// highest sequence skipped.
+func (s *Source) assemble() []item {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []item
+	skipped := 0
+	for _, t := range s.queue {
+		for t.next < len(t.events) && len(out) < s.cfg.BatchSize {
+			m := t.events[t.next]
+			t.next++
+			if st := s.blocked[laneOf(&m)]; st != nil {
+				st.seen = max(st.seen, m.AggregateSequence)
+				t.unsettled--
+				s.buffered--
+				skipped++
+				continue
+			}
+			out = append(out, item{msg: m, tx: t})
+		}
+		if len(out) >= s.cfg.BatchSize {
+			break
+		}
+	}
+	if skipped > 0 {
+		s.stats.skipped.Add(int64(skipped))
+		s.advanceLocked()
+		poke(s.space)
+	}
+	return out
+}
+
+// process publishes one batch from the stream and settles it. It returns how long
+// to pause when the broker looked unreachable.
+func (s *Source) process(batch []item) time.Duration {
+	ids := make([]pgoutbox.UUID, len(batch))
+	for i := range batch {
+		ids[i] = batch[i].msg.EventID
+	}
+	// After a restart the stream sends again what followed the confirmed
+	// position; what was marked published then is not sent twice.
+	var done []pgoutbox.UUID
+	if !s.retryDB("look up published events", func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, s.q.alreadyPublished, ids)
+		if err != nil {
+			return err
+		}
+		done, err = pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
+		return err
+	}) {
+		return 0 // hard stop: nothing settled, nothing confirmed
+	}
+	send := batch
+	if len(done) > 0 {
+		skip := map[pgoutbox.UUID]bool{}
+		for _, id := range done {
+			skip[id] = true
+		}
+		send = nil
+		for _, it := range batch {
+			if !skip[it.msg.EventID] {
+				send = append(send, it)
+			}
+		}
+		s.stats.duplicates.Add(int64(len(batch) - len(send)))
+	}
+	var res settled
+	if len(send) > 0 {
+		results := s.publish(send)
+		_ = failpoint.Inject(failpoint.CDCAfterPublish) // crash or delay only: the broker has spoken
+		var ok bool
+		if res, ok = s.settle(send, results); !ok {
+			return 0
+		}
+	}
+	now := time.Now()
+	s.mu.Lock()
+	for l, delay := range res.failedLanes {
+		st := &laneState{due: now.Add(delay)}
+		for _, it := range send {
+			if laneOf(&it.msg) == l {
+				st.seen = max(st.seen, it.msg.AggregateSequence)
+			}
+		}
+		s.blocked[l] = st
+	}
+	for _, it := range batch {
+		it.tx.unsettled--
+		s.buffered--
+	}
+	s.advanceLocked()
+	s.mu.Unlock()
+	poke(s.space)
+	if len(res.failedLanes) > 0 {
+		poke(s.tableWake)
+	}
+	if res.allUnavailable {
+		// Hold the stream (the slot's lag grows, the server keeps the WAL) rather
+		// than hand every lane to the table path one failure at a time; the table
+		// path's retries of the failed lanes tell when the broker is back.
+		return 10 * time.Second
+	}
+	return 0
+}
+
+// publish sends items (sorted per lane by sequence) and returns one result each.
+func (s *Source) publish(items []item) []error {
+	slices.SortStableFunc(items, func(a, b item) int {
+		return cmp.Or(strings.Compare(a.msg.AggregateType, b.msg.AggregateType), strings.Compare(a.msg.AggregateID, b.msg.AggregateID),
+			cmp.Compare(a.msg.AggregateSequence, b.msg.AggregateSequence))
+	})
+	msgs := make([]broker.Message, len(items))
+	for i := range items {
+		msgs[i] = items[i].msg
+	}
+	pctx, cancel := context.WithTimeout(s.hardCtx, s.cfg.PublishTimeout)
+	results := s.pub.Publish(pctx, msgs)
+	cancel()
+	if len(results) != len(msgs) {
+		s.log.Error("publisher returned the wrong number of results; retrying the batch",
+			slog.Int("messages", len(msgs)), slog.Int("results", len(results)))
+		results = make([]error, len(msgs))
+		for i := range results {
+			results[i] = broker.Unavailable(errors.New("cdc: publisher returned the wrong number of results"))
+		}
+	}
+	return results
+}
+
+// settled is what settle found.
+type settled struct {
+	acked          int
+	failedLanes    map[lane]time.Duration // lanes with a failed event → its backoff
+	allUnavailable bool                   // failures only, all of them broker outages
+}
+
+// settle records the outcome of a publish in the table: acked events published,
+// failed ones retried later (attempt_count, last_error, available_at) or
+// quarantined, exactly as the polling relay does. Events not sent because an
+// earlier event of their lane failed are left as they are. It returns false if
+// the source was hard-stopped before the outcome was recorded.
+func (s *Source) settle(items []item, results []error) (settled, bool) {
+	var (
+		res                    = settled{failedLanes: map[lane]time.Duration{}, allUnavailable: true}
+		acked, failIDs         []pgoutbox.UUID
+		failErrs               []string
+		failDelays             []int64
+		failQuarantine         []bool
+		quarantined, anyFailed int
+	)
+	if s.hardCtx.Err() != nil {
+		return res, false // abandoned: leave everything for the restart
+	}
+	for i, err := range results {
+		it := &items[i]
+		switch {
+		case err == nil:
+			acked = append(acked, it.msg.EventID)
+		case errors.Is(err, broker.ErrPredecessorFailed):
+			// Its lane is in failedLanes through the failed predecessor.
+		default:
+			anyFailed++
+			unavailable := broker.IsUnavailable(err)
+			res.allUnavailable = res.allUnavailable && unavailable
+			attempt := it.attempts + 1
+			quarantine := broker.IsPermanent(err) || (!unavailable && attempt >= s.cfg.MaxAttempts)
+			delay := s.backoff(attempt, unavailable)
+			if quarantine {
+				quarantined++
+				s.log.Warn("event quarantined", slog.String("event_id", it.msg.EventID.String()),
+					slog.String("aggregate", it.msg.AggregateType+"/"+it.msg.AggregateID),
+					slog.Int64("sequence", it.msg.AggregateSequence), slog.Int("attempts", attempt), slog.Any("error", err))
+				delay = s.cfg.PollInterval
+			}
+			res.failedLanes[laneOf(&it.msg)] = delay
+			failIDs = append(failIDs, it.msg.EventID)
+			failErrs = append(failErrs, errorText(err))
+			failDelays = append(failDelays, delay.Milliseconds())
+			failQuarantine = append(failQuarantine, quarantine)
+		}
+	}
+	if len(acked) > 0 {
+		if !s.markAll(acked) {
+			return res, false
+		}
+	}
+	if len(failIDs) > 0 {
+		if !s.retryDB("record failed attempts", func(ctx context.Context) error {
+			_, err := s.pool.Exec(ctx, s.q.fail, failIDs, failErrs, failDelays, failQuarantine, s.cfg.Owner())
+			return err
+		}) {
+			return res, false
+		}
+	}
+	res.acked = len(acked)
+	res.allUnavailable = res.allUnavailable && anyFailed > 0 && len(acked) == 0
+	s.stats.published.Add(int64(len(acked)))
+	s.stats.failed.Add(int64(len(failIDs)))
+	s.stats.quarantined.Add(int64(quarantined))
+	switch {
+	case len(acked) > 0:
+		s.setUp(&s.brokerDown, "broker")
+	case res.allUnavailable:
+		s.setDown(&s.brokerDown, "broker", errors.New(failErrs[0]))
+	}
+	return res, true
+}
+
+// markAll marks events published. A commit reaches logical decoding a moment
+// before other sessions see it, so an event not found is looked for again
+// (briefly); one that exists but was not updated was published meanwhile.
+func (s *Source) markAll(ids []pgoutbox.UUID) bool {
+	left := ids
+	for try := 0; ; try++ {
+		var marked, existing []pgoutbox.UUID
+		if !s.retryDB("mark events published", func(ctx context.Context) error {
+			rows, err := s.pool.Query(ctx, s.q.mark, left)
+			if err != nil {
+				return err
+			}
+			if marked, err = pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID]); err != nil {
+				return err
+			}
+			if len(marked) == len(left) {
+				return nil
+			}
+			rows, err = s.pool.Query(ctx, s.q.existing, minus(left, marked))
+			if err != nil {
+				return err
+			}
+			existing, err = pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
+			return err
+		}) {
+			return false
+		}
+		left = minus(minus(left, marked), existing)
+		if len(left) == 0 {
+			return true
+		}
+		if try >= 50 {
+			s.log.Warn("events acknowledged by the broker are not in the outbox table (deleted?)", slog.Int("events", len(left)),
+				slog.String("first", left[0].String()))
+			return true
+		}
+		if !sleepCtx(s.hardCtx, 100*time.Millisecond) {
+			return false
+		}
+	}
+}
+
+func minus(a, b []pgoutbox.UUID) []pgoutbox.UUID {
+	if len(b) == 0 {
+		return a
+	}
+	drop := make(map[pgoutbox.UUID]bool, len(b))
+	for _, id := range b {
+		drop[id] = true
+	}
+	var out []pgoutbox.UUID
+	for _, id := range a {
+		if !drop[id] {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// retryDB runs f with a fresh 10s timeout until it succeeds, backing off while
+// the database is unreachable. It returns false if the source was hard-stopped.
+func (s *Source) retryDB(what string, f func(ctx context.Context) error) bool {
+	var wait backoff
+	for {
+		ctx, cancel := context.WithTimeout(s.hardCtx, 10*time.Second)
+		err := f(ctx)
+		cancel()
+		if err == nil {
+			s.setUp(&s.dbDown, "database")
+			return true
+		}
+		if s.hardCtx.Err() != nil {
+			return false
+		}
+		s.setDown(&s.dbDown, "database", fmt.Errorf("%s: %w", what, err))
+		if !sleepCtx(s.hardCtx, wait.next()) {
+			return false
+		}
+	}
+}
+
+// backoff returns the delay before attempt+1, as the polling relay computes it.
+func (s *Source) backoff(attempt int, unavailable bool) time.Duration {
+	limit := s.cfg.BackoffMax
+	if unavailable {
+		limit = min(limit, 10*time.Second)
+	}
+	d := s.cfg.BackoffBase
+	for i := 1; i < attempt && d < limit; i++ {
+		d *= 2
+	}
+	d = min(d, limit)
+	return d/2 + rand.N(d/2+1)
+}
+
+// errorText makes err storable in last_error: valid UTF-8, no NUL, bounded.
+func errorText(err error) string {
+	t := strings.ToValidUTF8(err.Error(), "?")
+	t = strings.ReplaceAll(t, "\x00", "")
+	if len(t) > 2000 {
+		t = t[:2000]
+		for !utf8.ValidString(t) {
+			t = t[:len(t)-1]
+		}
+	}
+	return t
+}
+
+func (s *Source) setDown(flag *atomic.Bool, what string, err error) {
+	if flag.CompareAndSwap(false, true) {
+		s.log.Warn(what+" unreachable; retrying with backoff", slog.Any("error", err))
+	}
+}
+
+func (s *Source) setUp(flag *atomic.Bool, what string) {
+	if flag.CompareAndSwap(true, false) {
+		s.log.Info(what + " reachable again")
+	}
+}
+
+// backoff is the delay schedule for retrying the database or the stream:
+// 100ms doubling to 5s.
+type backoff struct{ d time.Duration }
+
+func (b *backoff) next() time.Duration {
+	b.d = min(max(b.d*2, 100*time.Millisecond), 5*time.Second)
+	return b.d
+}
+
+func (b *backoff) reset() { b.d = 0 }
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

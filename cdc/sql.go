@@ -1,0 +1,149 @@
+package cdc
+
+import (
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// queries holds the CDC source's statements for one schema. docs/design.md ("CDC
+// source") explains the rules they enforce.
+type queries struct {
+	table                                      string // schema-qualified, quoted
+	takeover, foreignLeases, pendingLanes      string
+	alreadyPublished, mark, existing, fail     string
+	laneRows, lease, unblockable, eventsBehind string
+	releaseAll                                 string
+}
+
+func newQueries(schema string) queries {
+	t := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	f := func(q string) string { return fmt.Sprintf(q, t) }
+	return queries{
+		table:            t,
+		takeover:         f(takeoverSQL),
+		foreignLeases:    f(foreignLeasesSQL),
+		pendingLanes:     f(pendingLanesSQL),
+		alreadyPublished: f(alreadyPublishedSQL),
+		mark:             f(markSQL),
+		existing:         f(existingSQL),
+		fail:             f(failSQL),
+		laneRows:         f(laneRowsSQL),
+		lease:            f(leaseSQL),
+		unblockable:      f(unblockableSQL),
+		eventsBehind:     f(eventsBehindSQL),
+		releaseAll:       f(releaseAllSQL),
+	}
+}
+
+// takeoverSQL makes the CDC source ($1) the owner of every unpublished event that
+// no live lease holds: claim_until 'infinity' keeps polling relays away for good
+// (their claim needs an expired or empty lease). Rows inserted later are born
+// owned through the column defaults set at start-up.
+const takeoverSQL = `
+UPDATE %[1]s
+   SET claimed_by = $1, claim_until = 'infinity'
+ WHERE published_at IS NULL AND claimed_by IS DISTINCT FROM $1
+   AND (claim_until IS NULL OR claim_until < now())`
+
+// foreignLeasesSQL lists live leases of other relays on unpublished events: a
+// polling relay is (or was until a moment ago) running on this schema.
+const foreignLeasesSQL = `
+SELECT claimed_by, count(*), max(claim_until)::text
+  FROM %[1]s
+ WHERE published_at IS NULL AND claimed_by IS DISTINCT FROM $1 AND claim_until >= now()
+ GROUP BY claimed_by ORDER BY claimed_by`
+
+// pendingLanesSQL returns every lane with unpublished events and its highest
+// unpublished sequence: the lanes the table path owns at start-up.
+const pendingLanesSQL = `
+SELECT aggregate_type, aggregate_id, max(aggregate_sequence)
+  FROM %[1]s
+ WHERE published_at IS NULL
+ GROUP BY aggregate_type, aggregate_id`
+
+// alreadyPublishedSQL finds the events of a batch that are published already (the
+// stream re-sends what followed the last confirmed position after a restart).
+const alreadyPublishedSQL = `
+SELECT event_id FROM %[1]s WHERE event_id = ANY($1::uuid[]) AND published_at IS NOT NULL`
+
+// markSQL records the broker's acks, like the polling relay's mark. The lease is
+// ended (claim_until NULL); claimed_by keeps saying who published the event.
+const markSQL = `
+UPDATE %[1]s
+   SET published_at = now(), attempt_count = attempt_count + 1, claim_until = NULL
+ WHERE event_id = ANY($1::uuid[]) AND published_at IS NULL
+RETURNING event_id`
+
+// existingSQL tells which of the events a mark did not update exist at all (they
+// were published meanwhile). The others are not visible yet: a commit reaches
+// logical decoding a moment before other sessions can see it.
+const existingSQL = `SELECT event_id FROM %[1]s WHERE event_id = ANY($1::uuid[])`
+
+// failSQL records failed attempts, like the polling relay's fail, but the CDC
+// source keeps the event (claimed_by = $5, claim_until 'infinity'): a failed event
+// is the table path's to retry, never a polling relay's.
+const failSQL = `
+UPDATE %[1]s e
+   SET attempt_count = e.attempt_count + 1,
+       last_error = f.error,
+       available_at = now() + f.delay_ms * interval '1 millisecond',
+       quarantined_at = CASE WHEN f.quarantine THEN now() END,
+       claimed_by = $5, claim_until = 'infinity'
+  FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bool[]) AS f (event_id, error, delay_ms, quarantine)
+ WHERE e.event_id = f.event_id AND e.published_at IS NULL
+   AND (e.claimed_by = $5 OR e.claim_until IS NULL OR e.claim_until < now())
+RETURNING e.event_id`
+
+// laneRowsSQL reads, for each lane the table path owns ($1/$2), its first $4
+// unpublished events in sequence order, and whether each may go now: not
+// quarantined, backoff over, and either ours or not leased by anyone alive.
+const laneRowsSQL = `
+SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type,
+       e.schema_version, e.payload, e.headers, e.occurred_at, e.attempt_count,
+       e.quarantined_at IS NOT NULL,
+       greatest(e.available_at, CASE WHEN e.claimed_by IS DISTINCT FROM $3 AND e.claim_until >= now()
+                                     THEN e.claim_until END) AS not_before,
+       now()
+  FROM unnest($1::text[], $2::text[]) AS l (aggregate_type, aggregate_id)
+ CROSS JOIN LATERAL (
+        SELECT * FROM %[1]s x
+         WHERE x.published_at IS NULL
+           AND x.aggregate_type = l.aggregate_type AND x.aggregate_id = l.aggregate_id
+         ORDER BY x.aggregate_sequence
+         LIMIT $4) e
+ ORDER BY e.aggregate_type, e.aggregate_id, e.aggregate_sequence`
+
+// leaseSQL (re)takes the events the table path is about to publish: events an
+// operator retried have had their lease cleared.
+const leaseSQL = `
+UPDATE %[1]s
+   SET claimed_by = $2, claim_until = 'infinity'
+ WHERE event_id = ANY($1::uuid[]) AND published_at IS NULL AND quarantined_at IS NULL
+   AND available_at <= now()
+   AND (claimed_by = $2 OR claim_until IS NULL OR claim_until < now())
+RETURNING event_id`
+
+// unblockableSQL decides, in one snapshot, which lanes the table path may hand
+// back to the stream: the highest sequence the stream skipped for the lane ($3) is
+// visible and published, and nothing at or below it is unpublished. Visibility of
+// that row implies visibility of every lower sequence (each was committed before
+// the next could be allocated), so the NOT EXISTS cannot miss a late commit.
+const unblockableSQL = `
+SELECT l.aggregate_type, l.aggregate_id
+  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS l (aggregate_type, aggregate_id, seen)
+ WHERE EXISTS (SELECT 1 FROM %[1]s e
+                WHERE e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
+                  AND e.aggregate_sequence = l.seen AND e.published_at IS NOT NULL)
+   AND NOT EXISTS (SELECT 1 FROM %[1]s e
+                    WHERE e.published_at IS NULL
+                      AND e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
+                      AND e.aggregate_sequence <= l.seen)`
+
+// eventsBehindSQL counts the events not yet published (the partial index only).
+const eventsBehindSQL = `SELECT count(*) FROM %[1]s WHERE published_at IS NULL`
+
+// releaseAllSQL hands the CDC source's unpublished events back to polling relays.
+const releaseAllSQL = `
+UPDATE %[1]s SET claimed_by = NULL, claim_until = NULL
+ WHERE published_at IS NULL AND claimed_by = $1`

@@ -1,0 +1,276 @@
+package cdc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+// ErrSlotMissing is reported (through the logs and Healthy) when the slot
+// disappeared while the source ran: run Recover.
+var ErrSlotMissing = errors.New("cdc: replication slot does not exist")
+
+// stream keeps a replication connection open, reconnecting with backoff, and
+// queues every committed transaction's outbox inserts.
+func (s *Source) stream(ready chan<- error) {
+	defer s.wg.Done()
+	var wait backoff
+	first := true
+	defer func() {
+		if first {
+			ready <- errors.New("cdc: stopped before the replication stream started")
+		}
+	}()
+	for {
+		err := s.streamOnce(func() {
+			if first {
+				first = false
+				ready <- nil
+			}
+			if s.streamDown.CompareAndSwap(true, false) {
+				s.log.Info("replication stream up again")
+			}
+			wait.reset()
+		})
+		select {
+		case <-s.stopping:
+			return
+		default:
+		}
+		if s.hardCtx.Err() != nil {
+			return
+		}
+		if first {
+			first = false
+			ready <- err
+			return
+		}
+		if s.streamDown.CompareAndSwap(false, true) {
+			s.log.Warn("replication stream down; reconnecting with backoff", slog.Any("error", err))
+		}
+		t := time.NewTimer(wait.next())
+		select {
+		case <-s.stopping:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Source) streamOnce(up func()) error {
+	ctx := s.hardCtx
+	conn, err := replConn(ctx, s.pool)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(s.cfg.Publication)}
+	// Position 0: the server starts at the slot's confirmed position.
+	if err := pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) {
+			switch pe.Code {
+			case "55006":
+				return fmt.Errorf("%w: %s", ErrSlotActive, pe.Message)
+			case "42704":
+				return fmt.Errorf("%w: slot %q: run 'pgoutbox cdc recover --schema %s'", ErrSlotMissing, s.cfg.Slot, s.cfg.Schema)
+			}
+		}
+		return fmt.Errorf("cdc: start replication: %w", err)
+	}
+	up()
+
+	var (
+		relations  = map[uint32]*pglogrepl.RelationMessage{}
+		cur        *txn
+		reported   pglogrepl.LSN
+		lastStatus time.Time
+		replyNow   bool
+		dec        = decoder{types: pgtype.NewMap(), schema: s.cfg.Schema}
+		sendStatus = func() error {
+			lsn := s.reportable()
+			err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+				WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn})
+			if err != nil {
+				return fmt.Errorf("cdc: send standby status: %w", err)
+			}
+			reported, lastStatus, replyNow = lsn, time.Now(), false
+			return nil
+		}
+	)
+	for {
+		select {
+		case <-s.stopping:
+			// The dispatcher settles its last batch before the workers stop; report
+			// where it got to. Stop waits for this goroutine.
+			s.waitDispatcherIdle()
+			return sendStatus()
+		default:
+		}
+		since := time.Since(lastStatus)
+		if replyNow || since >= s.cfg.StatusInterval || (s.reportable() > reported && since >= 100*time.Millisecond) {
+			if err := sendStatus(); err != nil {
+				return err
+			}
+		}
+		if cur == nil && s.full() {
+			// Back-pressure: stop reading (the server buffers) but keep reporting,
+			// so the server does not time the connection out.
+			t := time.NewTimer(100 * time.Millisecond)
+			select {
+			case <-s.space:
+			case <-t.C:
+			case <-s.stopping:
+			}
+			t.Stop()
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		raw, err := conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if pgconn.Timeout(err) && ctx.Err() == nil {
+				continue
+			}
+			return fmt.Errorf("cdc: receive: %w", err)
+		}
+		switch m := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("cdc: replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyDone:
+			return errors.New("cdc: the server ended the replication stream")
+		case *pgproto3.CopyData:
+			if len(m.Data) == 0 {
+				continue
+			}
+			switch m.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				k, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("cdc: keepalive: %w", err)
+				}
+				if cur == nil {
+					// Everything before this position was sent and, outside a
+					// transaction, received whole.
+					s.mu.Lock()
+					s.walEnd = max(s.walEnd, k.ServerWALEnd)
+					s.mu.Unlock()
+				}
+				replyNow = replyNow || k.ReplyRequested
+			case pglogrepl.XLogDataByteID:
+				x, err := pglogrepl.ParseXLogData(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("cdc: xlog data: %w", err)
+				}
+				lm, err := pglogrepl.Parse(x.WALData)
+				if err != nil {
+					return fmt.Errorf("cdc: decode pgoutput message: %w", err)
+				}
+				switch lm := lm.(type) {
+				case *pglogrepl.RelationMessage:
+					relations[lm.RelationID] = lm
+				case *pglogrepl.BeginMessage:
+					cur = &txn{commit: lm.CommitTime}
+				case *pglogrepl.InsertMessage:
+					rel := relations[lm.RelationID]
+					if rel == nil {
+						return fmt.Errorf("cdc: insert into unknown relation %d", lm.RelationID)
+					}
+					if cur == nil || rel.Namespace != s.cfg.Schema || rel.RelationName != "outbox_events" {
+						continue
+					}
+					msg, err := dec.insert(rel, lm.Tuple)
+					if err != nil {
+						return err
+					}
+					cur.events = append(cur.events, msg)
+				case *pglogrepl.CommitMessage:
+					if cur != nil {
+						cur.end = lm.TransactionEndLSN
+						s.push(cur)
+						cur = nil
+					}
+				}
+			}
+		}
+	}
+}
+
+// waitDispatcherIdle gives the dispatcher a moment to settle its last batch so
+// that the final status report covers it.
+func (s *Source) waitDispatcherIdle() {
+	deadline := time.Now().Add(s.cfg.PublishTimeout + 10*time.Second)
+	for s.inFlight.Load() && time.Now().Before(deadline) && s.hardCtx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// decoder turns pgoutput inserts into broker messages, field for field what the
+// polling relay reads from the table.
+type decoder struct {
+	types  *pgtype.Map
+	schema string
+}
+
+func (d *decoder) insert(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (broker.Message, error) {
+	var m broker.Message
+	if tuple == nil {
+		return m, errors.New("cdc: insert without a tuple")
+	}
+	var seen int
+	var err error
+	for i, col := range tuple.Columns {
+		if i >= len(rel.Columns) {
+			break
+		}
+		name := rel.Columns[i].Name
+		if col.DataType != 't' { // NULL (no outbox column read here may be) or unchanged TOAST (updates only)
+			continue
+		}
+		v := col.Data
+		switch name {
+		case "event_id":
+			m.EventID, err = pgoutbox.ParseUUID(string(v))
+		case "aggregate_type":
+			m.AggregateType = string(v)
+		case "aggregate_id":
+			m.AggregateID = string(v)
+		case "aggregate_sequence":
+			m.AggregateSequence, err = strconv.ParseInt(string(v), 10, 64)
+		case "event_type":
+			m.EventType = string(v)
+		case "schema_version":
+			m.SchemaVersion, err = strconv.Atoi(string(v))
+		case "payload":
+			m.Payload = bytes.Clone(v)
+		case "headers":
+			err = json.Unmarshal(v, &m.Headers)
+		case "occurred_at":
+			err = d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, v, &m.OccurredAt)
+		default:
+			continue
+		}
+		if err != nil {
+			return m, fmt.Errorf("cdc: decode column %s of an insert into %s.outbox_events: %w", name, d.schema, err)
+		}
+		seen++
+	}
+	if seen < 9 {
+		return m, fmt.Errorf("cdc: an insert into %s.outbox_events lacks columns (got %d of 9): is the table migrated?", d.schema, seen)
+	}
+	return m, nil
+}

@@ -1,0 +1,281 @@
+package cdc
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+// tablePath publishes the lanes the stream handed over (a failed event, or
+// unpublished events the stream will not send), from the table, in sequence
+// order, and hands each lane back once it caught up.
+func (s *Source) tablePath() {
+	defer s.wg.Done()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopping:
+			return
+		case <-s.tableWake:
+		case <-t.C:
+		}
+		next := s.drainDue()
+		if s.hardCtx.Err() != nil {
+			return
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(max(time.Until(next), time.Millisecond))
+	}
+}
+
+// drainDue runs rounds while lanes are due, and returns when to look next.
+func (s *Source) drainDue() time.Time {
+	for {
+		select {
+		case <-s.stopping:
+			return time.Now().Add(time.Hour)
+		default:
+		}
+		progressed, next := s.round()
+		if !progressed || next.After(time.Now()) {
+			return next
+		}
+	}
+}
+
+// tableRow is one unpublished event of an owned lane.
+type tableRow struct {
+	msg         broker.Message
+	attempts    int
+	quarantined bool
+	notBefore   time.Time
+	dbNow       time.Time
+}
+
+// round is one pass of the table path over the lanes due now: read each lane's
+// first RunLength unpublished events, publish the prefix that may go, record
+// the outcome, and hand back lanes that have caught up. It reports whether it did anything, and when the next
+// lane comes due.
+func (s *Source) round() (progressed bool, next time.Time) {
+	now := time.Now()
+	next = now.Add(s.cfg.PollInterval)
+	limit := max(1, s.cfg.BatchSize/s.cfg.RunLength)
+	var picked []lane
+	s.mu.Lock()
+	for l, st := range s.blocked {
+		if !st.due.After(now) {
+			picked = append(picked, l)
+		} else if st.due.Before(next) {
+			next = st.due
+		}
+	}
+	s.mu.Unlock()
+	if len(picked) == 0 {
+		return false, next
+	}
+	// Oldest-due first would be fairer; lane order keeps it simple and deterministic.
+	slices.SortFunc(picked, func(a, b lane) int { return cmp.Or(strings.Compare(a.typ, b.typ), strings.Compare(a.id, b.id)) })
+	if len(picked) > limit {
+		next = now
+		picked = picked[:limit]
+	}
+	types, ids := make([]string, len(picked)), make([]string, len(picked))
+	for i, l := range picked {
+		types[i], ids[i] = l.typ, l.id
+	}
+
+	var rows []tableRow
+	if !s.retryDB("read owned lanes", func(ctx context.Context) error {
+		r, err := s.pool.Query(ctx, s.q.laneRows, types, ids, s.cfg.Owner(), s.cfg.RunLength)
+		if err != nil {
+			return err
+		}
+		rows, err = pgx.CollectRows(r, func(row pgx.CollectableRow) (tableRow, error) {
+			var t tableRow
+			var headers map[string]string
+			var notBefore *time.Time
+			err := row.Scan(&t.msg.EventID, &t.msg.AggregateType, &t.msg.AggregateID, &t.msg.AggregateSequence,
+				&t.msg.EventType, &t.msg.SchemaVersion, &t.msg.Payload, &headers, &t.msg.OccurredAt,
+				&t.attempts, &t.quarantined, &notBefore, &t.dbNow)
+			t.msg.Headers = headers
+			if notBefore != nil {
+				t.notBefore = *notBefore
+			}
+			return t, err
+		})
+		return err
+	}) {
+		return false, next
+	}
+
+	due := map[lane]time.Time{}
+	empty := map[lane]bool{}
+	for _, l := range picked {
+		empty[l] = true
+	}
+	var candidates []item
+	stopped := map[lane]bool{}
+	for i := range rows {
+		r := &rows[i]
+		l := laneOf(&r.msg)
+		empty[l] = false
+		if stopped[l] {
+			continue
+		}
+		switch {
+		case r.quarantined:
+			// Waits for an operator (dlq retry); looked at every PollInterval.
+			stopped[l] = true
+			due[l] = now.Add(s.cfg.PollInterval)
+		case r.notBefore.After(r.dbNow):
+			stopped[l] = true
+			due[l] = now.Add(r.notBefore.Sub(r.dbNow))
+		default:
+			candidates = append(candidates, item{msg: r.msg, attempts: r.attempts})
+		}
+	}
+
+	// Take the events (an operator's retry cleared their lease); keep per lane the
+	// prefix actually taken.
+	var send []item
+	if len(candidates) > 0 {
+		cids := make([]pgoutbox.UUID, len(candidates))
+		for i := range candidates {
+			cids[i] = candidates[i].msg.EventID
+		}
+		var got []pgoutbox.UUID
+		if !s.retryDB("lease owned events", func(ctx context.Context) error {
+			r, err := s.pool.Query(ctx, s.q.lease, cids, s.cfg.Owner())
+			if err != nil {
+				return err
+			}
+			got, err = pgx.CollectRows(r, pgx.RowTo[pgoutbox.UUID])
+			return err
+		}) {
+			return false, next
+		}
+		ok := map[pgoutbox.UUID]bool{}
+		for _, id := range got {
+			ok[id] = true
+		}
+		cut := map[lane]bool{}
+		for _, c := range candidates {
+			l := laneOf(&c.msg)
+			if cut[l] || !ok[c.msg.EventID] {
+				cut[l] = true
+				due[l] = now.Add(s.cfg.PollInterval)
+				continue
+			}
+			send = append(send, c)
+		}
+	}
+
+	var res settled
+	if len(send) > 0 {
+		results := s.publish(send)
+		var done bool
+		if res, done = s.settle(send, results); !done {
+			return false, next
+		}
+		s.stats.fromTable.Add(int64(res.acked))
+		if res.acked > 0 {
+			poke(s.brokerBack)
+		}
+		for l, delay := range res.failedLanes {
+			due[l] = now.Add(delay)
+		}
+		progressed = true
+	}
+
+	// Lanes without unpublished events may go back to the stream.
+	var back []lane
+	for _, l := range picked {
+		if empty[l] {
+			back = append(back, l)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for l, at := range due {
+		if st := s.blocked[l]; st != nil {
+			st.due = at
+		}
+	}
+	for _, l := range picked {
+		if _, set := due[l]; !set && !empty[l] {
+			if st := s.blocked[l]; st != nil {
+				st.due = now // published a run: look for more at once
+			}
+		}
+	}
+	if len(back) > 0 {
+		n := s.unblockLocked(back)
+		progressed = progressed || n > 0
+	}
+	for _, st := range s.blocked {
+		if st.due.Before(next) {
+			next = st.due
+		}
+	}
+	return progressed, next
+}
+
+// unblockLocked hands lanes back to the stream when every event up to the
+// highest sequence the stream skipped is published (unblockableSQL). It holds
+// s.mu throughout, so the dispatcher cannot skip a further event of such a lane
+// between the check and the hand-back: events it sees afterwards are newer than
+// anything the table path published, and go out from the stream in order.
+func (s *Source) unblockLocked(lanes []lane) int {
+	types, ids, seen := make([]string, len(lanes)), make([]string, len(lanes)), make([]int64, len(lanes))
+	for i, l := range lanes {
+		types[i], ids[i], seen[i] = l.typ, l.id, s.blocked[l].seen
+	}
+	ctx, cancel := context.WithTimeout(s.hardCtx, 10*time.Second)
+	defer cancel()
+	r, err := s.pool.Query(ctx, s.q.unblockable, types, ids, seen)
+	if err != nil {
+		s.log.Debug("could not hand lanes back to the stream", slog.Any("error", err))
+		return 0
+	}
+	back, err := pgx.CollectRows(r, func(row pgx.CollectableRow) (lane, error) {
+		var l lane
+		return l, row.Scan(&l.typ, &l.id)
+	})
+	if err != nil {
+		s.log.Debug("could not hand lanes back to the stream", slog.Any("error", err))
+		return 0
+	}
+	for _, l := range back {
+		delete(s.blocked, l)
+	}
+	// The others are looked at again later: the skipped event is not visible yet
+	// (its commit is being made visible), or it was deleted.
+	later := time.Now().Add(s.cfg.PollInterval)
+	for _, l := range lanes {
+		if st := s.blocked[l]; st != nil {
+			st.due = later
+		}
+	}
+	return len(back)
+}
+
+// BlockedLanes returns how many lanes the table path owns.
+func (s *Source) BlockedLanes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.blocked)
+}

@@ -1,0 +1,174 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/migrate"
+)
+
+func newCleanupCmd() *cobra.Command {
+	var (
+		db     dbFlags
+		lf     logFlags
+		cfg    admin.CleanupConfig
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Delete published events older than the retention, in small batches",
+		Long: `Delete published events whose published_at is older than --retention, and with
+--inbox-retention the consumer inbox's dedup rows older than theirs. Unpublished
+and quarantined events, the per-aggregate sequence counters and the audit of
+skipped dead letters are never deleted.
+
+Rows go in batches of --batch-size, each one short statement that commits on its
+own and skips rows others hold, so relays and producers keep running at full
+speed. On a partitioned outbox (migrate --partitioned), partitions ahead of time
+are created and whole days older than the retention are dropped instead.
+
+The retention is also how far back "pgoutbox replay" reaches. Dedup rows must be
+kept at least as long as an event can be delivered again: --inbox-retention must
+be at least --retention. It prints its progress on a terminal and a summary line
+(--json: one JSON object). "pgoutbox relay --cleanup-interval" runs it periodically.`,
+		Example: `  pgoutbox cleanup                                  # 7 days
+  pgoutbox cleanup --retention 72h --batch-size 10000
+  pgoutbox cleanup --inbox-schema app --inbox-retention 336h --json`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := db.validate(); err != nil {
+				return err
+			}
+			switch {
+			case cfg.Retention <= 0:
+				return usagef("--retention must be positive, got %s", cfg.Retention)
+			case cfg.BatchSize < 1:
+				return usagef("--batch-size must be positive, got %d", cfg.BatchSize)
+			case cfg.InboxRetention < 0:
+				return usagef("--inbox-retention must not be negative, got %s", cfg.InboxRetention)
+			case cfg.InboxRetention > 0 && cfg.InboxRetention < cfg.Retention:
+				return usagef("--inbox-retention %s is shorter than --retention %s: an event replayed from the outbox could be applied twice",
+					cfg.InboxRetention, cfg.Retention)
+			case cfg.InboxSchema != "" && cfg.InboxRetention == 0:
+				return usagef("--inbox-schema needs --inbox-retention")
+			}
+			return runCleanup(cmd.Context(), &db, &lf, cfg, asJSON, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	fs := cmd.Flags()
+	db.register(fs)
+	lf.register(fs)
+	fs.DurationVar(&cfg.Retention, "retention", admin.DefaultRetention, "keep published events this long after publishing (env PGOUTBOX_RETENTION)")
+	fs.IntVar(&cfg.BatchSize, "batch-size", admin.DefaultCleanupBatchSize, "rows looked at and deleted per statement (env PGOUTBOX_CLEANUP_BATCH_SIZE)")
+	fs.StringVar(&cfg.InboxSchema, "inbox-schema", "", "schema of processed_events (env PGOUTBOX_INBOX_SCHEMA) (default --schema)")
+	fs.DurationVar(&cfg.InboxRetention, "inbox-retention", 0, "also delete dedup rows older than this; at least --retention (env PGOUTBOX_INBOX_RETENTION) (default off)")
+	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON (env PGOUTBOX_JSON)")
+	return cmd
+}
+
+// cleanupSummary is the --json output of pgoutbox cleanup.
+type cleanupSummary struct {
+	Cutoff            time.Time `json:"cutoff"`
+	Deleted           int64     `json:"deleted"`
+	Batches           int       `json:"batches"`
+	DroppedPartitions []string  `json:"dropped_partitions"`
+	DroppedRows       int64     `json:"dropped_rows"`
+	CreatedPartitions []string  `json:"created_partitions"`
+	InboxDeleted      int64     `json:"inbox_deleted"`
+	DurationSeconds   float64   `json:"duration_seconds"`
+}
+
+func runCleanup(ctx context.Context, db *dbFlags, lf *logFlags, cfg admin.CleanupConfig, asJSON bool, stdout, stderr io.Writer) error {
+	logger, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	conn, err := db.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := checkMigratedConn(ctx, conn, db.schema); err != nil {
+		return err
+	}
+	cfg.Schema, cfg.Logger = db.schema, logger
+	tty := !asJSON && progressTTY(stdout)
+	if tty {
+		cfg.Progress = func(p admin.CleanupProgress) {
+			fmt.Fprintf(stdout, "\rdeleted %d rows in %d batches, dropped %d partitions", p.Deleted, p.Batches, p.DroppedPartitions)
+		}
+	}
+	res, err := admin.Cleanup(ctx, conn, cfg)
+	if tty {
+		fmt.Fprint(stdout, "\r\x1b[K")
+	}
+	if err != nil {
+		if res.Batches > 0 || len(res.DroppedPartitions) > 0 {
+			fmt.Fprintf(stdout, "stopped after deleting %d rows in %d batches and dropping %d partitions\n",
+				res.Deleted, res.Batches, len(res.DroppedPartitions))
+		}
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		return enc.Encode(cleanupSummary{
+			Cutoff: res.Cutoff.UTC(), Deleted: res.Deleted, Batches: res.Batches,
+			DroppedPartitions: nonNil(res.DroppedPartitions), DroppedRows: res.DroppedRows,
+			CreatedPartitions: nonNil(res.CreatedPartitions), InboxDeleted: res.InboxDeleted,
+			DurationSeconds: res.Duration.Seconds(),
+		})
+	}
+	line := fmt.Sprintf("deleted %d published events older than %s in %d batches", res.Deleted,
+		res.Cutoff.UTC().Format(time.RFC3339), res.Batches)
+	if len(res.DroppedPartitions) > 0 {
+		line += fmt.Sprintf(", dropped %d partitions (%d rows: %s)", len(res.DroppedPartitions), res.DroppedRows,
+			strings.Join(res.DroppedPartitions, ", "))
+	}
+	if len(res.CreatedPartitions) > 0 {
+		line += fmt.Sprintf(", created %d partitions", len(res.CreatedPartitions))
+	}
+	if cfg.InboxRetention > 0 {
+		line += fmt.Sprintf(", deleted %d dedup rows", res.InboxDeleted)
+	}
+	fmt.Fprintf(stdout, "%s in %s\n", line, res.Duration.Round(time.Millisecond))
+	return nil
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// progressTTY reports whether w is a terminal, where progress is drawn on one
+// line with carriage returns; elsewhere (a pipe, a file, a log) nothing is.
+func progressTTY(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb"
+}
+
+// checkMigratedConn is checkMigrated on a single connection.
+func checkMigratedConn(ctx context.Context, q migrate.Querier, schema string) error {
+	st, err := migrate.State(ctx, q, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
+	if err != nil {
+		return err
+	}
+	for _, s := range st {
+		if !s.Applied {
+			return fmt.Errorf("schema %s lacks migration %s/%d %s: run 'pgoutbox migrate --schema %s' first", schema, s.Line, s.Version, s.Name, schema)
+		}
+	}
+	return nil
+}

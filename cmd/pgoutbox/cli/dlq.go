@@ -1,0 +1,379 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/admin"
+)
+
+// The selection and audit flags of dlq (filters, --all, --reason) deliberately
+// have no environment variable: a variable left set in a shell must never decide
+// which events are retried or skipped, nor speak for the operator.
+
+func newDLQCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dlq",
+		Short: "Inspect, retry or skip dead letters (quarantined events)",
+		Long: `Dead letters are events the relay quarantined: the broker refused them
+permanently, or they failed --max-attempts times. Each one blocks the later events
+of its aggregate, which wait so that order is kept.
+
+  list    the quarantined events, filtered by aggregate, type or error text
+  show    one event with its payload, headers and last error
+  retry   lift the quarantine (attempts reset, no backoff): after fixing the cause
+  skip    give up on events, with a mandatory --reason that is recorded with your
+          name and the time; their aggregates move on to the next event. Consumers
+          never see a skipped event, so skipping breaks that aggregate's order on
+          purpose: prefer retry when the cause can be fixed.`,
+		Example: `  pgoutbox dlq list --aggregate-type order
+  pgoutbox dlq show 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11
+  pgoutbox dlq retry --error-contains "schema registry"
+  pgoutbox dlq skip 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11 --reason "refund issued by hand, TICKET-1234"`,
+		RunE: func(c *cobra.Command, _ []string) error { return c.Help() },
+	}
+	cmd.AddCommand(newDLQListCmd(), newDLQShowCmd(), newDLQRetryCmd(), newDLQSkipCmd())
+	return cmd
+}
+
+// dlqFilterFlags are the flags that select quarantined events.
+type dlqFilterFlags struct{ f admin.Filter }
+
+func (d *dlqFilterFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&d.f.AggregateType, "aggregate-type", "", "only events of this aggregate type")
+	fs.StringVar(&d.f.AggregateID, "aggregate-id", "", "only events of this aggregate id")
+	fs.StringVar(&d.f.EventType, "event-type", "", "only events of this event type")
+	fs.StringVar(&d.f.ErrorContains, "error-contains", "", "only events whose last error contains this text (any case)")
+}
+
+func (d *dlqFilterFlags) set() bool {
+	return d.f.AggregateType != "" || d.f.AggregateID != "" || d.f.EventType != "" || d.f.ErrorContains != ""
+}
+
+func dlqLimit(n int) error {
+	if n < 0 {
+		return usagef("--limit must not be negative, got %d", n)
+	}
+	return nil
+}
+
+// dlqParseIDs reads event ids from the command line.
+func dlqParseIDs(args []string) ([]pgoutbox.UUID, error) {
+	var out []pgoutbox.UUID
+	for _, a := range args {
+		id, err := pgoutbox.ParseUUID(a)
+		if err != nil {
+			return nil, usagef("%q is not an event id (a UUID like 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11)", a)
+		}
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
+func dlqPlural(n int, one string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %ss", n, one)
+}
+
+func dlqWriteJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+func dlqTime(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func newDLQListCmd() *cobra.Command {
+	var db dbFlags
+	var filter dlqFilterFlags
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List quarantined events, oldest quarantine first",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := dlqLimit(filter.f.Limit); err != nil {
+				return err
+			}
+			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
+			if err != nil {
+				return err
+			}
+			defer closeDB()
+			evs, err := a.ListQuarantined(cmd.Context(), filter.f)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				if evs == nil {
+					evs = []admin.Event{}
+				}
+				return dlqWriteJSON(out, evs)
+			}
+			if len(evs) == 0 {
+				_, err := fmt.Fprintln(out, "no quarantined events")
+				return err
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "EVENT ID\tAGGREGATE\tSEQ\tEVENT TYPE\tATTEMPTS\tQUARANTINED AT\tLAST ERROR")
+			for _, e := range evs {
+				fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", e.ID, e.AggregateType, e.AggregateID, e.AggregateSequence,
+					e.EventType, e.AttemptCount, dlqTime(e.QuarantinedAt), dlqShorten(e.LastError, 80))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			summary := dlqPlural(len(evs), "quarantined event")
+			if filter.f.Limit > 0 && len(evs) == filter.f.Limit {
+				summary += fmt.Sprintf(" (the first %d; raise --limit for more)", filter.f.Limit)
+			}
+			_, err = fmt.Fprintln(out, summary)
+			return err
+		},
+	}
+	db.register(cmd.Flags())
+	filter.register(cmd.Flags())
+	cmd.Flags().IntVar(&filter.f.Limit, "limit", 100, "most events listed, 0 for all (env PGOUTBOX_DLQ_LIMIT)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array instead of a table (env PGOUTBOX_JSON)")
+	return cmd
+}
+
+// dlqShorten keeps error texts on one table line.
+func dlqShorten(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+func newDLQShowCmd() *cobra.Command {
+	var db dbFlags
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show EVENT_ID",
+		Short: "Show one event (any state) with its payload, headers and last error",
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("%s takes one event id, got %d arguments", c.CommandPath(), len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ids, err := dlqParseIDs(args)
+			if err != nil {
+				return err
+			}
+			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
+			if err != nil {
+				return err
+			}
+			defer closeDB()
+			e, err := a.Get(cmd.Context(), ids[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return dlqWriteJSON(cmd.OutOrStdout(), e)
+			}
+			return dlqWriteEvent(cmd.OutOrStdout(), e)
+		},
+	}
+	db.register(cmd.Flags())
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of text (env PGOUTBOX_JSON)")
+	return cmd
+}
+
+func dlqWriteEvent(w io.Writer, e *admin.Event) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "event id\t%s\n", e.ID)
+	fmt.Fprintf(tw, "aggregate\t%s/%s, sequence %d\n", e.AggregateType, e.AggregateID, e.AggregateSequence)
+	fmt.Fprintf(tw, "event type\t%s (schema version %d)\n", e.EventType, e.SchemaVersion)
+	fmt.Fprintf(tw, "state\t%s\n", e.State)
+	fmt.Fprintf(tw, "occurred at\t%s\n", dlqTime(&e.OccurredAt))
+	fmt.Fprintf(tw, "available at\t%s\n", dlqTime(&e.AvailableAt))
+	if e.ClaimedBy != "" {
+		fmt.Fprintf(tw, "claimed by\t%s until %s\n", e.ClaimedBy, dlqTime(e.ClaimUntil))
+	}
+	fmt.Fprintf(tw, "published at\t%s\n", dlqTime(e.PublishedAt))
+	fmt.Fprintf(tw, "attempts\t%d\n", e.AttemptCount)
+	fmt.Fprintf(tw, "quarantined at\t%s\n", dlqTime(e.QuarantinedAt))
+	lastErr := e.LastError
+	if lastErr == "" {
+		lastErr = "-"
+	}
+	fmt.Fprintf(tw, "last error\t%s\n", strings.Join(strings.Fields(lastErr), " "))
+	if s := e.Skip; s != nil {
+		fmt.Fprintf(tw, "skipped\tby %s (database user %s) at %s\n", s.SkippedBy, s.DBUser, dlqTime(&s.SkippedAt))
+		fmt.Fprintf(tw, "skip reason\t%s\n", s.Reason)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(e.Headers) > 0 {
+		fmt.Fprintln(w, "headers:")
+		for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
+			fmt.Fprintf(w, "  %s: %s\n", k, e.Headers[k])
+		}
+	}
+	fmt.Fprintln(w, "payload:")
+	var pretty bytes.Buffer
+	if err := json.Indent(&pretty, e.Payload, "", "  "); err != nil {
+		pretty.Reset()
+		pretty.Write(e.Payload)
+	}
+	_, err := fmt.Fprintf(w, "%s\n", pretty.Bytes())
+	return err
+}
+
+func newDLQRetryCmd() *cobra.Command {
+	var db dbFlags
+	var filter dlqFilterFlags
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "retry (EVENT_ID... | --all | filter flags)",
+		Short: "Lift the quarantine of events: attempts reset, no backoff, relays woken",
+		Long: `Give quarantined events a fresh start: the quarantine is lifted, the attempt count
+reset and the backoff cleared, and the relays are woken. Each aggregate's lane then
+resumes from the retried event, in sequence order. The last error is kept.
+
+Say which events: their ids, a filter (--aggregate-type, --aggregate-id,
+--event-type, --error-contains; --limit caps it), or --all. Ids that are not
+quarantined are left alone and reported.`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := dlqLimit(filter.f.Limit); err != nil {
+				return err
+			}
+			ids, err := dlqParseIDs(args)
+			if err != nil {
+				return err
+			}
+			ways := 0
+			for _, b := range []bool{len(ids) > 0, all, filter.set()} {
+				if b {
+					ways++
+				}
+			}
+			switch {
+			case ways == 0:
+				return usagef("dlq retry: say which events: event ids, a filter (--aggregate-type, --aggregate-id, --event-type, --error-contains) or --all")
+			case ways > 1:
+				return usagef("dlq retry: give event ids, a filter or --all, not several of them")
+			case filter.f.Limit > 0 && !filter.set():
+				return usagef("dlq retry: --limit goes with a filter")
+			}
+			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
+			if err != nil {
+				return err
+			}
+			defer closeDB()
+			var retried []pgoutbox.UUID
+			switch {
+			case len(ids) > 0:
+				retried, err = a.Retry(cmd.Context(), ids...)
+			case all:
+				retried, err = a.RetryAll(cmd.Context())
+			default:
+				retried, err = a.RetryWhere(cmd.Context(), filter.f)
+			}
+			if err != nil {
+				return err
+			}
+			var left []string
+			for _, id := range ids {
+				if !slices.Contains(retried, id) {
+					left = append(left, id.String())
+				}
+			}
+			summary := "retried " + dlqPlural(len(retried), "event")
+			if len(left) > 0 {
+				summary += "; not quarantined, left alone: " + strings.Join(left, ", ")
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), summary)
+			return err
+		},
+	}
+	db.register(cmd.Flags())
+	filter.register(cmd.Flags())
+	cmd.Flags().IntVar(&filter.f.Limit, "limit", 0, "with a filter, retry at most this many events, oldest quarantine first (0: all that match)")
+	cmd.Flags().BoolVar(&all, "all", false, "retry every quarantined event")
+	return cmd
+}
+
+func newDLQSkipCmd() *cobra.Command {
+	var db dbFlags
+	var reason, actor string
+	cmd := &cobra.Command{
+		Use:   "skip EVENT_ID... --reason TEXT",
+		Short: "Give up on quarantined events, with a recorded reason; their aggregates move on",
+		Long: `Mark quarantined events as published without sending them, so that the later
+events of their aggregates are published. Consumers never see a skipped event:
+skipping breaks that aggregate's order on purpose, so it needs a --reason, which
+is recorded in outbox_skipped_events with --actor, the database user and the time.
+
+Only quarantined events can be skipped; if any id is not, nothing is skipped.`,
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("%s needs the ids of the events to skip", c.CommandPath())
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if strings.TrimSpace(reason) == "" {
+				return usagef("dlq skip needs --reason: say why these events may be dropped (it is recorded)")
+			}
+			ids, err := dlqParseIDs(args)
+			if err != nil {
+				return err
+			}
+			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
+			if err != nil {
+				return err
+			}
+			defer closeDB()
+			skipped, err := a.Skip(cmd.Context(), admin.SkipRequest{IDs: ids, Reason: reason, Actor: actor})
+			if err != nil {
+				return err
+			}
+			var lanes []string
+			for _, s := range skipped {
+				lanes = append(lanes, fmt.Sprintf("%s/%s #%d", s.AggregateType, s.AggregateID, s.AggregateSequence))
+			}
+			by := actor
+			if len(skipped) > 0 {
+				by = skipped[0].SkippedBy
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "skipped %s (%s) as %s\n", dlqPlural(len(skipped), "event"), strings.Join(lanes, ", "), by)
+			return err
+		},
+	}
+	db.register(cmd.Flags())
+	cmd.Flags().StringVar(&reason, "reason", "", "why the events may be dropped; required, recorded in outbox_skipped_events")
+	cmd.Flags().StringVar(&actor, "actor", "", "who is skipping, recorded with the reason (env PGOUTBOX_ACTOR) (default <os user>@<hostname>)")
+	return cmd
+}

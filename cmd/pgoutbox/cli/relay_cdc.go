@@ -1,0 +1,317 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/pgoutbox/pgoutbox/cdc"
+)
+
+// cdcFlags choose the relay's source and name the CDC source's slot.
+type cdcFlags struct {
+	source      string
+	slot        string
+	publication string
+}
+
+func (c *cdcFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&c.source, "source", "poll", "where events come from: poll (claim from the table) or cdc (logical replication slot) (env PGOUTBOX_SOURCE)")
+	c.registerNames(fs)
+}
+
+func (c *cdcFlags) registerNames(fs *pflag.FlagSet) {
+	fs.StringVar(&c.slot, "slot", "", "CDC: replication slot name (env PGOUTBOX_CDC_SLOT) (default pgoutbox_<schema>)")
+	fs.StringVar(&c.publication, "publication", "", "CDC: publication name (env PGOUTBOX_CDC_PUBLICATION) (default pgoutbox_<schema>)")
+}
+
+// isCDC reports whether --source asks for the CDC source, and rejects unknown sources.
+func (c *cdcFlags) isCDC() (bool, error) {
+	switch c.source {
+	case "poll", "":
+		return false, nil
+	case "cdc":
+		return true, nil
+	default:
+		return false, usagef("--source %q: want poll or cdc", c.source)
+	}
+}
+
+const cdcHelp = `CDC source (--source cdc): follow the outbox table through a logical
+replication slot (pgoutput) instead of polling it. Needs wal_level = logical and a role
+with REPLICATION; creates the publication --publication (inserts into the outbox table
+only) and the slot --slot if missing. One CDC relay per schema, and no polling relay
+beside it: the CDC source owns every unpublished event. --batch-size, --run-length,
+--max-attempts, --backoff-base, --backoff-max, --poll-interval (how often failed lanes
+are looked at; default 1s for cdc) and --publish-timeout apply. If the slot is lost,
+run 'pgoutbox cdc recover'; 'pgoutbox cdc disable' hands the schema back to polling.`
+
+// runRelayCDC runs the relay with the CDC source until SIGTERM/SIGINT.
+func runRelayCDC(ctx context.Context, f *relayFlags, stderr io.Writer) error {
+	if f.stopMax <= 0 {
+		return usagef("--shutdown-timeout must be positive, got %s", f.stopMax)
+	}
+	logger, err := f.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	cfg, err := f.cdcConfig(logger)
+	if err != nil {
+		return err
+	}
+	target, err := f.broker.parse()
+	if err != nil {
+		return err
+	}
+	pool, err := openCDCPool(ctx, &f.db)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	pub, closeBroker, err := target.open(ctx, logger)
+	if err != nil {
+		return err
+	}
+	defer closeBroker()
+	src, err := cdc.New(pool, pub, &cfg)
+	if err != nil {
+		return usageError{err}
+	}
+	if f.metricsAddr != "" {
+		stop, err := serveCDCMetrics(f.metricsAddr, src, logger)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if err := src.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	logger.Info("relay starting", slog.String("source", "cdc"), slog.String("schema", cfg.Schema))
+	<-ctx.Done()
+	logger.Info("stopping: finishing the batch in flight", slog.Duration("shutdown_timeout", f.stopMax))
+	sctx, cancel := context.WithTimeout(context.Background(), f.stopMax)
+	defer cancel()
+	if err := src.Stop(sctx); err != nil {
+		return fmt.Errorf("cdc relay did not stop within --shutdown-timeout %s; the restart publishes the batch again", f.stopMax)
+	}
+	return nil
+}
+
+// cdcConfig builds the CDC source's configuration from the relay's flags.
+func (f *relayFlags) cdcConfig(logger *slog.Logger) (cdc.Config, error) {
+	cfg := cdc.Config{
+		Schema: f.db.schema, Slot: f.cdc.slot, Publication: f.cdc.publication,
+		BatchSize: f.cfg.BatchSize, RunLength: f.cfg.RunLength, MaxAttempts: f.cfg.MaxAttempts,
+		BackoffBase: f.cfg.BackoffBase, BackoffMax: f.cfg.BackoffMax, PublishTimeout: f.cfg.PublishTimeout,
+		Logger: logger,
+	}
+	if f.cfg.PollInterval != 2*time.Second { // the polling relay's default; cdc's is 1s
+		cfg.PollInterval = f.cfg.PollInterval
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, usageError{cdcFlagNames(err)}
+	}
+	return cfg, nil
+}
+
+func cdcFlagNames(err error) error {
+	r := strings.NewReplacer("Config.BatchSize", "--batch-size", "Config.RunLength", "--run-length",
+		"Config.MaxAttempts", "--max-attempts", "Config.BackoffBase", "--backoff-base", "Config.BackoffMax", "--backoff-max",
+		"Config.PublishTimeout", "--publish-timeout", "Config.PollInterval", "--poll-interval",
+		"Config.Slot", "--slot", "Config.Publication", "--publication", "Config.Schema", "--schema", "\n", "; ")
+	return errors.New(r.Replace(err.Error()))
+}
+
+func openCDCPool(ctx context.Context, db *dbFlags) (*pgxpool.Pool, error) {
+	connCfg, err := db.parse()
+	if err != nil {
+		return nil, err
+	}
+	poolCfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return nil, err
+	}
+	poolCfg.ConnConfig = connCfg
+	poolCfg.MaxConns = 6
+	cctx, cancel := context.WithTimeout(ctx, db.connectTimeout)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(cctx, poolCfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	if err := pool.Ping(cctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	if err := checkMigrated(cctx, pool, db.schema); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// serveCDCMetrics serves /metrics (the CDC source's collector) and /healthz.
+func serveCDCMetrics(addr string, src *cdc.Source, logger *slog.Logger) (func(), error) {
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(src.Collector()); err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := src.Healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, usagef("--metrics-addr %q: %v", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Warn("metrics server stopped", slog.Any("error", err))
+		}
+	}()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
+
+// newCDCCmd is `pgoutbox cdc`: operator actions on the CDC source's slot.
+func newCDCCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cdc",
+		Short: "Manage the CDC source's replication slot (recover, disable)",
+		RunE: func(c *cobra.Command, _ []string) error {
+			return c.Help()
+		},
+	}
+	cmd.AddCommand(newCDCRecoverCmd(), newCDCDisableCmd())
+	return cmd
+}
+
+func newCDCRecoverCmd() *cobra.Command {
+	var (
+		db     dbFlags
+		names  cdcFlags
+		brk    brokerFlags
+		lf     logFlags
+		force  bool
+		relayF relayFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "recover",
+		Short: "Recreate a lost replication slot and publish every unpublished event from the table",
+		Long: `Recover the CDC source after its slot was lost (dropped, or invalidated by
+max_slot_wal_keep_size): create the slot again, then publish from the outbox table,
+each aggregate in sequence order, every unpublished event the new slot will not send.
+Run it while no CDC relay runs on the schema; start the relay (--source cdc) after.
+Events that fail are recorded with backoff or quarantined as by the relay; they stay
+in the table and the relay publishes them when it starts. Exit status 1 when events
+remain unpublished.
+
+` + brokerHelp,
+		Example: `  pgoutbox cdc recover --schema app --broker nats://nats:4222`,
+		RunE: func(c *cobra.Command, _ []string) error {
+			logger, err := lf.logger(c.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			relayF.db, relayF.cdc = db, names
+			relayF.cfg.PollInterval = 2 * time.Second
+			cfg, err := relayF.cdcConfig(logger)
+			if err != nil {
+				return err
+			}
+			target, err := brk.parse()
+			if err != nil {
+				return err
+			}
+			pool, err := openCDCPool(c.Context(), &db)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			pub, closeBroker, err := target.open(c.Context(), logger)
+			if err != nil {
+				return err
+			}
+			defer closeBroker()
+			res, err := cdc.Recover(c.Context(), pool, pub, &cfg, cdc.RecoverOptions{Force: force})
+			if errors.Is(err, cdc.ErrSlotHealthy) {
+				return fmt.Errorf("%w: pass --force to recreate it anyway", err)
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.OutOrStdout(), "slot %s recreated at %s; published %d events of %d aggregates from the table\n",
+				res.Slot, res.ConsistentPoint, res.Published, res.Lanes)
+			if res.Remaining > 0 {
+				return fmt.Errorf("%d events remain unpublished (failing or quarantined; see pgoutbox dlq): the CDC relay retries them when it starts", res.Remaining)
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	db.register(fs)
+	names.registerNames(fs)
+	brk.register(fs)
+	lf.register(fs)
+	fs.IntVar(&relayF.cfg.BatchSize, "batch-size", 500, "most events published at once (env PGOUTBOX_BATCH_SIZE)")
+	fs.IntVar(&relayF.cfg.RunLength, "run-length", 10, "most events of one aggregate per round (env PGOUTBOX_RUN_LENGTH)")
+	fs.IntVar(&relayF.cfg.MaxAttempts, "max-attempts", 10, "failed publishes before an event is quarantined (env PGOUTBOX_MAX_ATTEMPTS)")
+	fs.BoolVar(&force, "force", false, "recreate the slot even if it is healthy (env PGOUTBOX_CDC_FORCE)")
+	return cmd
+}
+
+func newCDCDisableCmd() *cobra.Command {
+	var (
+		db    dbFlags
+		names cdcFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "disable",
+		Short: "Drop the slot and publication and hand unpublished events back to polling relays",
+		Long: `Turn the CDC source off for a schema: drop its replication slot (which must not
+be in use: stop the CDC relay first) and publication, stop new events from being born
+owned by the CDC source, and release its unpublished events so that polling relays
+('pgoutbox relay', --source poll) claim them.`,
+		RunE: func(c *cobra.Command, _ []string) error {
+			cfg := cdc.Config{Schema: db.schema, Slot: names.slot, Publication: names.publication}
+			if err := cfg.Validate(); err != nil {
+				return usageError{cdcFlagNames(err)}
+			}
+			conn, err := openCDCPool(c.Context(), &db)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			if err := cdc.Disable(c.Context(), conn, &cfg); err != nil {
+				return err
+			}
+			fmt.Fprintf(c.OutOrStdout(), "CDC source disabled for schema %s; polling relays may run\n", db.schema)
+			return nil
+		},
+	}
+	db.register(cmd.Flags())
+	names.registerNames(cmd.Flags())
+	return cmd
+}

@@ -1,0 +1,145 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/cdc"
+	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/internal/natstest"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+)
+
+// startCDCRelay runs `pgoutbox relay --source cdc` with extra environment.
+func (e *relayEnv) startCDCRelay(env []string, extra ...string) *relayProc {
+	e.t.Helper()
+	args := append([]string{"relay", "--source", "cdc", "--database-url", pgtest.URL(), "--schema", e.schema,
+		"--broker", natstest.URL(), "--nats-stream", e.target.Stream, "--topic-template", e.target.Template}, extra...)
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, ready: make(chan struct{}), done: make(chan error, 1)}
+	pr, pw := io.Pipe()
+	cmd.Stderr = pw
+	pgtest.Must(e.t, cmd.Start(), "start cdc relay")
+	go func() {
+		sc := bufio.NewScanner(pr)
+		var once sync.Once
+		for sc.Scan() {
+			p.stderr.WriteLine(sc.Text())
+			if strings.Contains(sc.Text(), "relay starting") {
+				once.Do(func() { close(p.ready) })
+			}
+		}
+	}()
+	go func() { err := cmd.Wait(); pw.Close(); p.done <- err }()
+	e.t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	select {
+	case <-p.ready:
+	case err := <-p.done:
+		e.t.Fatalf("cdc relay exited before starting: %v\n%s", err, p.stderr.String())
+	case <-time.After(60 * time.Second):
+		e.t.Fatalf("cdc relay did not start:\n%s", p.stderr.String())
+	}
+	return p
+}
+
+// dropCDC removes the schema's slot and publication when the test ends, even
+// after a failure: a slot left behind retains WAL forever.
+func (e *relayEnv) dropCDC() string {
+	slot := cdc.DefaultSlot(e.schema)
+	e.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for {
+			_, _ = e.pool.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", slot)
+			_, err := e.pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		_, _ = e.pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{slot}.Sanitize())
+	})
+	return slot
+}
+
+// Acceptance: a CDC relay process is SIGKILLed after the broker acknowledged a
+// batch, before marking it or confirming the slot position. The restarted relay
+// re-publishes at most that batch (a bounded tail of duplicates), loses nothing and
+// keeps each aggregate's order. Then, with the relay stopped, the slot is dropped
+// and `pgoutbox cdc recover` publishes every event committed meanwhile.
+func TestCDCRelaySIGKILLAfterAckThenRecover(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	slot := e.dropCDC()
+	const batch = 100
+	victim := e.startCDCRelay([]string{failpoint.EnvVar + "=" + failpoint.CDCAfterPublish + "=3*crash"}, "--batch-size", "100")
+	ids := e.enqueue(100, 30) // 3,000 events in transactions of 1,000, written while the victim streams
+	select {
+	case <-victim.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the victim did not crash at the failpoint:\n%s", victim.stderr.String())
+	}
+	if ws, ok := victim.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("victim ended with %v, want SIGKILL:\n%s", victim.cmd.ProcessState, victim.stderr.String())
+	}
+	marked := e.count("published_at IS NOT NULL")
+	onStream := len(e.target.Read(t))
+	if onStream-marked <= 0 || onStream-marked > batch {
+		t.Fatalf("at the crash %d events were on the stream and %d marked: want an acknowledged, unmarked batch of at most %d", onStream, marked, batch)
+	}
+
+	p := e.startCDCRelay(nil, "--batch-size", "100")
+	waitFor(t, 60*time.Second, "the rest to be published", func() bool { return e.count("published_at IS NULL") == 0 })
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("exit status %d after SIGTERM:\n%s", code, p.stderr.String())
+	}
+	dups := checkStream(t, e.target.Read(t), ids)
+	if dups > batch {
+		t.Fatalf("%d duplicates after the crash, want at most one batch (%d)", dups, batch)
+	}
+
+	// Slot lost while stopped, events committed meanwhile.
+	more := e.enqueue(100, 5)
+	_, err := e.pool.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", slot)
+	pgtest.Must(t, err, "drop slot")
+	out, errOut, code := run(t, "cdc", "recover", "--database-url", pgtest.URL(), "--schema", e.schema,
+		"--broker", natstest.URL(), "--nats-stream", e.target.Stream, "--topic-template", e.target.Template)
+	if code != 0 || !strings.Contains(out, "published 500 events of 100 aggregates") {
+		t.Fatalf("cdc recover: code %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if n := e.count("published_at IS NULL"); n != 0 {
+		t.Fatalf("%d events unpublished after recover", n)
+	}
+	checkStream(t, e.target.Read(t), append(ids, more...))
+	t.Logf("crash left %d acked-unmarked events; %d duplicates after restart; recover: %s", onStream-marked, dups, strings.TrimSpace(out))
+}
+
+func TestCDCFlagErrors(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"relay", "--source", "kafka"},
+		{"relay", "--source", "cdc", "--slot", "Bad-Name", "--database-url", "postgres://x@127.0.0.1/x"},
+		{"cdc", "recover", "--publication", "no spaces please", "--database-url", "postgres://x@127.0.0.1/x"},
+	} {
+		_, errOut, code := run(t, args...)
+		if code != exitUsage || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+			t.Errorf("%v: code %d, stderr %q; want one usage line, exit 2", args, code, errOut)
+		}
+	}
+}

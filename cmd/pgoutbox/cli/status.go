@@ -1,0 +1,277 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/migrate"
+)
+
+func newStatusCmd() *cobra.Command {
+	var (
+		db          dbFlags
+		asJSON      bool
+		watch       bool
+		interval    time.Duration
+		inboxSchema string
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the outbox's health: backlog, oldest pending age, dead letters, leases, sizes",
+		Long: `Print a snapshot of the outbox:
+
+  pending                events not yet published and not quarantined (waiting,
+                         leased or backing off)
+  oldest pending age     how long ago the oldest pending event occurred: the
+                         headline figure; it grows whenever events stop flowing
+  quarantined            dead letters; each blocks its aggregate's later events
+                         (see "pgoutbox dlq")
+  backing off            pending events waiting for their retry time
+  published last minute  events the broker acknowledged in the last minute
+  leases                 per relay id, live leases and expired ones (a relay that
+                         died or stalled; any relay takes them over)
+  tables                 disk use of the outbox tables and the consumer inbox's
+                         processed_events (dedup) table
+
+The queries read only unpublished rows and recent index ranges, so status is cheap
+on a table with a long published history. --json prints the same figures as one
+JSON object (durations in seconds, sizes in bytes). --watch repeats every
+--interval: in place on a terminal, as successive snapshots separated by a blank
+line otherwise; Ctrl-C stops it.`,
+		Example: `  pgoutbox status
+  pgoutbox status --watch --interval 5s
+  pgoutbox status --json | jq .oldest_pending_age_seconds`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if interval <= 0 {
+				return usagef("--interval must be positive, got %s", interval)
+			}
+			if inboxSchema == "" {
+				inboxSchema = db.schema
+			}
+			if err := migrate.ValidateSchema(inboxSchema); err != nil {
+				return usagef("--inbox-schema: %v", err)
+			}
+			ctx := cmd.Context()
+			a, closeDB, err := statusOpenAdmin(ctx, &db, inboxSchema)
+			if err != nil {
+				return err
+			}
+			defer closeDB()
+			out := cmd.OutOrStdout()
+			if !watch {
+				st, err := a.Status(ctx)
+				if err != nil {
+					return err
+				}
+				return writeStatus(out, st, asJSON)
+			}
+			return watchStatus(ctx, out, cmd.ErrOrStderr(), a, interval, asJSON, statusIsTerminal(out))
+		},
+	}
+	db.register(cmd.Flags())
+	fs := cmd.Flags()
+	fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table (env PGOUTBOX_JSON)")
+	// No environment variable: a left-over one would turn every scripted status into an endless watch.
+	fs.BoolVar(&watch, "watch", false, "refresh every --interval until Ctrl-C")
+	fs.DurationVar(&interval, "interval", 2*time.Second, "refresh period of --watch (env PGOUTBOX_STATUS_INTERVAL)")
+	fs.StringVar(&inboxSchema, "inbox-schema", "",
+		"schema of the consumer inbox's processed_events table (env PGOUTBOX_INBOX_SCHEMA) (default --schema)")
+	return cmd
+}
+
+// statusOpenAdmin connects a small pool (it reconnects by itself, which --watch needs),
+// checks that the schema is migrated and returns an Admin on it.
+func statusOpenAdmin(ctx context.Context, db *dbFlags, inboxSchema string) (*admin.Admin, func(), error) {
+	connCfg, err := db.parse()
+	if err != nil {
+		return nil, nil, err
+	}
+	poolCfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return nil, nil, err
+	}
+	poolCfg.ConnConfig = connCfg
+	poolCfg.MaxConns = 2
+	cctx, cancel := context.WithTimeout(ctx, db.connectTimeout)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(cctx, poolCfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to database: %w", err)
+	}
+	if err := pool.Ping(cctx); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("connect to database: %w", err)
+	}
+	if err := checkMigrated(cctx, pool, db.schema); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	a, err := admin.New(pool, &admin.Config{Schema: db.schema, InboxSchema: inboxSchema})
+	if err != nil {
+		pool.Close()
+		return nil, nil, usageError{err}
+	}
+	return a, pool.Close, nil
+}
+
+// statusIsTerminal reports whether w is a terminal (a character device).
+func statusIsTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb"
+}
+
+// ANSI: cursor home, then clear the screen.
+const statusClearScreen = "\x1b[H\x1b[2J"
+
+// watchStatus prints a snapshot every interval until ctx ends, which is a normal
+// stop (nil). On a terminal each snapshot replaces the previous one; otherwise
+// snapshots follow each other, separated by a blank line. A failed snapshot (the
+// database restarting) is reported and the watch goes on.
+func watchStatus(ctx context.Context, out, errOut io.Writer, a *admin.Admin, interval time.Duration, asJSON, tty bool) error {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for n := 0; ; n++ {
+		qctx, cancel := context.WithTimeout(ctx, max(interval, 10*time.Second))
+		st, err := a.Status(qctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		var buf bytes.Buffer
+		switch {
+		case tty:
+			buf.WriteString(statusClearScreen)
+		case n > 0 && err == nil:
+			buf.WriteString("\n")
+		}
+		if err != nil {
+			msg := "status: " + strings.Join(strings.Fields(err.Error()), " ") + " (retrying)\n"
+			if tty {
+				buf.WriteString(msg)
+			} else {
+				fmt.Fprint(errOut, "pgoutbox: "+msg)
+			}
+		} else if err := writeStatus(&buf, st, asJSON); err != nil {
+			return err
+		}
+		if tty {
+			fmt.Fprintf(&buf, "\nevery %s; Ctrl-C to stop\n", interval)
+		}
+		if _, err := out.Write(buf.Bytes()); err != nil {
+			return fmt.Errorf("write status: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// writeStatus prints st as indented JSON or as aligned tables.
+func writeStatus(w io.Writer, st *admin.Status, asJSON bool) error {
+	if asJSON {
+		b, err := json.MarshalIndent(st, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "outbox %s at %s\n\n", st.Schema, st.At.UTC().Format(time.RFC3339))
+	age := statusAge(time.Duration(st.OldestPendingAge))
+	if st.Pending == 0 {
+		age = "-"
+	}
+	fmt.Fprintf(tw, "pending\t%d\n", st.Pending)
+	fmt.Fprintf(tw, "oldest pending age\t%s\n", age)
+	quarantined := fmt.Sprint(st.Quarantined)
+	if st.Quarantined > 0 {
+		quarantined += "\t(pgoutbox dlq list)"
+	}
+	fmt.Fprintf(tw, "quarantined\t%s\n", quarantined)
+	fmt.Fprintf(tw, "backing off\t%d\n", st.BackingOff)
+	fmt.Fprintf(tw, "published last minute\t%d\n", st.PublishedLastMinute)
+	fmt.Fprintf(tw, "skipped, ever\t%d\n", st.Skipped)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(w)
+	if len(st.Leases) == 0 {
+		fmt.Fprintln(w, "no leases")
+	} else {
+		fmt.Fprintln(tw, "RELAY\tLIVE LEASES\tEXPIRED LEASES")
+		for _, l := range st.Leases {
+			fmt.Fprintf(tw, "%s\t%d\t%d\n", l.RelayID, l.Live, l.Expired)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+
+	fmt.Fprintln(w)
+	fmt.Fprintln(tw, "TABLE\tTOTAL\tHEAP\tINDEXES")
+	for _, t := range st.Tables {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.Name, statusSize(t.TotalBytes), statusSize(t.TableBytes), statusSize(t.IndexBytes))
+	}
+	if d := st.Dedup; d != nil {
+		fmt.Fprintf(tw, "%s.%s (dedup)\t%s\t%s\t%s\n", d.Schema, d.Name, statusSize(d.TotalBytes), statusSize(d.TableBytes), statusSize(d.IndexBytes))
+	} else {
+		fmt.Fprintf(tw, "%s.processed_events (dedup)\tabsent\t\t\n", st.InboxSchema)
+	}
+	return tw.Flush()
+}
+
+// statusAge prints d for people: "850ms", "12.3s", "3m12s", "2h5m", "3d4h".
+func statusAge(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	case d < 24*time.Hour:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	default:
+		d = d.Round(time.Hour)
+		return fmt.Sprintf("%dd%dh", d/(24*time.Hour), (d%(24*time.Hour))/time.Hour)
+	}
+}
+
+// statusSize prints n in binary units: "512 B", "1.5 KiB", "12 MiB".
+func statusSize(n int64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	v := float64(n)
+	unit := ""
+	for _, u := range []string{"KiB", "MiB", "GiB", "TiB", "PiB"} {
+		v /= 1024
+		unit = u
+		if v < 1024 {
+			break
+		}
+	}
+	if v < 10 {
+		return fmt.Sprintf("%.1f %s", v, unit)
+	}
+	return fmt.Sprintf("%.0f %s", v, unit)
+}

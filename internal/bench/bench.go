@@ -1,0 +1,467 @@
+// Package bench measures pgoutbox on the machine at hand: how fast relays drain a
+// backlog (beside a raw-SQL ceiling measured in the same run), the commit→broker
+// latency at a fixed offered rate, what the outbox adds to a business transaction,
+// the queries an idle relay sends, and whether a large published history slows the
+// claim. `pgoutbox bench` is its command line; docs/performance.md explains every
+// figure.
+//
+// Relays run as real `pgoutbox relay` subprocesses (Config.Executable), so that each
+// one's peak resident memory is measured on its own. Every scenario works in a schema
+// (or database) of its own that it creates and drops.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/migrate"
+)
+
+// Scenario names, in the order Run runs them.
+const (
+	ScenarioDrain   = "drain"
+	ScenarioEnqueue = "enqueue"
+	ScenarioLatency = "latency"
+	ScenarioIdle    = "idle"
+	ScenarioHistory = "history"
+)
+
+// Scenarios lists every scenario in run order.
+var Scenarios = []string{ScenarioDrain, ScenarioEnqueue, ScenarioLatency, ScenarioIdle, ScenarioHistory}
+
+// Relay sources drain and latency compare: the polling relay and the CDC source
+// (`pgoutbox relay --source cdc`, logical replication).
+const (
+	SourcePoll = "poll"
+	SourceCDC  = "cdc"
+)
+
+// Sources lists every relay source.
+var Sources = []string{SourcePoll, SourceCDC}
+
+// Config says what to measure and where. Zero fields take the documented defaults.
+type Config struct {
+	// DatabaseURL is the PostgreSQL server to measure. Required. Scenarios create
+	// (and drop) schemas in its database; idle creates a database of its own.
+	DatabaseURL string
+
+	// Executable is the pgoutbox binary run as `relay` subprocesses. Required for
+	// every scenario but enqueue.
+	Executable string
+
+	// Scenarios to run. Defaults to all of them.
+	Scenarios []string
+
+	// Events is the drain backlog. Defaults to 100,000.
+	Events int
+	// Aggregates the backlog is spread over (round-robin). Defaults to 1,000.
+	Aggregates int
+	// PayloadBytes is the approximate size of each event's JSON payload. Defaults to 256.
+	PayloadBytes int
+	// BatchSize is the relays' --batch-size and the ceiling's batch. Defaults to 500.
+	BatchSize int
+	// Relays are the relay counts drain is timed with. Defaults to 1, 2, 4.
+	Relays []int
+	// Brokers drain publishes to: "null", "nats" (nats://127.0.0.1:4222 when
+	// reachable, else an in-process server), "embedded" (in-process NATS JetStream),
+	// a nats:// URL, or any other --broker URL the relay takes. Defaults to null, nats.
+	Brokers []string
+
+	// Rate is latency's offered load in events/s. Defaults to 1,000.
+	Rate int
+	// Duration is how long latency offers load and each enqueue cell runs.
+	// Defaults to 10s.
+	Duration time.Duration
+	// PollInterval is the relays' --poll-interval (latency's polling-only run
+	// depends on it). Defaults to 2s, the relay's default.
+	PollInterval time.Duration
+	// IdleDuration is how long idle watches an idle relay. Defaults to 30s.
+	IdleDuration time.Duration
+	// HistoryRows is the published history history keeps in the table. Defaults
+	// to 5,000,000.
+	HistoryRows int
+	// HistoryTrials is how many fresh batches history times per phase. Defaults to 40.
+	HistoryTrials int
+
+	// Sources are the relay sources drain and latency measure: SourcePoll and
+	// SourceCDC. CDC runs one relay (one source per schema). Defaults to both when
+	// the server has wal_level = logical and the role may replicate, else to poll
+	// alone (with a note in Context.Notes).
+	Sources []string
+
+	// RelayArgs are extra flags for every relay subprocess, e.g. --workers 3.
+	RelayArgs []string
+
+	// Progress receives a progress display; nil shows none. ProgressTTY draws it
+	// as one line redrawn with a carriage return, else as a line every few seconds.
+	Progress    io.Writer
+	ProgressTTY bool
+
+	// Logger receives diagnostics. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	out := *c
+	if out.DatabaseURL == "" {
+		return out, errors.New("bench: Config.DatabaseURL is required")
+	}
+	if len(out.Scenarios) == 0 {
+		out.Scenarios = Scenarios
+	}
+	for _, s := range out.Scenarios {
+		if !slices.Contains(Scenarios, s) {
+			return out, fmt.Errorf("bench: unknown scenario %q (want %s or all)", s, strings.Join(Scenarios, ", "))
+		}
+	}
+	def := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	def(&out.Events, 100_000)
+	def(&out.Aggregates, 1_000)
+	def(&out.PayloadBytes, 256)
+	def(&out.BatchSize, 500)
+	def(&out.Rate, 1_000)
+	def(&out.HistoryRows, 5_000_000)
+	def(&out.HistoryTrials, 40)
+	if out.Duration == 0 {
+		out.Duration = 10 * time.Second
+	}
+	if out.PollInterval == 0 {
+		out.PollInterval = 2 * time.Second
+	}
+	if out.IdleDuration == 0 {
+		out.IdleDuration = 30 * time.Second
+	}
+	if len(out.Relays) == 0 {
+		out.Relays = []int{1, 2, 4}
+	}
+	if len(out.Brokers) == 0 {
+		out.Brokers = []string{"null", "nats"}
+	}
+	switch {
+	case out.Events < 1 || out.Aggregates < 1 || out.Aggregates > out.Events:
+		return out, fmt.Errorf("bench: want 1 <= aggregates (%d) <= events (%d)", out.Aggregates, out.Events)
+	case out.PayloadBytes < 0 || out.BatchSize < 1 || out.Rate < 1 || out.HistoryRows < 0 || out.HistoryTrials < 1:
+		return out, errors.New("bench: payload bytes, batch size, rate, history rows and trials must be positive")
+	case out.Duration < 0 || out.PollInterval < 0 || out.IdleDuration < 0:
+		return out, errors.New("bench: durations must be positive")
+	}
+	for _, n := range out.Relays {
+		if n < 1 || n > 64 {
+			return out, fmt.Errorf("bench: relay count %d: want 1..64", n)
+		}
+	}
+	for _, s := range out.Sources {
+		if !slices.Contains(Sources, s) {
+			return out, fmt.Errorf("bench: unknown source %q (want %s)", s, strings.Join(Sources, ", "))
+		}
+	}
+	if out.Executable == "" && slices.ContainsFunc(out.Scenarios, func(s string) bool { return s != ScenarioEnqueue }) {
+		return out, errors.New("bench: Config.Executable (the pgoutbox binary) is required to run relays")
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.DiscardHandler)
+	}
+	return out, nil
+}
+
+// Result holds every figure of one run; it is what --json writes.
+type Result struct {
+	Context Context         `json:"context"`
+	Drain   *DrainResult    `json:"drain,omitempty"`
+	Enqueue *EnqueueResult  `json:"enqueue,omitempty"`
+	Latency *LatencyResult  `json:"latency,omitempty"`
+	Idle    *IdleResult     `json:"idle,omitempty"`
+	History *HistoryResult  `json:"history,omitempty"`
+	Errors  []ScenarioError `json:"errors,omitempty"`
+	Targets []Target        `json:"targets,omitempty"`
+	// ScenarioSeconds is how long each scenario took, setup included.
+	ScenarioSeconds map[string]float64 `json:"scenario_seconds"`
+	Settings        SettingsSnapshot   `json:"settings"`
+}
+
+// ScenarioError records a scenario that failed; the others still run.
+type ScenarioError struct {
+	Scenario string `json:"scenario"`
+	Error    string `json:"error"`
+}
+
+// SettingsSnapshot is the Config a run used, as recorded in the JSON.
+type SettingsSnapshot struct {
+	Scenarios      []string `json:"scenarios"`
+	Events         int      `json:"events"`
+	Aggregates     int      `json:"aggregates"`
+	PayloadBytes   int      `json:"payload_bytes"`
+	BatchSize      int      `json:"batch_size"`
+	Relays         []int    `json:"relays"`
+	Brokers        []string `json:"brokers"`
+	Rate           int      `json:"rate"`
+	DurationS      float64  `json:"duration_s"`
+	PollIntervalS  float64  `json:"poll_interval_s"`
+	IdleDurationS  float64  `json:"idle_duration_s"`
+	HistoryRows    int      `json:"history_rows"`
+	HistoryTrials  int      `json:"history_trials"`
+	Sources        []string `json:"sources,omitempty"`
+	RelayArgs      []string `json:"relay_args,omitempty"`
+	RelayBinary    string   `json:"relay_binary,omitempty"`
+	DatabaseServer string   `json:"database_server"`
+}
+
+// Context describes the machine and servers the figures were measured on.
+type Context struct {
+	Started        time.Time         `json:"started"`
+	Finished       time.Time         `json:"finished"`
+	Hostname       string            `json:"hostname"`
+	CPUs           int               `json:"cpus"`
+	CPUModel       string            `json:"cpu_model,omitempty"`
+	MemoryBytes    int64             `json:"memory_bytes,omitempty"`
+	GoVersion      string            `json:"go_version"`
+	OS             string            `json:"os"`
+	PostgreSQL     string            `json:"postgresql"`
+	PostgreSQLConf map[string]string `json:"postgresql_settings"`
+	NATSServer     string            `json:"nats_server,omitempty"`
+	Notes          []string          `json:"notes,omitempty"`
+}
+
+// Run measures the configured scenarios. A scenario that fails is recorded in
+// Result.Errors and the next one runs; the error returned is the first such
+// failure, or a context or connection error that ended the run.
+func Run(ctx context.Context, cfg *Config) (*Result, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	pcfg, err := pgxpool.ParseConfig(c.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("bench: database URL: %w", err)
+	}
+	pcfg.MaxConns = 20
+	admin, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("bench: connect to database: %w", err)
+	}
+	defer admin.Close()
+	if err := admin.Ping(ctx); err != nil {
+		return nil, fmt.Errorf("bench: connect to database: %w", err)
+	}
+	r := &Runner{cfg: c, admin: admin, prog: newProgress(c.Progress, c.ProgressTTY)}
+	res := &Result{}
+	res.Context = r.context(ctx)
+	note, err := r.resolveSources(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if note != "" {
+		res.Context.Notes = append(res.Context.Notes, note)
+	}
+	c = r.cfg
+	res.Settings = c.snapshot(pcfg.ConnConfig)
+	defer r.closeBrokers()
+	var first error
+	for _, s := range Scenarios { // fixed order, whatever order they were asked in
+		if !slices.Contains(c.Scenarios, s) {
+			continue
+		}
+		var err error
+		began := time.Now()
+		switch s {
+		case ScenarioDrain:
+			res.Drain, err = r.drain(ctx)
+		case ScenarioEnqueue:
+			res.Enqueue, err = r.enqueue(ctx)
+		case ScenarioLatency:
+			res.Latency, err = r.latency(ctx)
+		case ScenarioIdle:
+			res.Idle, err = r.idle(ctx)
+		case ScenarioHistory:
+			res.History, err = r.history(ctx)
+		}
+		r.prog.done()
+		if res.ScenarioSeconds == nil {
+			res.ScenarioSeconds = map[string]float64{}
+		}
+		res.ScenarioSeconds[s] = round3(time.Since(began).Seconds())
+		if err != nil {
+			res.Errors = append(res.Errors, ScenarioError{Scenario: s, Error: err.Error()})
+			if first == nil {
+				first = fmt.Errorf("bench %s: %w", s, err)
+			}
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	if v := r.natsVersion(); v != "" {
+		res.Context.NATSServer = v
+	}
+	res.Context.Finished = time.Now().UTC()
+	res.Targets = res.targets()
+	return res, first
+}
+
+func (c *Config) snapshot(cc *pgx.ConnConfig) SettingsSnapshot {
+	return SettingsSnapshot{
+		Scenarios: c.Scenarios, Events: c.Events, Aggregates: c.Aggregates, PayloadBytes: c.PayloadBytes,
+		BatchSize: c.BatchSize, Relays: c.Relays, Brokers: c.Brokers, Rate: c.Rate,
+		DurationS: c.Duration.Seconds(), PollIntervalS: c.PollInterval.Seconds(), IdleDurationS: c.IdleDuration.Seconds(),
+		HistoryRows: c.HistoryRows, HistoryTrials: c.HistoryTrials, Sources: c.Sources, RelayArgs: c.RelayArgs, RelayBinary: c.Executable,
+		DatabaseServer: fmt.Sprintf("%s:%d/%s", cc.Host, cc.Port, cc.Database),
+	}
+}
+
+// Runner carries what the scenarios share.
+type Runner struct {
+	cfg     Config
+	admin   *pgxpool.Pool
+	prog    *progress
+	brokers map[string]*brokerEnv
+}
+
+func (r *Runner) context(ctx context.Context) Context {
+	c := Context{Started: time.Now().UTC(), CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
+		OS: runtime.GOOS + "/" + runtime.GOARCH, PostgreSQLConf: map[string]string{}}
+	c.Hostname, _ = os.Hostname()
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				c.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int64
+		if _, err := fmt.Sscanf(string(b), "MemTotal: %d kB", &kb); err == nil {
+			c.MemoryBytes = kb * 1024
+		}
+	}
+	_ = r.admin.QueryRow(ctx, "SELECT version()").Scan(&c.PostgreSQL)
+	for _, s := range []string{"server_version", "shared_buffers", "synchronous_commit", "fsync", "wal_level",
+		"max_wal_size", "checkpoint_timeout", "work_mem", "max_connections", "autovacuum", "shared_preload_libraries"} {
+		var v string
+		if err := r.admin.QueryRow(ctx, "SELECT current_setting($1)", s).Scan(&v); err == nil {
+			c.PostgreSQLConf[s] = v
+		}
+	}
+	c.Notes = append(c.Notes, "PostgreSQL, the broker, the relays and this harness share the machine's CPUs")
+	return c
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// outboxSchema is a migrated schema of one scenario's own.
+type outboxSchema struct {
+	name   string
+	events string // quoted table names
+	seqs   string
+}
+
+// newSchema creates and migrates a fresh schema; drop removes it.
+func (r *Runner) newSchema(ctx context.Context, prefix string) (*outboxSchema, error) {
+	name := "bench_" + prefix + "_" + randHex(4)
+	if _, err := migrate.Up(ctx, r.admin, &migrate.Config{Schema: name, Lines: []migrate.Line{migrate.LineOutbox}}); err != nil {
+		return nil, fmt.Errorf("migrate schema %s: %w", name, err)
+	}
+	return &outboxSchema{name: name, events: pgx.Identifier{name, "outbox_events"}.Sanitize(),
+		seqs: pgx.Identifier{name, "outbox_aggregate_sequences"}.Sanitize()}, nil
+}
+
+func (r *Runner) dropSchema(s *outboxSchema) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := r.admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s.name}.Sanitize()+" CASCADE"); err != nil {
+		r.cfg.Logger.Warn("could not drop benchmark schema", slog.String("schema", s.name), slog.Any("error", err))
+	}
+}
+
+func (s *outboxSchema) count(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, where string) (int64, error) {
+	var n int64
+	err := q.QueryRow(ctx, "SELECT count(*) FROM "+s.events+" WHERE "+where).Scan(&n)
+	return n, err
+}
+
+// loadBacklog fills an empty outbox with n unpublished events spread round-robin
+// over aggregates (event i belongs to aggregate i mod aggregates, sequence
+// i / aggregates + 1) and their sequence counters, straight from generate_series in
+// one transaction: the same rows EnqueueTx would write, at a fraction of the time.
+// The table is analysed in the same transaction, so the relays' first claim is
+// planned on statistics that see the backlog, and a NOTIFY on the relays' channel
+// wakes them at commit. It returns the server's clock right
+// after the commit, when the backlog became visible.
+func (r *Runner) loadBacklog(ctx context.Context, s *outboxSchema, n, aggregates, payload int, aggPrefix string, published bool) (time.Time, error) {
+	pad := max(payload-24, 0) // {"i": 12345, "pad": "…"} is ~24 bytes besides the padding
+	pub := "NULL"
+	if published {
+		pub = "now()"
+	}
+	// UUIDv7-shaped ids: a millisecond prefix rising with i (as ids minted over time
+	// would), version 7, variant 8, random tail.
+	q := fmt.Sprintf(`
+INSERT INTO %[1]s (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, published_at)
+SELECT (lpad(to_hex($1::bigint + i / 64), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+       'bench', $2::text || lpad((i %% $3::bigint)::text, 6, '0'), i / $3::bigint + 1, 'bench.event',
+       jsonb_build_object('i', i, 'pad', repeat('x', $4::int)), %[2]s
+  FROM generate_series(0::bigint, $5::bigint - 1) AS i, LATERAL (SELECT md5(random()::text || i::text) AS h) AS r`, s.events, pub)
+	seq := fmt.Sprintf(`
+INSERT INTO %[1]s AS s (aggregate_type, aggregate_id, last_sequence)
+SELECT aggregate_type, aggregate_id, max(aggregate_sequence) FROM %[2]s GROUP BY 1, 2
+ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_sequence = excluded.last_sequence`, s.seqs, s.events)
+	err := pgx.BeginFunc(ctx, r.admin, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, q, time.Now().UnixMilli(), aggPrefix, aggregates, pad, n); err != nil {
+			return fmt.Errorf("load events: %w", err)
+		}
+		if _, err := tx.Exec(ctx, seq); err != nil {
+			return fmt.Errorf("load sequences: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "ANALYZE "+s.events); err != nil {
+			return fmt.Errorf("analyze: %w", err)
+		}
+		if published {
+			return nil
+		}
+		// Rows written behind the producer API's back wake no relay by themselves
+		// (whether producers notify is the outbox's business); wake them as a
+		// producer would, at commit.
+		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, '')", migrate.NotifyChannel(s.name)); err != nil {
+			return fmt.Errorf("notify: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return time.Time{}, err
+	}
+	var t time.Time
+	err = r.admin.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&t)
+	return t, err
+}
+
+// truncate empties a schema's outbox between runs.
+func (r *Runner) truncate(ctx context.Context, s *outboxSchema) error {
+	_, err := r.admin.Exec(ctx, "TRUNCATE "+s.events+", "+s.seqs)
+	if err != nil {
+		return fmt.Errorf("truncate outbox: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,49 @@
+package bench
+
+import "fmt"
+
+// Target is one of the performance targets of this machine class (SPEC §10, the
+// benchmarks issue) beside the figure this run measured.
+type Target struct {
+	Name     string `json:"name"`
+	Target   string `json:"target"`
+	Measured string `json:"measured"`
+	Met      bool   `json:"met"`
+}
+
+// targets compares res with the targets; scenarios not run are left out.
+func (res *Result) targets() []Target {
+	var ts []Target
+	add := func(name, target, measured string, met bool) {
+		ts = append(ts, Target{Name: name, Target: target, Measured: measured, Met: met})
+	}
+	if d := res.Drain; d != nil {
+		for _, r := range d.Runs {
+			if r.Relays == 1 && r.BrokerMessages >= 0 && r.Source != SourceCDC { // targets are the polling relay's
+				add("drain, 1 relay, "+r.Broker, "≥ 20,000 events/s", fmt.Sprintf("%.0f events/s", r.EventsPerSec), r.EventsPerSec >= 20000)
+				add("drain, 1 relay, "+r.Broker+" / SQL ceiling", "≥ 0.5", fmt.Sprintf("%.2f", r.RatioToCeiling), r.RatioToCeiling >= 0.5)
+				break
+			}
+		}
+	}
+	if l := res.Latency; l != nil {
+		for _, r := range l.Runs {
+			if r.Mode == "notify" {
+				add(fmt.Sprintf("latency p50, NOTIFY, %d/s", r.OfferedRate), "≤ 5 ms", fmt.Sprintf("%.2f ms", r.P50Ms), r.P50Ms <= 5)
+				add(fmt.Sprintf("latency p99, NOTIFY, %d/s", r.OfferedRate), "≤ 25 ms", fmt.Sprintf("%.2f ms", r.P99Ms), r.P99Ms <= 25)
+			}
+		}
+	}
+	if e := res.Enqueue; e != nil {
+		add("enqueue time with / without outbox, 1 producer", "≤ 1.3", fmt.Sprintf("%.2f", e.Ratios.OutboxTimeRatio1), e.Ratios.OutboxTimeRatio1 <= 1.3)
+		add("enqueue time with / without outbox, 16 producers", "≤ 1.3", fmt.Sprintf("%.2f", e.Ratios.OutboxTimeRatio16), e.Ratios.OutboxTimeRatio16 <= 1.3)
+		add("NOTIFY cost at 16 producers, relay running", "≤ 20% of commits/s", fmt.Sprintf("%.0f%%", 100*e.Ratios.NotifyCost16), e.Ratios.NotifyCost16 <= 0.2)
+	}
+	if i := res.Idle; i != nil {
+		add("idle relay", "≤ 1 query/s", fmt.Sprintf("%.2f queries/s", i.QueriesPerSec), i.QueriesPerSec <= 1)
+	}
+	if h := res.History; h != nil && len(h.Phases) == 2 {
+		add(fmt.Sprintf("pick-up p50 with %d kept rows / empty", h.HistoryRows), "≤ 1.2", fmt.Sprintf("%.2f", h.RatioP50), h.RatioP50 <= 1.2)
+	}
+	return ts
+}

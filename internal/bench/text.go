@@ -1,0 +1,86 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// WriteText writes the human tables of every scenario in res.
+func (res *Result) WriteText(w io.Writer) {
+	c := res.Context
+	fmt.Fprintf(w, "pgoutbox bench — %d CPUs (%s), %s, %s", c.CPUs, c.CPUModel, c.GoVersion, firstWords(c.PostgreSQL, 2))
+	if c.NATSServer != "" {
+		fmt.Fprintf(w, ", nats-server %s", c.NATSServer)
+	}
+	fmt.Fprintln(w)
+	if d := res.Drain; d != nil {
+		fmt.Fprintf(w, "\ndrain: %d events over %d aggregates, %d-byte payloads, batch %d\n", d.Events, d.Aggregates, d.PayloadBytes, d.BatchSize)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "source\tbroker\trelays\tseconds\tevents/s\tceiling/s\t× ceiling\tpeak RSS MiB\t")
+		for _, r := range d.Runs {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%.0f\t%.2f\t%.1f\t\n", sourceName(r.Source), r.Broker, r.Relays, r.Seconds, r.EventsPerSec, r.CeilingEventsPerSec, r.RatioToCeiling, r.MaxRSSMiB)
+		}
+		tw.Flush()
+		var cs []string
+		for _, cr := range d.Ceiling {
+			cs = append(cs, fmt.Sprintf("%s %.0f", cr.Variant, cr.EventsPerSec))
+		}
+		fmt.Fprintf(w, "SQL ceiling runs (events/s, in order): %s; median %.0f\n", strings.Join(cs, ", "), d.CeilingEventsPerSec)
+	}
+	if e := res.Enqueue; e != nil {
+		fmt.Fprintf(w, "\nenqueue: %gs per cell, business INSERT + commit\n", e.DurationS)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "producers\toutbox\tNOTIFY\trelay\tcommits/s\tp50 ms\tp99 ms\t")
+		for _, cl := range e.Cells {
+			notify := onOff(cl.Notify)
+			if !cl.Outbox {
+				notify = "-"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.0f\t%.2f\t%.2f\t\n", cl.Producers, yesNo(cl.Outbox), notify, yesNo(cl.Relay), cl.CommitsPerSec, cl.P50Ms, cl.P99Ms)
+		}
+		tw.Flush()
+		fmt.Fprintf(w, "time with outbox / without: %.2f at 1 producer, %.2f at 16; NOTIFY costs %.0f%% of commits/s at 16 with a relay running (%.0f%% without a relay; %.0f%% at 1)\n",
+			e.Ratios.OutboxTimeRatio1, e.Ratios.OutboxTimeRatio16, 100*e.Ratios.NotifyCost16, 100*e.Ratios.NotifyCost16NoRelay, 100*e.Ratios.NotifyCost1NoRelay)
+	}
+	res.writeTextMore(w)
+	if len(res.Targets) > 0 {
+		fmt.Fprintf(w, "\ntargets (2-core machine, PostgreSQL and broker on the same box)\n")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, t := range res.Targets {
+			met := "MISSED"
+			if t.Met {
+				met = "met"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", t.Name, t.Target, t.Measured, met)
+		}
+		tw.Flush()
+	}
+	for _, e := range res.Errors {
+		fmt.Fprintf(w, "\n%s FAILED: %s\n", e.Scenario, e.Error)
+	}
+}
+
+// sourceName shows a run's relay source; JSON of older runs has none: poll.
+func sourceName(s string) string {
+	if s == "" {
+		return SourcePoll
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func firstWords(s string, n int) string {
+	f := strings.Fields(s)
+	if len(f) > n {
+		f = f[:n]
+	}
+	return strings.Join(f, " ")
+}

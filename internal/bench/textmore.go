@@ -1,0 +1,45 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+)
+
+func (res *Result) writeTextMore(w io.Writer) {
+	if l := res.Latency; l != nil {
+		fmt.Fprintf(w, "\nlatency: commit → seen on the %s stream\n", l.Broker)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "wake-up\toffered/s\tachieved/s\tevents\tp50 ms\tp90 ms\tp99 ms\tmax ms\tpeak RSS MiB\t")
+		for _, r := range l.Runs {
+			mode := "NOTIFY"
+			switch r.Mode {
+			case "poll":
+				mode = fmt.Sprintf("poll %gs", r.PollIntervalS)
+			case SourceCDC:
+				mode = "CDC stream"
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t\n", mode, r.OfferedRate, r.AchievedRate, r.Received,
+				r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.MaxRSSMiB)
+		}
+		tw.Flush()
+	}
+	if i := res.Idle; i != nil {
+		fmt.Fprintf(w, "\nidle: one relay, nothing to do, %.0fs (poll interval %gs)\n", i.Seconds, i.PollIntervalS)
+		fmt.Fprintf(w, "  %.3f queries/s (%d queries, from %s); %.3f transactions/s; peak RSS %.1f MiB\n",
+			i.QueriesPerSec, i.Queries, i.Source, i.XactsPerSec, i.MaxRSSMiB)
+		for _, s := range i.TopStatements {
+			fmt.Fprintf(w, "  %6d × %s\n", s.Calls, oneLine(s.Query, 100))
+		}
+	}
+	if h := res.History; h != nil {
+		fmt.Fprintf(w, "\nhistory: pick-up of fresh events (commit → relay marks them) with published rows kept\n")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "kept rows\ttable MiB\tevents\tp50 ms\tp90 ms\tmax ms\tclaim mean ms\tpeak RSS MiB\t")
+		for _, p := range h.Phases {
+			fmt.Fprintf(tw, "%d\t%.1f\t%d\t%.2f\t%.2f\t%.2f\t%.3f\t%.1f\t\n", p.KeptRows, p.TableMiB, p.Events, p.P50Ms, p.P90Ms, p.MaxMs, p.ClaimMeanMs, p.MaxRSSMiB)
+		}
+		tw.Flush()
+		fmt.Fprintf(w, "p50 with history / empty: %.2f; claim statement mean: %.2f\n", h.RatioP50, h.ClaimRatio)
+	}
+}

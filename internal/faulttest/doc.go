@@ -1,0 +1,12 @@
+// Package faulttest is pgoutbox's fault-injection suite (SPEC §9). Its tests run
+// real OS processes — the pgoutbox relay binary, and the producer and consumer
+// programs under cmd/ — kill them at every named failpoint (internal/failpoint) and
+// at random moments, cut their database connections, restart their NATS server,
+// pause a relay past its lease, and then ask package checker whether every
+// guarantee of SPEC §2 held.
+//
+// The chaos soak runs for about a minute in the default test run; run the long
+// one with
+//
+//	go test ./internal/faulttest -run Soak -soak.duration=30m -timeout 0
+package faulttest

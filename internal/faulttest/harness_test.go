@@ -1,0 +1,516 @@
+package faulttest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/pgoutbox/pgoutbox/checker"
+	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/internal/natstest"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+)
+
+// The binaries the tests run, built once by TestMain.
+var bin struct{ pgoutbox, producer, consumer string }
+
+func TestMain(m *testing.M) {
+	flagsParse()
+	// These tests mostly wait on processes they started: run more of them at once
+	// than there are cores, unless -parallel was given.
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		_ = flag.Set("test.parallel", "12")
+	}
+	started := time.Now()
+	dir, err := os.MkdirTemp("", "pgoutbox-faulttest")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	build := exec.Command("go", "build", "-o", dir+string(os.PathSeparator),
+		"github.com/pgoutbox/pgoutbox/cmd/pgoutbox",
+		"github.com/pgoutbox/pgoutbox/internal/faulttest/cmd/producer",
+		"github.com/pgoutbox/pgoutbox/internal/faulttest/cmd/consumer")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build:", err)
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "faulttest: built the binaries in %s\n", time.Since(started).Round(time.Millisecond))
+	bin.pgoutbox = filepath.Join(dir, "pgoutbox")
+	bin.producer = filepath.Join(dir, "producer")
+	bin.consumer = filepath.Join(dir, "consumer")
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const consumerName = "billing"
+
+// env is one test's world: a migrated schema with a business table and an effects
+// table, a JetStream stream and durable consumer of its own, and the processes the
+// test runs against them.
+type env struct {
+	t        *testing.T
+	pool     *pgxpool.Pool
+	schema   string
+	natsURL  string
+	stream   string
+	template string
+	js       jetstream.JetStream
+	dir      string
+
+	mu       sync.Mutex
+	journals []string
+	procs    []*proc
+}
+
+type envConfig struct {
+	// natsURL is the server; defaults to the shared test server.
+	natsURL string
+	// dedup is the stream's duplicate window. Defaults to 1s, shorter than the
+	// relays' 2s lease, so that a re-publish after a takeover is stored again and
+	// the consumer's deduplication is exercised.
+	dedup time.Duration
+}
+
+func newEnv(t *testing.T, cfg envConfig) *env {
+	t.Helper()
+	if cfg.natsURL == "" {
+		cfg.natsURL = natstest.URL()
+	}
+	if cfg.dedup == 0 {
+		cfg.dedup = time.Second
+	}
+	pool, schema := pgtest.Migrated(t, 8)
+	var target natstest.Target
+	if cfg.natsURL == natstest.URL() {
+		target = natstest.New(t, cfg.natsURL)
+	} else {
+		target = natstest.OnOwnServer(t, cfg.natsURL)
+	}
+	e := &env{t: t, pool: pool, schema: schema, natsURL: cfg.natsURL, stream: target.Stream,
+		template: target.Template, js: target.JS, dir: t.TempDir()}
+	_, err := pool.Exec(context.Background(), `
+		CREATE TABLE `+e.table("business")+` (
+			key          text PRIMARY KEY,
+			event_id     uuid NOT NULL,
+			aggregate_id text NOT NULL);
+		CREATE TABLE `+e.table("effects")+` (
+			n              bigserial PRIMARY KEY,
+			consumer       text   NOT NULL,
+			event_id       uuid   NOT NULL,
+			aggregate_type text   NOT NULL,
+			aggregate_id   text   NOT NULL,
+			sequence       bigint NOT NULL,
+			applied_at     timestamptz NOT NULL DEFAULT clock_timestamp())`)
+	pgtest.Must(t, err, "create business and effects tables")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = e.js.CreateStream(ctx, jetstream.StreamConfig{Name: e.stream, Subjects: target.Subjects(),
+		Storage: jetstream.FileStorage, Duplicates: cfg.dedup})
+	pgtest.Must(t, err, "create stream")
+	_, err = e.js.CreateConsumer(ctx, e.stream, jetstream.ConsumerConfig{Durable: consumerName,
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 2 * time.Second, MaxAckPending: 1000, MaxDeliver: -1})
+	pgtest.Must(t, err, "create durable consumer")
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for _, p := range e.procs {
+			t.Logf("---- output of %s (%s):\n%s", p.name, p.status(), tail(p.out.String(), 60))
+		}
+	})
+	return e
+}
+
+func (e *env) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
+
+// count returns the number of rows of a table of the schema matching where.
+func (e *env) count(table, where string, args ...any) int {
+	e.t.Helper()
+	var n int
+	err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table(table)+" WHERE "+where, args...).Scan(&n)
+	pgtest.Must(e.t, err, "count %s", table)
+	return n
+}
+
+// dbURL is the test database's URL with an application_name, by which
+// pg_stat_activity identifies the process's connections.
+//
+// Commits do not wait for the WAL flush (synchronous_commit=off): the suite kills
+// clients, never the database server, and a committed transaction is visible to
+// every session and survives any client's death either way. It spares the
+// shared disk one fsync per consumer transaction.
+func dbURL(t *testing.T, appName string) string {
+	u, err := url.Parse(pgtest.URL())
+	pgtest.Must(t, err, "parse database URL")
+	q := u.Query()
+	q.Set("application_name", appName)
+	q.Set("options", "-c synchronous_commit=off")
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // pgx reads '+' literally
+	return u.String()
+}
+
+// proc is a process a test started.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{} // closed once it exited and its output is read
+	err  error         // Wait's error, once done
+}
+
+// start runs a binary with extra environment (e.g. a failpoint), its output kept.
+func (e *env) start(name string, extraEnv []string, binary string, args ...string) *proc {
+	e.t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), extraEnv...)
+	if !hasFailpoint(extraEnv) {
+		cmd.Env = append(cmd.Env, failpoint.EnvVar+"=")
+	}
+	p := &proc{name: name, cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	pgtest.Must(e.t, cmd.Start(), "start %s", name)
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			p.out.WriteLine(sc.Text())
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	go func() {
+		p.err = cmd.Wait()
+		pw.Close()
+		<-copied
+		close(p.done)
+	}()
+	e.mu.Lock()
+	e.procs = append(e.procs, p)
+	e.mu.Unlock()
+	e.t.Cleanup(func() {
+		if !p.exited() {
+			_ = cmd.Process.Signal(syscall.SIGCONT)
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+func hasFailpoint(env []string) bool {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, failpoint.EnvVar+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// failpointEnv enables one point in a process.
+func failpointEnv(point, action string) []string {
+	return []string{failpoint.EnvVar + "=" + point + "=" + action}
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// status describes how the process ended, or that it runs.
+func (p *proc) status() string {
+	if !p.exited() {
+		return "running"
+	}
+	if p.err == nil {
+		return "exit 0"
+	}
+	return p.err.Error()
+}
+
+// wait waits for the process to exit by itself.
+func (p *proc) wait(t *testing.T, within time.Duration) {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(within):
+		t.Fatalf("%s still running after %s:\n%s", p.name, within, tail(p.out.String(), 40))
+	}
+}
+
+// waitLine waits until the process printed a line containing s.
+func (p *proc) waitLine(t *testing.T, s string) {
+	t.Helper()
+	waitFor(t, 30*time.Second, func() string { return fmt.Sprintf("%s to print %q:\n%s", p.name, s, tail(p.out.String(), 20)) },
+		func() bool {
+			if p.exited() {
+				t.Fatalf("%s exited (%s) before printing %q:\n%s", p.name, p.status(), s, tail(p.out.String(), 20))
+			}
+			return strings.Contains(p.out.String(), s)
+		})
+}
+
+// killedBySIGKILL reports whether the exited process died of SIGKILL.
+func (p *proc) killedBySIGKILL() bool {
+	var ee *exec.ExitError
+	if !errors.As(p.err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+// kill sends SIGKILL and waits for the process to be gone.
+func (p *proc) kill(t *testing.T) {
+	t.Helper()
+	if p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	p.wait(t, 30*time.Second)
+}
+
+// term stops the process gracefully and checks it exited 0.
+func (p *proc) term(t *testing.T) {
+	t.Helper()
+	if p.exited() {
+		return
+	}
+	pgtest.Must(t, p.cmd.Process.Signal(syscall.SIGTERM), "SIGTERM %s", p.name)
+	p.wait(t, 60*time.Second)
+	if p.err != nil {
+		t.Fatalf("%s: %v after SIGTERM:\n%s", p.name, p.err, tail(p.out.String(), 40))
+	}
+}
+
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	pgtest.Must(t, p.cmd.Process.Signal(sig), "%v %s", sig, p.name)
+}
+
+// relay starts `pgoutbox relay` with id, a 2s lease and fast polling.
+func (e *env) relay(id string, extraEnv []string, extraArgs ...string) *proc {
+	e.t.Helper()
+	args := append([]string{"relay", "--database-url", dbURL(e.t, "faulttest-"+e.schema+"-"+id), "--schema", e.schema,
+		"--id", id, "--broker", e.natsURL, "--nats-stream", e.stream, "--topic-template", e.template,
+		"--lease", "2s", "--poll-interval", "200ms", "--backoff-base", "100ms", "--backoff-max", "1s",
+		"--batch-size", "50", "--ack-timeout", "1s", "--log-level", "info"}, extraArgs...)
+	return e.start("relay "+id, extraEnv, bin.pgoutbox, args...)
+}
+
+// producerOpts shape one producer run.
+type producerOpts struct {
+	txs, aggregates, maxEvents, rollbackPercent int
+	pause                                       time.Duration
+}
+
+// producer starts the producer program; its journal joins the env's journals.
+func (e *env) producer(name string, extraEnv []string, o producerOpts) *proc {
+	e.t.Helper()
+	journal := filepath.Join(e.dir, name+".journal")
+	e.mu.Lock()
+	e.journals = append(e.journals, journal)
+	e.mu.Unlock()
+	if o.aggregates == 0 {
+		o.aggregates = 10
+	}
+	if o.maxEvents == 0 {
+		o.maxEvents = 3
+	}
+	return e.start("producer "+name, extraEnv, bin.producer, "--database-url", dbURL(e.t, "faulttest-producer"),
+		"--schema", e.schema, "--journal", journal, "--name", name, "--txs", fmt.Sprint(o.txs),
+		"--aggregates", fmt.Sprint(o.aggregates), "--max-events", fmt.Sprint(o.maxEvents),
+		"--rollback-percent", fmt.Sprint(o.rollbackPercent), "--pause", o.pause.String())
+}
+
+// consumer starts the consumer program on the env's durable.
+func (e *env) consumer(name string, extraEnv []string) *proc {
+	e.t.Helper()
+	return e.start("consumer "+name, extraEnv, bin.consumer, "--database-url", dbURL(e.t, "faulttest-consumer"),
+		"--schema", e.schema, "--nats", e.natsURL, "--stream", e.stream, "--name", consumerName, "--log-level", "info")
+}
+
+// backlog reports what is left to do: unpublished outbox rows, outbox rows the
+// consumer has not applied, and messages the durable has not had acked.
+func (e *env) backlog() (unpublished, unapplied, unacked int, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = e.pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM `+e.table("outbox_events")+` WHERE published_at IS NULL),
+		(SELECT count(*) FROM `+e.table("outbox_events")+` o
+		  WHERE NOT EXISTS (SELECT 1 FROM `+e.table("effects")+` f WHERE f.event_id = o.event_id))`).Scan(&unpublished, &unapplied)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	c, err := e.js.Consumer(ctx, e.stream, consumerName)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return unpublished, unapplied, int(info.NumPending) + info.NumAckPending, nil
+}
+
+// waitDrained waits until every outbox row is published and applied and the
+// durable has nothing pending; producers must have stopped.
+func (e *env) waitDrained(within time.Duration) {
+	e.t.Helper()
+	var u, a, k int
+	var err error
+	waitFor(e.t, within, func() string {
+		return fmt.Sprintf("the pipeline to drain (unpublished %d, unapplied %d, unacked %d, err %v)", u, a, k, err)
+	}, func() bool {
+		e.failOnCrash()
+		u, a, k, err = e.backlog()
+		return err == nil && u == 0 && a == 0 && k == 0
+	})
+}
+
+// failOnCrash fails the test at once if a process exited with an error of its
+// own (not a SIGKILL, which the tests send or a crash point sends).
+func (e *env) failOnCrash() {
+	e.t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, p := range e.procs {
+		if p.exited() && p.err != nil && !p.killedBySIGKILL() {
+			e.t.Fatalf("%s failed: %s\n%s", p.name, p.status(), tail(p.out.String(), 30))
+		}
+	}
+}
+
+// verdict reads every source and runs the checker; adjust, when given, changes
+// the input before the check.
+func (e *env) verdict(adjust ...func(*checker.Input)) *checker.Verdict {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var in checker.Input
+	var err error
+	in.Journal, err = checker.ReadJournalFiles(e.journals...)
+	pgtest.Must(e.t, err, "read journals")
+	in.Outbox, err = checker.ReadOutbox(ctx, e.pool, e.schema)
+	pgtest.Must(e.t, err, "read outbox")
+	in.Business, err = checker.ReadBusiness(ctx, e.pool, "SELECT key, event_id FROM "+e.table("business"))
+	pgtest.Must(e.t, err, "read business rows")
+	in.Effects, err = checker.ReadEffects(ctx, e.pool, "SELECT consumer, event_id, aggregate_type, aggregate_id, sequence FROM "+e.table("effects")+" ORDER BY n")
+	pgtest.Must(e.t, err, "read effects")
+	in.Broker, err = checker.ReadJetStream(ctx, e.js, e.stream)
+	pgtest.Must(e.t, err, "read stream")
+	in.Consumers = []string{consumerName}
+	for _, f := range adjust {
+		f(&in)
+	}
+	return checker.Check(in)
+}
+
+// mustHold fails the test unless the verdict is clean and something was checked.
+func mustHold(t *testing.T, v *checker.Verdict) {
+	t.Helper()
+	if !v.OK() {
+		t.Fatal(v.String())
+	}
+	if v.Committed == 0 {
+		t.Fatalf("nothing was committed; the test proves nothing:\n%s", v)
+	}
+	t.Log(v.String())
+}
+
+// stopAll stops every running process gracefully.
+func (e *env) stopAll() {
+	e.t.Helper()
+	e.mu.Lock()
+	procs := append([]*proc(nil), e.procs...)
+	e.mu.Unlock()
+	for _, p := range procs {
+		p.term(e.t)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) WriteLine(l string) { s.mu.Lock(); s.b.WriteString(l + "\n"); s.mu.Unlock() }
+func (s *syncBuffer) String() string     { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// lineWriter feeds a syncBuffer line by line (slog writes one line per call).
+type lineWriter struct{ b *syncBuffer }
+
+func (w lineWriter) Write(p []byte) (int, error) {
+	w.b.WriteLine(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func tail(s string, lines int) string {
+	all := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(all) > lines {
+		all = append([]string{fmt.Sprintf("… %d lines before", len(all)-lines)}, all[len(all)-lines:]...)
+	}
+	return strings.Join(all, "\n")
+}
+
+// waitFor polls cond every 20ms until it holds, failing the test after within.
+func waitFor(t *testing.T, within time.Duration, what func() string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func is(s string) func() string { return func() string { return s } }
+
+// connectNATS opens a client connection for the test itself, closed at the end.
+func connectNATS(t *testing.T, url string) jetstream.JetStream {
+	t.Helper()
+	nc, err := natsgo.Connect(url, natsgo.MaxReconnects(-1), natsgo.ReconnectWait(100*time.Millisecond))
+	pgtest.Must(t, err, "connect to %s", url)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	pgtest.Must(t, err, "jetstream")
+	return js
+}

@@ -1,0 +1,125 @@
+package relay
+
+import (
+	"time"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+// Observer is told what a relay does, for metrics (package relay/relayprom
+// implements it for Prometheus). Set it as Config.Observer.
+//
+// Its methods are called on the relay's hot path, from every worker goroutine
+// concurrently, once per claim and once per settled batch. They must be safe for
+// concurrent use, cheap, and must never block: a slow observer slows publishing.
+// They must not keep the slices they receive after returning.
+type Observer interface {
+	// BatchClaimed is called after each claim that leased at least one event.
+	BatchClaimed(c ClaimedBatch)
+
+	// BatchSettled is called once the outcome of a published batch was recorded
+	// in the database: acked events are marked published, failed ones scheduled
+	// for retry or quarantined, unattempted ones released. A batch whose outcome
+	// could not be recorded (the database stayed unreachable until a hard stop)
+	// is not reported; its leases expire and it is published again.
+	BatchSettled(s SettledBatch)
+}
+
+// ClaimedBatch describes one claim.
+type ClaimedBatch struct {
+	// Events is how many events the claim leased.
+	Events int
+	// TakenOver is how many of them had an expired lease of another relay: that
+	// relay died or stalled while holding them.
+	TakenOver int
+	// Duration is how long the claim statements took.
+	Duration time.Duration
+}
+
+// SettledBatch describes one published and settled batch.
+type SettledBatch struct {
+	// Events holds one outcome per event of the batch.
+	Events []EventOutcome
+	// PublishDuration is how long the broker took to answer for the whole batch:
+	// from the Publish call until every message had its ack or error. Messages of
+	// one aggregate are sent one after the other's ack, so it is at least the
+	// longest such chain. broker.Publisher reports no per-message ack times.
+	PublishDuration time.Duration
+	// SettleDuration is how long recording the outcomes took (one round trip when
+	// the database is healthy).
+	SettleDuration time.Duration
+}
+
+// Result is what became of one event of a batch.
+type Result uint8
+
+const (
+	// ResultPublished: the broker acknowledged the event; it is marked published.
+	ResultPublished Result = iota + 1
+	// ResultFailed: the publish failed; the event is retried after a backoff.
+	ResultFailed
+	// ResultQuarantined: the publish failed and the event is quarantined: its
+	// error is permanent or it reached Config.MaxAttempts.
+	ResultQuarantined
+	// ResultReleased: the event was not attempted (an earlier event of its
+	// aggregate failed, or the relay is stopping); its lease was given back
+	// without counting an attempt.
+	ResultReleased
+)
+
+// String returns "published", "failed", "quarantined" or "released".
+func (r Result) String() string {
+	switch r {
+	case ResultPublished:
+		return "published"
+	case ResultFailed:
+		return "failed"
+	case ResultQuarantined:
+		return "quarantined"
+	case ResultReleased:
+		return "released"
+	}
+	return "unknown"
+}
+
+// FailureReason classifies a failed publish, as the broker adapter marked it.
+type FailureReason string
+
+const (
+	// ReasonPermanent: the broker refused the message and will refuse it again
+	// (broker.Permanent). The event is quarantined at once.
+	ReasonPermanent FailureReason = "permanent"
+	// ReasonUnavailable: the broker was unreachable or did not answer in time
+	// (broker.Unavailable, a deadline). Never counts towards quarantine.
+	ReasonUnavailable FailureReason = "unavailable"
+	// ReasonError: any other error; quarantined after Config.MaxAttempts.
+	ReasonError FailureReason = "error"
+)
+
+// ClassifyFailure returns the reason class of a publish error.
+func ClassifyFailure(err error) FailureReason {
+	switch {
+	case broker.IsPermanent(err):
+		return ReasonPermanent
+	case broker.IsUnavailable(err):
+		return ReasonUnavailable
+	}
+	return ReasonError
+}
+
+// EventOutcome is the outcome of one event of a settled batch.
+type EventOutcome struct {
+	EventID       pgoutbox.UUID
+	AggregateType string
+	EventType     string
+	// Result is what became of the event.
+	Result Result
+	// Attempt is the number of this publish attempt, from 1 (attempt_count after
+	// it), for published, failed and quarantined events; 0 for released ones.
+	Attempt int
+	// Reason classifies Err, for failed and quarantined events.
+	Reason FailureReason
+	// Err is the publish error, for failed and quarantined events.
+	Err error
+}
