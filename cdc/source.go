@@ -26,13 +26,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -41,6 +39,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // lane is one aggregate's ordered events.
@@ -299,7 +298,7 @@ func (s *Source) Stop(ctx context.Context) error {
 	for {
 		var active bool
 		err := s.pool.QueryRow(wctx, "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1", s.cfg.Slot).Scan(&active)
-		if err != nil || !active || !sleepCtx(wctx, 20*time.Millisecond) {
+		if err != nil || !active || !retry.Sleep(wctx, 20*time.Millisecond) {
 			break
 		}
 	}
@@ -590,7 +589,7 @@ func (s *Source) settle(items []item, results []error) (settled, bool) {
 			res.allUnavailable = res.allUnavailable && unavailable
 			attempt := it.attempts + 1
 			quarantine := broker.IsPermanent(err) || (!unavailable && attempt >= s.cfg.MaxAttempts)
-			delay := s.backoff(attempt, unavailable)
+			delay := retry.AttemptDelay(attempt, s.cfg.BackoffBase, s.cfg.BackoffMax, unavailable)
 			if quarantine {
 				quarantined++
 				s.log.Warn("event quarantined", slog.String("event_id", it.msg.EventID.String()),
@@ -600,7 +599,7 @@ func (s *Source) settle(items []item, results []error) (settled, bool) {
 			}
 			res.failedLanes[laneOf(&it.msg)] = delay
 			failIDs = append(failIDs, it.msg.EventID)
-			failErrs = append(failErrs, errorText(err))
+			failErrs = append(failErrs, retry.ErrorText(err))
 			failDelays = append(failDelays, delay.Milliseconds())
 			failQuarantine = append(failQuarantine, quarantine)
 		}
@@ -625,9 +624,9 @@ func (s *Source) settle(items []item, results []error) (settled, bool) {
 	s.stats.quarantined.Add(int64(quarantined))
 	switch {
 	case len(acked) > 0:
-		s.setUp(&s.brokerDown, "broker")
+		retry.MarkUp(&s.brokerDown, s.log, "broker")
 	case res.allUnavailable:
-		s.setDown(&s.brokerDown, "broker", errors.New(failErrs[0]))
+		retry.MarkDown(&s.brokerDown, s.log, "broker", errors.New(failErrs[0]))
 	}
 	return res, true
 }
@@ -668,7 +667,7 @@ func (s *Source) markAll(ids []pgoutbox.UUID) bool {
 				slog.String("first", left[0].String()))
 			return true
 		}
-		if !sleepCtx(s.hardCtx, 100*time.Millisecond) {
+		if !retry.Sleep(s.hardCtx, 100*time.Millisecond) {
 			return false
 		}
 	}
@@ -694,82 +693,21 @@ func minus(a, b []pgoutbox.UUID) []pgoutbox.UUID {
 // retryDB runs f with a fresh 10s timeout until it succeeds, backing off while
 // the database is unreachable. It returns false if the source was hard-stopped.
 func (s *Source) retryDB(what string, f func(ctx context.Context) error) bool {
-	var wait backoff
+	var wait retry.Backoff
 	for {
 		ctx, cancel := context.WithTimeout(s.hardCtx, 10*time.Second)
 		err := f(ctx)
 		cancel()
 		if err == nil {
-			s.setUp(&s.dbDown, "database")
+			retry.MarkUp(&s.dbDown, s.log, "database")
 			return true
 		}
 		if s.hardCtx.Err() != nil {
 			return false
 		}
-		s.setDown(&s.dbDown, "database", fmt.Errorf("%s: %w", what, err))
-		if !sleepCtx(s.hardCtx, wait.next()) {
+		retry.MarkDown(&s.dbDown, s.log, "database", fmt.Errorf("%s: %w", what, err))
+		if !retry.Sleep(s.hardCtx, wait.Next()) {
 			return false
 		}
-	}
-}
-
-// backoff returns the delay before attempt+1, as the polling relay computes it.
-func (s *Source) backoff(attempt int, unavailable bool) time.Duration {
-	limit := s.cfg.BackoffMax
-	if unavailable {
-		limit = min(limit, 10*time.Second)
-	}
-	d := s.cfg.BackoffBase
-	for i := 1; i < attempt && d < limit; i++ {
-		d *= 2
-	}
-	d = min(d, limit)
-	return d/2 + rand.N(d/2+1)
-}
-
-// errorText makes err storable in last_error: valid UTF-8, no NUL, bounded.
-func errorText(err error) string {
-	t := strings.ToValidUTF8(err.Error(), "?")
-	t = strings.ReplaceAll(t, "\x00", "")
-	if len(t) > 2000 {
-		t = t[:2000]
-		for !utf8.ValidString(t) {
-			t = t[:len(t)-1]
-		}
-	}
-	return t
-}
-
-func (s *Source) setDown(flag *atomic.Bool, what string, err error) {
-	if flag.CompareAndSwap(false, true) {
-		s.log.Warn(what+" unreachable; retrying with backoff", slog.Any("error", err))
-	}
-}
-
-func (s *Source) setUp(flag *atomic.Bool, what string) {
-	if flag.CompareAndSwap(true, false) {
-		s.log.Info(what + " reachable again")
-	}
-}
-
-// backoff is the delay schedule for retrying the database or the stream:
-// 100ms doubling to 5s.
-type backoff struct{ d time.Duration }
-
-func (b *backoff) next() time.Duration {
-	b.d = min(max(b.d*2, 100*time.Millisecond), 5*time.Second)
-	return b.d
-}
-
-func (b *backoff) reset() { b.d = 0 }
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

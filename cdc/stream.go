@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // ErrSlotMissing is reported (through the logs and Healthy) when the slot
@@ -27,7 +28,7 @@ var ErrSlotMissing = errors.New("cdc: replication slot does not exist")
 // queues every committed transaction's outbox inserts.
 func (s *Source) stream(ready chan<- error) {
 	defer s.wg.Done()
-	var wait backoff
+	var wait retry.Backoff
 	first := true
 	defer func() {
 		if first {
@@ -43,7 +44,7 @@ func (s *Source) stream(ready chan<- error) {
 			if s.streamDown.CompareAndSwap(true, false) {
 				s.log.Info("replication stream up again")
 			}
-			wait.reset()
+			wait.Reset()
 		})
 		select {
 		case <-s.stopping:
@@ -61,7 +62,7 @@ func (s *Source) stream(ready chan<- error) {
 		if s.streamDown.CompareAndSwap(false, true) {
 			s.log.Warn("replication stream down; reconnecting with backoff", slog.Any("error", err))
 		}
-		t := time.NewTimer(wait.next())
+		t := time.NewTimer(wait.Next())
 		select {
 		case <-s.stopping:
 			t.Stop()

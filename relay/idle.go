@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // Producers notify only while a relay waits for work (outbox migration 4): an idle
@@ -58,7 +60,7 @@ func (r *Relay) guard() {
 	var (
 		conn    *pgx.Conn
 		held    bool
-		wait    backoff
+		wait    retry.Backoff
 		release = time.NewTimer(time.Hour)
 	)
 	release.Stop()
@@ -86,7 +88,7 @@ func (r *Relay) guard() {
 				var err error
 				if conn, err = r.guardConnect(); err != nil {
 					r.log.Debug("idle lock: connect failed; relying on polling", slog.Any("error", err))
-					if !sleepStop(r.stopping, wait.next()) {
+					if !sleepStop(r.stopping, wait.Next()) {
 						return
 					}
 					continue
@@ -101,13 +103,13 @@ func (r *Relay) guard() {
 			case err != nil:
 				r.log.Debug("idle lock: lock failed; relying on polling", slog.Any("error", err))
 				drop()
-				if !sleepStop(r.stopping, wait.next()) {
+				if !sleepStop(r.stopping, wait.Next()) {
 					return
 				}
 				continue
 			case ok:
 				held = true
-				wait.reset()
+				wait.Reset()
 				// Commits that did not notify have ended: look once more.
 				r.poke()
 			}

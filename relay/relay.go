@@ -19,13 +19,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,6 +31,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // Relay moves events from the outbox to a broker. Create it with New, then Start
@@ -268,7 +267,7 @@ func (r *Relay) listen() {
 		case <-ctx.Done():
 		}
 	}()
-	var wait backoff
+	var wait retry.Backoff
 	failing := false
 	for ctx.Err() == nil {
 		err := r.listenOnce(ctx, func() {
@@ -276,7 +275,7 @@ func (r *Relay) listen() {
 				r.log.Info("listening for notifications again")
 				failing = false
 			}
-			wait.reset()
+			wait.Reset()
 		})
 		if ctx.Err() != nil {
 			return
@@ -285,7 +284,7 @@ func (r *Relay) listen() {
 			r.log.Warn("notification listener down; polling every "+r.cfg.PollInterval.String()+" until it is back", slog.Any("error", err))
 			failing = true
 		}
-		if !sleepCtx(ctx, wait.next()) {
+		if !retry.Sleep(ctx, wait.Next()) {
 			return
 		}
 	}
@@ -314,7 +313,7 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 func (r *Relay) work(id int) {
 	defer r.workers.Done()
 	var cur cursor
-	var wait backoff
+	var wait retry.Backoff
 	again := true // claim at once on start: there may be a backlog
 	idle := false
 	for {
@@ -333,15 +332,15 @@ func (r *Relay) work(id int) {
 		}
 		batch, err := r.claim(&cur)
 		if err != nil {
-			r.setDown(&r.dbDown, "database", err)
+			retry.MarkDown(&r.dbDown, r.log, "database", err)
 			again = true
-			if !sleepStop(r.stopping, wait.next()) {
+			if !sleepStop(r.stopping, wait.Next()) {
 				return
 			}
 			continue
 		}
-		r.setUp(&r.dbDown, "database")
-		wait.reset()
+		retry.MarkUp(&r.dbDown, r.log, "database")
+		wait.Reset()
 		if len(batch) == r.cfg.BatchSize {
 			r.announceBacklog()
 		}
@@ -554,7 +553,7 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 			allUnavailable = allUnavailable && unavailable
 			attempt := c.attempts + 1
 			quarantine := broker.IsPermanent(err) || (!unavailable && attempt >= r.cfg.MaxAttempts)
-			delay := r.backoff(attempt, unavailable)
+			delay := retry.AttemptDelay(attempt, r.cfg.BackoffBase, r.cfg.BackoffMax, unavailable)
 			if quarantine {
 				quarantined++
 				r.log.Warn("event quarantined", slog.String("event_id", c.msg.EventID.String()),
@@ -568,7 +567,7 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 				note(i, ResultFailed, attempt, err)
 			}
 			failIDs = append(failIDs, c.msg.EventID)
-			failErrs = append(failErrs, errorText(err))
+			failErrs = append(failErrs, retry.ErrorText(err))
 			failDelays = append(failDelays, delay.Milliseconds())
 			failQuarantine = append(failQuarantine, quarantine)
 		}
@@ -588,7 +587,7 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 		}
 		return b
 	}
-	var wait backoff
+	var wait retry.Backoff
 	settleStart := time.Now()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -597,11 +596,11 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 		err = errors.Join(err, br.Close())
 		cancel()
 		if err == nil {
-			r.setUp(&r.dbDown, "database")
+			retry.MarkUp(&r.dbDown, r.log, "database")
 			break
 		}
-		r.setDown(&r.dbDown, "database", fmt.Errorf("settle batch: %w", err))
-		if r.hardCtx.Err() != nil || !sleepCtx(r.hardCtx, wait.next()) {
+		retry.MarkDown(&r.dbDown, r.log, "database", fmt.Errorf("settle batch: %w", err))
+		if r.hardCtx.Err() != nil || !retry.Sleep(r.hardCtx, wait.Next()) {
 			return 0 // leases stay with us; Stop tries once more, then they expire
 		}
 	}
@@ -627,41 +626,12 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 	}
 	switch {
 	case anyAck:
-		r.setUp(&r.brokerDown, "broker")
+		retry.MarkUp(&r.brokerDown, r.log, "broker")
 	case len(failIDs) > 0 && allUnavailable:
-		r.setDown(&r.brokerDown, "broker", errors.New(failErrs[0]))
+		retry.MarkDown(&r.brokerDown, r.log, "broker", errors.New(failErrs[0]))
 		return min(firstRetryIn, r.cfg.PollInterval)
 	}
 	return 0
-}
-
-// backoff returns the delay before attempt+1: exponential from BackoffBase, capped
-// at BackoffMax, and at 10s while the broker is unreachable so that the backlog
-// drains promptly once it is back. Jitter spreads the retries of many events.
-func (r *Relay) backoff(attempt int, unavailable bool) time.Duration {
-	limit := r.cfg.BackoffMax
-	if unavailable {
-		limit = min(limit, 10*time.Second)
-	}
-	d := r.cfg.BackoffBase
-	for i := 1; i < attempt && d < limit; i++ {
-		d *= 2
-	}
-	d = min(d, limit)
-	return d/2 + rand.N(d/2+1)
-}
-
-// errorText makes err storable in last_error: valid UTF-8, no NUL, bounded.
-func errorText(err error) string {
-	s := strings.ToValidUTF8(err.Error(), "?")
-	s = strings.ReplaceAll(s, "\x00", "")
-	if len(s) > 2000 {
-		s = s[:2000]
-		for !utf8.ValidString(s) {
-			s = s[:len(s)-1]
-		}
-	}
-	return s
 }
 
 func (r *Relay) outstanding() []pgoutbox.UUID {
@@ -680,41 +650,6 @@ func (r *Relay) forget(ids []pgoutbox.UUID) {
 		delete(r.leased, id)
 	}
 	r.mu.Unlock()
-}
-
-// setDown and setUp log a dependency's state changes once, not every failure.
-func (r *Relay) setDown(flag *atomic.Bool, what string, err error) {
-	if flag.CompareAndSwap(false, true) {
-		r.log.Warn(what+" unreachable; retrying with backoff", slog.Any("error", err))
-	}
-}
-
-func (r *Relay) setUp(flag *atomic.Bool, what string) {
-	if flag.CompareAndSwap(true, false) {
-		r.log.Info(what + " reachable again")
-	}
-}
-
-// backoff is the delay schedule for retrying the database or the listener:
-// 100ms doubling to 5s.
-type backoff struct{ d time.Duration }
-
-func (b *backoff) next() time.Duration {
-	b.d = min(max(b.d*2, 100*time.Millisecond), 5*time.Second)
-	return b.d
-}
-
-func (b *backoff) reset() { b.d = 0 }
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func sleepStop(stop <-chan struct{}, d time.Duration) bool {

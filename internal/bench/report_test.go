@@ -22,12 +22,17 @@ func sampleResult() *Result {
 				{Broker: "null", Relays: 1, Seconds: 0.1, EventsPerSec: 10000, CeilingEventsPerSec: 40000, RatioToCeiling: 0.25, Published: 1000,
 					BrokerMessages: -1, RelayRSS: []RelayRSS{{ID: "r1", PeakRSSBytes: 30 << 20, PeakRSSMiB: 30}},
 					Series: []Sample{{0.05, 400}, {0.1, 1000}}},
-				{Broker: "nats", Relays: 1, Seconds: 0.2, EventsPerSec: 5000, CeilingEventsPerSec: 40000, RatioToCeiling: 0.125, Published: 1000,
+				// A CDC row before the polling one: the targets must still be the polling relay's.
+				{Source: SourceCDC, CDCSlot: "pgoutbox_bench_x_1", Broker: "nats", Relays: 1, Seconds: 0.04, EventsPerSec: 25000, CeilingEventsPerSec: 40000,
+					RatioToCeiling: 0.625, Published: 1000, BrokerMessages: 1000, Series: []Sample{{0.04, 1000}}},
+				{Source: SourcePoll, Broker: "nats", Relays: 1, Seconds: 0.2, EventsPerSec: 5000, CeilingEventsPerSec: 40000, RatioToCeiling: 0.125, Published: 1000,
 					BrokerMessages: 1000, Series: []Sample{{0.1, 500}, {0.2, 1000}}},
 			}},
 		Latency: &LatencyResult{Broker: "nats", Runs: []LatencyRun{{Mode: "notify", OfferedRate: 1000, Offered: 1000, Received: 1000,
 			P50Ms: 5.5, P90Ms: 9.5, P99Ms: 10.4, MaxMs: 10.5, Histogram: logBuckets(h),
-			Percentiles: []Percentile{{50, 5.5}, {90, 9.5}, {99, 10.4}, {100, 10.5}}}}},
+			Percentiles: []Percentile{{50, 5.5}, {90, 9.5}, {99, 10.4}, {100, 10.5}}},
+			{Source: SourceCDC, Mode: SourceCDC, OfferedRate: 1000, Offered: 1000, Received: 1000, P50Ms: 1.5, P90Ms: 2, P99Ms: 3, MaxMs: 4,
+				Histogram: logBuckets(h), Percentiles: []Percentile{{50, 1.5}, {90, 2}, {99, 3}, {100, 4}}}}},
 		Enqueue: &EnqueueResult{DurationS: 1, Cells: []EnqueueCell{{Producers: 1, CommitsPerSec: 500}, {Producers: 1, Outbox: true, Notify: true, CommitsPerSec: 450}}},
 		Idle:    &IdleResult{QueriesPerSec: 0.5, Source: "pg_stat_statements", TopStatements: []StatementCalls{{Calls: 3, Query: "SELECT <b>1</b>"}}},
 		History: &HistoryResult{HistoryRows: 100, Phases: []HistoryPhase{{KeptRows: 0, P50Ms: 2}, {KeptRows: 100, P50Ms: 2.2}}, RatioP50: 1.1},
@@ -47,7 +52,8 @@ func TestWriteReport(t *testing.T) {
 	if n := strings.Count(page, "<svg"); n != 6 { // drain bars + 2 series, latency ×2, enqueue
 		t.Errorf("%d charts, want 6", n)
 	}
-	for _, want := range []string{"At a glance", "Throughput over time → null", "SELECT &lt;b&gt;1&lt;/b&gt;", "1.10"} {
+	for _, want := range []string{"At a glance", "Throughput over time → null", "SELECT &lt;b&gt;1&lt;/b&gt;", "1.10",
+		"nats CDC", "CDC, 1 relay", "CDC stream", ">cdc</td>"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("report lacks %q", want)
 		}
@@ -79,6 +85,11 @@ func TestTargetsMetAndMissed(t *testing.T) {
 	got := map[string]bool{}
 	for _, tg := range ts {
 		got[tg.Name] = tg.Met
+	}
+	for _, tg := range ts {
+		if tg.Name == "drain, 1 relay, nats" && tg.Measured != "5000 events/s" {
+			t.Errorf("drain target measured %s: want the polling relay's 5000 events/s, not CDC's", tg.Measured)
+		}
 	}
 	if got["drain, 1 relay, nats"] || !got["pick-up p50 with 100 kept rows / empty"] || !got["idle relay"] {
 		t.Errorf("targets %+v", ts)
