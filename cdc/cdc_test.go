@@ -2,13 +2,9 @@ package cdc_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -130,76 +126,6 @@ func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) 
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// recorder is an in-process broker storing every message in send order. fail
-// decides an error per message; down makes every publish fail as unreachable.
-type recorder struct {
-	mu     sync.Mutex
-	got    []broker.Message
-	fail   func(m *broker.Message) error
-	down   atomic.Bool
-	jitter time.Duration
-}
-
-func (r *recorder) Publish(ctx context.Context, msgs []broker.Message) []error {
-	return broker.PublishLanes(ctx, msgs, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
-		if r.jitter > 0 {
-			time.Sleep(rand.N(r.jitter))
-		}
-		if r.down.Load() {
-			return nil, broker.Unavailable(errors.New("no responders"))
-		}
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.fail != nil {
-			if err := r.fail(m); err != nil {
-				return nil, err
-			}
-		}
-		r.got = append(r.got, *m)
-		return func(context.Context) error { return nil }, nil
-	})
-}
-
-func (r *recorder) Close() error { return nil }
-
-func (r *recorder) messages() []broker.Message {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]broker.Message(nil), r.got...)
-}
-
-// checkStream asserts that every id in want reached the broker and that per
-// aggregate the first appearances are sequences 1..N in order; it returns the
-// number of duplicates.
-func checkStream(t testing.TB, got []broker.Message, want []pgoutbox.UUID) int {
-	t.Helper()
-	seen := map[pgoutbox.UUID]bool{}
-	next := map[string]int64{}
-	dups := 0
-	for _, m := range got {
-		if seen[m.EventID] {
-			dups++
-			continue
-		}
-		seen[m.EventID] = true
-		l := m.AggregateType + "/" + m.AggregateID
-		if m.AggregateSequence != next[l]+1 {
-			t.Fatalf("order violated on %s: sequence %d first appeared after %d", l, m.AggregateSequence, next[l])
-		}
-		next[l] = m.AggregateSequence
-	}
-	lost := 0
-	for _, id := range want {
-		if !seen[id] {
-			lost++
-		}
-	}
-	if lost > 0 {
-		t.Fatalf("%d of %d events never reached the broker", lost, len(want))
-	}
-	return dups
 }
 
 // metric reads one gauge or counter of the source's collector.

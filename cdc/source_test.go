@@ -13,6 +13,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
@@ -74,7 +75,7 @@ func TestStreamsTwentyThousandEventsInOrderToNATS(t *testing.T) {
 	elapsed := time.Since(start)
 	waitFor(t, 30*time.Second, "the slot to confirm the last commit", func() bool { return e.slotConfirmedAtLeast(t, last) })
 	got := target.Read(t)
-	dups := checkStream(t, got, ids)
+	dups := brokertest.CheckStream(t, got, ids)
 	st := src.Stats()
 	if st.FromTable != 0 || st.Failed != 0 {
 		t.Fatalf("stats %+v: want every event from the stream, no failure", st)
@@ -96,7 +97,7 @@ func TestPoisonEventHoldsItsLane(t *testing.T) {
 	var mu sync.Mutex
 	poisoned := true
 	var poisonID pgoutbox.UUID
-	rec := &recorder{fail: func(m *broker.Message) error {
+	rec := &brokertest.Recorder{Fail: func(m *broker.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if poisoned && m.AggregateID == "a0002" && m.AggregateSequence == 2 {
@@ -141,7 +142,7 @@ func TestPoisonEventHoldsItsLane(t *testing.T) {
 	// And the stream serves it again.
 	last := e.enqueue(t, 5, 1, 5)
 	waitFor(t, 30*time.Second, "events after the hand-back", func() bool { return e.count(t, "published_at IS NULL") == 0 })
-	checkStream(t, rec.messages(), append(append(ids, more...), last...))
+	brokertest.CheckStream(t, rec.Messages(), append(append(ids, more...), last...))
 	if st := src.Stats(); st.Quarantined != 1 || st.Failed != 3 || st.FromTable < 3 {
 		t.Fatalf("stats %+v: want 3 failures, 1 quarantine, the lane's events from the table", st)
 	}
@@ -153,14 +154,14 @@ func TestPoisonEventHoldsItsLane(t *testing.T) {
 func TestBrokerOutageLagGrowsThenDrains(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	rec := &recorder{}
+	rec := &brokertest.Recorder{}
 	cfg := e.cfg
 	cfg.BackoffBase, cfg.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
 	src := e.start(t, rec, cfg)
 	first := e.enqueue(t, 20, 5, 20)
 	waitFor(t, 30*time.Second, "the first events", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 
-	rec.down.Store(true)
+	rec.Down.Store(true)
 	var second []pgoutbox.UUID
 	for range 10 {
 		second = append(second, e.enqueue(t, 30, 1, 30)...)
@@ -179,7 +180,7 @@ func TestBrokerOutageLagGrowsThenDrains(t *testing.T) {
 		t.Fatalf("%d events quarantined because the broker was down", n)
 	}
 
-	rec.down.Store(false)
+	rec.Down.Store(false)
 	last := e.currentLSN(t)
 	waitFor(t, 60*time.Second, "the backlog to drain", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	waitFor(t, 30*time.Second, "the slot to catch up", func() bool { return e.slotConfirmedAtLeast(t, last) })
@@ -194,7 +195,7 @@ func TestBrokerOutageLagGrowsThenDrains(t *testing.T) {
 		pgtest.Must(t, rows.Scan(&id), "scan")
 		all = append(all, id)
 	}
-	dups := checkStream(t, rec.messages(), append(append(first, second...), all...))
+	dups := brokertest.CheckStream(t, rec.Messages(), append(append(first, second...), all...))
 	if err := src.Healthy(); err != nil {
 		t.Errorf("still unhealthy after the broker came back: %v", err)
 	}
@@ -207,7 +208,7 @@ func TestBrokerOutageLagGrowsThenDrains(t *testing.T) {
 func TestRecoverAfterSlotDropped(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	rec := &recorder{}
+	rec := &brokertest.Recorder{}
 	src, err := cdc.New(e.pool, rec, &e.cfg)
 	pgtest.Must(t, err, "new")
 	pgtest.Must(t, src.Start(context.Background()), "start")
@@ -231,7 +232,7 @@ func TestRecoverAfterSlotDropped(t *testing.T) {
 	e.start(t, rec, e.cfg)
 	third := e.enqueue(t, 40, 2, 20)
 	waitFor(t, 30*time.Second, "events after the recovery", func() bool { return e.count(t, "published_at IS NULL") == 0 })
-	dups := checkStream(t, rec.messages(), append(append(first, second...), third...))
+	dups := brokertest.CheckStream(t, rec.Messages(), append(append(first, second...), third...))
 	t.Logf("recover: %+v; %d duplicates", res, dups)
 }
 
@@ -240,7 +241,7 @@ func TestRecoverAfterSlotDropped(t *testing.T) {
 func TestRestartResumesFromConfirmedPosition(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	rec := &recorder{jitter: 200 * time.Microsecond}
+	rec := &brokertest.Recorder{Jitter: 200 * time.Microsecond}
 	src, err := cdc.New(e.pool, rec, &e.cfg)
 	pgtest.Must(t, err, "new")
 	pgtest.Must(t, src.Start(context.Background()), "start")
@@ -250,7 +251,7 @@ func TestRestartResumesFromConfirmedPosition(t *testing.T) {
 	left := e.count(t, "published_at IS NULL")
 	src2 := e.start(t, rec, e.cfg)
 	waitFor(t, 60*time.Second, "the rest", func() bool { return e.count(t, "published_at IS NULL") == 0 })
-	dups := checkStream(t, rec.messages(), ids)
+	dups := brokertest.CheckStream(t, rec.Messages(), ids)
 	if dups != 0 {
 		t.Fatalf("%d duplicates after a graceful stop", dups)
 	}
@@ -263,7 +264,7 @@ func TestPollingRelayFindsNothingToClaim(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	before := e.enqueue(t, 10, 2, 10) // written before the CDC source took over
-	cdcRec, pollRec := &recorder{}, &recorder{}
+	cdcRec, pollRec := &brokertest.Recorder{}, &brokertest.Recorder{}
 	e.start(t, cdcRec, e.cfg)
 	r, err := relay.New(e.pool, pollRec, &relay.Config{Schema: e.schema, ID: "poller", PollInterval: 20 * time.Millisecond, Logger: quietLogger()})
 	pgtest.Must(t, err, "relay")
@@ -271,10 +272,10 @@ func TestPollingRelayFindsNothingToClaim(t *testing.T) {
 	t.Cleanup(func() { _ = r.Stop(context.Background()) })
 	after := e.enqueue(t, 10, 20, 7)
 	waitFor(t, 30*time.Second, "everything published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
-	if n := len(pollRec.messages()); n != 0 || r.Stats().Claimed != 0 {
+	if n := len(pollRec.Messages()); n != 0 || r.Stats().Claimed != 0 {
 		t.Fatalf("the polling relay published %d events (claimed %d)", n, r.Stats().Claimed)
 	}
-	checkStream(t, cdcRec.messages(), append(before, after...))
+	brokertest.CheckStream(t, cdcRec.Messages(), append(before, after...))
 }
 
 // Start-up checks fail with clear errors: the slot in use by another process,
@@ -283,8 +284,8 @@ func TestStartupChecks(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	e.start(t, &recorder{}, e.cfg)
-	second, err := cdc.New(e.pool, &recorder{}, &e.cfg)
+	e.start(t, &brokertest.Recorder{}, e.cfg)
+	second, err := cdc.New(e.pool, &brokertest.Recorder{}, &e.cfg)
 	pgtest.Must(t, err, "new")
 	if err := second.Start(ctx); !errors.Is(err, cdc.ErrSlotActive) {
 		t.Fatalf("second source on one slot: %v, want ErrSlotActive", err)
@@ -295,7 +296,7 @@ func TestStartupChecks(t *testing.T) {
 	e2.enqueue(t, 3, 1, 3)
 	_, err = e2.pool.Exec(ctx, "UPDATE "+e2.table()+" SET claimed_by = 'poller-1', claim_until = now() + interval '1 minute'")
 	pgtest.Must(t, err, "lease")
-	s2, err := cdc.New(e2.pool, &recorder{}, &e2.cfg)
+	s2, err := cdc.New(e2.pool, &brokertest.Recorder{}, &e2.cfg)
 	pgtest.Must(t, err, "new")
 	if err := s2.Start(ctx); !errors.Is(err, cdc.ErrOtherOwner) {
 		t.Fatalf("start beside a polling relay's leases: %v, want ErrOtherOwner", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -80,6 +81,6 @@ func TestRelaysToKafka(t *testing.T) {
 		partitionOf[m.AggregateID] = r.Partition
 		got = append(got, m)
 	}
-	dups := checkStream(t, got, ids)
+	dups := brokertest.CheckStream(t, got, ids)
 	t.Logf("%d events in %d records over %d aggregates, %d duplicates", len(ids), len(records), len(partitionOf), dups)
 }

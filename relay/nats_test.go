@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
@@ -51,7 +52,7 @@ func TestFourRelaysDrainToNATS(t *testing.T) {
 	waitFor(t, 3*time.Minute, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
 	elapsed := time.Since(start)
 	got := target.Read(t)
-	dups := checkStream(t, got, ids)
+	dups := brokertest.CheckStream(t, got, ids)
 	var per []int64
 	for _, r := range relays {
 		per = append(per, r.Stats().Published)
@@ -100,7 +101,7 @@ func TestBrokerOutageBacklogDrains(t *testing.T) {
 	pgtest.Must(t, err, "restart NATS")
 	t.Cleanup(func() { srv2.Shutdown() })
 	waitFor(t, 60*time.Second, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
-	dups := checkStream(t, target.Read(t), append(first, second...))
+	dups := brokertest.CheckStream(t, target.Read(t), append(first, second...))
 	if err := r.Healthy(); err != nil {
 		t.Errorf("relay still unhealthy after the broker came back: %v", err)
 	}

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -76,7 +77,7 @@ func TestRabbitMQConnectionKilledMidRun(t *testing.T) {
 		}
 		got = append(got, fromAMQP(t, d))
 	}
-	dups := checkStream(t, got, ids)
+	dups := brokertest.CheckStream(t, got, ids)
 	if now := rabbitConnectionPID(t, ctl, name); now == pid {
 		t.Errorf("the publisher still uses connection %s: it was never closed, the test proved nothing", pid)
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
@@ -114,87 +114,18 @@ func startRelay(t testing.TB, o *outbox, pub broker.Publisher, cfg relay.Config)
 	return r
 }
 
-// recorder is an in-process broker that stores every message it is sent, in send
-// order, and acks at once unless fail says otherwise. It checks the relay's
-// ordering logic without a network in between; the NATS tests check the same
-// against a real server.
-type recorder struct {
-	mu   sync.Mutex
-	got  []broker.Message
-	fail func(m *broker.Message) error
-	// jitter, when set, delays each send by up to that long: a broker's latency,
-	// which widens the windows in which a wrong claim would overtake a lane.
-	jitter time.Duration
-}
-
-func (r *recorder) Publish(ctx context.Context, msgs []broker.Message) []error {
-	return broker.PublishLanes(ctx, msgs, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
-		if r.jitter > 0 {
-			time.Sleep(rand.N(r.jitter))
-		}
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.fail != nil {
-			if err := r.fail(m); err != nil {
-				return nil, err
-			}
-		}
-		r.got = append(r.got, *m)
-		return func(context.Context) error { return nil }, nil
-	})
-}
-
-func (r *recorder) Close() error { return nil }
-
-func (r *recorder) messages() []broker.Message {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]broker.Message(nil), r.got...)
-}
-
-// checkStream asserts guarantees 3 and 5 on what a broker stored: every id in want
-// appears, and per aggregate the first appearances of sequences are 1..N in order.
-// It returns the number of duplicate deliveries.
-func checkStream(t testing.TB, got []broker.Message, want []pgoutbox.UUID) (duplicates int) {
-	t.Helper()
-	seen := map[pgoutbox.UUID]bool{}
-	next := map[string]int64{}
-	for _, m := range got {
-		if seen[m.EventID] {
-			duplicates++
-			continue
-		}
-		seen[m.EventID] = true
-		lane := m.AggregateType + "/" + m.AggregateID
-		if m.AggregateSequence != next[lane]+1 {
-			t.Fatalf("order violated on %s: sequence %d first appeared after %d", lane, m.AggregateSequence, next[lane])
-		}
-		next[lane] = m.AggregateSequence
-	}
-	lost := 0
-	for _, id := range want {
-		if !seen[id] {
-			lost++
-		}
-	}
-	if lost > 0 {
-		t.Fatalf("%d of %d events never reached the broker", lost, len(want))
-	}
-	return duplicates
-}
-
 // Several relays, each with two workers, race over the same lanes: every event is
 // published and each aggregate's first appearances are in sequence order.
 func TestRelaysRacingKeepLaneOrder(t *testing.T) {
 	t.Parallel()
 	o := newOutbox(t, 16)
 	ids := o.enqueue(t, 60, 40)
-	rec := &recorder{jitter: 200 * time.Microsecond}
+	rec := &brokertest.Recorder{Jitter: 200 * time.Microsecond}
 	for i := range 4 {
 		startRelay(t, o, rec, relay.Config{ID: fmt.Sprintf("r%d", i), BatchSize: 37, RunLength: 3})
 	}
 	waitFor(t, 60*time.Second, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
-	dups := checkStream(t, rec.messages(), ids)
+	dups := brokertest.CheckStream(t, rec.Messages(), ids)
 	t.Logf("%d events, %d duplicates", len(ids), dups)
 	if n := o.count(t, "claim_until IS NOT NULL OR attempt_count <> 1"); n != 0 {
 		t.Fatalf("%d published events still leased or with attempt_count <> 1", n)
@@ -214,7 +145,7 @@ func TestPoisonEventQuarantinedAndRetried(t *testing.T) {
 
 	var mu sync.Mutex
 	poisoned := true
-	rec := &recorder{fail: func(m *broker.Message) error {
+	rec := &brokertest.Recorder{Fail: func(m *broker.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if poisoned && m.EventID == poisonID {
@@ -256,7 +187,7 @@ func TestPoisonEventQuarantinedAndRetried(t *testing.T) {
 		t.Fatalf("retried %v, want only the quarantined event", retried)
 	}
 	waitFor(t, 30*time.Second, "the lane to drain after the retry", func() bool { return o.count(t, "published_at IS NULL") == 0 })
-	checkStream(t, rec.messages(), ids)
+	brokertest.CheckStream(t, rec.Messages(), ids)
 }
 
 // A permanent refusal quarantines at once; the broker being unreachable never
@@ -265,7 +196,7 @@ func TestErrorClassesDecideQuarantine(t *testing.T) {
 	t.Parallel()
 	o := newOutbox(t, 8)
 	o.enqueue(t, 2, 1) // a0000 and a0001, one event each
-	rec := &recorder{fail: func(m *broker.Message) error {
+	rec := &brokertest.Recorder{Fail: func(m *broker.Message) error {
 		if m.AggregateID == "a0000" {
 			return broker.Permanent(errors.New("invalid subject"))
 		}
@@ -290,22 +221,22 @@ func TestErrorClassesDecideQuarantine(t *testing.T) {
 func TestNotifyWakesRelayAndPollingCatchesLostNotifications(t *testing.T) {
 	t.Parallel()
 	o := newOutbox(t, 8)
-	rec := &recorder{}
+	rec := &brokertest.Recorder{}
 	startRelay(t, o, rec, relay.Config{PollInterval: 30 * time.Second})
 	// Let the relay's first claim (at start) and LISTEN happen before enqueueing.
 	waitFor(t, 10*time.Second, "the relay to listen", func() bool { return listening(t, o) })
 
 	start := time.Now()
 	ids := o.enqueue(t, 1, 1)
-	waitFor(t, 5*time.Second, "the event to be published", func() bool { return len(rec.messages()) == 1 })
+	waitFor(t, 5*time.Second, "the event to be published", func() bool { return len(rec.Messages()) == 1 })
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("published %s after commit with a 30s poll interval: NOTIFY did not wake the relay", d)
 	}
-	checkStream(t, rec.messages(), ids)
+	brokertest.CheckStream(t, rec.Messages(), ids)
 
 	// Lost notification: a second relay polls every 200ms, the producer's NOTIFY is off.
 	o2 := newOutbox(t, 8)
-	rec2 := &recorder{}
+	rec2 := &brokertest.Recorder{}
 	startRelay(t, o2, rec2, relay.Config{PollInterval: 200 * time.Millisecond, DisableNotify: true})
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, o2.pool, func(tx pgx.Tx) error {
@@ -316,7 +247,7 @@ func TestNotifyWakesRelayAndPollingCatchesLostNotifications(t *testing.T) {
 		return err
 	})
 	pgtest.Must(t, err, "enqueue without notify")
-	waitFor(t, 5*time.Second, "the poll to find the event", func() bool { return len(rec2.messages()) == 1 })
+	waitFor(t, 5*time.Second, "the poll to find the event", func() bool { return len(rec2.Messages()) == 1 })
 }
 
 // listening reports whether some session LISTENs on the schema's channel.
@@ -336,7 +267,7 @@ func TestGracefulStopLeavesNoLease(t *testing.T) {
 	gate := make(chan struct{})
 	var once sync.Once
 	started := make(chan struct{})
-	rec := &recorder{fail: func(m *broker.Message) error {
+	rec := &brokertest.Recorder{Fail: func(m *broker.Message) error {
 		once.Do(func() { close(started) })
 		<-gate // hold the publish until the test has asked the relay to stop
 		return nil
@@ -357,7 +288,7 @@ func TestGracefulStopLeavesNoLease(t *testing.T) {
 		t.Fatalf("%d of %d published: expected the in-flight batches only", published, len(ids))
 	}
 	// Another relay finishes the job.
-	startRelay(t, o, &recorder{}, relay.Config{})
+	startRelay(t, o, &brokertest.Recorder{}, relay.Config{})
 	waitFor(t, 30*time.Second, "the rest to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
 }
 
@@ -370,10 +301,10 @@ func TestExpiredLeasesAreTakenOver(t *testing.T) {
 	ctx := context.Background()
 	_, err := o.pool.Exec(ctx, "UPDATE "+o.table()+" SET claimed_by = 'dead-relay', claim_until = now() + interval '300 milliseconds' WHERE aggregate_sequence = 1")
 	pgtest.Must(t, err, "forge leases")
-	rec := &recorder{}
+	rec := &brokertest.Recorder{}
 	r := startRelay(t, o, rec, relay.Config{PollInterval: 50 * time.Millisecond})
 	waitFor(t, 30*time.Second, "the takeover", func() bool { return o.count(t, "published_at IS NULL") == 0 })
-	checkStream(t, rec.messages(), ids)
+	brokertest.CheckStream(t, rec.Messages(), ids)
 	if s := r.Stats(); s.TakenOver != 10 {
 		t.Fatalf("stats %+v, want 10 leases taken over", s)
 	}
@@ -386,7 +317,7 @@ func TestConfigValidation(t *testing.T) {
 		{BatchSize: -1}, {Workers: 100}, {Lease: time.Millisecond}, {Lease: time.Second, PublishTimeout: 2 * time.Second},
 		{MaxAttempts: -3}, {BackoffBase: time.Minute, BackoffMax: time.Second}, {Schema: string(make([]byte, 70))},
 	} {
-		if _, err := relay.New(o.pool, &recorder{}, &cfg); err == nil {
+		if _, err := relay.New(o.pool, &brokertest.Recorder{}, &cfg); err == nil {
 			t.Errorf("config %+v accepted", cfg)
 		}
 	}
@@ -412,7 +343,7 @@ func TestDatabaseConnectionsKilledMidRun(t *testing.T) {
 
 	var once sync.Once
 	killed := make(chan struct{})
-	rec := &recorder{fail: func(*broker.Message) error {
+	rec := &brokertest.Recorder{Fail: func(*broker.Message) error {
 		once.Do(func() {
 			// Kill every connection of the relay while it is publishing its first batch:
 			// with one worker, the settle of that batch meets a dead connection.
@@ -436,7 +367,7 @@ func TestDatabaseConnectionsKilledMidRun(t *testing.T) {
 	waitFor(t, time.Minute, "the backlog to drain after the connections were killed", func() bool {
 		return o.count(t, "published_at IS NULL") == 0
 	})
-	dups := checkStream(t, rec.messages(), ids)
+	dups := brokertest.CheckStream(t, rec.Messages(), ids)
 	waitFor(t, 10*time.Second, "the relay to report healthy", func() bool { return r.Healthy() == nil })
 	t.Logf("%d events, %d duplicates after the connections were killed", len(ids), dups)
 }

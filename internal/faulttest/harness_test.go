@@ -313,6 +313,20 @@ func (p *proc) term(t *testing.T) {
 	if p.exited() {
 		return
 	}
+	// Producers and consumers handle SIGTERM once they say "started"; a process
+	// restarted a moment ago by the chaos loop may not be there yet.
+	if strings.HasPrefix(p.name, "producer ") || strings.HasPrefix(p.name, "consumer ") {
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(p.out.String(), " started") && !p.exited() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not start within 30s:\n%s", p.name, tail(p.out.String(), 40))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if p.exited() {
+			return
+		}
+	}
 	pgtest.Must(t, p.cmd.Process.Signal(syscall.SIGTERM), "SIGTERM %s", p.name)
 	p.wait(t, 60*time.Second)
 	if p.err != nil {

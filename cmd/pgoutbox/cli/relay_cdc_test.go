@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
@@ -109,7 +110,7 @@ func TestCDCRelaySIGKILLAfterAckThenRecover(t *testing.T) {
 	if code := p.stop(t, syscall.SIGTERM); code != 0 {
 		t.Fatalf("exit status %d after SIGTERM:\n%s", code, p.stderr.String())
 	}
-	dups := checkStream(t, e.target.Read(t), ids)
+	dups := brokertest.CheckStream(t, e.target.Read(t), ids)
 	if dups > batch {
 		t.Fatalf("%d duplicates after the crash, want at most one batch (%d)", dups, batch)
 	}
@@ -126,7 +127,7 @@ func TestCDCRelaySIGKILLAfterAckThenRecover(t *testing.T) {
 	if n := e.count("published_at IS NULL"); n != 0 {
 		t.Fatalf("%d events unpublished after recover", n)
 	}
-	checkStream(t, e.target.Read(t), append(ids, more...))
+	brokertest.CheckStream(t, e.target.Read(t), append(ids, more...))
 	t.Logf("crash left %d acked-unmarked events; %d duplicates after restart; recover: %s", onStream-marked, dups, strings.TrimSpace(out))
 }
 

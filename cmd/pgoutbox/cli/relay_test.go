@@ -23,6 +23,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
@@ -153,32 +154,6 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 	}
 }
 
-// checkStream asserts every id is on the stream and each aggregate's first
-// appearances are 1..N in order; it returns the duplicate count.
-func checkStream(t *testing.T, got []broker.Message, want []pgoutbox.UUID) int {
-	t.Helper()
-	seen := map[pgoutbox.UUID]bool{}
-	next := map[string]int64{}
-	dups := 0
-	for _, m := range got {
-		if seen[m.EventID] {
-			dups++
-			continue
-		}
-		seen[m.EventID] = true
-		if m.AggregateSequence != next[m.AggregateID]+1 {
-			t.Fatalf("order violated on %s: %d first appeared after %d", m.AggregateID, m.AggregateSequence, next[m.AggregateID])
-		}
-		next[m.AggregateID] = m.AggregateSequence
-	}
-	for _, id := range want {
-		if !seen[id] {
-			t.Fatalf("event %s never reached the broker (%d of %d seen)", id, len(seen), len(want))
-		}
-	}
-	return dups
-}
-
 // Acceptance: four relay processes drain 20,000 events over 300 aggregates; SIGTERM
 // stops each with status 0.
 func TestRelayProcessesDrainInOrder(t *testing.T) {
@@ -195,7 +170,7 @@ func TestRelayProcessesDrainInOrder(t *testing.T) {
 			t.Fatalf("relay %d exited %d after SIGTERM:\n%s", i, code, p.stderr.String())
 		}
 	}
-	dups := checkStream(t, e.target.Read(t), ids)
+	dups := brokertest.CheckStream(t, e.target.Read(t), ids)
 	var per []string
 	rows, err := e.pool.Query(context.Background(), "SELECT claimed_by || '=' || count(*) FROM "+e.table()+" GROUP BY claimed_by ORDER BY 1")
 	pgtest.Must(t, err, "per relay")
@@ -222,7 +197,7 @@ func TestRelaySIGTERMWithEventsInFlight(t *testing.T) {
 	p2 := e.startRelay("after-term", natstest.URL())
 	waitFor(t, time.Minute, "the rest to drain", func() bool { return e.count("published_at IS NULL") == 0 })
 	p2.stop(t, syscall.SIGTERM)
-	dups := checkStream(t, e.target.Read(t), ids)
+	dups := brokertest.CheckStream(t, e.target.Read(t), ids)
 	t.Logf("%d of %d events were left after SIGTERM; %d duplicates", left, len(ids), dups)
 }
 
@@ -256,7 +231,7 @@ func TestRelaySIGKILLHoldingLeases(t *testing.T) {
 	pgtest.Must(t, r.Start(context.Background()), "start")
 	defer r.Stop(context.Background()) //nolint:errcheck
 	waitFor(t, 30*time.Second, "the successor to publish everything", func() bool { return e.count("published_at IS NULL") == 0 })
-	dups := checkStream(t, e.target.Read(t), ids)
+	dups := brokertest.CheckStream(t, e.target.Read(t), ids)
 	if s := r.Stats(); s.TakenOver < int64(held) {
 		t.Fatalf("successor took over %d leases, the victim held %d", s.TakenOver, held)
 	}
@@ -408,7 +383,7 @@ func TestRelayToWebhook(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	checkStream(t, got, ids)
+	brokertest.CheckStream(t, got, ids)
 
 	// Without a secret the relay refuses to start.
 	_, errOut, code := run(t, "relay", "--database-url", pgtest.URL(), "--broker", "https://example.invalid/hook")

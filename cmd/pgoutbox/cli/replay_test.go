@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
@@ -33,7 +34,7 @@ func TestReplayCommand(t *testing.T) {
 		!strings.HasPrefix(lines[1], "replayed 1000 events in 3 batches in ") {
 		t.Fatalf("replay: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	if dups := checkStream(t, e.target.Read(t), ids); dups != 0 {
+	if dups := brokertest.CheckStream(t, e.target.Read(t), ids); dups != 0 {
 		t.Fatalf("%d duplicates on the stream", dups)
 	}
 

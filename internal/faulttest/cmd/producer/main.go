@@ -57,6 +57,9 @@ func run() error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// The harness sends SIGTERM only after this line: before it, SIGTERM would
+	// kill the process instead of ending it cleanly.
+	fmt.Fprintln(os.Stderr, "producer started")
 
 	pool, err := pgxpool.New(context.Background(), *dbURL)
 	if err != nil {
