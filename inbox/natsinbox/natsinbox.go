@@ -35,6 +35,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/inbox/internal/lanes"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 )
 
@@ -193,17 +194,9 @@ type Subscriber struct {
 	mu       sync.Mutex
 	wake     *sync.Cond // queue changed, or stopping
 	stopping bool
-	lanes    map[string]*laneQueue
-	ready    []string // lanes with queued messages and no worker
-	queued   int
+	queue    lanes.Queue[jetstream.Msg] // pulled, not yet handled, one aggregate at a time
 
 	acked, naked, terminated, released atomic.Int64
-}
-
-// laneQueue holds the pulled messages of one aggregate, in arrival order.
-type laneQueue struct {
-	msgs []jetstream.Msg
-	busy bool // a worker is processing one of them
 }
 
 // New returns a Subscriber that reads with js and processes with proc. cfg may be
@@ -217,11 +210,10 @@ func New(js jetstream.JetStream, proc inbox.Processor, cfg *Config) (*Subscriber
 		return nil, err
 	}
 	s := &Subscriber{
-		cfg:   c,
-		js:    js,
-		proc:  proc,
-		log:   c.Logger.With(slog.String("consumer", proc.Name()), slog.String("durable", c.Durable)),
-		lanes: map[string]*laneQueue{},
+		cfg:  c,
+		js:   js,
+		proc: proc,
+		log:  c.Logger.With(slog.String("consumer", proc.Name()), slog.String("durable", c.Durable)),
 	}
 	s.wake = sync.NewCond(&s.mu)
 	return s, nil
@@ -331,10 +323,10 @@ func (s *Subscriber) read() {
 	var pause time.Duration
 	for {
 		s.mu.Lock()
-		for s.queued > low && !s.stopping {
+		for s.queue.Len() > low && !s.stopping {
 			s.wake.Wait()
 		}
-		n, stopping := s.cfg.Prefetch-s.queued, s.stopping
+		n, stopping := s.cfg.Prefetch-s.queue.Len(), s.stopping
 		s.mu.Unlock()
 		if stopping {
 			return
@@ -386,15 +378,7 @@ func (s *Subscriber) enqueue(msg jetstream.Msg) {
 		s.release(msg)
 		return
 	}
-	l := s.lanes[key]
-	if l == nil {
-		l = &laneQueue{}
-		s.lanes[key] = l
-	}
-	l.msgs = append(l.msgs, msg)
-	s.queued++
-	if !l.busy && len(l.msgs) == 1 {
-		s.ready = append(s.ready, key)
+	if s.queue.Push(key, msg) {
 		s.wake.Broadcast()
 	}
 	s.mu.Unlock()
@@ -406,31 +390,20 @@ func (s *Subscriber) work() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
-		for len(s.ready) == 0 && !s.stopping {
+		for !s.queue.Ready() && !s.stopping {
 			s.wake.Wait()
 		}
 		if s.stopping {
 			return
 		}
-		key := s.ready[0]
-		s.ready = s.ready[1:]
-		l := s.lanes[key]
-		msg := l.msgs[0]
-		l.msgs = l.msgs[1:]
-		l.busy = true
-		s.queued--
+		key, msg := s.queue.Take()
 		s.wake.Broadcast() // room for the reader
 
 		s.mu.Unlock()
 		s.handle(msg)
 		s.mu.Lock()
 
-		l.busy = false
-		if len(l.msgs) > 0 {
-			s.ready = append(s.ready, key)
-		} else {
-			delete(s.lanes, key)
-		}
+		s.queue.Done(key) // a lane ready again is taken by this loop
 	}
 }
 
@@ -526,11 +499,7 @@ func (s *Subscriber) Stop(ctx context.Context) error {
 	s.hardCancel()
 	s.helpers.Wait()
 	s.mu.Lock()
-	var left []jetstream.Msg
-	for _, l := range s.lanes {
-		left = append(left, l.msgs...)
-	}
-	s.lanes, s.ready, s.queued = map[string]*laneQueue{}, nil, 0
+	left := s.queue.Drain()
 	s.mu.Unlock()
 	for _, m := range left {
 		s.release(m)

@@ -77,6 +77,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/inbox/internal/lanes"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 )
 
@@ -267,9 +268,8 @@ type Subscriber struct {
 	mu       sync.Mutex
 	wake     *sync.Cond // a lane became ready, or stopping
 	stopping bool
-	cur      *session // nil while reconnecting
-	lanes    map[string]*lane
-	ready    []string              // lanes with messages and no worker, in turn
+	cur      *session              // nil while reconnecting
+	queue    lanes.Queue[*item]    // received, not yet handled, one aggregate at a time
 	delayed  map[*item]*time.Timer // messages waiting out their retry delay
 
 	acked, requeued, rejected, released, unsettled, reconnects atomic.Int64
@@ -280,12 +280,6 @@ type item struct {
 	sess    *session
 	d       amqp.Delivery
 	headers map[string]string
-}
-
-// lane holds the received messages of one aggregate, in arrival order.
-type lane struct {
-	items []*item
-	busy  bool // a worker is processing one of its messages
 }
 
 // Dial connects to the RabbitMQ server at url, makes sure the queue exists (and,
@@ -322,7 +316,6 @@ func Dial(ctx context.Context, url string, proc inbox.Processor, cfg *Config) (*
 		log:     c.Logger.With(slog.String("consumer", proc.Name()), slog.String("queue", c.Queue)),
 		stopCh:  make(chan struct{}),
 		stopped: make(chan struct{}),
-		lanes:   map[string]*lane{},
 		delayed: map[*item]*time.Timer{},
 	}
 	s.wake = sync.NewCond(&s.mu)
@@ -489,27 +482,7 @@ func (s *Subscriber) lose(sess *session) {
 	var timers []*time.Timer
 	s.mu.Lock()
 	s.cur = nil
-	for key, l := range s.lanes {
-		kept := l.items[:0]
-		for _, it := range l.items {
-			if it.sess != sess {
-				kept = append(kept, it)
-			}
-		}
-		clear(l.items[len(kept):])
-		l.items = kept
-		if len(l.items) == 0 && !l.busy {
-			delete(s.lanes, key)
-		}
-	}
-	ready := s.ready[:0]
-	for _, key := range s.ready {
-		if l := s.lanes[key]; l != nil && len(l.items) > 0 {
-			ready = append(ready, key)
-		}
-	}
-	clear(s.ready[len(ready):])
-	s.ready = ready
+	s.queue.Drop(func(it *item) bool { return it.sess == sess })
 	for it, t := range s.delayed {
 		if it.sess == sess {
 			delete(s.delayed, it)
@@ -534,14 +507,7 @@ func (s *Subscriber) enqueue(sess *session, d amqp.Delivery) {
 		s.release(it)
 		return
 	}
-	l := s.lanes[key]
-	if l == nil {
-		l = &lane{}
-		s.lanes[key] = l
-	}
-	l.items = append(l.items, it)
-	if !l.busy && len(l.items) == 1 {
-		s.ready = append(s.ready, key)
+	if s.queue.Push(key, it) {
 		s.wake.Signal()
 	}
 	s.mu.Unlock()
@@ -553,31 +519,20 @@ func (s *Subscriber) work() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
-		for len(s.ready) == 0 && !s.stopping {
+		for !s.queue.Ready() && !s.stopping {
 			s.wake.Wait()
 		}
 		if s.stopping {
 			return
 		}
-		key := s.ready[0]
-		s.ready[0] = ""
-		s.ready = s.ready[1:]
-		l := s.lanes[key]
-		it := l.items[0]
-		l.items[0] = nil
-		l.items = l.items[1:]
-		l.busy = true
+		key, it := s.queue.Take()
 
 		s.mu.Unlock()
 		s.handle(it)
 		s.mu.Lock()
 
-		l.busy = false
-		if len(l.items) > 0 {
-			s.ready = append(s.ready, key)
+		if s.queue.Done(key) {
 			s.wake.Signal()
-		} else {
-			delete(s.lanes, key)
 		}
 	}
 }
@@ -740,11 +695,7 @@ func (s *Subscriber) stop(ctx context.Context) error {
 	s.helpers.Wait()
 
 	s.mu.Lock()
-	var left []*item
-	for _, l := range s.lanes {
-		left = append(left, l.items...)
-	}
-	s.lanes, s.ready = map[string]*lane{}, nil
+	left := s.queue.Drain()
 	s.mu.Unlock()
 	for _, it := range left {
 		if !it.sess.lost.Load() {
