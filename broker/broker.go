@@ -226,20 +226,7 @@ type AckFunc func(ctx context.Context) error
 // earlier sends can still complete: each AckFunc is called from its own goroutine.
 func PublishLanes(ctx context.Context, msgs []Message, send func(ctx context.Context, m *Message) (AckFunc, error)) []error {
 	results := make([]error, len(msgs))
-	// Lanes in first-appearance order; each is the indexes of its messages.
-	type laneKey struct{ typ, id string }
-	index := map[laneKey]int{}
-	var lanes [][]int
-	for i := range msgs {
-		k := laneKey{msgs[i].AggregateType, msgs[i].AggregateID}
-		li, ok := index[k]
-		if !ok {
-			li = len(lanes)
-			index[k] = li
-			lanes = append(lanes, nil)
-		}
-		lanes[li] = append(lanes[li], i)
-	}
+	lanes := laneIndexes(msgs)
 
 	type outcome struct {
 		lane, pos int
@@ -282,6 +269,88 @@ func PublishLanes(ctx context.Context, msgs []Message, send func(ctx context.Con
 		}
 	}
 	return results
+}
+
+// PublishLanesInOrder is [PublishLanes] for a broker that answers one connection's
+// publishes in the order they were sent (NATS JetStream publishing into one
+// stream): it waits for the acks oldest first, from the calling goroutine, so it
+// needs no goroutine per message. The lane rule is the same: within an aggregate,
+// message k+1 is sent only after k's ack; after a failure, the rest of that
+// aggregate's messages get ErrPredecessorFailed. At most maxInFlight messages (at
+// least one) await their ack at any time; send must not block waiting for the
+// acks of this call.
+//
+// A slow ack delays the acks queued behind it, which suits a broker that answers
+// in order anyway; use PublishLanes where acks of different aggregates complete
+// independently.
+func PublishLanesInOrder(ctx context.Context, msgs []Message, maxInFlight int, send func(ctx context.Context, m *Message) (AckFunc, error)) []error {
+	results := make([]error, len(msgs))
+	lanes := laneIndexes(msgs)
+	type slot struct{ lane, pos int }
+	fail := func(s slot, err error) {
+		results[lanes[s.lane][s.pos]] = err
+		for _, i := range lanes[s.lane][s.pos+1:] {
+			results[i] = ErrPredecessorFailed
+		}
+	}
+	ready := make([]slot, 0, len(lanes)) // FIFO of messages that may be sent now
+	for li := range lanes {
+		ready = append(ready, slot{li, 0})
+	}
+	type waiting struct {
+		slot
+		ack AckFunc
+	}
+	inFlight := make([]waiting, 0, min(len(msgs), max(maxInFlight, 1)))
+	for len(ready) > 0 || len(inFlight) > 0 {
+		for len(ready) > 0 && len(inFlight) < max(maxInFlight, 1) {
+			s := ready[0]
+			ready = ready[1:]
+			if err := ctx.Err(); err != nil {
+				fail(s, err)
+				continue
+			}
+			ack, err := send(ctx, &msgs[lanes[s.lane][s.pos]])
+			if err != nil {
+				fail(s, err)
+				continue
+			}
+			inFlight = append(inFlight, waiting{s, ack})
+		}
+		if len(inFlight) == 0 {
+			continue
+		}
+		w := inFlight[0]
+		inFlight = inFlight[1:]
+		if err := w.ack(ctx); err != nil {
+			fail(w.slot, err)
+			continue
+		}
+		results[lanes[w.lane][w.pos]] = nil
+		if next := w.pos + 1; next < len(lanes[w.lane]) {
+			ready = append(ready, slot{w.lane, next})
+		}
+	}
+	return results
+}
+
+// laneIndexes groups the indexes of msgs by aggregate, lanes in first-appearance
+// order and each lane in msgs' order.
+func laneIndexes(msgs []Message) [][]int {
+	type laneKey struct{ typ, id string }
+	index := map[laneKey]int{}
+	var lanes [][]int
+	for i := range msgs {
+		k := laneKey{msgs[i].AggregateType, msgs[i].AggregateID}
+		li, ok := index[k]
+		if !ok {
+			li = len(lanes)
+			index[k] = li
+			lanes = append(lanes, nil)
+		}
+		lanes[li] = append(lanes[li], i)
+	}
+	return lanes
 }
 
 // Template expands a destination (a NATS subject, a Kafka topic, an AMQP routing

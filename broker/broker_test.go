@@ -21,6 +21,21 @@ func msg(agg string, seq int64) broker.Message {
 // Within a lane, k+1 is sent only after k's ack; a failure stops the lane; other
 // lanes go on.
 func TestPublishLanesOrderAndFailure(t *testing.T) {
+	for name, publish := range publishers {
+		t.Run(name, func(t *testing.T) { testOrderAndFailure(t, publish) })
+	}
+}
+
+type publishFunc func(context.Context, []broker.Message, func(context.Context, *broker.Message) (broker.AckFunc, error)) []error
+
+var publishers = map[string]publishFunc{
+	"concurrent": broker.PublishLanes,
+	"in-order": func(ctx context.Context, msgs []broker.Message, send func(context.Context, *broker.Message) (broker.AckFunc, error)) []error {
+		return broker.PublishLanesInOrder(ctx, msgs, 2, send)
+	},
+}
+
+func testOrderAndFailure(t *testing.T, publish publishFunc) {
 	msgs := []broker.Message{msg("a", 1), msg("b", 1), msg("a", 2), msg("b", 2), msg("a", 3), msg("c", 1)}
 	var mu sync.Mutex
 	var sent []string
@@ -46,7 +61,7 @@ func TestPublishLanesOrderAndFailure(t *testing.T) {
 			return nil
 		}, nil
 	}
-	res := broker.PublishLanes(context.Background(), msgs, send)
+	res := publish(context.Background(), msgs, send)
 	want := []string{"<nil>", "nack", "<nil>", broker.ErrPredecessorFailed.Error(), "<nil>", "refused"}
 	for i, err := range res {
 		if fmt.Sprint(err) != want[i] {
@@ -83,10 +98,52 @@ func TestPublishLanesNoHeadOfLineBlocking(t *testing.T) {
 	}
 }
 
+// PublishLanesInOrder keeps at most maxInFlight messages unacknowledged, waits for
+// acks oldest first, and still lets every lane finish.
+func TestPublishLanesInOrderBoundsInFlight(t *testing.T) {
+	var msgs []broker.Message
+	for a := range 7 {
+		for seq := range int64(4) {
+			msgs = append(msgs, msg(fmt.Sprint("agg", a), seq+1))
+		}
+	}
+	inFlight, most, acks := 0, 0, 0
+	var order []string
+	send := func(_ context.Context, m *broker.Message) (broker.AckFunc, error) {
+		inFlight++
+		most = max(most, inFlight)
+		key := fmt.Sprintf("%s/%d", m.AggregateID, m.AggregateSequence)
+		order = append(order, key)
+		return func(context.Context) error {
+			inFlight--
+			acks++
+			return nil
+		}, nil
+	}
+	for i, err := range broker.PublishLanesInOrder(context.Background(), msgs, 3, send) {
+		if err != nil {
+			t.Fatalf("result %d: %v", i, err)
+		}
+	}
+	if most != 3 || acks != len(msgs) {
+		t.Fatalf("at most %d in flight (want 3), %d acks (want %d)", most, acks, len(msgs))
+	}
+	// The heads of all lanes go first, in order of appearance.
+	if got := strings.Join(order[:7], " "); got != "agg0/1 agg1/1 agg2/1 agg3/1 agg4/1 agg5/1 agg6/1" {
+		t.Fatalf("first sends %s", got)
+	}
+}
+
 func TestPublishLanesCancelled(t *testing.T) {
+	for name, publish := range publishers {
+		t.Run(name, func(t *testing.T) { testCancelled(t, publish) })
+	}
+}
+
+func testCancelled(t *testing.T, publish publishFunc) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	res := broker.PublishLanes(ctx, []broker.Message{msg("a", 1), msg("a", 2)}, func(context.Context, *broker.Message) (broker.AckFunc, error) {
+	res := publish(ctx, []broker.Message{msg("a", 1), msg("a", 2)}, func(context.Context, *broker.Message) (broker.AckFunc, error) {
 		t.Fatal("sent with a cancelled context")
 		return nil, nil
 	})

@@ -6,7 +6,9 @@
 // crash. A replay sets [broker.Message.DedupID], which becomes the Nats-Msg-Id
 // instead, so that the stream stores it again. Publishes are asynchronous: every
 // aggregate in a batch has one message in flight, and the next one of an
-// aggregate leaves only after the previous one's ack ([broker.PublishLanes]).
+// aggregate leaves only after the previous one's ack ([broker.PublishLanesInOrder]:
+// JetStream answers one connection's publishes into one stream in order, so acks
+// are awaited oldest first, with no goroutine per message).
 //
 // [New] wraps a JetStream client the caller configured; [Dial] owns its
 // connection and reconnects forever. [StartEmbedded] runs an in-process server for
@@ -27,6 +29,7 @@ import (
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/pgoutbox/pgoutbox/broker"
 )
@@ -52,8 +55,9 @@ type Config struct {
 	AckTimeout time.Duration
 
 	// MaxPending is how many messages may await their ack at once, across all
-	// concurrent Publish calls of this publisher; a publish beyond it waits for a
-	// slot. Defaults to 4000.
+	// concurrent Publish calls of this publisher: each call reserves a share of
+	// it (up to its number of messages) and waits until the share is free.
+	// Defaults to 4000.
 	MaxPending int
 
 	// Logger receives connection and stream events. Defaults to slog.Default().
@@ -124,7 +128,7 @@ type Publisher struct {
 	nc   *natsgo.Conn
 	owns bool // Close closes nc (Dial)
 
-	window chan struct{} // a token per message awaiting its ack
+	window *semaphore.Weighted // a token per message that may await its ack
 
 	mu     sync.Mutex
 	stream *streamState // nil until ensured, and again after a failure
@@ -263,7 +267,7 @@ func newPublisher(ctx context.Context, js jetstream.JetStream, cfg Config, owns 
 		js:     js,
 		nc:     js.Conn(),
 		owns:   owns,
-		window: make(chan struct{}, cfg.MaxPending),
+		window: semaphore.NewWeighted(int64(cfg.MaxPending)),
 		closed: make(chan struct{}),
 	}
 	if p.nc.IsConnected() {
@@ -372,9 +376,17 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error 
 		}
 	}
 
-	results = broker.PublishLanes(ctx, msgs, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
-		return p.send(ctx, st, m)
+	// A call reserves its whole share of the window at once, so concurrent calls
+	// never hold part of it while waiting for more. JetStream answers the publishes
+	// of one connection into one stream in order: acks are awaited oldest first.
+	share := min(len(msgs), p.cfg.MaxPending)
+	if err := p.window.Acquire(ctx, int64(share)); err != nil {
+		return failAll(err)
+	}
+	results = broker.PublishLanesInOrder(ctx, msgs, share, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
+		return p.send(st, m)
 	})
+	p.window.Release(int64(share))
 	for _, err := range results {
 		if err != nil && !broker.IsPermanent(err) && !errors.Is(err, broker.ErrPredecessorFailed) {
 			p.forgetStream()
@@ -385,7 +397,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error 
 }
 
 // send publishes m asynchronously and returns how to wait for its ack.
-func (p *Publisher) send(ctx context.Context, st *streamState, m *broker.Message) (broker.AckFunc, error) {
+func (p *Publisher) send(st *streamState, m *broker.Message) (broker.AckFunc, error) {
 	subj := p.cfg.Subject.Expand(m)
 	if err := validateSubject(subj); err != nil {
 		return nil, broker.Permanent(fmt.Errorf("nats: event %s: %w", m.EventID, err))
@@ -394,26 +406,19 @@ func (p *Publisher) send(ctx context.Context, st *streamState, m *broker.Message
 		return nil, broker.Permanent(fmt.Errorf("nats: event %s: subject %q is not in stream %s (subjects %v)",
 			m.EventID, subj, p.cfg.Stream, st.subjects))
 	}
-	msg := &natsgo.Msg{Subject: subj, Data: m.Payload, Header: natsgo.Header{}}
-	for k, v := range m.WireHeaders() {
+	wire := m.WireHeaders()
+	msg := &natsgo.Msg{Subject: subj, Data: m.Payload, Header: make(natsgo.Header, len(wire))}
+	for k, v := range wire {
 		// nats.go trims values and turns line breaks into spaces; refuse rather
 		// than deliver a header that differs from the event's.
 		if v != textproto.TrimString(v) || strings.ContainsAny(v, "\r\n") {
 			return nil, broker.Permanent(fmt.Errorf("nats: event %s: header %q: value %q cannot be sent unchanged", m.EventID, k, v))
 		}
-		msg.Header.Set(k, v)
+		msg.Header[k] = []string{v}
 	}
 	// Fail fast rather than hand the client a message it cannot send now.
 	if !p.nc.IsConnected() {
 		return nil, broker.Unavailable(fmt.Errorf("nats: event %s: %w", m.EventID, connErr(p.nc)))
-	}
-
-	select {
-	case p.window <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-p.closed:
-		return nil, broker.Unavailable(errClosed)
 	}
 	paf, err := p.js.PublishMsgAsync(msg,
 		jetstream.WithMsgID(m.BrokerDedupID()),
@@ -423,40 +428,40 @@ func (p *Publisher) send(ctx context.Context, st *streamState, m *broker.Message
 		jetstream.WithStallWait(p.cfg.AckTimeout),
 	)
 	if err != nil {
-		<-p.window
 		return nil, fmt.Errorf("nats: publish event %s to %s: %w", m.EventID, subj, classify(err))
 	}
-	// The watcher frees the window slot when the ack arrives, whether or not
-	// anyone is waiting for it yet: PublishLanes sends every lane's head before
-	// it waits for the first ack.
-	done := make(chan error, 1)
-	go p.awaitAck(paf, done)
+	deadline := time.Now().Add(p.cfg.AckTimeout)
 	return func(ctx context.Context) error {
-		select {
-		case err := <-done:
-			if err != nil {
-				return fmt.Errorf("nats: publish event %s to %s: %w", m.EventID, subj, err)
-			}
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
+		err := p.awaitAck(ctx, paf, deadline)
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("nats: publish event %s to %s: %w", m.EventID, subj, err)
 		}
+		return err
 	}, nil
 }
 
-func (p *Publisher) awaitAck(paf jetstream.PubAckFuture, done chan<- error) {
-	defer func() { <-p.window }()
-	timer := time.NewTimer(p.cfg.AckTimeout)
+// awaitAck waits for paf's answer until deadline (the ack timeout from the send).
+func (p *Publisher) awaitAck(ctx context.Context, paf jetstream.PubAckFuture, deadline time.Time) error {
+	select { // most acks have arrived by the time they are awaited: no timer then
+	case <-paf.Ok():
+		return nil
+	case err := <-paf.Err():
+		return classify(err)
+	default:
+	}
+	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	select {
 	case <-paf.Ok():
-		done <- nil
+		return nil
 	case err := <-paf.Err():
-		done <- classify(err)
+		return classify(err)
 	case <-timer.C:
-		done <- broker.Unavailable(fmt.Errorf("no ack within %s", p.cfg.AckTimeout))
+		return broker.Unavailable(fmt.Errorf("no ack within %s", p.cfg.AckTimeout))
+	case <-ctx.Done():
+		return ctx.Err()
 	case <-p.closed:
-		done <- broker.Unavailable(errClosed)
+		return broker.Unavailable(errClosed)
 	}
 }
 
