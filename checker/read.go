@@ -108,7 +108,10 @@ func ReadJetStream(ctx context.Context, js jetstream.JetStream, stream string) (
 		if d, ok := ctx.Deadline(); ok {
 			wait = max(min(wait, time.Until(d)), 100*time.Millisecond)
 		}
-		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(wait))
+		// Ask for no more than the stream holds: a fetch still waiting for
+		// messages that never come outlives this function by its MaxWait.
+		want := int(min(1000, max(info.State.Msgs-uint64(len(out)), 1)))
+		batch, err := c.Fetch(want, jetstream.FetchMaxWait(wait))
 		if err != nil {
 			return nil, fmt.Errorf("checker: stream %s: fetch: %w", stream, err)
 		}
