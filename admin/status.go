@@ -66,7 +66,9 @@ type Status struct {
 	Dedup *TableSize `json:"dedup_table"`
 }
 
-// Lease counts the leases of one relay id (claimed_by) on unpublished events.
+// Lease counts the leases of one relay id (claimed_by) on unpublished events. A
+// relay leases a run of one aggregate's events through the run's first event, so
+// these count runs in flight, not events.
 type Lease struct {
 	RelayID string `json:"relay_id"`
 	Live    int64  `json:"live"`

@@ -30,8 +30,9 @@ type Observer interface {
 type ClaimedBatch struct {
 	// Events is how many events the claim leased.
 	Events int
-	// TakenOver is how many of them had an expired lease of another relay: that
-	// relay died or stalled while holding them.
+	// TakenOver is how many expired leases of another relay the claim took over:
+	// that relay died or stalled while holding them. A lease covers a run of one
+	// aggregate's events.
 	TakenOver int
 	// Duration is how long the claim statements took.
 	Duration time.Duration

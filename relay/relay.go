@@ -16,6 +16,7 @@ package relay
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -62,6 +63,8 @@ type Relay struct {
 	dbDown, brokerDown atomic.Bool
 
 	idleWorkers atomic.Int32  // workers waiting for a wake-up (idle.go)
+	lastFound   atomic.Int64  // when a claim last found events (unix ns)
+	hotPoller   atomic.Bool   // a worker polls quickly instead of waiting (work)
 	idleChanged chan struct{} // the relay became idle or busy
 	stats       counters
 }
@@ -70,7 +73,7 @@ type Relay struct {
 type Stats struct {
 	Claims      int64 // claim statements that leased at least one event
 	Claimed     int64 // events leased
-	TakenOver   int64 // events whose expired lease of another relay was taken over
+	TakenOver   int64 // expired leases of another relay taken over (a lease covers a run of one aggregate)
 	Published   int64 // events acknowledged by the broker and marked published
 	Failed      int64 // failed publish attempts recorded
 	Quarantined int64 // events quarantined
@@ -205,7 +208,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 	if ids := r.outstanding(); len(ids) > 0 {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if _, rerr := r.pool.Exec(sctx, r.q.release, ids, r.cfg.ID); rerr != nil {
+		if _, rerr := r.pool.Exec(sctx, r.q.release, uuids(ids), r.cfg.ID); rerr != nil {
 			r.log.Warn("could not release leases; they expire on their own", slog.Int("events", len(ids)), slog.Any("error", rerr))
 		} else {
 			r.forget(ids)
@@ -316,13 +319,13 @@ func (r *Relay) work(id int) {
 	var wait retry.Backoff
 	again := true // claim at once on start: there may be a backlog
 	idle := false
+	hot := time.NewTimer(time.Hour)
+	hot.Stop()
+	defer hot.Stop()
 	for {
 		if !again {
-			r.setIdle(&idle, true)
-			select {
-			case <-r.stopping:
+			if !r.waitForWork(&idle, hot) {
 				return
-			case <-r.wake:
 			}
 		}
 		select {
@@ -350,6 +353,7 @@ func (r *Relay) work(id int) {
 		if !again {
 			continue
 		}
+		r.lastFound.Store(time.Now().UnixNano())
 		r.setIdle(&idle, false)
 		if pause := r.process(batch); pause > 0 {
 			// The broker is unreachable: hold off claiming instead of cycling every
@@ -360,6 +364,42 @@ func (r *Relay) work(id int) {
 			}
 		}
 	}
+}
+
+// Under a steady flow of events, one worker keeps polling every hotPoll instead of
+// waiting for a notification, until no claim has found anything for hotLinger.
+// The relay then never counts as idle, so producers do not notify (idle.go): at a
+// thousand commits a second, a NOTIFY per commit would serialise the commits on
+// PostgreSQL's notification queue lock, and a wake-up per commit would cost a
+// claim per event. Events wait at most hotPoll for the next claim.
+const (
+	hotPoll   = 2 * time.Millisecond
+	hotLinger = 100 * time.Millisecond
+)
+
+// waitForWork waits for a reason to claim again: a wake-up, or the hot poll timer
+// while events keep coming. It returns false when the relay stops.
+func (r *Relay) waitForWork(idle *bool, hot *time.Timer) bool {
+	if time.Since(time.Unix(0, r.lastFound.Load())) < hotLinger && r.hotPoller.CompareAndSwap(false, true) {
+		defer r.hotPoller.Store(false)
+		r.setIdle(idle, false)
+		hot.Reset(hotPoll)
+		defer hot.Stop()
+		select {
+		case <-r.stopping:
+			return false
+		case <-r.wake:
+		case <-hot.C:
+		}
+		return true
+	}
+	r.setIdle(idle, true)
+	select {
+	case <-r.stopping:
+		return false
+	case <-r.wake:
+	}
+	return true
 }
 
 // announceBacklog wakes a peer worker, and the other relays through a notification:
@@ -384,8 +424,9 @@ type cursor struct{ aggregateType, aggregateID string }
 // claimed is one leased event.
 type claimed struct {
 	msg            broker.Message
-	attempts       int // attempt_count before this attempt
-	previousHolder *string
+	attempts       int           // attempt_count before this attempt
+	previousHolder *string       // who held the run's lease before this claim
+	head           pgoutbox.UUID // the first event of its run, which holds the lease
 }
 
 // claim leases the next batch, continuing the lane scan from cur and wrapping
@@ -440,11 +481,16 @@ func (r *Relay) claimFrom(ctx context.Context, from cursor, limit int) ([]claime
 	}
 	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
 		var c claimed
-		var headers map[string]string
+		var headers []byte
 		err := row.Scan(&c.msg.EventID, &c.msg.AggregateType, &c.msg.AggregateID, &c.msg.AggregateSequence,
 			&c.msg.EventType, &c.msg.SchemaVersion, &c.msg.Payload, &headers, &c.msg.OccurredAt,
-			&c.attempts, &c.previousHolder)
-		c.msg.Headers = headers
+			&c.attempts, &c.previousHolder, &c.head)
+		if err == nil {
+			c.msg.Headers, err = decodeHeaders(headers)
+		}
+		if c.head != c.msg.EventID {
+			c.previousHolder = nil // only a run's head holds its lease
+		}
 		return c, err
 	})
 	if err != nil {
@@ -518,6 +564,7 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 		failErrs                  []string
 		failDelays                []int64
 		failQuarantine            []bool
+		failHeads                 []pgoutbox.UUID
 		anyAck, allUnavailable    = false, true
 		quarantined, firstRetryIn = 0, time.Duration(0)
 	)
@@ -570,6 +617,7 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 			failErrs = append(failErrs, retry.ErrorText(err))
 			failDelays = append(failDelays, delay.Milliseconds())
 			failQuarantine = append(failQuarantine, quarantine)
+			failHeads = append(failHeads, c.head)
 		}
 	}
 
@@ -577,13 +625,13 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 	newBatch := func() *pgx.Batch {
 		b := &pgx.Batch{}
 		if len(acked) > 0 {
-			b.Queue(r.q.mark, acked)
+			b.Queue(r.q.mark, uuids(acked), r.cfg.ID)
 		}
 		if len(failIDs) > 0 {
-			b.Queue(r.q.fail, failIDs, failErrs, failDelays, failQuarantine, r.cfg.ID)
+			b.Queue(r.q.fail, uuids(failIDs), failErrs, failDelays, failQuarantine, r.cfg.ID, uuids(failHeads))
 		}
 		if len(released) > 0 {
-			b.Queue(r.q.release, released, r.cfg.ID)
+			b.Queue(r.q.release, uuids(released), r.cfg.ID)
 		}
 		return b
 	}
@@ -632,6 +680,29 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 		return min(firstRetryIn, r.cfg.PollInterval)
 	}
 	return 0
+}
+
+// uuids converts ids for a uuid[] parameter: pgx encodes [16]byte natively, where
+// UUID would go through its driver.Valuer text form, element by element.
+func uuids(ids []pgoutbox.UUID) [][16]byte {
+	out := make([][16]byte, len(ids))
+	for i, id := range ids {
+		out[i] = id
+	}
+	return out
+}
+
+// decodeHeaders reads the headers column (a JSON object of strings). Most events
+// carry none: "{}" is not worth encoding/json's reflection.
+func decodeHeaders(raw []byte) (map[string]string, error) {
+	h := map[string]string{}
+	if string(raw) == "{}" {
+		return h, nil
+	}
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return nil, fmt.Errorf("headers: %w", err)
+	}
+	return h, nil
 }
 
 func (r *Relay) outstanding() []pgoutbox.UUID {

@@ -31,27 +31,38 @@ func newQueries(schema string) queries {
 // Parameters: $1 relay id, $2 lease in milliseconds, $3/$4 the lane cursor (aggregate
 // type and id; lanes strictly after it are scanned), $5 batch size, $6 run length.
 //
+// A lease covers a run: the first $6 claimable events of one lane, head first. Only
+// the run's head row is locked and written (claimed_by, claim_until); its later
+// events are merely read. That is enough, because every claim takes a lane from its
+// head: while the head holds a live lease, no claim takes anything of the lane, and
+// a run's events are settled together with its head. Writing one row per run rather
+// than one per event is the relay's biggest saving (docs/performance.md).
+//
 //   - lanes walks the distinct aggregates that have unpublished events, in index
 //     order from the cursor, one index probe each (a loose index scan of the partial
 //     index), and notes each lane's head: its lowest unpublished sequence. It never
 //     reads the published history, and stops as soon as the LIMIT of runs is met.
-//   - runs takes, per lane, the first $6 claimable events (not quarantined, backoff
-//     over, no live lease) and locks them FOR UPDATE SKIP LOCKED as it reads them; a
-//     row leased or published by another relay since our snapshot is re-checked on
-//     its new version and skipped, as is a row another claim holds locked right now.
-//     It keeps the rows whose sequences run head, head+1, head+2, ... without a gap:
-//     a lane whose head is not claimable (in flight elsewhere, backing off,
-//     quarantined, just published) contributes nothing, and a run stops at the first
-//     event it could not take. So sequence k+1 is never claimed while k waits, even
-//     when two relays race for the same lane.
+//   - runs locks each lane's head FOR UPDATE SKIP LOCKED if it is claimable (not
+//     quarantined, backoff over, no live lease). PostgreSQL re-checks a locked row's
+//     conditions on its newest version, so a head leased or published by another
+//     relay since our snapshot is skipped, as is a head another claim or settle holds
+//     locked right now. A lane whose head is not taken contributes nothing.
+//   - For a taken head, runs reads the lane's next $6-1 events and keeps those whose
+//     sequences run head+1, head+2, ... without a gap, each claimable too: a run stops
+//     at the first event that is backing off, quarantined or leased (by a relay that
+//     leases every event of its runs, as versions before 0.2 did). So sequence k+1 is
+//     never claimed while k waits, even when two relays race for the same lane.
 //   - The head is right because no snapshot can miss a lower unpublished sequence:
 //     sequence k+1 is allocated only after k's transaction committed (the counter
 //     row lock), so a snapshot that sees k+1 sees k. A stale head (published since)
-//     only makes the statement stricter: that row is skipped, so the lane yields
-//     nothing this time.
-//   - runs is MATERIALIZED so that it is computed once, and the UPDATE finds its rows
-//     by (tableoid, ctid): they are locked by this statement, so that is their
-//     current version, and no index is searched again.
+//     only makes the statement stricter: its re-check fails, so the lane yields
+//     nothing this time. The run's later events need no lock: anyone who changes
+//     them first holds their head (a claim) or settles a run that includes the head
+//     in the same transaction (mark, fail, release).
+//   - runs is MATERIALIZED so that it is computed once, and lease finds the heads by
+//     (tableoid, ctid): they are locked by this statement, so that is their current
+//     version, and no index is searched again. A data-modifying WITH always runs to
+//     completion, whatever the outer SELECT reads.
 //
 // No ordering here depends on timestamps: lanes are ordered by sequence alone.
 const claimSQL = `
@@ -70,42 +81,63 @@ WITH RECURSIVE lanes (aggregate_type, aggregate_id, head) AS (
          LIMIT 1) nxt
 ),
 runs AS MATERIALIZED (
-    SELECT r.tableoid, r.ctid, r.claimed_by
+    SELECT r.*, h.tableoid AS head_tableoid, h.ctid AS head_ctid, h.event_id AS head_id, h.claimed_by AS head_claimed_by
       FROM lanes l
       CROSS JOIN LATERAL (
-        SELECT h.tableoid, h.ctid, h.claimed_by,
-               h.aggregate_sequence - l.head + 1 = row_number() OVER (ORDER BY h.aggregate_sequence) AS gapless
-          FROM (SELECT e.tableoid, e.ctid, e.aggregate_sequence, e.claimed_by
+        SELECT e.tableoid, e.ctid, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type,
+               e.schema_version, e.payload, e.headers, e.occurred_at, e.attempt_count, e.claimed_by
+          FROM %[1]s e
+         WHERE e.published_at IS NULL
+           AND e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
+           AND e.aggregate_sequence = l.head
+           AND e.quarantined_at IS NULL AND e.available_at <= now()
+           AND (e.claim_until IS NULL OR e.claim_until < now())
+           FOR UPDATE OF e SKIP LOCKED) h
+      CROSS JOIN LATERAL (
+        SELECT h.event_id, h.aggregate_type, h.aggregate_id, h.aggregate_sequence, h.event_type,
+               h.schema_version, h.payload, h.headers, h.occurred_at, h.attempt_count
+        UNION ALL
+        SELECT s.event_id, s.aggregate_type, s.aggregate_id, s.aggregate_sequence, s.event_type,
+               s.schema_version, s.payload, s.headers, s.occurred_at, s.attempt_count
+          FROM (SELECT e.*, e.aggregate_sequence - l.head = row_number() OVER (ORDER BY e.aggregate_sequence) AS gapless
                   FROM %[1]s e
                  WHERE e.published_at IS NULL
                    AND e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
+                   AND e.aggregate_sequence > l.head AND e.aggregate_sequence < l.head + $6
                    AND e.quarantined_at IS NULL AND e.available_at <= now()
                    AND (e.claim_until IS NULL OR e.claim_until < now())
-                 ORDER BY e.aggregate_sequence
-                 LIMIT $6
-                 FOR UPDATE OF e SKIP LOCKED) h
+                 ORDER BY e.aggregate_sequence) s
+         WHERE s.gapless
       ) r
-     WHERE r.gapless
      LIMIT $5
+),
+lease AS (
+    UPDATE %[1]s e
+       SET claimed_by = $1, claim_until = now() + $2 * interval '1 millisecond'
+      FROM (SELECT DISTINCT head_tableoid, head_ctid FROM runs) r
+     WHERE e.tableoid = r.head_tableoid AND e.ctid = r.head_ctid
 )
-UPDATE %[1]s e
-   SET claimed_by = $1, claim_until = now() + $2 * interval '1 millisecond'
-  FROM runs r
- WHERE e.tableoid = r.tableoid AND e.ctid = r.ctid
-RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type,
-          e.schema_version, e.payload, e.headers, e.occurred_at, e.attempt_count, r.claimed_by`
+SELECT event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type,
+       schema_version, payload, headers, occurred_at, attempt_count, head_claimed_by, head_id
+  FROM runs`
 
 // markSQL records the broker's acks. It does not check the lease: an event the
 // broker acknowledged is published, whoever holds it now (a relay that took over an
-// expired lease merely publishes a duplicate).
+// expired lease merely publishes a duplicate). The events of a run that held no
+// lease of their own are stamped with the publishing relay ($2), for the record;
+// a run's head keeps the lease holder's id, which failSQL checks.
 const markSQL = `
 UPDATE %[1]s
-   SET published_at = now(), attempt_count = attempt_count + 1, claim_until = NULL
+   SET published_at = now(), attempt_count = attempt_count + 1, claim_until = NULL,
+       claimed_by = coalesce(claimed_by, $2)
  WHERE event_id = ANY($1::uuid[]) AND published_at IS NULL`
 
 // failSQL records failed attempts: the error, the backoff through available_at, and
-// quarantine when the relay decided so. Only rows still leased by this relay are
-// touched, so a relay that lost its lease cannot overwrite its successor's state.
+// quarantine when the relay decided so. Only events of runs still leased by this
+// relay are touched, so a relay that lost its lease cannot overwrite its successor's
+// state: the run's head ($6, aligned with $1) must still name this relay. It does
+// even when the head was marked published earlier in the same transaction, since
+// markSQL keeps a head's claimed_by.
 const failSQL = `
 UPDATE %[1]s e
    SET attempt_count = e.attempt_count + 1,
@@ -113,11 +145,13 @@ UPDATE %[1]s e
        available_at = now() + f.delay_ms * interval '1 millisecond',
        quarantined_at = CASE WHEN f.quarantine THEN now() END,
        claimed_by = NULL, claim_until = NULL
-  FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bool[]) AS f (event_id, error, delay_ms, quarantine)
- WHERE e.event_id = f.event_id AND e.claimed_by = $5 AND e.published_at IS NULL`
+  FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bool[], $6::uuid[]) AS f (event_id, error, delay_ms, quarantine, head_id)
+ WHERE e.event_id = f.event_id AND e.published_at IS NULL
+   AND EXISTS (SELECT 1 FROM %[1]s h WHERE h.event_id = f.head_id AND h.claimed_by = $5)`
 
 // releaseSQL gives leases back without counting an attempt (events not sent because
 // an earlier event of their aggregate failed, or because the relay is stopping).
+// Only a run's head holds a lease; for its other events this is a no-op.
 const releaseSQL = `
 UPDATE %[1]s
    SET claimed_by = NULL, claim_until = NULL

@@ -9,7 +9,7 @@
 //	pgoutbox_relay_published_total                 events acknowledged by the broker and marked published
 //	pgoutbox_relay_publish_failures_total{reason}  failed publish attempts: permanent, unavailable or error
 //	pgoutbox_relay_quarantined_total               events quarantined (poison)
-//	pgoutbox_relay_leases_taken_over_total         events claimed from another relay's expired lease
+//	pgoutbox_relay_leases_taken_over_total         leases (runs) claimed from another relay's expired lease
 //	pgoutbox_relay_publish_attempts                histogram: attempt number at which events were published (1 = first try)
 //	pgoutbox_relay_broker_ack_seconds              histogram: time for the broker to answer for a whole batch
 //	pgoutbox_relay_batch_size                      histogram: events leased per claim
@@ -77,7 +77,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	counter(&m.published, "relay", "published_total", "Events acknowledged by the broker and marked published.")
 	counter(&m.quarantined, "relay", "quarantined_total", "Events quarantined: a permanent broker refusal, or max attempts reached.")
-	counter(&m.takenOver, "relay", "leases_taken_over_total", "Events claimed from another relay's expired lease (that relay died or stalled).")
+	counter(&m.takenOver, "relay", "leases_taken_over_total", "Leases, each a run of one aggregate's events, claimed from another relay's expired lease (that relay died or stalled).")
 	histogram(&m.attempts, "publish_attempts", "Attempt number at which events were published (1 = first try).",
 		[]float64{1, 2, 3, 5, 10, 20, 50})
 	histogram(&m.ackSeconds, "broker_ack_seconds", "Time from publishing a batch until the broker answered for every message of it.",
