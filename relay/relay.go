@@ -429,8 +429,8 @@ type claimed struct {
 	head           pgoutbox.UUID // the first event of its run, which holds the lease
 }
 
-// claim leases the next batch, continuing the lane scan from cur and wrapping
-// around to the first lanes when the tail does not fill the batch.
+// claim leases the next batch, continuing the lane scan from cur, or from the
+// first lanes when there is nothing after cur.
 func (r *Relay) claim(cur *cursor) ([]claimed, error) {
 	ctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.Lease/2)
 	defer cancel()
@@ -439,13 +439,11 @@ func (r *Relay) claim(cur *cursor) ([]claimed, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(batch) < r.cfg.BatchSize && *cur != (cursor{}) {
-		more, err := r.claimFrom(ctx, cursor{}, r.cfg.BatchSize-len(batch))
-		if err != nil {
-			// The first part is leased: publish it, retry the rest later.
-			r.log.Debug("claim from the first lanes failed", slog.Any("error", err))
+	if len(batch) == 0 && *cur != (cursor{}) {
+		// Nothing after the cursor: start over from the first lanes.
+		if batch, err = r.claimFrom(ctx, cursor{}, r.cfg.BatchSize); err != nil {
+			return nil, err
 		}
-		batch = append(batch, more...)
 	}
 	if obs := r.cfg.Observer; obs != nil && len(batch) > 0 {
 		takenOver := 0
@@ -456,7 +454,13 @@ func (r *Relay) claim(cur *cursor) ([]claimed, error) {
 		}
 		obs.BatchClaimed(ClaimedBatch{Events: len(batch), TakenOver: takenOver, Duration: time.Since(start)})
 	}
+	// A full batch: the next claim goes on after its last lane, so that successive
+	// claims sweep all lanes. A short one scanned to the end of the pending lanes:
+	// the next claim starts from the first ones, in one statement.
 	*cur = cursor{}
+	if len(batch) < r.cfg.BatchSize {
+		return batch, nil
+	}
 	for _, c := range batch {
 		if k := (cursor{c.msg.AggregateType, c.msg.AggregateID}); cmpCursor(k, *cur) > 0 {
 			*cur = k
