@@ -61,7 +61,9 @@ func newQueries(schema string) queries {
 //     in the same transaction (mark, fail, release).
 //   - runs is MATERIALIZED so that it is computed once, and lease finds the heads by
 //     (tableoid, ctid): they are locked by this statement, so that is their current
-//     version, and no index is searched again. A data-modifying WITH always runs to
+//     version, and no index is searched again. The ctid = ANY(ARRAY(...)) form makes
+//     that a TID scan whatever the statistics say (a join on ctid may be planned as
+//     a hash join over a sequential scan of the whole table). A data-modifying WITH always runs to
 //     completion, whatever the outer SELECT reads.
 //
 // No ordering here depends on timestamps: lanes are ordered by sequence alone.
@@ -114,8 +116,8 @@ runs AS MATERIALIZED (
 lease AS (
     UPDATE %[1]s e
        SET claimed_by = $1, claim_until = now() + $2 * interval '1 millisecond'
-      FROM (SELECT DISTINCT head_tableoid, head_ctid FROM runs) r
-     WHERE e.tableoid = r.head_tableoid AND e.ctid = r.head_ctid
+     WHERE e.ctid = ANY (ARRAY(SELECT head_ctid FROM runs))
+       AND (e.tableoid, e.ctid) IN (SELECT head_tableoid, head_ctid FROM runs)
 )
 SELECT event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type,
        schema_version, payload, headers, occurred_at, attempt_count, head_claimed_by, head_id
