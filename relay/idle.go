@@ -2,14 +2,11 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
@@ -100,12 +97,9 @@ func (r *Relay) guard() {
 			ok, err := r.lockIdle(conn)
 			switch {
 			case err == nil && !ok:
-				// Got busy or stopping while waiting. A request cancelled by a stop
-				// may have raced a grant: its connection is closed, so the session
-				// holds nothing; drop it.
-				if conn.IsClosed() {
-					drop()
-				}
+				// Got busy or stopping while waiting: the cancelled request may
+				// have raced a grant, so end the session to be sure of holding nothing.
+				drop()
 			case err != nil:
 				r.log.Debug("idle lock: lock failed; relying on polling", slog.Any("error", err))
 				drop()
@@ -143,54 +137,42 @@ func (r *Relay) guard() {
 func (r *Relay) guardConnect() (*pgx.Conn, error) {
 	ctx, cancel := context.WithTimeout(r.hardCtx, 10*time.Second)
 	defer cancel()
-	cfg := r.pool.Config().ConnConfig.Copy()
-	// Waiting for the lock goes in steps of lockStep (see lockIdle).
-	cfg.RuntimeParams["lock_timeout"] = strconv.FormatInt(lockStep.Milliseconds(), 10)
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	return conn, nil
 }
 
-// lockStep bounds one wait for the idle lock: the session's lock_timeout.
-const lockStep = 100 * time.Millisecond
-
 // lockIdle waits for the idle lock. It gives up, returning false, when the relay
-// gets busy or stops meanwhile (another relay may hold the lock for a long time,
-// and producers hold it in shared mode all the time under load).
-//
-// The wait goes in steps: a request that reaches lock_timeout was not granted, so
-// the session holds nothing and the connection is kept for the next try. Only a
-// stop cancels a request in flight, which closes the connection (a cancelled
-// request may have raced a grant); reconnecting at every busy spell instead would
-// cost PostgreSQL a backend start, and a TLS handshake, each time.
+// gets busy or stops meanwhile (another relay may hold the lock for a long time).
 func (r *Relay) lockIdle(conn *pgx.Conn) (bool, error) {
 	ctx, cancel := context.WithCancel(r.hardCtx)
 	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
-		select {
-		case <-r.stopping:
-			cancel()
-		case <-ctx.Done():
+		for {
+			select {
+			case <-done:
+				return
+			case <-r.stopping:
+				cancel()
+				return
+			case <-r.idleChanged:
+				if !r.allIdle() {
+					cancel()
+					return
+				}
+			}
 		}
 	}()
-	for r.allIdle() {
-		_, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1), hashtext($2))", idleLockClass, r.cfg.Schema)
-		var pgErr *pgconn.PgError
-		switch {
-		case err == nil:
-			return true, nil
-		case ctx.Err() != nil:
-			cctx, ccancel := context.WithTimeout(context.Background(), time.Second)
-			_ = conn.Close(cctx)
-			ccancel()
+	_, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1), hashtext($2))", idleLockClass, r.cfg.Schema)
+	if err != nil {
+		if ctx.Err() != nil {
 			return false, nil
-		case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available: a step ended
-			continue
-		default:
-			return false, fmt.Errorf("idle lock: %w", err)
 		}
+		return false, fmt.Errorf("idle lock: %w", err)
 	}
-	return false, nil
+	return true, nil
 }

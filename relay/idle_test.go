@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -130,48 +129,4 @@ func TestRelayWithoutNotifyTakesNoLock(t *testing.T) {
 	if notifiedBy(t, o, enqueueIn(o, "2")) {
 		t.Fatal("a commit notified with no relay listening")
 	}
-}
-
-// idleLockPID returns the session holding (granted) or waiting for (!granted) the
-// schema's idle lock, 0 if none.
-func idleLockPID(t testing.TB, o *outbox, granted bool) int {
-	t.Helper()
-	var pid int
-	pgtest.Must(t, o.pool.QueryRow(context.Background(), `
-		SELECT coalesce(max(pid), 0) FROM pg_locks
-		WHERE locktype = 'advisory' AND classid::int = hashtext('pgoutbox.idle') AND objid::int = hashtext($1)
-		  AND objsubid = 2 AND mode = 'ExclusiveLock' AND granted = $2`, o.schema, granted).Scan(&pid), "pg_locks")
-	return pid
-}
-
-// While producers hold the idle lock in shared mode, the guard's wait is given up
-// whenever the relay gets busy and taken up again when it is idle, on the same
-// session: a busy spell must not cost PostgreSQL a new connection.
-func TestIdleGuardKeepsItsSessionAcrossBusySpells(t *testing.T) {
-	t.Parallel()
-	o := newOutbox(t, 8)
-	ctx := context.Background()
-	tx, err := o.pool.Begin(ctx)
-	pgtest.Must(t, err, "begin")
-	defer tx.Rollback(ctx)
-	pgtest.Must(t, enqueueIn(o, "held")(tx), "enqueue")
-
-	rec := &brokertest.Recorder{}
-	startRelay(t, o, rec, relay.Config{PollInterval: time.Hour})
-	waitFor(t, 10*time.Second, "the relay to wait for the idle lock", func() bool { return idleLockPID(t, o, false) != 0 })
-	guard := idleLockPID(t, o, false)
-
-	// A commit while the guard waits notifies (its shared lock would queue behind
-	// the guard's request); the relay gets busy publishing it, then idle again.
-	for i := range 3 {
-		pgtest.Must(t, pgx.BeginFunc(ctx, o.pool, enqueueIn(o, fmt.Sprint("spell", i))), "enqueue")
-		waitFor(t, 10*time.Second, "the spell's events", func() bool { return len(rec.Messages()) == 2*(i+1) })
-		waitFor(t, 10*time.Second, "the guard to wait again", func() bool { return idleLockPID(t, o, false) != 0 })
-		if pid := idleLockPID(t, o, false); pid != guard {
-			t.Fatalf("after busy spell %d the guard waits on session %d, before on %d: it reconnected", i, pid, guard)
-		}
-	}
-	pgtest.Must(t, tx.Commit(ctx), "commit")
-	waitFor(t, 10*time.Second, "the relay to hold the idle lock", func() bool { return idleLockPID(t, o, true) == guard })
-	waitFor(t, 10*time.Second, "the held events", func() bool { return len(rec.Messages()) == 8 })
 }
