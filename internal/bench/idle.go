@@ -96,7 +96,7 @@ func (r *Runner) idle(ctx context.Context) (*IdleResult, error) {
 	if !sleepCtx(ctx, 2*time.Second) {
 		return nil, ctx.Err()
 	}
-	q0, x0, st0, err := r.idleSnapshot(ctx, dbName, pgss)
+	q0, x0, st0, ep0, err := r.idleSnapshot(ctx, dbName, pgss)
 	if err != nil {
 		return nil, err
 	}
@@ -110,9 +110,15 @@ func (r *Runner) idle(ctx context.Context) (*IdleResult, error) {
 			return nil, ctx.Err()
 		}
 	}
-	q1, x1, st1, err := r.idleSnapshot(ctx, dbName, pgss)
+	q1, x1, st1, ep1, err := r.idleSnapshot(ctx, dbName, pgss)
 	if err != nil {
 		return nil, err
+	}
+	if pgss && (ep1 != ep0 || q1 < q0) {
+		// Entries were evicted (pg_stat_statements.max reached on a busy server) or
+		// the statistics were reset meanwhile: the calls deltas mean nothing.
+		pgss = false
+		res.Source = "pg_stat_database (pg_stat_statements evicted or reset entries during the window)"
 	}
 	el := time.Since(start)
 	if err := stopRelays(procs); err != nil {
@@ -141,17 +147,22 @@ func (r *Runner) idle(ctx context.Context) (*IdleResult, error) {
 	return res, nil
 }
 
-func (r *Runner) idleSnapshot(ctx context.Context, db string, pgss bool) (queries, xacts int64, stmts map[string]int64, err error) {
+// idleSnapshot reads the database's transaction count and, with pgss, its
+// statements' calls and the extension's eviction epoch (deallocations and last
+// reset, pg_stat_statements_info), which must not change between two snapshots.
+func (r *Runner) idleSnapshot(ctx context.Context, db string, pgss bool) (queries, xacts int64, stmts map[string]int64, epoch string, err error) {
 	if err = r.admin.QueryRow(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", db).Scan(&xacts); err != nil {
-		return 0, 0, nil, fmt.Errorf("pg_stat_database: %w", err)
+		return 0, 0, nil, "", fmt.Errorf("pg_stat_database: %w", err)
 	}
 	if !pgss {
-		return 0, xacts, nil, nil
+		return 0, xacts, nil, "", nil
 	}
+	// Older versions of the extension lack the view: no epoch then.
+	_ = r.admin.QueryRow(ctx, "SELECT dealloc || '@' || stats_reset FROM pg_stat_statements_info").Scan(&epoch)
 	rows, err := r.admin.Query(ctx, `SELECT query, calls FROM pg_stat_statements
  WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)`, db)
 	if err != nil {
-		return 0, 0, nil, fmt.Errorf("pg_stat_statements: %w", err)
+		return 0, 0, nil, "", fmt.Errorf("pg_stat_statements: %w", err)
 	}
 	stmts = map[string]int64{}
 	for rows.Next() {
@@ -159,12 +170,12 @@ func (r *Runner) idleSnapshot(ctx context.Context, db string, pgss bool) (querie
 		var n int64
 		if err := rows.Scan(&q, &n); err != nil {
 			rows.Close()
-			return 0, 0, nil, err
+			return 0, 0, nil, "", err
 		}
 		stmts[q] += n
 		queries += n
 	}
-	return queries, xacts, stmts, rows.Err()
+	return queries, xacts, stmts, epoch, rows.Err()
 }
 
 // withDatabase returns connURL (URL or key=value form) naming database db.
