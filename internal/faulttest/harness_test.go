@@ -224,6 +224,15 @@ func (e *env) start(name string, extraEnv []string, binary string, args ...strin
 	e.t.Cleanup(func() {
 		if !p.exited() {
 			_ = cmd.Process.Signal(syscall.SIGCONT)
+			if e.t.Failed() {
+				// A Go process prints every goroutine's stack on SIGQUIT: the output
+				// printed below then shows where a stuck process was.
+				_ = cmd.Process.Signal(syscall.SIGQUIT)
+				select {
+				case <-p.done:
+				case <-time.After(5 * time.Second):
+				}
+			}
 			_ = cmd.Process.Kill()
 			<-p.done
 		}
