@@ -459,8 +459,11 @@ func TestRevocationCommitsFinishedRecordsOnly(t *testing.T) {
 
 	second := e.Consumer(t, inbox.Config{}, nil)
 	b := e.subscribe(t, second, kafkainbox.Config{})
+	// The consumer counts an outcome after its transaction commits: wait for the
+	// count too, not only for the effect row.
 	waitFor(t, 30*time.Second, "one partition to move and its retried record to be applied by the new owner", func() bool {
-		return a.Stats().Partitions == 1 && b.Stats().Partitions == 1 && e.Count(t, "effects", "true") == 3
+		return a.Stats().Partitions == 1 && b.Stats().Partitions == 1 && e.Count(t, "effects", "true") == 3 &&
+			second.Stats().Applied >= 1
 	})
 	if st := second.Stats(); st.Applied != 1 || st.Duplicates != 0 {
 		t.Fatalf("new owner %+v: want the retried record applied and the finished one not read again", st)
