@@ -512,6 +512,12 @@ func (p *Publisher) Ping(ctx context.Context) error {
 	if reason := s.link.blocked.Load(); reason != nil {
 		return broker.Unavailable(fmt.Errorf("rabbitmq: the server blocks publishing: %s", *reason))
 	}
+	// The session's channel may have been closed by the server (a publish to a
+	// missing exchange) before the supervisor replaced the session: declaring the
+	// exchange on another channel would then report a publisher that cannot publish.
+	if s.ch.IsClosed() {
+		return broker.Unavailable(fmt.Errorf("rabbitmq: channel to %s closed; reopening it", p.target.display))
+	}
 	done := make(chan error, 1)
 	p.mu.Lock()
 	if p.isClosed {
