@@ -301,9 +301,10 @@ func PublishLanesInOrder(ctx context.Context, msgs []Message, maxInFlight int, s
 		slot
 		ack AckFunc
 	}
-	inFlight := make([]waiting, 0, min(len(msgs), max(maxInFlight, 1)))
+	limit := max(maxInFlight, 1)
+	inFlight := make([]waiting, 0, min(len(msgs), limit))
 	for len(ready) > 0 || len(inFlight) > 0 {
-		for len(ready) > 0 && len(inFlight) < max(maxInFlight, 1) {
+		for len(ready) > 0 && len(inFlight) < limit {
 			s := ready[0]
 			ready = ready[1:]
 			if err := ctx.Err(); err != nil {

@@ -380,7 +380,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error 
 	// never hold part of it while waiting for more. JetStream answers the publishes
 	// of one connection into one stream in order: acks are awaited oldest first.
 	share := min(len(msgs), p.cfg.MaxPending)
-	if err := p.window.Acquire(ctx, int64(share)); err != nil {
+	if err := p.reserve(ctx, share); err != nil {
 		return failAll(err)
 	}
 	results = broker.PublishLanesInOrder(ctx, msgs, share, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
@@ -394,6 +394,32 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error 
 		}
 	}
 	return results
+}
+
+// reserve takes n tokens of the window, waiting for them until ctx ends or the
+// publisher is closed.
+func (p *Publisher) reserve(ctx context.Context, n int) error {
+	if p.window.TryAcquire(int64(n)) {
+		return nil
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.closed:
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	if err := p.window.Acquire(wctx, int64(n)); err != nil {
+		select {
+		case <-p.closed:
+			return broker.Unavailable(errClosed)
+		default:
+			return err
+		}
+	}
+	return nil
 }
 
 // send publishes m asynchronously and returns how to wait for its ack.
