@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"strconv"
 	"strings"
 	"time"
@@ -78,23 +79,44 @@ func (m *Message) BrokerDedupID() string {
 // headers and the Outbox-* headers. Producer headers named Outbox-* (in any case)
 // are dropped, so the contract cannot be spoofed.
 func (m *Message) WireHeaders() map[string]string {
-	h := make(map[string]string, len(m.Headers)+7)
-	for k, v := range m.Headers {
-		// Compared without case: HTTP and AMQP peers may fold header names, so a
-		// producer's "outbox-event-id" must not travel beside the real one.
-		if !strings.HasPrefix(strings.ToLower(k), "outbox-") {
-			h[k] = v
-		}
+	h := make(map[string]string, m.WireHeaderCount())
+	for k, v := range m.AllWireHeaders() {
+		h[k] = v
 	}
-	h[HeaderEventID] = m.EventID.String()
-	h[HeaderEventType] = m.EventType
-	h[HeaderAggregateType] = m.AggregateType
-	h[HeaderAggregateID] = m.AggregateID
-	h[HeaderAggregateSequence] = strconv.FormatInt(m.AggregateSequence, 10)
-	h[HeaderSchemaVersion] = strconv.Itoa(m.SchemaVersion)
-	h[HeaderOccurredAt] = m.OccurredAt.UTC().Format(time.RFC3339Nano)
 	return h
 }
+
+// AllWireHeaders yields the headers of [Message.WireHeaders] one by one, each name
+// once, without building a map: the producer's headers first (in no set order),
+// then the Outbox-* headers.
+func (m *Message) AllWireHeaders() iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		for k, v := range m.Headers {
+			// Compared without case: HTTP and AMQP peers may fold header names, so a
+			// producer's "outbox-event-id" must not travel beside the real one.
+			if strings.HasPrefix(strings.ToLower(k), "outbox-") {
+				continue
+			}
+			if !yield(k, v) {
+				return
+			}
+		}
+		_ = yield(HeaderEventID, m.EventID.String()) &&
+			yield(HeaderEventType, m.EventType) &&
+			yield(HeaderAggregateType, m.AggregateType) &&
+			yield(HeaderAggregateID, m.AggregateID) &&
+			yield(HeaderAggregateSequence, strconv.FormatInt(m.AggregateSequence, 10)) &&
+			yield(HeaderSchemaVersion, strconv.Itoa(m.SchemaVersion)) &&
+			yield(HeaderOccurredAt, m.OccurredAt.UTC().Format(time.RFC3339Nano))
+	}
+}
+
+// WireHeaderCount is an upper bound of the headers [Message.AllWireHeaders]
+// yields, for sizing what holds them.
+func (m *Message) WireHeaderCount() int { return len(m.Headers) + outboxHeaders }
+
+// outboxHeaders is how many Outbox-* headers every message carries.
+const outboxHeaders = 7
 
 // ParseWireHeaders rebuilds a Message from what a consumer received: the body and a
 // header lookup (get returns "" for a missing header). Every Outbox-* header must be

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -163,6 +164,29 @@ func TestWireHeadersRoundTrip(t *testing.T) {
 	h := m.WireHeaders()
 	if len(h) != 9 {
 		t.Fatalf("headers %v: want the 7 Outbox-* and 2 producer headers", h)
+	}
+	// The iterator yields the same headers, each once, within WireHeaderCount,
+	// and stops when told to.
+	seen := map[string]string{}
+	for k, v := range m.AllWireHeaders() {
+		if _, dup := seen[k]; dup {
+			t.Fatalf("AllWireHeaders yields %s twice", k)
+		}
+		seen[k] = v
+	}
+	if !maps.Equal(seen, h) || len(seen) > m.WireHeaderCount() {
+		t.Fatalf("AllWireHeaders %v, WireHeaderCount %d; WireHeaders %v", seen, m.WireHeaderCount(), h)
+	}
+	for stop := 1; stop <= len(h); stop++ {
+		n := 0
+		for range m.AllWireHeaders() {
+			if n++; n == stop {
+				break
+			}
+		}
+		if n != stop {
+			t.Fatalf("break after %d headers: %d yielded", stop, n)
+		}
 	}
 	names := make([]string, 0, len(h))
 	for k := range h {

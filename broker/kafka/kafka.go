@@ -433,9 +433,8 @@ func (p *Publisher) send(_ context.Context, m *broker.Message) (broker.AckFunc, 
 // recordHeaders returns m's wire headers sorted by name, so that equal events
 // are equal records.
 func recordHeaders(m *broker.Message) []kgo.RecordHeader {
-	wire := m.WireHeaders()
-	out := make([]kgo.RecordHeader, 0, len(wire))
-	for k, v := range wire {
+	out := make([]kgo.RecordHeader, 0, m.WireHeaderCount())
+	for k, v := range m.AllWireHeaders() {
 		out = append(out, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
 	slices.SortFunc(out, func(a, b kgo.RecordHeader) int { return strings.Compare(a.Key, b.Key) })

@@ -432,9 +432,10 @@ func (p *Publisher) send(st *streamState, m *broker.Message) (broker.AckFunc, er
 		return nil, broker.Permanent(fmt.Errorf("nats: event %s: subject %q is not in stream %s (subjects %v)",
 			m.EventID, subj, p.cfg.Stream, st.subjects))
 	}
-	wire := m.WireHeaders()
-	msg := &natsgo.Msg{Subject: subj, Data: m.Payload, Header: make(natsgo.Header, len(wire))}
-	for k, v := range wire {
+	// Room for the Nats-Msg-Id and Nats-Expected-Stream headers the client adds: a
+	// map that has to grow for them costs more than the rest of the headers.
+	msg := &natsgo.Msg{Subject: subj, Data: m.Payload, Header: make(natsgo.Header, m.WireHeaderCount()+2)}
+	for k, v := range m.AllWireHeaders() {
 		// nats.go trims values and turns line breaks into spaces; refuse rather
 		// than deliver a header that differs from the event's.
 		if v != textproto.TrimString(v) || strings.ContainsAny(v, "\r\n") {

@@ -36,9 +36,8 @@ func encode(m *broker.Message) (amqp.Publishing, error) {
 	if len(m.EventType) > maxShortstr {
 		return amqp.Publishing{}, fmt.Errorf("event type of %d bytes is longer than AMQP's %d for the type property", len(m.EventType), maxShortstr)
 	}
-	wire := m.WireHeaders()
-	headers := make(amqp.Table, len(wire))
-	for k, v := range wire {
+	headers := make(amqp.Table, m.WireHeaderCount())
+	for k, v := range m.AllWireHeaders() {
 		if len(k) > maxShortstr {
 			return amqp.Publishing{}, fmt.Errorf("header name of %d bytes is longer than AMQP's %d", len(k), maxShortstr)
 		}
