@@ -137,6 +137,67 @@ func (p *Producer) EnqueueSQLTx(ctx context.Context, tx SQLQuerier, events ...Ev
 	})
 }
 
+// QueueTx adds to b the statement that enqueues events (one per 1,000 events), so
+// that it travels with the caller's own statements in one round trip instead of
+// one of its own. Send b in the transaction that writes the business rows
+// (tx.SendBatch), or send it outside any transaction (pool.SendBatch): a batch
+// sent outside a transaction runs as one implicit transaction, so its business
+// statements and its events commit together or not at all. The statements run
+// in the order they were queued.
+//
+// Sequence numbers and locking are those of EnqueueTx. Invalid events are
+// reported as a *ValidationError and nothing is queued. ctx supplies the trace
+// context saved with the events.
+//
+// Where the events landed is known once the batch's results have been read:
+// call the BatchResults' Close (which also returns the first statement error),
+// then Queued.Result. As with EnqueueTx, the events exist only if the transaction
+// that ran the batch commits: a statement that fails after them rolls them back.
+func (p *Producer) QueueTx(ctx context.Context, b *pgx.Batch, events ...Event) (*Queued, error) {
+	rows, err := p.encodeAll(ctx, events)
+	if err != nil {
+		return nil, err
+	}
+	q := &Queued{chunks: (len(rows) + maxEventsPerStatement - 1) / maxEventsPerStatement,
+		out: make([]Enqueued, len(rows))}
+	for start := 0; start < len(rows); start += maxEventsPerStatement {
+		chunk := rows[start:min(start+maxEventsPerStatement, len(rows))]
+		sql, args := p.insertStatement(chunk)
+		b.Queue(sql, args...).Query(func(rs pgx.Rows) error {
+			got, err := readEnqueued(pgxRows{rs}, chunk)
+			if err != nil {
+				q.err = err
+				return err
+			}
+			copy(q.out[start:], got)
+			q.read++
+			return nil
+		})
+	}
+	return q, nil
+}
+
+// Queued is the outcome of a QueueTx, known once the batch's results have been
+// read.
+type Queued struct {
+	out          []Enqueued
+	chunks, read int
+	err          error
+}
+
+// Result returns where each event landed, in the order given to QueueTx. It is an
+// error to ask before the batch's results have been read, or after the statement
+// failed.
+func (q *Queued) Result() ([]Enqueued, error) {
+	switch {
+	case q.err != nil:
+		return nil, q.err
+	case q.read < q.chunks:
+		return nil, errors.New("pgoutbox: queued events: the batch's results have not been read (close the BatchResults first)")
+	}
+	return q.out, nil
+}
+
 // scanner is the part of pgx.Rows and *sql.Rows that enqueue reads.
 type scanner interface {
 	Next() bool
@@ -211,6 +272,16 @@ func checkUniqueIDs(rows []row) error {
 }
 
 func (p *Producer) insert(ctx context.Context, chunk []row, query queryFunc) ([]Enqueued, error) {
+	q, args := p.insertStatement(chunk)
+	rs, err := query(ctx, q, args)
+	if err != nil {
+		return nil, fmt.Errorf("pgoutbox: enqueue: %w", err)
+	}
+	return readEnqueued(rs, chunk)
+}
+
+// insertStatement returns the statement that enqueues chunk, and its arguments.
+func (p *Producer) insertStatement(chunk []row) (string, []any) {
 	q := p.stmt1
 	if len(chunk) > 1 {
 		q = p.insertSQL(len(chunk))
@@ -224,10 +295,11 @@ func (p *Producer) insert(ctx context.Context, chunk []row, query queryFunc) ([]
 		args = append(args, i, r.id.String(), r.aggregateType, r.aggregateID, r.eventType,
 			r.schemaVersion, r.payload, r.headers, occurred)
 	}
-	rs, err := query(ctx, q, args)
-	if err != nil {
-		return nil, fmt.Errorf("pgoutbox: enqueue: %w", err)
-	}
+	return q, args
+}
+
+// readEnqueued reads the result of insertStatement(chunk) and closes rs.
+func readEnqueued(rs scanner, chunk []row) ([]Enqueued, error) {
 	defer rs.Close()
 	out := make([]Enqueued, len(chunk))
 	n := 0

@@ -76,6 +76,37 @@ func ExampleProducer_EnqueueTx() {
 	// order/o-1 sequence 2
 }
 
+// The order row and its event go to PostgreSQL in one round trip: the event costs
+// no round trip of its own. Sent outside a transaction, the batch is one implicit
+// transaction; inside one, send it with tx.SendBatch.
+func ExampleProducer_QueueTx() {
+	ctx := context.Background()
+	pool, schema, done := exampleSchema(ctx)
+	defer done()
+
+	producer, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	b := &pgx.Batch{}
+	b.Queue("INSERT INTO "+schema+".orders VALUES ($1, $2)", "o-2", 990)
+	queued, err := producer.QueueTx(ctx, b, pgoutbox.Event{AggregateType: "order", AggregateID: "o-2",
+		EventType: "order.placed", Payload: map[string]any{"order_id": "o-2", "total_cents": 990}})
+	if err != nil {
+		log.Fatal(err) // a *pgoutbox.ValidationError: nothing was queued
+	}
+	if err := pool.SendBatch(ctx, b).Close(); err != nil {
+		log.Fatal(err) // neither the order nor its event was written
+	}
+	res, err := queued.Result()
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("order/o-2 sequence", res[0].AggregateSequence)
+	// Output:
+	// order/o-2 sequence 1
+}
+
 // database/sql works the same way, with any PostgreSQL driver.
 func ExampleProducer_EnqueueSQLTx() {
 	ctx := context.Background()

@@ -29,8 +29,11 @@ type EnqueueResult struct {
 
 // EnqueueCell is one combination timed for DurationS.
 type EnqueueCell struct {
-	Producers     int     `json:"producers"`
-	Outbox        bool    `json:"outbox"`
+	Producers int  `json:"producers"`
+	Outbox    bool `json:"outbox"`
+	// Batched: the event rode in the business INSERT's round trip
+	// (Producer.QueueTx) instead of a statement of its own (EnqueueTx).
+	Batched       bool    `json:"batched,omitempty"`
 	Notify        bool    `json:"notify"`
 	Relay         bool    `json:"relay"` // a relay (null broker) ran during the cell
 	Commits       int64   `json:"commits"`
@@ -43,8 +46,11 @@ type EnqueueCell struct {
 // EnqueueRatios compare cells. Time ratios are (time per commit with) / (without):
 // 1.10 means the outbox makes the transaction 10% slower.
 type EnqueueRatios struct {
-	OutboxTimeRatio1  float64 `json:"outbox_time_ratio_1"`  // 1 producer, NOTIFY on
-	OutboxTimeRatio16 float64 `json:"outbox_time_ratio_16"` // 16 producers, NOTIFY on
+	OutboxTimeRatio1  float64 `json:"outbox_time_ratio_1"`  // 1 producer, NOTIFY on, EnqueueTx
+	OutboxTimeRatio16 float64 `json:"outbox_time_ratio_16"` // 16 producers, NOTIFY on, EnqueueTx
+	// The same with QueueTx: the event in the business INSERT's round trip.
+	BatchedTimeRatio1  float64 `json:"batched_time_ratio_1,omitempty"`
+	BatchedTimeRatio16 float64 `json:"batched_time_ratio_16,omitempty"`
 	// NotifyCost16 is the share of commits/s NOTIFY costs at 16 producers while a
 	// relay runs (producers may notify only when a relay listens):
 	// 1 − (NOTIFY on) / (NOTIFY off).
@@ -56,7 +62,9 @@ type EnqueueRatios struct {
 
 const enqueueMethod = "Each producer loops BEGIN; INSERT one row into a business table (orders); " +
 	"[Producer.EnqueueTx one event with a ~payload-bytes JSON payload;] COMMIT, on its own " +
-	"connection, for the duration. NOTIFY off sets pgoutbox.notify = 'off' on the producers' " +
+	"connection, for the duration; the batched cells send the INSERT and the event's statement " +
+	"(Producer.QueueTx) in one round trip, so the transaction has as many round trips as " +
+	"without the outbox. NOTIFY off sets pgoutbox.notify = 'off' on the producers' " +
 	"connections. The first six cells run without a relay: the producers' cost alone. The " +
 	"last two run 16 producers while one relay (null broker) drains the outbox, because " +
 	"producers may notify only when a relay listens (or is idle); NOTIFY's cost is " +
@@ -103,9 +111,18 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 		payload["pad"] = string(b)
 	}
 	var next atomic.Int64
-	tx1 := func(pool *pgxpool.Pool, outbox bool) error {
+	tx1 := func(pool *pgxpool.Pool, outbox, batched bool) error {
 		id := next.Add(1)
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if batched {
+				b := &pgx.Batch{}
+				b.Queue("INSERT INTO "+orders+" VALUES ($1, 'c-42', 1999)", id)
+				if _, err := prod.QueueTx(ctx, b, pgoutbox.Event{AggregateType: "order", AggregateID: strconv.FormatInt(id, 10),
+					EventType: "order.placed", Payload: payload}); err != nil {
+					return err
+				}
+				return tx.SendBatch(ctx, b).Close()
+			}
 			if _, err := tx.Exec(ctx, "INSERT INTO "+orders+" VALUES ($1, 'c-42', 1999)", id); err != nil {
 				return err
 			}
@@ -118,14 +135,15 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 		})
 	}
 	type cellSpec struct {
-		producers             int
-		outbox, notify, relay bool
+		producers                      int
+		outbox, batched, notify, relay bool
 	}
 	var specs []cellSpec
 	for _, n := range []int{1, 16} {
-		specs = append(specs, cellSpec{n, false, true, false}, cellSpec{n, true, true, false}, cellSpec{n, true, false, false})
+		specs = append(specs, cellSpec{n, false, false, true, false}, cellSpec{n, true, false, true, false},
+			cellSpec{n, true, false, false, false}, cellSpec{n, true, true, true, false})
 	}
-	specs = append(specs, cellSpec{16, true, true, true}, cellSpec{16, true, false, true})
+	specs = append(specs, cellSpec{16, true, false, true, true}, cellSpec{16, true, false, false, true})
 	res := &EnqueueResult{Method: enqueueMethod, DurationS: c.Duration.Seconds()}
 	var procs []*relayProc
 	defer func() { _ = stopRelays(procs) }()
@@ -134,6 +152,9 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 		label := fmt.Sprintf("%d producer(s), outbox %s, NOTIFY %s", sp.producers, onOff(sp.outbox), onOff(sp.notify))
 		if !sp.outbox {
 			label = fmt.Sprintf("%d producer(s), no outbox", sp.producers)
+		}
+		if sp.batched {
+			label += ", batched with the INSERT"
 		}
 		if sp.relay {
 			label += ", relay running"
@@ -150,7 +171,7 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 		r.prog.step("enqueue: %s", label)
 		// Warm every connection's statement cache before timing.
 		for range sp.producers {
-			if err := tx1(pool, sp.outbox); err != nil {
+			if err := tx1(pool, sp.outbox, sp.batched); err != nil {
 				return res, fmt.Errorf("warm-up: %w", err)
 			}
 		}
@@ -167,7 +188,7 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 				defer wg.Done()
 				for time.Now().Before(stop) && ctx.Err() == nil {
 					t := time.Now()
-					if err := tx1(pool, sp.outbox); err != nil {
+					if err := tx1(pool, sp.outbox, sp.batched); err != nil {
 						errs[i] = err
 						return
 					}
@@ -205,7 +226,7 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 		if err := sampleAll(procs); err != nil {
 			return res, err
 		}
-		res.Cells = append(res.Cells, EnqueueCell{Producers: sp.producers, Outbox: sp.outbox, Notify: sp.notify, Relay: sp.relay,
+		res.Cells = append(res.Cells, EnqueueCell{Producers: sp.producers, Outbox: sp.outbox, Batched: sp.batched, Notify: sp.notify, Relay: sp.relay,
 			Commits: n, Seconds: round3(el.Seconds()), CommitsPerSec: round2(float64(n) / el.Seconds()),
 			P50Ms: round3(float64(h.ValueAtQuantile(50)) / 1000), P99Ms: round3(float64(h.ValueAtQuantile(99)) / 1000)})
 	}
@@ -217,22 +238,38 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 		res.MaxRSSMiB = maxRSSMiB(res.RelayRSS)
 	}
 	procs = nil
-	cps := func(p int, outbox, notify, relay bool) float64 {
-		for _, cl := range res.Cells {
-			if cl.Producers == p && cl.Outbox == outbox && (!outbox || cl.Notify == notify) && cl.Relay == relay {
-				return cl.CommitsPerSec
-			}
-		}
-		return 0
-	}
+	cps := func(p int, outbox, notify, relay bool) float64 { return res.cellRate(p, outbox, false, notify, relay) }
 	res.Ratios = EnqueueRatios{
 		OutboxTimeRatio1:    ratio(cps(1, false, true, false), cps(1, true, true, false)),
 		OutboxTimeRatio16:   ratio(cps(16, false, true, false), cps(16, true, true, false)),
+		BatchedTimeRatio1:   ratio(cps(1, false, true, false), res.cellRate(1, true, true, true, false)),
+		BatchedTimeRatio16:  ratio(cps(16, false, true, false), res.cellRate(16, true, true, true, false)),
 		NotifyCost1NoRelay:  round3(1 - ratio(cps(1, true, true, false), cps(1, true, false, false))),
 		NotifyCost16NoRelay: round3(1 - ratio(cps(16, true, true, false), cps(16, true, false, false))),
 		NotifyCost16:        round3(1 - ratio(cps(16, true, true, true), cps(16, true, false, true))),
 	}
 	return res, nil
+}
+
+// cellRate is the commits/s of the cell so described, 0 if it did not run.
+func (res *EnqueueResult) cellRate(p int, outbox, batched, notify, relay bool) float64 {
+	for _, cl := range res.Cells {
+		if cl.Producers == p && cl.Outbox == outbox && cl.Batched == batched && (!outbox || cl.Notify == notify) && cl.Relay == relay {
+			return cl.CommitsPerSec
+		}
+	}
+	return 0
+}
+
+// outboxLabel says how the cell enqueued: no, yes (EnqueueTx) or batched (QueueTx).
+func (cl EnqueueCell) outboxLabel() string {
+	switch {
+	case cl.Batched:
+		return "batched"
+	case cl.Outbox:
+		return "yes"
+	}
+	return "no"
 }
 
 func onOff(b bool) string {

@@ -181,13 +181,13 @@ func latencyCharts(l *LatencyResult) (template.HTML, template.HTML) {
 }
 
 func enqueueChart(e *EnqueueResult) template.HTML {
-	names := []string{"no outbox", "outbox, NOTIFY on", "outbox, NOTIFY off"}
+	names := []string{"no outbox", "outbox, NOTIFY on", "outbox, NOTIFY off", "outbox batched with the INSERT"}
 	var groups []barGroup
 	for _, k := range []struct {
 		p     int
 		relay bool
 	}{{1, false}, {16, false}, {16, true}} {
-		g := barGroup{label: fmt.Sprintf("%d producer%s", k.p, plural(k.p)), values: make([]float64, 3)}
+		g := barGroup{label: fmt.Sprintf("%d producer%s", k.p, plural(k.p)), values: make([]float64, len(names))}
 		if k.relay {
 			g.label += ", relay running"
 		}
@@ -196,6 +196,8 @@ func enqueueChart(e *EnqueueResult) template.HTML {
 				continue
 			}
 			switch {
+			case c.Batched:
+				g.values[3] = c.CommitsPerSec
 			case !c.Outbox:
 				g.values[0] = c.CommitsPerSec
 			case c.Notify:

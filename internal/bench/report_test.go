@@ -33,7 +33,9 @@ func sampleResult() *Result {
 			Percentiles: []Percentile{{50, 5.5}, {90, 9.5}, {99, 10.4}, {100, 10.5}}},
 			{Source: SourceCDC, Mode: SourceCDC, OfferedRate: 1000, Offered: 1000, Received: 1000, P50Ms: 1.5, P90Ms: 2, P99Ms: 3, MaxMs: 4,
 				Histogram: logBuckets(h), Percentiles: []Percentile{{50, 1.5}, {90, 2}, {99, 3}, {100, 4}}}}},
-		Enqueue: &EnqueueResult{DurationS: 1, Cells: []EnqueueCell{{Producers: 1, CommitsPerSec: 500}, {Producers: 1, Outbox: true, Notify: true, CommitsPerSec: 450}}},
+		Enqueue: &EnqueueResult{DurationS: 1, Cells: []EnqueueCell{{Producers: 1, CommitsPerSec: 500}, {Producers: 1, Outbox: true, Notify: true, CommitsPerSec: 450},
+			{Producers: 1, Outbox: true, Batched: true, Notify: true, CommitsPerSec: 480}},
+			Ratios: EnqueueRatios{OutboxTimeRatio1: 1.11, BatchedTimeRatio1: 1.04}},
 		Idle:    &IdleResult{QueriesPerSec: 0.5, Source: "pg_stat_statements", TopStatements: []StatementCalls{{Calls: 3, Query: "SELECT <b>1</b>"}}},
 		History: &HistoryResult{HistoryRows: 100, Phases: []HistoryPhase{{KeptRows: 0, P50Ms: 2}, {KeptRows: 100, P50Ms: 2.2}}, RatioP50: 1.1},
 	}
@@ -53,7 +55,7 @@ func TestWriteReport(t *testing.T) {
 		t.Errorf("%d charts, want 6", n)
 	}
 	for _, want := range []string{"At a glance", "Throughput over time → null", "SELECT &lt;b&gt;1&lt;/b&gt;", "1.10",
-		"nats CDC", "CDC, 1 relay", "CDC stream", ">cdc</td>"} {
+		"nats CDC", "CDC, 1 relay", "CDC stream", ">cdc</td>", ">batched</td>", "<b>1.04</b>", "outbox batched with the INSERT"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("report lacks %q", want)
 		}
