@@ -23,7 +23,9 @@
 //		return err
 //	})
 //
-// [Producer.EnqueueSQLTx] does the same for database/sql. The SQL function
+// [Producer.QueueTx] puts the enqueue statement in a pgx.Batch beside the business
+// statements, so the event costs no round trip of its own.
+// [Producer.EnqueueSQLTx] does the same as EnqueueTx for database/sql. The SQL function
 // outbox_enqueue(aggregate_type, aggregate_id, event_type, payload, schema_version,
 // headers) enqueues from psql, triggers or other languages with the same rules.
 //

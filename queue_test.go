@@ -33,7 +33,7 @@ func TestQueueTxInTransaction(t *testing.T) {
 		many[i] = ev([]string{"a", "b"}[i%2], i)
 	}
 	b := &pgx.Batch{}
-	b.Queue("INSERT INTO "+f.table("orders")+" VALUES ('o-1')")
+	b.Queue("INSERT INTO " + f.table("orders") + " VALUES ('o-1')")
 	q, err := f.p.QueueTx(ctx, b, many...)
 	pgtest.Must(t, err, "queue")
 	if b.Len() != 3 {
@@ -71,7 +71,7 @@ func TestQueueTxImplicitTransactionIsAtomic(t *testing.T) {
 
 	send := func(second string) (*pgoutbox.Queued, error) {
 		b := &pgx.Batch{}
-		b.Queue("INSERT INTO "+f.table("orders")+" VALUES ('o-1')")
+		b.Queue("INSERT INTO " + f.table("orders") + " VALUES ('o-1')")
 		q, err := f.p.QueueTx(ctx, b, ev("o-1", 1))
 		pgtest.Must(t, err, "queue")
 		b.Queue("INSERT INTO " + f.table("orders") + " VALUES ('" + second + "')")
