@@ -417,15 +417,28 @@ func (e *env) backlog() (unpublished, unapplied, unacked int, err error) {
 // durable has nothing pending; producers must have stopped.
 func (e *env) waitDrained(within time.Duration) {
 	e.t.Helper()
-	var u, a, k int
-	var err error
-	waitFor(e.t, within, func() string {
-		return fmt.Sprintf("the pipeline to drain (unpublished %d, unapplied %d, unacked %d, err %v)", u, a, k, err)
-	}, func() bool {
+	deadline := time.Now().Add(within)
+	for {
 		e.failOnCrash()
-		u, a, k, err = e.backlog()
-		return err == nil && u == 0 && a == 0 && k == 0
-	})
+		u, a, k, err := e.backlog()
+		if err == nil && u == 0 && a == 0 && k == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			// Say where it is stuck: what each process said last, and what the
+			// checker makes of the sources as they are.
+			e.mu.Lock()
+			procs := append([]*proc(nil), e.procs...)
+			e.mu.Unlock()
+			for _, p := range procs {
+				e.t.Logf("%s (%s), last lines:\n%s", p.name, p.status(), tail(p.out.String(), 15))
+			}
+			e.t.Logf("the checker, now:\n%s", e.verdict())
+			e.t.Fatalf("timed out after %s waiting for the pipeline to drain (unpublished %d, unapplied %d, unacked %d, err %v)",
+				within, u, a, k, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // failOnCrash fails the test at once if a process exited with an error of its
