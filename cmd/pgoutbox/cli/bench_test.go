@@ -122,15 +122,24 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 	}
 
 	e := res.Enqueue
-	if e == nil || len(e.Cells) != 8 {
-		t.Fatalf("enqueue: want 8 cells, got %+v", e)
+	if e == nil || len(e.Cells) != 10 {
+		t.Fatalf("enqueue: want 10 cells, got %+v", e)
+	}
+	batched := 0
+	for _, c := range e.Cells {
+		if c.Batched {
+			batched++
+		}
+	}
+	if batched != 2 {
+		t.Errorf("enqueue: %d batched cells, want one at 1 and one at 16 producers", batched)
 	}
 	for _, c := range e.Cells {
 		if c.Commits < 1 || c.CommitsPerSec <= 0 || c.P50Ms <= 0 || c.P99Ms < c.P50Ms {
 			t.Errorf("enqueue cell %+v", c)
 		}
 	}
-	if e.Ratios.OutboxTimeRatio1 <= 0 || e.Ratios.OutboxTimeRatio16 <= 0 {
+	if e.Ratios.OutboxTimeRatio1 <= 0 || e.Ratios.OutboxTimeRatio16 <= 0 || e.Ratios.BatchedTimeRatio1 <= 0 || e.Ratios.BatchedTimeRatio16 <= 0 {
 		t.Errorf("enqueue ratios %+v", e.Ratios)
 	}
 	checkRSS("enqueue", e.RelayRSS, 1)
