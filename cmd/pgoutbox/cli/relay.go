@@ -77,7 +77,7 @@ An unreachable database or broker is retried with backoff; nothing is lost.
 	fs.StringVar(&f.cfg.ID, "id", "", "relay id written in claimed_by; unique per running relay (env PGOUTBOX_RELAY_ID) (default <hostname>-<pid>)")
 	fs.IntVar(&f.cfg.BatchSize, "batch-size", 500, "most events claimed at once (env PGOUTBOX_BATCH_SIZE)")
 	fs.IntVar(&f.cfg.RunLength, "run-length", 10, "most events of one aggregate claimed at once (env PGOUTBOX_RUN_LENGTH)")
-	fs.IntVar(&f.cfg.Workers, "workers", 2, "concurrent claim/publish loops (env PGOUTBOX_WORKERS)")
+	fs.IntVar(&f.cfg.Workers, "workers", 4, "concurrent claim/publish loops (env PGOUTBOX_WORKERS)")
 	fs.DurationVar(&f.cfg.Lease, "lease", 30*time.Second, "how long claimed events stay reserved before another relay may take them over (env PGOUTBOX_LEASE)")
 	fs.DurationVar(&f.cfg.PublishTimeout, "publish-timeout", 0, "bound on one batch's publish; must be shorter than --lease (env PGOUTBOX_PUBLISH_TIMEOUT) (default lease/2)")
 	fs.DurationVar(&f.cfg.PollInterval, "poll-interval", 2*time.Second, "how often to look for events without a notification (env PGOUTBOX_POLL_INTERVAL)")
