@@ -497,7 +497,7 @@ func (r *Relay) claimFrom(ctx context.Context, from cursor, limit int) ([]claime
 		rows.Close()
 		return nil, fmt.Errorf("claim batch: %w", err)
 	}
-	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
+	batch, err := pgx.AppendRows(make([]claimed, 0, limit), rows, func(row pgx.CollectableRow) (claimed, error) {
 		var c claimed
 		var headers []byte
 		err := row.Scan(&c.msg.EventID, &c.msg.AggregateType, &c.msg.AggregateID, &c.msg.AggregateSequence,

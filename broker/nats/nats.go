@@ -435,13 +435,15 @@ func (p *Publisher) send(st *streamState, m *broker.Message) (broker.AckFunc, er
 	// Room for the Nats-Msg-Id and Nats-Expected-Stream headers the client adds: a
 	// map that has to grow for them costs more than the rest of the headers.
 	msg := &natsgo.Msg{Subject: subj, Data: m.Payload, Header: make(natsgo.Header, m.WireHeaderCount()+2)}
+	values := make([]string, 0, m.WireHeaderCount()) // one allocation for every header's value slice
 	for k, v := range m.AllWireHeaders() {
 		// nats.go trims values and turns line breaks into spaces; refuse rather
 		// than deliver a header that differs from the event's.
 		if v != textproto.TrimString(v) || strings.ContainsAny(v, "\r\n") {
 			return nil, broker.Permanent(fmt.Errorf("nats: event %s: header %q: value %q cannot be sent unchanged", m.EventID, k, v))
 		}
-		msg.Header[k] = []string{v}
+		values = append(values, v)
+		msg.Header[k] = values[len(values)-1 : len(values) : len(values)]
 	}
 	// Fail fast rather than hand the client a message it cannot send now.
 	if !p.nc.IsConnected() {
