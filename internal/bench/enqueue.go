@@ -65,7 +65,7 @@ const enqueueMethod = "Each producer loops BEGIN; INSERT one row into a business
 	"connection, for the duration; the batched cells send the INSERT and the event's statement " +
 	"(Producer.QueueTx) in one round trip, so the transaction has as many round trips as " +
 	"without the outbox. NOTIFY off sets pgoutbox.notify = 'off' on the producers' " +
-	"connections. The first six cells run without a relay: the producers' cost alone. The " +
+	"connections. The first eight cells run without a relay: the producers' cost alone. The " +
 	"last two run 16 producers while one relay (null broker) drains the outbox, because " +
 	"producers may notify only when a relay listens (or is idle); NOTIFY's cost is " +
 	"taken from that pair."
