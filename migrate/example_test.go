@@ -36,6 +36,7 @@ func ExampleUp() {
 	// applied outbox/2 notify
 	// applied outbox/3 skips
 	// applied outbox/4 quiet_notify
+	// applied outbox/5 wake_inline
 	// applied inbox/1 processed_events
 	// applied inbox/2 consumer_positions
 	// second run applied 0

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
@@ -215,4 +216,73 @@ func TestEmbeddedMigrationsAreWellFormed(t *testing.T) {
 			t.Errorf("%s/%d: CREATE FUNCTION without OR REPLACE is not idempotent", m.Line, m.Version)
 		}
 	}
+}
+
+// outbox_wake, in each of its three cases, for a schema whose channel name is too
+// long and is hashed: notifications off → false and silent; no relay idle → false
+// and silent (the caller now holds the idle lock shared); a relay idle (the lock
+// held exclusively elsewhere) → true and one notification on NotifyChannel.
+func TestOutboxWake(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.URL(), 4)
+	schema := pgtest.SchemaName(t, pool, "wake_"+strings.Repeat("w", 45)) // 9 + 62 bytes of channel: hashed
+	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema}); err != nil {
+		t.Fatal(err)
+	}
+	channel := migrate.NotifyChannel(schema)
+	if !strings.HasPrefix(channel, "pgoutbox.") || strings.Contains(channel, schema) {
+		t.Fatalf("channel %q: want the hashed form", channel)
+	}
+	listener, err := pgx.Connect(ctx, pgtest.URL())
+	pgtest.Must(t, err, "listener")
+	defer listener.Close(ctx)
+	_, err = listener.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	pgtest.Must(t, err, "listen")
+	wake := "SELECT " + pgx.Identifier{schema, "outbox_wake"}.Sanitize() + "()"
+
+	// call runs outbox_wake in a transaction of its own, then sends a sentinel: the
+	// first notification that arrives tells whether the call notified.
+	call := func(setup string) (woke, notified bool) {
+		t.Helper()
+		pgtest.Must(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if setup != "" {
+				if _, err := tx.Exec(ctx, setup); err != nil {
+					return err
+				}
+			}
+			return tx.QueryRow(ctx, wake).Scan(&woke)
+		}), "outbox_wake")
+		_, err := pool.Exec(ctx, "SELECT pg_notify($1, 'sentinel')", channel)
+		pgtest.Must(t, err, "sentinel")
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		n, err := listener.WaitForNotification(wctx)
+		pgtest.Must(t, err, "wait for a notification")
+		if n.Payload != "sentinel" {
+			// Drain the sentinel that follows.
+			_, err := listener.WaitForNotification(wctx)
+			pgtest.Must(t, err, "wait for the sentinel")
+			return woke, true
+		}
+		return woke, false
+	}
+
+	if woke, notified := call(""); woke || notified {
+		t.Fatalf("no relay idle: returned %v, notified %v", woke, notified)
+	}
+	// A relay is idle: it holds the lock exclusively on its own session.
+	relay, err := pool.Acquire(ctx)
+	pgtest.Must(t, err, "acquire")
+	defer relay.Release()
+	_, err = relay.Exec(ctx, "SELECT pg_advisory_lock(hashtext('pgoutbox.idle'), hashtext($1))", schema)
+	pgtest.Must(t, err, "idle lock")
+	if woke, notified := call(""); !woke || !notified {
+		t.Fatalf("a relay idle: returned %v, notified %v", woke, notified)
+	}
+	if woke, notified := call("SET LOCAL pgoutbox.notify = 'off'"); woke || notified {
+		t.Fatalf("notifications off: returned %v, notified %v", woke, notified)
+	}
+	_, err = relay.Exec(ctx, "SELECT pg_advisory_unlock(hashtext('pgoutbox.idle'), hashtext($1))", schema)
+	pgtest.Must(t, err, "idle unlock")
 }
