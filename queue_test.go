@@ -13,15 +13,22 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
+// newOrdersFixture is a fixture with a business table, orders (id text PRIMARY KEY).
+func newOrdersFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := newFixture(t, 2)
+	_, err := f.pool.Exec(context.Background(), "CREATE TABLE "+f.table("orders")+" (id text PRIMARY KEY)")
+	pgtest.Must(t, err, "orders")
+	return f
+}
+
 // QueueTx's events travel in the caller's batch, inside its transaction: they
 // continue the lanes of earlier EnqueueTx calls, span several statements when
 // many, and are known only once the batch's results are read.
 func TestQueueTxInTransaction(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 2)
+	f := newOrdersFixture(t)
 	ctx := context.Background()
-	_, err := f.pool.Exec(ctx, "CREATE TABLE "+f.table("orders")+" (id text PRIMARY KEY)")
-	pgtest.Must(t, err, "orders")
 	tx, err := f.pool.Begin(ctx)
 	pgtest.Must(t, err, "begin")
 	defer tx.Rollback(ctx) //nolint:errcheck
@@ -64,10 +71,8 @@ func TestQueueTxInTransaction(t *testing.T) {
 // business statement after the events fails, the events are not written.
 func TestQueueTxImplicitTransactionIsAtomic(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 2)
+	f := newOrdersFixture(t)
 	ctx := context.Background()
-	_, err := f.pool.Exec(ctx, "CREATE TABLE "+f.table("orders")+" (id text PRIMARY KEY)")
-	pgtest.Must(t, err, "orders")
 
 	send := func(second string) (*pgoutbox.Queued, error) {
 		b := &pgx.Batch{}
