@@ -338,6 +338,9 @@ func (r *Relay) work(id int) {
 		default:
 		}
 		batch, err := r.claim()
+		if errors.Is(err, errStopping) {
+			return
+		}
 		if err != nil {
 			retry.MarkDown(&r.dbDown, r.log, "database", err)
 			again = true
@@ -421,6 +424,9 @@ func (r *Relay) announceBacklog() {
 	}
 }
 
+// errStopping is claim's answer once the relay is stopping.
+var errStopping = errors.New("relay: stopping")
+
 // cursor is where the relay's next lane scan starts, so successive claims sweep all
 // lanes fairly instead of favouring the first ones in index order.
 type cursor struct{ aggregateType, aggregateID string }
@@ -445,6 +451,13 @@ type claimed struct {
 func (r *Relay) claim() ([]claimed, error) {
 	r.claimMu.Lock()
 	defer r.claimMu.Unlock()
+	select {
+	case <-r.stopping:
+		// Stopped while a peer's claim ran (a slow one, if the database hangs):
+		// do not start another.
+		return nil, errStopping
+	default:
+	}
 	cur := &r.cur
 	ctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.Lease/2)
 	defer cancel()
