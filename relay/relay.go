@@ -91,6 +91,12 @@ type counters struct {
 
 // New returns a relay reading the outbox through pool and publishing with pub.
 // cfg may be nil for all defaults; invalid settings are reported here.
+//
+// Size pool for Workers + 2 connections. An idle relay claims once per
+// PollInterval; pgxpool by default pings a connection idle for over a second
+// before handing it out, which doubles those round trips. "pgoutbox relay" sets
+// the pool's ShouldPing to ping only connections idle for over a minute; a claim
+// on a dead connection fails and is retried on another.
 func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Relay, error) {
 	if pool == nil || pub == nil {
 		return nil, errors.New("relay: New needs a pool and a publisher")
