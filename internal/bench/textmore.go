@@ -37,9 +37,17 @@ func (res *Result) writeTextMore(w io.Writer) {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "kept rows\ttable MiB\tevents\tp50 ms\tp90 ms\tmax ms\tclaim mean ms\tpeak RSS MiB\t")
 		for _, p := range h.Phases {
-			fmt.Fprintf(tw, "%d\t%.1f\t%d\t%.2f\t%.2f\t%.2f\t%.3f\t%.1f\t\n", p.KeptRows, p.TableMiB, p.Events, p.P50Ms, p.P90Ms, p.MaxMs, p.ClaimMeanMs, p.MaxRSSMiB)
+			claim := "–" // pg_stat_statements is not loaded
+			if p.ClaimMeanMs > 0 {
+				claim = fmt.Sprintf("%.3f", p.ClaimMeanMs)
+			}
+			fmt.Fprintf(tw, "%d\t%.1f\t%d\t%.2f\t%.2f\t%.2f\t%s\t%.1f\t\n", p.KeptRows, p.TableMiB, p.Events, p.P50Ms, p.P90Ms, p.MaxMs, claim, p.MaxRSSMiB)
 		}
 		tw.Flush()
-		fmt.Fprintf(w, "p50 with history / empty: %.2f; claim statement mean: %.2f\n", h.RatioP50, h.ClaimRatio)
+		if h.ClaimRatio > 0 {
+			fmt.Fprintf(w, "p50 with history / empty: %.2f; claim statement mean: %.2f\n", h.RatioP50, h.ClaimRatio)
+		} else {
+			fmt.Fprintf(w, "p50 with history / empty: %.2f (claim statement times need pg_stat_statements)\n", h.RatioP50)
+		}
 	}
 }
