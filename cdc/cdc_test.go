@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -19,7 +20,26 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain gives the package a database of its own. Logical decoding reads every
+// change of its database, and a table that another package's test creates while a
+// slot here builds its snapshot can make that slot's decoding fail for good
+// ("could not map filenode ... to relation OID"); changes of other databases are
+// skipped before that lookup.
+func TestMain(m *testing.M) {
+	dbURL, drop, err := pgtest.CreateDatabase("pgoutbox_cdc_test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Setenv("PGOUTBOX_TEST_DATABASE_URL", dbURL)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if err := drop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = max(code, 1)
+		}
+		os.Exit(code)
+	}))
+}
 
 // env is a migrated schema with a slot and publication of its own; both are
 // dropped when the test ends, whatever happened (a slot left behind would retain

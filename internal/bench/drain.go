@@ -291,7 +291,7 @@ func (r *Runner) drainOnce(ctx context.Context, s *outboxSchema, b *brokerEnv, n
 		}
 		if time.Now().After(deadline) {
 			left, _ := s.count(ctx, r.admin, "published_at IS NULL")
-			return nil, fmt.Errorf("%d events still unpublished after %s", left, el.Round(time.Second))
+			return nil, fmt.Errorf("%d events still unpublished after %s; the relays' last lines: %s", left, el.Round(time.Second), tails(procs))
 		}
 	}
 	if err := stopRelays(procs); err != nil {

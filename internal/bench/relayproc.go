@@ -119,6 +119,15 @@ func (r *Runner) startRelay(id string, args []string) (*relayProc, error) {
 	return p, nil
 }
 
+// tails is each relay's tail, for an error that does not say which relay is at fault.
+func tails(procs []*relayProc) string {
+	var b strings.Builder
+	for _, p := range procs {
+		fmt.Fprintf(&b, "[%s] %s ", p.id, p.tail())
+	}
+	return strings.TrimSpace(b.String())
+}
+
 func (p *relayProc) tail() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()

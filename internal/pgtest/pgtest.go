@@ -103,19 +103,49 @@ func Migrated(tb testing.TB, maxConns int32) (*pgxpool.Pool, string) {
 // and returns its connection string.
 func Database(tb testing.TB) string {
 	tb.Helper()
-	admin := Pool(tb, URL(), 2)
-	name := Name("pgoutbox_test")
-	ctx := context.Background()
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		tb.Fatalf("pgtest: create database: %v", err)
+	dbURL, drop, err := CreateDatabase("pgoutbox_test")
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
 	}
 	tb.Cleanup(func() {
-		// Cleanups run last-registered first, so admin is still open here.
-		if _, err := admin.Exec(context.Background(), "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			tb.Errorf("pgtest: drop database %s: %v", name, err)
+		if err := drop(); err != nil {
+			tb.Errorf("pgtest: %v", err)
 		}
 	})
-	return WithDatabase(tb, URL(), name)
+	return dbURL
+}
+
+// CreateDatabase creates an empty database named prefix_<random> on the test server
+// and returns its connection string and a function that drops it; for a TestMain
+// that gives a whole package a database of its own.
+func CreateDatabase(prefix string) (dbURL string, drop func() error, err error) {
+	ctx := context.Background()
+	name := Name(prefix)
+	admin, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		return "", nil, fmt.Errorf("create database: %w", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", nil, fmt.Errorf("create database: %w", err)
+	}
+	u, err := url.Parse(URL())
+	if err != nil {
+		return "", nil, fmt.Errorf("create database: test server URL: %w", err)
+	}
+	u.Path = "/" + name
+	base := URL()
+	return u.String(), func() error {
+		admin, err := pgx.Connect(ctx, base)
+		if err != nil {
+			return fmt.Errorf("drop database %s: %w", name, err)
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			return fmt.Errorf("drop database %s: %w", name, err)
+		}
+		return nil
+	}, nil
 }
 
 // WithDatabase returns connURL with its database replaced by name.

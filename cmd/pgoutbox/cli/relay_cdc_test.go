@@ -19,12 +19,13 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 // startCDCRelay runs `pgoutbox relay --source cdc` with extra environment.
 func (e *relayEnv) startCDCRelay(env []string, extra ...string) *relayProc {
 	e.t.Helper()
-	args := append([]string{"relay", "--source", "cdc", "--database-url", pgtest.URL(), "--schema", e.schema,
+	args := append([]string{"relay", "--source", "cdc", "--database-url", e.dbURL, "--schema", e.schema,
 		"--broker", natstest.URL(), "--nats-stream", e.target.Stream, "--topic-template", e.target.Template}, extra...)
 	cmd := exec.Command(binary, args...)
 	cmd.Env = append(os.Environ(), env...)
@@ -59,6 +60,21 @@ func (e *relayEnv) startCDCRelay(env []string, extra ...string) *relayProc {
 	return p
 }
 
+// newCDCRelayEnv is newRelayEnv in a database of its own. Logical decoding reads
+// every change of its database, and a table that a parallel test creates while
+// the slot builds its snapshot can make the slot's decoding fail for good ("could
+// not map filenode ... to relation OID"); changes of other databases are skipped
+// before that lookup.
+func newCDCRelayEnv(t *testing.T) *relayEnv {
+	t.Helper()
+	dbURL := pgtest.Database(t)
+	pool := pgtest.Pool(t, dbURL, 8)
+	schema := pgtest.SchemaName(t, pool, "t")
+	_, err := migrate.Up(context.Background(), pool, &migrate.Config{Schema: schema})
+	pgtest.Must(t, err, "migrate")
+	return &relayEnv{t: t, pool: pool, schema: schema, dbURL: dbURL, target: natstest.New(t, natstest.URL())}
+}
+
 // dropCDC removes the schema's slot and publication when the test ends, even
 // after a failure: a slot left behind retains WAL forever.
 func (e *relayEnv) dropCDC() string {
@@ -86,7 +102,7 @@ func (e *relayEnv) dropCDC() string {
 // and `pgoutbox cdc recover` publishes every event committed meanwhile.
 func TestCDCRelaySIGKILLAfterAckThenRecover(t *testing.T) {
 	t.Parallel()
-	e := newRelayEnv(t)
+	e := newCDCRelayEnv(t)
 	slot := e.dropCDC()
 	const batch = 100
 	victim := e.startCDCRelay([]string{failpoint.EnvVar + "=" + failpoint.CDCAfterPublish + "=3*crash"}, "--batch-size", "100")
@@ -119,7 +135,7 @@ func TestCDCRelaySIGKILLAfterAckThenRecover(t *testing.T) {
 	more := e.enqueue(100, 5)
 	_, err := e.pool.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", slot)
 	pgtest.Must(t, err, "drop slot")
-	out, errOut, code := run(t, "cdc", "recover", "--database-url", pgtest.URL(), "--schema", e.schema,
+	out, errOut, code := run(t, "cdc", "recover", "--database-url", e.dbURL, "--schema", e.schema,
 		"--broker", natstest.URL(), "--nats-stream", e.target.Stream, "--topic-template", e.target.Template)
 	if code != 0 || !strings.Contains(out, "published 500 events of 100 aggregates") {
 		t.Fatalf("cdc recover: code %d, stdout %q, stderr %q", code, out, errOut)

@@ -36,6 +36,7 @@ import (
 type relayEnv struct {
 	t      *testing.T
 	pool   *pgxpool.Pool
+	dbURL  string // the database pool is on
 	schema string
 	target natstest.Target
 }
@@ -43,7 +44,7 @@ type relayEnv struct {
 func newRelayEnv(t *testing.T) *relayEnv {
 	t.Helper()
 	pool, schema := pgtest.Migrated(t, 8)
-	return &relayEnv{t: t, pool: pool, schema: schema, target: natstest.New(t, natstest.URL())}
+	return &relayEnv{t: t, pool: pool, dbURL: pgtest.URL(), schema: schema, target: natstest.New(t, natstest.URL())}
 }
 
 func (e *relayEnv) table() string { return pgx.Identifier{e.schema, "outbox_events"}.Sanitize() }
