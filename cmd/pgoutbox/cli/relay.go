@@ -51,6 +51,7 @@ LISTEN/NOTIFY; --poll-interval is the fallback.
 SIGTERM or SIGINT stops it gracefully: no new claims, in-flight publishes finish
 (at most --shutdown-timeout), unpublished leases are released, exit status 0.
 An unreachable database or broker is retried with backoff; nothing is lost.
+The polling relay runs Go's garbage collector at GOGC=200 unless GOGC is set.
 
 ` + cdcHelp + "\n\n" + brokerHelp + "\n\n" + metricsHelp + "\n\n" + tracingHelp,
 		Example: `  DATABASE_URL=postgres://app@db/app pgoutbox relay --broker nats://nats:4222
