@@ -115,21 +115,23 @@ func (c *Cleaner) loop(ctx context.Context, done chan struct{}) {
 			c.cfg.Done(res, err)
 		}
 		did := ran && (res.Deleted > 0 || len(res.DroppedPartitions) > 0 || len(res.CreatedPartitions) > 0 || res.InboxDeleted > 0)
+		stopped := ctx.Err() != nil
 		switch {
-		case ctx.Err() != nil:
-			if did {
-				// Stopped mid-run: the batches it committed stay done; say so.
-				c.cfg.Logger.Info("cleanup stopped", slog.Int64("deleted", res.Deleted), slog.Int("batches", res.Batches),
-					slog.Any("dropped_partitions", res.DroppedPartitions), slog.Int64("inbox_deleted", res.InboxDeleted))
-			}
-			return
-		case err != nil:
+		case err != nil && !stopped:
 			c.cfg.Logger.Error("cleanup failed; next try after the interval", slog.Any("error", err),
 				slog.Duration("interval", c.cfg.Interval))
 		case did:
-			c.cfg.Logger.Info("cleanup done", slog.Int64("deleted", res.Deleted), slog.Int("batches", res.Batches),
+			// Stopped mid-run, the batches it committed stay done: say so too.
+			msg := "cleanup done"
+			if stopped {
+				msg = "cleanup stopped"
+			}
+			c.cfg.Logger.Info(msg, slog.Int64("deleted", res.Deleted), slog.Int("batches", res.Batches),
 				slog.Any("dropped_partitions", res.DroppedPartitions), slog.Any("created_partitions", res.CreatedPartitions),
 				slog.Int64("inbox_deleted", res.InboxDeleted), slog.Duration("took", res.Duration))
+		}
+		if stopped {
+			return
 		}
 		select {
 		case <-ctx.Done():
