@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -230,14 +231,33 @@ func replConn(ctx context.Context, pool *pgxpool.Pool) (*pgconn.PgConn, error) {
 // createSlot creates the slot and, in the snapshot it exports (exactly the
 // commits before the slot's consistent point), reads the lanes with unpublished
 // events: those the stream will never send.
+// slotCreateAttempts bounds createSlot's tries after serialization failures.
+const slotCreateAttempts = 5
+
 func createSlot(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries) (pglogrepl.LSN, []laneSeen, error) {
 	conn, err := replConn(ctx, pool)
 	if err != nil {
 		return 0, nil, err
 	}
 	defer conn.Close(context.Background())
-	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, c.Slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	// The server refuses with a serialization failure when the snapshot it would
+	// export lists too many transactions ("initial slot snapshot too large", seen
+	// while other sessions ran many short transactions). The slot is not kept
+	// then, and trying again once those transactions ended succeeds.
+	var res pglogrepl.CreateReplicationSlotResult
+	for attempt := 1; ; attempt++ {
+		res, err = pglogrepl.CreateReplicationSlot(ctx, conn, c.Slot, "pgoutput",
+			pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+		var pe *pgconn.PgError
+		if err == nil || !errors.As(err, &pe) || pe.Code != "40001" || attempt == slotCreateAttempts {
+			break
+		}
+		select {
+		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+		case <-ctx.Done():
+			return 0, nil, fmt.Errorf("cdc: create replication slot %s: %w", c.Slot, ctx.Err())
+		}
+	}
 	if err != nil {
 		return 0, nil, fmt.Errorf("cdc: create replication slot %s: %w", c.Slot, err)
 	}
