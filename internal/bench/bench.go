@@ -95,6 +95,10 @@ type Config struct {
 	HistoryRows int
 	// HistoryTrials is how many fresh batches history times per phase. Defaults to 40.
 	HistoryTrials int
+	// EnqueueRounds is how many interleaved rounds enqueue splits each cell's
+	// Duration into: every round runs every cell for Duration / EnqueueRounds, so
+	// a drift of the machine's speed hits all cells alike. Defaults to 5.
+	EnqueueRounds int
 
 	// Sources are the relay sources drain and latency measure: SourcePoll and
 	// SourceCDC. CDC runs one relay (one source per schema). Defaults to both when
@@ -139,6 +143,7 @@ func (c *Config) withDefaults() (Config, error) {
 	def(&out.Rate, 1_000)
 	def(&out.HistoryRows, 5_000_000)
 	def(&out.HistoryTrials, 40)
+	def(&out.EnqueueRounds, 5)
 	if out.Duration == 0 {
 		out.Duration = 10 * time.Second
 	}
@@ -157,8 +162,8 @@ func (c *Config) withDefaults() (Config, error) {
 	switch {
 	case out.Events < 1 || out.Aggregates < 1 || out.Aggregates > out.Events:
 		return out, fmt.Errorf("bench: want 1 <= aggregates (%d) <= events (%d)", out.Aggregates, out.Events)
-	case out.PayloadBytes < 0 || out.BatchSize < 1 || out.Rate < 1 || out.HistoryRows < 0 || out.HistoryTrials < 1:
-		return out, errors.New("bench: payload bytes, batch size, rate, history rows and trials must be positive")
+	case out.PayloadBytes < 0 || out.BatchSize < 1 || out.Rate < 1 || out.HistoryRows < 0 || out.HistoryTrials < 1 || out.EnqueueRounds < 1:
+		return out, errors.New("bench: payload bytes, batch size, rate, history rows and trials, enqueue rounds must be positive")
 	case out.Duration < 0 || out.PollInterval < 0 || out.IdleDuration < 0:
 		return out, errors.New("bench: durations must be positive")
 	}
@@ -217,6 +222,7 @@ type SettingsSnapshot struct {
 	IdleDurationS  float64  `json:"idle_duration_s"`
 	HistoryRows    int      `json:"history_rows"`
 	HistoryTrials  int      `json:"history_trials"`
+	EnqueueRounds  int      `json:"enqueue_rounds,omitempty"`
 	Sources        []string `json:"sources,omitempty"`
 	RelayArgs      []string `json:"relay_args,omitempty"`
 	RelayBinary    string   `json:"relay_binary,omitempty"`
@@ -320,7 +326,7 @@ func (c *Config) snapshot(cc *pgx.ConnConfig) SettingsSnapshot {
 		Scenarios: c.Scenarios, Events: c.Events, Aggregates: c.Aggregates, PayloadBytes: c.PayloadBytes,
 		BatchSize: c.BatchSize, Relays: c.Relays, Brokers: c.Brokers, Rate: c.Rate,
 		DurationS: c.Duration.Seconds(), PollIntervalS: c.PollInterval.Seconds(), IdleDurationS: c.IdleDuration.Seconds(),
-		HistoryRows: c.HistoryRows, HistoryTrials: c.HistoryTrials, Sources: c.Sources, RelayArgs: c.RelayArgs, RelayBinary: c.Executable,
+		HistoryRows: c.HistoryRows, HistoryTrials: c.HistoryTrials, EnqueueRounds: c.EnqueueRounds, Sources: c.Sources, RelayArgs: c.RelayArgs, RelayBinary: c.Executable,
 		DatabaseServer: fmt.Sprintf("%s:%d/%s", cc.Host, cc.Port, cc.Database),
 	}
 }

@@ -2,7 +2,9 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,22 +20,29 @@ import (
 // EnqueueResult is the enqueue scenario: commits/s of a small business transaction
 // without and with one outbox event, with NOTIFY on and off.
 type EnqueueResult struct {
-	Method    string        `json:"method"`
-	DurationS float64       `json:"duration_s"`
-	Cells     []EnqueueCell `json:"cells"`
-	Ratios    EnqueueRatios `json:"ratios"`
+	Method    string  `json:"method"`
+	DurationS float64 `json:"duration_s"`
+	// Rounds is how many interleaved slices each cell's DurationS was split into.
+	Rounds int           `json:"rounds,omitempty"`
+	Cells  []EnqueueCell `json:"cells"`
+	Ratios EnqueueRatios `json:"ratios"`
 	// RelayRSS is the relay of the "relay running" cells.
 	RelayRSS  []RelayRSS `json:"relay_rss,omitempty"`
 	MaxRSSMiB float64    `json:"max_rss_mib,omitempty"`
 }
 
-// EnqueueCell is one combination timed for DurationS.
+// EnqueueCell is one combination, timed for DurationS in Rounds slices.
 type EnqueueCell struct {
 	Producers int  `json:"producers"`
 	Outbox    bool `json:"outbox"`
 	// Batched: the event rode in the business INSERT's round trip
 	// (Producer.QueueTx) instead of a statement of its own (EnqueueTx).
-	Batched       bool    `json:"batched,omitempty"`
+	Batched bool `json:"batched,omitempty"`
+	// Floor: no outbox, but the business INSERT and, in the same round trip, an
+	// INSERT of the event's payload into a table that has only a primary key —
+	// the least work any outbox adds to the transaction: one more row, with the
+	// payload, written and committed with the business row.
+	Floor         bool    `json:"floor,omitempty"`
 	Notify        bool    `json:"notify"`
 	Relay         bool    `json:"relay"` // a relay (null broker) ran during the cell
 	Commits       int64   `json:"commits"`
@@ -41,16 +50,22 @@ type EnqueueCell struct {
 	CommitsPerSec float64 `json:"commits_per_s"`
 	P50Ms         float64 `json:"p50_ms"`
 	P99Ms         float64 `json:"p99_ms"`
+	// RoundCommitsPerSec is the cell's commits/s in each round, in order.
+	RoundCommitsPerSec []float64 `json:"round_commits_per_s,omitempty"`
 }
 
 // EnqueueRatios compare cells. Time ratios are (time per commit with) / (without):
-// 1.10 means the outbox makes the transaction 10% slower.
+// 1.10 means the outbox makes the transaction 10% slower. Each is the median of
+// the ratios of the rounds, in which the compared cells ran side by side.
 type EnqueueRatios struct {
 	OutboxTimeRatio1  float64 `json:"outbox_time_ratio_1"`  // 1 producer, NOTIFY on, EnqueueTx
 	OutboxTimeRatio16 float64 `json:"outbox_time_ratio_16"` // 16 producers, NOTIFY on, EnqueueTx
 	// The same with QueueTx: the event in the business INSERT's round trip.
 	BatchedTimeRatio1  float64 `json:"batched_time_ratio_1,omitempty"`
 	BatchedTimeRatio16 float64 `json:"batched_time_ratio_16,omitempty"`
+	// The same for the floor cells: what one more row with the payload costs.
+	FloorTimeRatio1  float64 `json:"floor_time_ratio_1,omitempty"`
+	FloorTimeRatio16 float64 `json:"floor_time_ratio_16,omitempty"`
 	// NotifyCost16 is the share of commits/s NOTIFY costs at 16 producers while a
 	// relay runs (producers may notify only when a relay listens):
 	// 1 − (NOTIFY on) / (NOTIFY off).
@@ -58,17 +73,49 @@ type EnqueueRatios struct {
 	// NotifyCost16NoRelay and NotifyCost1NoRelay are the same without a relay.
 	NotifyCost16NoRelay float64 `json:"notify_cost_16_no_relay"`
 	NotifyCost1NoRelay  float64 `json:"notify_cost_1_no_relay"`
+	// Ranges holds the smallest and largest per-round value of each figure
+	// above, under its JSON name.
+	Ranges map[string][2]float64 `json:"ranges,omitempty"`
 }
 
 const enqueueMethod = "Each producer loops BEGIN; INSERT one row into a business table (orders); " +
 	"[Producer.EnqueueTx one event with a ~payload-bytes JSON payload;] COMMIT, on its own " +
-	"connection, for the duration; the batched cells send the INSERT and the event's statement " +
+	"connection; the batched cells send the INSERT and the event's statement " +
 	"(Producer.QueueTx) in one round trip, so the transaction has as many round trips as " +
-	"without the outbox. NOTIFY off sets pgoutbox.notify = 'off' on the producers' " +
-	"connections. The first eight cells run without a relay: the producers' cost alone. The " +
-	"last two run 16 producers while one relay (null broker) drains the outbox, because " +
-	"producers may notify only when a relay listens (or is idle); NOTIFY's cost is " +
-	"taken from that pair."
+	"without the outbox. The floor cells send, in that round trip, an INSERT of the same " +
+	"JSON payload into a table with only a primary key instead of the event: the least any " +
+	"outbox adds. NOTIFY off sets pgoutbox.notify = 'off' on the producers' " +
+	"connections. Each cell's duration is split into rounds; every round runs every cell " +
+	"in turn (from empty tables), and each ratio is the median of its per-round ratios, so " +
+	"a drift of the machine's speed hits both sides of a ratio alike. The cells without a " +
+	"relay measure the producers' cost alone. The two relay cells then run 16 producers " +
+	"while one relay (null broker) drains the outbox as it fills, because producers may " +
+	"notify only when a relay listens (or is idle); NOTIFY's cost is taken from that pair."
+
+// enqueueSpec is what a cell runs.
+type enqueueSpec struct {
+	producers                             int
+	outbox, batched, floor, notify, relay bool
+}
+
+func (sp enqueueSpec) label() string {
+	var l string
+	switch {
+	case sp.floor:
+		l = fmt.Sprintf("%d producer(s), floor: a row of the payload alone", sp.producers)
+	case !sp.outbox:
+		l = fmt.Sprintf("%d producer(s), no outbox", sp.producers)
+	default:
+		l = fmt.Sprintf("%d producer(s), outbox on, NOTIFY %s", sp.producers, onOff(sp.notify))
+	}
+	if sp.batched {
+		l += ", batched with the INSERT"
+	}
+	if sp.relay {
+		l += ", relay running"
+	}
+	return l
+}
 
 func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 	c := r.cfg
@@ -78,8 +125,10 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 	}
 	defer r.dropSchema(s)
 	orders := pgx.Identifier{s.name, "orders"}.Sanitize()
-	if _, err := r.admin.Exec(ctx, "CREATE TABLE "+orders+" (id bigint PRIMARY KEY, customer text NOT NULL, total_cents int NOT NULL)"); err != nil {
-		return nil, fmt.Errorf("create orders: %w", err)
+	floor := pgx.Identifier{s.name, "floor_events"}.Sanitize()
+	if _, err := r.admin.Exec(ctx, "CREATE TABLE "+orders+" (id bigint PRIMARY KEY, customer text NOT NULL, total_cents int NOT NULL); "+
+		"CREATE TABLE "+floor+" (id bigint PRIMARY KEY, payload jsonb NOT NULL)"); err != nil {
+		return nil, fmt.Errorf("create business tables: %w", err)
 	}
 	prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: s.name})
 	if err != nil {
@@ -111,13 +160,20 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 		payload["pad"] = string(b)
 	}
 	var next atomic.Int64
-	tx1 := func(pool *pgxpool.Pool, outbox, batched bool) error {
+	tx1 := func(pool *pgxpool.Pool, sp enqueueSpec) error {
 		id := next.Add(1)
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if batched {
+			if sp.batched || sp.floor {
 				b := &pgx.Batch{}
 				b.Queue("INSERT INTO "+orders+" VALUES ($1, 'c-42', 1999)", id)
-				if _, err := prod.QueueTx(ctx, b, pgoutbox.Event{AggregateType: "order", AggregateID: strconv.FormatInt(id, 10),
+				if sp.floor {
+					// Encoded per transaction, as the producer encodes each event.
+					doc, err := json.Marshal(payload)
+					if err != nil {
+						return err
+					}
+					b.Queue("INSERT INTO "+floor+" VALUES ($1, $2)", id, string(doc))
+				} else if _, err := prod.QueueTx(ctx, b, pgoutbox.Event{AggregateType: "order", AggregateID: strconv.FormatInt(id, 10),
 					EventType: "order.placed", Payload: payload}); err != nil {
 					return err
 				}
@@ -126,7 +182,7 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 			if _, err := tx.Exec(ctx, "INSERT INTO "+orders+" VALUES ($1, 'c-42', 1999)", id); err != nil {
 				return err
 			}
-			if outbox {
+			if sp.outbox {
 				_, err := prod.EnqueueTx(ctx, tx, pgoutbox.Event{AggregateType: "order", AggregateID: strconv.FormatInt(id, 10),
 					EventType: "order.placed", Payload: payload})
 				return err
@@ -134,52 +190,22 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 			return nil
 		})
 	}
-	type cellSpec struct {
-		producers                      int
-		outbox, batched, notify, relay bool
-	}
-	var specs []cellSpec
-	for _, n := range []int{1, 16} {
-		specs = append(specs, cellSpec{n, false, false, true, false}, cellSpec{n, true, false, true, false},
-			cellSpec{n, true, false, false, false}, cellSpec{n, true, true, true, false})
-	}
-	specs = append(specs, cellSpec{16, true, false, true, true}, cellSpec{16, true, false, false, true})
-	res := &EnqueueResult{Method: enqueueMethod, DurationS: c.Duration.Seconds()}
-	var procs []*relayProc
-	defer func() { _ = stopRelays(procs) }()
-	for _, sp := range specs {
+	// slice runs sp for d and adds what it measured to cell.
+	slice := func(sp enqueueSpec, d time.Duration, cell *EnqueueCell, hist *hdrhistogram.Histogram, round string, procs []*relayProc) error {
 		pool := pools[sp.notify]
-		label := fmt.Sprintf("%d producer(s), outbox %s, NOTIFY %s", sp.producers, onOff(sp.outbox), onOff(sp.notify))
-		if !sp.outbox {
-			label = fmt.Sprintf("%d producer(s), no outbox", sp.producers)
-		}
-		if sp.batched {
-			label += ", batched with the INSERT"
-		}
-		if sp.relay {
-			label += ", relay running"
-			if procs == nil {
-				null, err := r.broker(ctx, "null")
-				if err != nil {
-					return res, err
-				}
-				if procs, err = r.startRelays(ctx, 1, relayOpts{schema: s.name, broker: null}); err != nil {
-					return res, err
-				}
-			}
-		}
-		r.prog.step("enqueue: %s", label)
+		label := sp.label()
+		r.prog.step("enqueue%s: %s", round, label)
 		// Warm every connection's statement cache before timing.
 		for range sp.producers {
-			if err := tx1(pool, sp.outbox, sp.batched); err != nil {
-				return res, fmt.Errorf("warm-up: %w", err)
+			if err := tx1(pool, sp); err != nil {
+				return fmt.Errorf("%s: warm-up: %w", label, err)
 			}
 		}
 		var commits atomic.Int64
 		hists := make([]*hdrhistogram.Histogram, sp.producers)
 		errs := make([]error, sp.producers)
 		start := time.Now()
-		stop := start.Add(c.Duration)
+		stop := start.Add(d)
 		var wg sync.WaitGroup
 		for i := range sp.producers {
 			hists[i] = hdrhistogram.New(1, 60_000_000, 3)
@@ -188,7 +214,7 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 				defer wg.Done()
 				for time.Now().Before(stop) && ctx.Err() == nil {
 					t := time.Now()
-					if err := tx1(pool, sp.outbox, sp.batched); err != nil {
+					if err := tx1(pool, sp); err != nil {
 						errs[i] = err
 						return
 					}
@@ -201,9 +227,9 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 			select {
 			case <-time.After(250 * time.Millisecond):
 				el := time.Since(start)
-				r.prog.update("enqueue: %s: %.0f commits/s (%.0fs left)", label, float64(commits.Load())/el.Seconds(),
-					max(0, (c.Duration-el).Seconds()))
-				done = el >= c.Duration
+				r.prog.update("enqueue%s: %s: %.0f commits/s (%.0fs left)", round, label, float64(commits.Load())/el.Seconds(),
+					max(0, (d-el).Seconds()))
+				done = el >= d
 			case <-ctx.Done():
 				done = true
 			}
@@ -212,53 +238,150 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 		el := time.Since(start)
 		for _, err := range errs {
 			if err != nil {
-				return res, fmt.Errorf("%s: %w", label, err)
+				return fmt.Errorf("%s: %w", label, err)
 			}
 		}
 		if ctx.Err() != nil {
-			return res, ctx.Err()
+			return ctx.Err()
 		}
-		h := hdrhistogram.New(1, 60_000_000, 3)
+		if err := sampleAll(procs); err != nil {
+			return err
+		}
 		for _, x := range hists {
-			h.Merge(x)
+			hist.Merge(x)
 		}
 		n := commits.Load()
-		if err := sampleAll(procs); err != nil {
-			return res, err
+		cell.Commits += n
+		cell.Seconds += el.Seconds()
+		cell.RoundCommitsPerSec = append(cell.RoundCommitsPerSec, round2(float64(n)/el.Seconds()))
+		return nil
+	}
+	// phase runs specs in c.EnqueueRounds interleaved rounds, each from empty tables.
+	res := &EnqueueResult{Method: enqueueMethod, DurationS: c.Duration.Seconds(), Rounds: c.EnqueueRounds}
+	phase := func(specs []enqueueSpec, procs []*relayProc) error {
+		cells := make([]EnqueueCell, len(specs))
+		hists := make([]*hdrhistogram.Histogram, len(specs))
+		for i, sp := range specs {
+			cells[i] = EnqueueCell{Producers: sp.producers, Outbox: sp.outbox, Batched: sp.batched, Floor: sp.floor, Notify: sp.notify, Relay: sp.relay}
+			hists[i] = hdrhistogram.New(1, 60_000_000, 3)
 		}
-		res.Cells = append(res.Cells, EnqueueCell{Producers: sp.producers, Outbox: sp.outbox, Batched: sp.batched, Notify: sp.notify, Relay: sp.relay,
-			Commits: n, Seconds: round3(el.Seconds()), CommitsPerSec: round2(float64(n) / el.Seconds()),
-			P50Ms: round3(float64(h.ValueAtQuantile(50)) / 1000), P99Ms: round3(float64(h.ValueAtQuantile(99)) / 1000)})
+		d := c.Duration / time.Duration(c.EnqueueRounds)
+		for round := range c.EnqueueRounds {
+			if _, err := r.admin.Exec(ctx, "TRUNCATE "+s.events+", "+s.seqs+", "+orders+", "+floor); err != nil {
+				return fmt.Errorf("empty the tables: %w", err)
+			}
+			tag := ""
+			if c.EnqueueRounds > 1 {
+				tag = fmt.Sprintf(" (round %d/%d)", round+1, c.EnqueueRounds)
+			}
+			for i, sp := range specs {
+				if err := slice(sp, d, &cells[i], hists[i], tag, procs); err != nil {
+					return err
+				}
+			}
+		}
+		for i := range cells {
+			cl := &cells[i]
+			cl.CommitsPerSec = round2(float64(cl.Commits) / cl.Seconds)
+			cl.Seconds = round3(cl.Seconds)
+			cl.P50Ms = round3(float64(hists[i].ValueAtQuantile(50)) / 1000)
+			cl.P99Ms = round3(float64(hists[i].ValueAtQuantile(99)) / 1000)
+		}
+		res.Cells = append(res.Cells, cells...)
+		return nil
+	}
+
+	var specs []enqueueSpec
+	for _, n := range []int{1, 16} {
+		specs = append(specs, enqueueSpec{producers: n, notify: true}, enqueueSpec{producers: n, outbox: true, notify: true},
+			enqueueSpec{producers: n, outbox: true}, enqueueSpec{producers: n, outbox: true, batched: true, notify: true},
+			enqueueSpec{producers: n, floor: true, notify: true})
+	}
+	if err := phase(specs, nil); err != nil {
+		return res, err
+	}
+	null, err := r.broker(ctx, "null")
+	if err != nil {
+		return res, err
+	}
+	procs, err := r.startRelays(ctx, 1, relayOpts{schema: s.name, broker: null})
+	defer func() { _ = stopRelays(procs) }()
+	if err != nil {
+		return res, err
+	}
+	if err := phase([]enqueueSpec{{producers: 16, outbox: true, notify: true, relay: true}, {producers: 16, outbox: true, relay: true}}, procs); err != nil {
+		return res, err
 	}
 	if err := stopRelays(procs); err != nil {
 		return res, err
 	}
-	if len(procs) > 0 {
-		res.RelayRSS = rssOf(procs)
-		res.MaxRSSMiB = maxRSSMiB(res.RelayRSS)
-	}
+	res.RelayRSS = rssOf(procs)
+	res.MaxRSSMiB = maxRSSMiB(res.RelayRSS)
 	procs = nil
-	cps := func(p int, outbox, notify, relay bool) float64 { return res.cellRate(p, outbox, false, notify, relay) }
-	res.Ratios = EnqueueRatios{
-		OutboxTimeRatio1:    ratio(cps(1, false, true, false), cps(1, true, true, false)),
-		OutboxTimeRatio16:   ratio(cps(16, false, true, false), cps(16, true, true, false)),
-		BatchedTimeRatio1:   ratio(cps(1, false, true, false), res.cellRate(1, true, true, true, false)),
-		BatchedTimeRatio16:  ratio(cps(16, false, true, false), res.cellRate(16, true, true, true, false)),
-		NotifyCost1NoRelay:  round3(1 - ratio(cps(1, true, true, false), cps(1, true, false, false))),
-		NotifyCost16NoRelay: round3(1 - ratio(cps(16, true, true, false), cps(16, true, false, false))),
-		NotifyCost16:        round3(1 - ratio(cps(16, true, true, true), cps(16, true, false, true))),
-	}
+	res.Ratios = res.ratios()
 	return res, nil
 }
 
-// cellRate is the commits/s of the cell so described, 0 if it did not run.
-func (res *EnqueueResult) cellRate(p int, outbox, batched, notify, relay bool) float64 {
-	for _, cl := range res.Cells {
-		if cl.Producers == p && cl.Outbox == outbox && cl.Batched == batched && (!outbox || cl.Notify == notify) && cl.Relay == relay {
-			return cl.CommitsPerSec
+// ratios compares the cells round by round.
+func (res *EnqueueResult) ratios() EnqueueRatios {
+	out := EnqueueRatios{Ranges: map[string][2]float64{}}
+	// timeRatio is the median per-round ratio of base's commits/s to other's.
+	timeRatio := func(name string, dst *float64, base, other *EnqueueCell) {
+		if base == nil || other == nil || len(base.RoundCommitsPerSec) != len(other.RoundCommitsPerSec) || len(base.RoundCommitsPerSec) == 0 {
+			return
+		}
+		xs := make([]float64, len(base.RoundCommitsPerSec))
+		for i := range xs {
+			xs[i] = ratio(base.RoundCommitsPerSec[i], other.RoundCommitsPerSec[i])
+		}
+		*dst = round3(median(xs))
+		out.Ranges[name] = [2]float64{round3(slices.Min(xs)), round3(slices.Max(xs))}
+	}
+	// cost is 1 − the median per-round ratio of on's commits/s to off's.
+	cost := func(name string, dst *float64, on, off *EnqueueCell) {
+		var t float64
+		timeRatio(name, &t, off, on)
+		if t == 0 {
+			return
+		}
+		*dst = round3(1 - 1/t)
+		rg := out.Ranges[name]
+		out.Ranges[name] = [2]float64{round3(1 - 1/rg[0]), round3(1 - 1/rg[1])}
+	}
+	none := func(p int) *EnqueueCell { return res.cell(enqueueSpec{producers: p, notify: true}) }
+	enq := func(p int, notify, relay bool) *EnqueueCell {
+		return res.cell(enqueueSpec{producers: p, outbox: true, notify: notify, relay: relay})
+	}
+	timeRatio("outbox_time_ratio_1", &out.OutboxTimeRatio1, none(1), enq(1, true, false))
+	timeRatio("outbox_time_ratio_16", &out.OutboxTimeRatio16, none(16), enq(16, true, false))
+	timeRatio("batched_time_ratio_1", &out.BatchedTimeRatio1, none(1), res.cell(enqueueSpec{producers: 1, outbox: true, batched: true, notify: true}))
+	timeRatio("batched_time_ratio_16", &out.BatchedTimeRatio16, none(16), res.cell(enqueueSpec{producers: 16, outbox: true, batched: true, notify: true}))
+	timeRatio("floor_time_ratio_1", &out.FloorTimeRatio1, none(1), res.cell(enqueueSpec{producers: 1, floor: true, notify: true}))
+	timeRatio("floor_time_ratio_16", &out.FloorTimeRatio16, none(16), res.cell(enqueueSpec{producers: 16, floor: true, notify: true}))
+	cost("notify_cost_1_no_relay", &out.NotifyCost1NoRelay, enq(1, true, false), enq(1, false, false))
+	cost("notify_cost_16_no_relay", &out.NotifyCost16NoRelay, enq(16, true, false), enq(16, false, false))
+	cost("notify_cost_16", &out.NotifyCost16, enq(16, true, true), enq(16, false, true))
+	return out
+}
+
+// format prints a ratio and, when known, its per-round range.
+func (rt EnqueueRatios) format(name string, v float64) string {
+	if rg, ok := rt.Ranges[name]; ok {
+		return fmt.Sprintf("%.2f (%.2f–%.2f)", v, rg[0], rg[1])
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+// cell is the cell sp ran, nil if it did not run.
+func (res *EnqueueResult) cell(sp enqueueSpec) *EnqueueCell {
+	for i := range res.Cells {
+		cl := &res.Cells[i]
+		if cl.Producers == sp.producers && cl.Outbox == sp.outbox && cl.Batched == sp.batched && cl.Floor == sp.floor &&
+			(!sp.outbox || cl.Notify == sp.notify) && cl.Relay == sp.relay {
+			return cl
 		}
 	}
-	return 0
+	return nil
 }
 
 // outboxLabel says how the cell enqueued: no, yes (EnqueueTx) or batched (QueueTx).
@@ -266,6 +389,8 @@ func (cl EnqueueCell) outboxLabel() string {
 	switch {
 	case cl.Batched:
 		return "batched"
+	case cl.Floor:
+		return "floor"
 	case cl.Outbox:
 		return "yes"
 	}

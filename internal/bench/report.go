@@ -181,7 +181,7 @@ func latencyCharts(l *LatencyResult) (template.HTML, template.HTML) {
 }
 
 func enqueueChart(e *EnqueueResult) template.HTML {
-	names := []string{"no outbox", "outbox, NOTIFY on", "outbox, NOTIFY off", "outbox batched with the INSERT"}
+	names := []string{"no outbox", "outbox, NOTIFY on", "outbox, NOTIFY off", "outbox batched with the INSERT", "floor: a row of the payload alone"}
 	var groups []barGroup
 	for _, k := range []struct {
 		p     int
@@ -196,6 +196,8 @@ func enqueueChart(e *EnqueueResult) template.HTML {
 				continue
 			}
 			switch {
+			case c.Floor:
+				g.values[4] = c.CommitsPerSec
 			case c.Batched:
 				g.values[3] = c.CommitsPerSec
 			case !c.Outbox:

@@ -34,8 +34,8 @@ func sampleResult() *Result {
 			{Source: SourceCDC, Mode: SourceCDC, OfferedRate: 1000, Offered: 1000, Received: 1000, P50Ms: 1.5, P90Ms: 2, P99Ms: 3, MaxMs: 4,
 				Histogram: logBuckets(h), Percentiles: []Percentile{{50, 1.5}, {90, 2}, {99, 3}, {100, 4}}}}},
 		Enqueue: &EnqueueResult{DurationS: 1, Cells: []EnqueueCell{{Producers: 1, CommitsPerSec: 500}, {Producers: 1, Outbox: true, Notify: true, CommitsPerSec: 450},
-			{Producers: 1, Outbox: true, Batched: true, Notify: true, CommitsPerSec: 480}},
-			Ratios: EnqueueRatios{OutboxTimeRatio1: 1.11, BatchedTimeRatio1: 1.04}},
+			{Producers: 1, Outbox: true, Batched: true, Notify: true, CommitsPerSec: 480}, {Producers: 1, Floor: true, CommitsPerSec: 490}},
+			Rounds: 3, Ratios: EnqueueRatios{OutboxTimeRatio1: 1.11, BatchedTimeRatio1: 1.04, FloorTimeRatio1: 1.02}},
 		Idle:    &IdleResult{QueriesPerSec: 0.5, Source: "pg_stat_statements", TopStatements: []StatementCalls{{Calls: 3, Query: "SELECT <b>1</b>"}}},
 		History: &HistoryResult{HistoryRows: 100, Phases: []HistoryPhase{{KeptRows: 0, P50Ms: 2}, {KeptRows: 100, P50Ms: 2.2}}, RatioP50: 1.1},
 	}

@@ -30,7 +30,11 @@ func (res *Result) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "SQL ceiling runs (events/s, in order): %s; median %.0f\n", strings.Join(cs, ", "), d.CeilingEventsPerSec)
 	}
 	if e := res.Enqueue; e != nil {
-		fmt.Fprintf(w, "\nenqueue: %gs per cell, business INSERT + commit\n", e.DurationS)
+		rounds := ""
+		if e.Rounds > 1 {
+			rounds = fmt.Sprintf(" in %d interleaved rounds", e.Rounds)
+		}
+		fmt.Fprintf(w, "\nenqueue: %gs per cell%s, business INSERT + commit\n", e.DurationS, rounds)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "producers\toutbox\tNOTIFY\trelay\tcommits/s\tp50 ms\tp99 ms\t")
 		for _, cl := range e.Cells {
@@ -41,10 +45,26 @@ func (res *Result) WriteText(w io.Writer) {
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.0f\t%.2f\t%.2f\t\n", cl.Producers, cl.outboxLabel(), notify, yesNo(cl.Relay), cl.CommitsPerSec, cl.P50Ms, cl.P99Ms)
 		}
 		tw.Flush()
-		fmt.Fprintf(w, "time with outbox / without: %.2f at 1 producer, %.2f at 16 (EnqueueTx, a statement of its own); %.2f and %.2f batched with the INSERT (QueueTx)\n",
-			e.Ratios.OutboxTimeRatio1, e.Ratios.OutboxTimeRatio16, e.Ratios.BatchedTimeRatio1, e.Ratios.BatchedTimeRatio16)
+		rt := e.Ratios
+		how := ""
+		if len(rt.Ranges) > 0 {
+			how = " (median of the rounds' ratios, and their range)"
+		}
+		fmt.Fprintf(w, "time with outbox / without%s:\n", how)
+		for _, p := range []struct {
+			n                      int
+			enqueue, batched, flor float64
+			suffix                 string
+		}{{1, rt.OutboxTimeRatio1, rt.BatchedTimeRatio1, rt.FloorTimeRatio1, "_1"}, {16, rt.OutboxTimeRatio16, rt.BatchedTimeRatio16, rt.FloorTimeRatio16, "_16"}} {
+			fmt.Fprintf(w, "  %2d producer%s: EnqueueTx (a statement of its own) %s; QueueTx (batched with the INSERT) %s",
+				p.n, plural(p.n), rt.format("outbox_time_ratio"+p.suffix, p.enqueue), rt.format("batched_time_ratio"+p.suffix, p.batched))
+			if p.flor > 0 {
+				fmt.Fprintf(w, "; floor (a row of the payload alone) %s", rt.format("floor_time_ratio"+p.suffix, p.flor))
+			}
+			fmt.Fprintln(w)
+		}
 		fmt.Fprintf(w, "NOTIFY costs %.0f%% of commits/s at 16 with a relay running (%.0f%% without a relay; %.0f%% at 1)\n",
-			100*e.Ratios.NotifyCost16, 100*e.Ratios.NotifyCost16NoRelay, 100*e.Ratios.NotifyCost1NoRelay)
+			100*rt.NotifyCost16, 100*rt.NotifyCost16NoRelay, 100*rt.NotifyCost1NoRelay)
 	}
 	res.writeTextMore(w)
 	if len(res.Targets) > 0 {

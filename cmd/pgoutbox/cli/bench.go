@@ -77,13 +77,14 @@ docs/performance.md explains each figure and what bounds it.`,
 	fs.DurationVar(&f.cfg.IdleDuration, "idle-duration", 30*time.Second, "idle: how long to watch an idle relay (env PGOUTBOX_BENCH_IDLE_DURATION)")
 	fs.IntVar(&f.cfg.HistoryRows, "history-rows", 5_000_000, "history: published rows kept in the table (env PGOUTBOX_BENCH_HISTORY_ROWS)")
 	fs.IntVar(&f.cfg.HistoryTrials, "history-trials", 40, "history: fresh batches timed per phase (env PGOUTBOX_BENCH_HISTORY_TRIALS)")
+	fs.IntVar(&f.cfg.EnqueueRounds, "enqueue-rounds", 5, "enqueue: interleaved rounds each cell's --duration is split into (env PGOUTBOX_BENCH_ENQUEUE_ROUNDS)")
 	fs.StringArrayVar(&f.cfg.RelayArgs, "relay-arg", nil, "extra flag for every relay process, repeatable, e.g. --relay-arg=--workers=3 (env PGOUTBOX_BENCH_RELAY_ARG)")
 	return cmd
 }
 
 func runBench(cmd *cobra.Command, f *benchFlags) error {
 	if err := rejectZero(cmd.Flags(), "events", "aggregates", "batch-size", "rate", "duration", "poll-interval",
-		"idle-duration", "history-trials"); err != nil {
+		"idle-duration", "history-trials", "enqueue-rounds"); err != nil {
 		return err
 	}
 	if f.render != "" {

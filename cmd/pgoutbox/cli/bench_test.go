@@ -40,7 +40,7 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 		"--scenario", "drain,enqueue,idle,history,latency", "--events", "2000", "--aggregates", "50",
 		"--relays", "1,2", "--broker", "null,"+natstest.URL(), "--duration", "500ms", "--rate", "200",
 		"--poll-interval", "500ms", "--idle-duration", "2s", "--history-rows", "20000", "--history-trials", "3",
-		"--json", jsonFile, "--report", report)
+		"--enqueue-rounds", "2", "--json", jsonFile, "--report", report)
 	cmd.Env = os.Environ()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -126,25 +126,33 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 	}
 
 	e := res.Enqueue
-	if e == nil || len(e.Cells) != 10 {
-		t.Fatalf("enqueue: want 10 cells, got %+v", e)
+	if e == nil || len(e.Cells) != 12 || e.Rounds != 2 {
+		t.Fatalf("enqueue: want 12 cells in 2 rounds, got %+v", e)
 	}
-	batched := 0
+	batched, floor := 0, 0
 	for _, c := range e.Cells {
 		if c.Batched {
 			batched++
 		}
+		if c.Floor {
+			floor++
+		}
 	}
-	if batched != 2 {
-		t.Errorf("enqueue: %d batched cells, want one at 1 and one at 16 producers", batched)
+	if batched != 2 || floor != 2 {
+		t.Errorf("enqueue: %d batched and %d floor cells, want one of each at 1 and at 16 producers", batched, floor)
 	}
 	for _, c := range e.Cells {
-		if c.Commits < 1 || c.CommitsPerSec <= 0 || c.P50Ms <= 0 || c.P99Ms < c.P50Ms {
+		if c.Commits < 1 || c.CommitsPerSec <= 0 || c.P50Ms <= 0 || c.P99Ms < c.P50Ms || len(c.RoundCommitsPerSec) != 2 {
 			t.Errorf("enqueue cell %+v", c)
 		}
 	}
-	if e.Ratios.OutboxTimeRatio1 <= 0 || e.Ratios.OutboxTimeRatio16 <= 0 || e.Ratios.BatchedTimeRatio1 <= 0 || e.Ratios.BatchedTimeRatio16 <= 0 {
-		t.Errorf("enqueue ratios %+v", e.Ratios)
+	rt := e.Ratios
+	for name, v := range map[string]float64{"outbox_time_ratio_1": rt.OutboxTimeRatio1, "outbox_time_ratio_16": rt.OutboxTimeRatio16,
+		"batched_time_ratio_1": rt.BatchedTimeRatio1, "batched_time_ratio_16": rt.BatchedTimeRatio16,
+		"floor_time_ratio_1": rt.FloorTimeRatio1, "floor_time_ratio_16": rt.FloorTimeRatio16} {
+		if rg, ok := rt.Ranges[name]; v <= 0 || !ok || v < rg[0] || v > rg[1] {
+			t.Errorf("enqueue ratio %s = %v, range %v (%v)", name, v, rg, ok)
+		}
 	}
 	checkRSS("enqueue", e.RelayRSS, 1)
 

@@ -1,0 +1,45 @@
+package bench
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// The ratios pair the cells round by round: a round where the machine ran slow
+// lowers both sides of its ratio, and the median ignores one outlying round.
+func TestEnqueueRatiosPairRounds(t *testing.T) {
+	res := &EnqueueResult{Rounds: 3, Cells: []EnqueueCell{
+		{Producers: 1, Notify: true, RoundCommitsPerSec: []float64{1000, 500, 1000}},
+		{Producers: 1, Outbox: true, Notify: true, RoundCommitsPerSec: []float64{800, 400, 250}},
+		{Producers: 1, Outbox: true, RoundCommitsPerSec: []float64{1000, 400, 250}},
+		{Producers: 1, Floor: true, Notify: true, RoundCommitsPerSec: []float64{900, 450, 900}},
+		// A batched cell with a missing round is not compared.
+		{Producers: 1, Outbox: true, Batched: true, Notify: true, RoundCommitsPerSec: []float64{900}},
+	}}
+	rt := res.ratios()
+	res.Ratios = rt
+	if rt.OutboxTimeRatio1 != 1.25 || rt.FloorTimeRatio1 != 1.111 || rt.BatchedTimeRatio1 != 0 || rt.OutboxTimeRatio16 != 0 {
+		t.Errorf("time ratios %+v", rt)
+	}
+	// NOTIFY on/off per round: 0.8, 1, 1 → cost 20%, 0, 0.
+	if rt.NotifyCost1NoRelay != 0 {
+		t.Errorf("notify cost %v, want the median 0", rt.NotifyCost1NoRelay)
+	}
+	want := map[string][2]float64{
+		"outbox_time_ratio_1":    {1.25, 4},
+		"floor_time_ratio_1":     {1.111, 1.111},
+		"notify_cost_1_no_relay": {0, 0.2},
+	}
+	if !reflect.DeepEqual(rt.Ranges, want) {
+		t.Errorf("ranges %v, want %v", rt.Ranges, want)
+	}
+	if got := rt.format("outbox_time_ratio_1", rt.OutboxTimeRatio1); got != "1.25 (1.25–4.00)" {
+		t.Errorf("format: %q", got)
+	}
+	var text strings.Builder
+	(&Result{Enqueue: res}).WriteText(&text)
+	if !strings.Contains(text.String(), "floor (a row of the payload alone) 1.11 (1.11–1.11)") {
+		t.Errorf("text:\n%s", text.String())
+	}
+}
