@@ -198,7 +198,10 @@ type Result struct {
 	Targets []Target        `json:"targets,omitempty"`
 	// ScenarioSeconds is how long each scenario took, setup included.
 	ScenarioSeconds map[string]float64 `json:"scenario_seconds"`
-	Settings        SettingsSnapshot   `json:"settings"`
+	// ScenarioCPU is how the machine's CPU time went while each scenario ran
+	// (Linux only): how busy it was, and how much the host took (steal).
+	ScenarioCPU map[string]CPUShare `json:"scenario_cpu,omitempty"`
+	Settings    SettingsSnapshot    `json:"settings"`
 }
 
 // ScenarioError records a scenario that failed; the others still run.
@@ -286,6 +289,7 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 		}
 		var err error
 		began := time.Now()
+		cpu0, cpuOK := readCPUTimes()
 		switch s {
 		case ScenarioDrain:
 			res.Drain, err = r.drain(ctx)
@@ -303,6 +307,14 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 			res.ScenarioSeconds = map[string]float64{}
 		}
 		res.ScenarioSeconds[s] = round3(time.Since(began).Seconds())
+		if cpu1, ok := readCPUTimes(); ok && cpuOK {
+			if sh, ok := share(cpu0, cpu1); ok {
+				if res.ScenarioCPU == nil {
+					res.ScenarioCPU = map[string]CPUShare{}
+				}
+				res.ScenarioCPU[s] = sh
+			}
+		}
 		if err != nil {
 			res.Errors = append(res.Errors, ScenarioError{Scenario: s, Error: err.Error()})
 			if first == nil {

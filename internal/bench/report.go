@@ -29,6 +29,8 @@ type reportData struct {
 	LatencyHist template.HTML
 	LatencyPct  template.HTML
 	EnqueueBars template.HTML
+	CPU         string // each scenario's busy / stolen CPU shares
+	Stolen      string // the warning when the host took 5% or more
 }
 
 // WriteReport writes res as one self-contained HTML page: charts drawn as inline
@@ -36,6 +38,10 @@ type reportData struct {
 func WriteReport(w io.Writer, res *Result) error {
 	d := reportData{R: res, PG: firstWords(res.Context.PostgreSQL, 2),
 		MemGiB: fmt.Sprintf("%.0f", float64(res.Context.MemoryBytes)/(1<<30))}
+	var stolen bool
+	if d.CPU, stolen = res.cpuSummary(); stolen {
+		d.Stolen = stolenWarning
+	}
 	if b, err := json.Marshal(res.Settings); err == nil {
 		d.Settings = string(b)
 	}

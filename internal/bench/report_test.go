@@ -36,8 +36,9 @@ func sampleResult() *Result {
 		Enqueue: &EnqueueResult{DurationS: 1, Cells: []EnqueueCell{{Producers: 1, CommitsPerSec: 500}, {Producers: 1, Outbox: true, Notify: true, CommitsPerSec: 450},
 			{Producers: 1, Outbox: true, Batched: true, Notify: true, CommitsPerSec: 480}, {Producers: 1, Floor: true, CommitsPerSec: 490}},
 			Rounds: 3, Ratios: EnqueueRatios{OutboxTimeRatio1: 1.11, BatchedTimeRatio1: 1.04, FloorTimeRatio1: 1.02}},
-		Idle:    &IdleResult{QueriesPerSec: 0.5, Source: "pg_stat_statements", TopStatements: []StatementCalls{{Calls: 3, Query: "SELECT <b>1</b>"}}},
-		History: &HistoryResult{HistoryRows: 100, Phases: []HistoryPhase{{KeptRows: 0, P50Ms: 2}, {KeptRows: 100, P50Ms: 2.2}}, RatioP50: 1.1},
+		Idle:        &IdleResult{QueriesPerSec: 0.5, Source: "pg_stat_statements", TopStatements: []StatementCalls{{Calls: 3, Query: "SELECT <b>1</b>"}}},
+		History:     &HistoryResult{HistoryRows: 100, Phases: []HistoryPhase{{KeptRows: 0, P50Ms: 2}, {KeptRows: 100, P50Ms: 2.2}}, RatioP50: 1.1},
+		ScenarioCPU: map[string]CPUShare{ScenarioDrain: {BusyPct: 93.4, StealPct: 1}, ScenarioEnqueue: {BusyPct: 70, StealPct: 12.6}},
 	}
 }
 
@@ -55,7 +56,8 @@ func TestWriteReport(t *testing.T) {
 		t.Errorf("%d charts, want 6", n)
 	}
 	for _, want := range []string{"At a glance", "Throughput over time → null", "SELECT &lt;b&gt;1&lt;/b&gt;", "1.10",
-		"nats CDC", "CDC, 1 relay", "CDC stream", ">cdc</td>", ">batched</td>", "<b>1.04</b>", "outbox batched with the INSERT"} {
+		"nats CDC", "CDC, 1 relay", "CDC stream", ">cdc</td>", ">batched</td>", "<b>1.04</b>", "outbox batched with the INSERT",
+		">floor</td>", "drain 93% / 1%, enqueue 70% / 13%", "the host took 5% or more"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("report lacks %q", want)
 		}

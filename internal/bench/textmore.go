@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 )
 
@@ -50,4 +51,33 @@ func (res *Result) writeTextMore(w io.Writer) {
 			fmt.Fprintf(w, "p50 with history / empty: %.2f (claim statement times need pg_stat_statements)\n", h.RatioP50)
 		}
 	}
+	res.writeCPU(w)
+}
+
+// writeCPU prints how busy the machine was during each scenario, and how much of
+// its CPU time the host took away.
+func (res *Result) writeCPU(w io.Writer) {
+	summary, stolen := res.cpuSummary()
+	if summary == "" {
+		return
+	}
+	fmt.Fprintf(w, "\nmachine CPU during each scenario (busy / stolen by the host): %s\n", summary)
+	if stolen {
+		fmt.Fprintln(w, stolenWarning)
+	}
+}
+
+const stolenWarning = "the host took 5% or more of the CPU time in a scenario: its figures are below what this machine does alone"
+
+// cpuSummary lists each scenario's busy and stolen CPU shares; stolen is true
+// when the host took 5% or more in one of them.
+func (res *Result) cpuSummary() (summary string, stolen bool) {
+	var parts []string
+	for _, s := range Scenarios {
+		if sh, ok := res.ScenarioCPU[s]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.0f%% / %.0f%%", s, sh.BusyPct, sh.StealPct))
+			stolen = stolen || sh.StealPct >= 5
+		}
+	}
+	return strings.Join(parts, ", "), stolen
 }

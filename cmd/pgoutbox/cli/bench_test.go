@@ -68,6 +68,14 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 	if res.Context.CPUs < 1 || res.Context.PostgreSQL == "" || res.Context.GoVersion == "" || res.Settings.Events != events {
 		t.Errorf("context/settings incomplete: %+v %+v", res.Context, res.Settings)
 	}
+	if len(res.ScenarioCPU) != 5 || !strings.Contains(stdout.String(), "machine CPU during each scenario") { // the tests run on Linux
+		t.Errorf("scenario CPU shares %+v", res.ScenarioCPU)
+	}
+	for s, sh := range res.ScenarioCPU {
+		if sh.BusyPct <= 0 || sh.BusyPct > 100 || sh.StealPct < 0 || sh.BusyPct+sh.StealPct > 100.01 {
+			t.Errorf("%s: CPU share %+v", s, sh)
+		}
+	}
 	checkRSS := func(what string, rs []bench.RelayRSS, want int) {
 		t.Helper()
 		if len(rs) != want {
