@@ -118,6 +118,9 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// minEnqueueSlice is the shortest slice of an enqueue cell worth timing.
+const minEnqueueSlice = 100 * time.Millisecond
+
 func (c *Config) withDefaults() (Config, error) {
 	out := *c
 	if out.DatabaseURL == "" {
@@ -166,6 +169,10 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, errors.New("bench: payload bytes, batch size, rate, history rows and trials, enqueue rounds must be positive")
 	case out.Duration < 0 || out.PollInterval < 0 || out.IdleDuration < 0:
 		return out, errors.New("bench: durations must be positive")
+	}
+	if slice := out.Duration / time.Duration(out.EnqueueRounds); slices.Contains(out.Scenarios, ScenarioEnqueue) && slice < minEnqueueSlice {
+		return out, fmt.Errorf("bench: enqueue: duration %s in %d rounds leaves %s per cell and round, want at least %s",
+			out.Duration, out.EnqueueRounds, slice, minEnqueueSlice)
 	}
 	for _, n := range out.Relays {
 		if n < 1 || n > 64 {

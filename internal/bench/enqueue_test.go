@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The ratios pair the cells round by round: a round where the machine ran slow
@@ -41,5 +42,21 @@ func TestEnqueueRatiosPairRounds(t *testing.T) {
 	(&Result{Enqueue: res}).WriteText(&text)
 	if !strings.Contains(text.String(), "floor (a row of the payload alone) 1.11 (1.11–1.11)") {
 		t.Errorf("text:\n%s", text.String())
+	}
+}
+
+// An enqueue slice too short to time is refused before anything runs.
+func TestEnqueueSliceTooShort(t *testing.T) {
+	c := Config{DatabaseURL: "postgres://x", Scenarios: []string{ScenarioEnqueue}, Duration: 400 * time.Millisecond, EnqueueRounds: 5}
+	if _, err := c.withDefaults(); err == nil || !strings.Contains(err.Error(), "leaves 80ms per cell and round") {
+		t.Errorf("withDefaults: %v", err)
+	}
+	c.EnqueueRounds = 4
+	if _, err := c.withDefaults(); err != nil {
+		t.Errorf("100ms slices: %v", err)
+	}
+	c.Scenarios, c.EnqueueRounds, c.Executable = []string{ScenarioIdle}, 5, "pgoutbox"
+	if _, err := c.withDefaults(); err != nil {
+		t.Errorf("no enqueue scenario: %v", err)
 	}
 }
