@@ -62,13 +62,17 @@ type Migration struct {
 	sql     string // with the {{schema}} placeholder
 }
 
-// SQL returns the migration's statements for the given schema: the placeholder
-// {{schema}} becomes the quoted identifier, {{schema_name}} a string literal.
+// SQL returns the migration's statements for the given schema: {{schema}} becomes
+// the quoted identifier and {{schema_name}} a string literal, each quoted for the
+// context it lands in, including inside function bodies (see expand.go for the
+// rules a migration file follows). Any schema name of at most 63 bytes is safe.
 func (m Migration) SQL(schema string) string {
-	return strings.NewReplacer(
-		"{{schema}}", pgx.Identifier{schema}.Sanitize(),
-		"{{schema_name}}", "'"+strings.ReplaceAll(schema, "'", "''")+"'",
-	).Replace(m.sql)
+	out, err := expand(m.sql, schema)
+	if err != nil {
+		// All checked the file; the lexer's errors do not depend on the name.
+		panic(fmt.Sprintf("migrate: %s: %v", m.fileName(), err))
+	}
+	return out
 }
 
 // All returns the embedded migrations of the given lines (every line when none is
@@ -115,7 +119,11 @@ func parseFile(line Line, dir, name string) (Migration, error) {
 	if err != nil {
 		return Migration{}, fmt.Errorf("migrate: read embedded %s/%s: %w", dir, name, err)
 	}
-	return Migration{Line: line, Version: version, Name: rest, sql: string(body)}, nil
+	m := Migration{Line: line, Version: version, Name: rest, sql: string(body)}
+	if _, err := expand(m.sql, "x"); err != nil {
+		return Migration{}, fmt.Errorf("migrate: embedded file %s/%s: %w", dir, name, err)
+	}
+	return m, nil
 }
 
 func (m Migration) fileName() string { return fmt.Sprintf("%s/%04d_%s.sql", m.Line, m.Version, m.Name) }
@@ -186,9 +194,13 @@ type Applied struct {
 	Name    string
 }
 
-// Up applies the missing migrations of the configured lines, in order, each in its own
-// transaction, and returns those it applied (none when the database was up to date).
-// ctx bounds the whole run, including the wait for another process's migration.
+// Up applies the missing migrations of the configured lines, in order, and returns
+// those it applied (none when the database was up to date). The whole run (the
+// schema, the bookkeeping table, every missing migration with the row that
+// records it, and the first partitions of a partitioned outbox) is one
+// transaction holding an advisory lock of the schema: a migration that fails
+// leaves nothing of the run behind, and concurrent callers wait for each other,
+// then find the migrations recorded. ctx bounds the whole run, including that wait.
 func Up(ctx context.Context, db DB, cfg *Config) ([]Applied, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -198,65 +210,66 @@ func Up(ctx context.Context, db DB, cfg *Config) ([]Applied, error) {
 	if err != nil {
 		return nil, err
 	}
-	var applied []Applied
-	for _, m := range all {
-		did, err := apply(ctx, db, c, m)
-		if err != nil {
-			return applied, err
-		}
-		if did {
-			applied = append(applied, Applied{Line: m.Line, Version: m.Version, Name: m.Name})
-		}
-	}
-	if slices.Contains(c.Lines, LineOutbox) {
-		if _, err := ensurePartitions(ctx, db, c.Schema); err != nil {
-			return applied, err
-		}
-	}
-	return applied, nil
+	return up(ctx, db, c, all)
 }
 
-// apply runs one migration unless the bookkeeping table says it ran already.
-func apply(ctx context.Context, db DB, c Config, m Migration) (bool, error) {
+// up applies the missing ones of all in one transaction.
+func up(ctx context.Context, db DB, c Config, all []Migration) ([]Applied, error) {
 	schema := c.Schema
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return false, fmt.Errorf("migrate: begin: %w", err)
+		return nil, fmt.Errorf("migrate: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	// The lock serialises migrators of this schema, and is taken before anything is
 	// created: concurrent CREATE SCHEMA/TABLE IF NOT EXISTS can still fail with a
 	// unique violation in the catalogs.
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey(schema)); err != nil {
-		return false, fmt.Errorf("migrate: take advisory lock: %w", err)
+		return nil, fmt.Errorf("migrate: take advisory lock: %w", err)
 	}
 	if err := ensureBookkeeping(ctx, tx, schema); err != nil {
-		return false, err
+		return nil, err
 	}
-	var done bool
-	q := fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE line = $1 AND version = $2)", table(schema))
-	if err := tx.QueryRow(ctx, q, string(m.Line), m.Version).Scan(&done); err != nil {
-		return false, fmt.Errorf("migrate: read applied versions: %w", err)
+	done, err := appliedRows(ctx, tx, schema)
+	if err != nil {
+		return nil, err
 	}
-	if c.Partitioned && m.Line == LineOutbox && m.Version == 1 {
-		if err := checkPartitionable(ctx, tx, schema); err != nil {
-			return false, err
+	if err := skewError(schema, c.Lines, done); err != nil {
+		return nil, err
+	}
+	known := map[string]bool{}
+	for _, r := range done {
+		known[r.key()] = true
+	}
+	var applied []Applied
+	for _, m := range all {
+		if c.Partitioned && m.Line == LineOutbox && m.Version == 1 {
+			if err := checkPartitionable(ctx, tx, schema); err != nil {
+				return nil, err
+			}
+		}
+		if known[appliedRow{line: string(m.Line), version: m.Version}.key()] {
+			continue
+		}
+		// Simple protocol: a migration file holds several statements.
+		if _, err := tx.Exec(ctx, migrationSQL(c, m), pgx.QueryExecModeSimpleProtocol); err != nil {
+			return nil, fmt.Errorf("migrate: apply %s (nothing of this run was kept): %w", m.fileName(), err)
+		}
+		if _, err := tx.Exec(ctx, recordStmt(schema), string(m.Line), m.Version, m.Name); err != nil {
+			return nil, fmt.Errorf("migrate: record %s: %w", m.fileName(), err)
+		}
+		applied = append(applied, Applied{Line: m.Line, Version: m.Version, Name: m.Name})
+	}
+	if slices.Contains(c.Lines, LineOutbox) {
+		// pgx.Tx.Begin is a savepoint: the partitions are part of this transaction.
+		if _, err := CreatePartitions(ctx, tx, schema, DefaultPartitionsAhead); err != nil {
+			return nil, err
 		}
 	}
-	if done {
-		return false, nil
-	}
-	// Simple protocol: a migration file holds several statements.
-	if _, err := tx.Exec(ctx, migrationSQL(c, m), pgx.QueryExecModeSimpleProtocol); err != nil {
-		return false, fmt.Errorf("migrate: apply %s: %w", m.fileName(), err)
-	}
-	if _, err := tx.Exec(ctx, recordSQL(schema, m)); err != nil {
-		return false, fmt.Errorf("migrate: record %s: %w", m.fileName(), err)
-	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("migrate: commit %s: %w", m.fileName(), err)
+		return nil, fmt.Errorf("migrate: commit: %w", err)
 	}
-	return true, nil
+	return applied, nil
 }
 
 func ensureBookkeeping(ctx context.Context, tx pgx.Tx, schema string) error {
@@ -290,9 +303,14 @@ func bookkeepingSQL(schema string) string {
 )`, table(schema))
 }
 
+func recordStmt(schema string) string {
+	return "INSERT INTO " + table(schema) + " (line, version, name) VALUES ($1, $2, $3) ON CONFLICT (line, version) DO NOTHING"
+}
+
+// recordSQL is recordStmt with the values inlined, for the printed script.
 func recordSQL(schema string, m Migration) string {
-	return fmt.Sprintf("INSERT INTO %s (line, version, name) VALUES ('%s', %d, '%s') ON CONFLICT (line, version) DO NOTHING",
-		table(schema), m.Line, m.Version, strings.ReplaceAll(m.Name, "'", "''"))
+	return fmt.Sprintf("INSERT INTO %s (line, version, name) VALUES (%s, %d, %s) ON CONFLICT (line, version) DO NOTHING",
+		table(schema), quoteLiteral(string(m.Line)), m.Version, quoteLiteral(m.Name))
 }
 
 // lockKey derives the advisory lock id from the schema, so migrations of different
@@ -310,6 +328,10 @@ type Status struct {
 	Name    string
 	// Applied is false for a pending migration.
 	Applied bool
+	// Unknown is true for a migration the database has and this binary does not
+	// know (a version above its newest, or another name under a known version):
+	// the database was most likely migrated by a newer pgoutbox. Applied is true.
+	Unknown bool
 }
 
 // Querier is what State needs: *pgxpool.Pool, *pgx.Conn and pgx.Tx have it.
@@ -317,9 +339,130 @@ type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
+// appliedRow is one row of the bookkeeping table.
+type appliedRow struct {
+	line    string
+	version int
+	name    string
+}
+
+func (r appliedRow) key() string { return r.line + "/" + strconv.Itoa(r.version) }
+
+// appliedRows reads the bookkeeping table; a schema or table that does not exist
+// means nothing is applied.
+func appliedRows(ctx context.Context, db Querier, schema string) ([]appliedRow, error) {
+	rows, err := db.Query(ctx, "SELECT line, version, name FROM "+table(schema)+" ORDER BY line, version")
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined table or schema
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (appliedRow, error) {
+		var a appliedRow
+		err := r.Scan(&a.line, &a.version, &a.name)
+		return a, err
+	})
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
+	}
+	return out, nil
+}
+
+// unknownRows returns the rows of lines (every line when empty, and then rows
+// of lines this binary does not know too) that no embedded migration matches.
+func unknownRows(lines []Line, rows []appliedRow) []Status {
+	all, err := All()
+	if err != nil {
+		panic(err) // the embedded files are checked by tests
+	}
+	known := map[string]string{}
+	for _, m := range all {
+		known[string(m.Line)+"/"+strconv.Itoa(m.Version)] = m.Name
+	}
+	var out []Status
+	for _, r := range rows {
+		selected := slices.Contains(lines, Line(r.line)) || (len(lines) == len(Lines) && !slices.Contains(Lines, Line(r.line)))
+		if name, ok := known[r.key()]; selected && (!ok || name != r.name) {
+			out = append(out, Status{Line: Line(r.line), Version: r.version, Name: r.name, Applied: true, Unknown: true})
+		}
+	}
+	return out
+}
+
+// ErrDatabaseNewer is the sentinel of a [SkewError]: errors.Is(err,
+// ErrDatabaseNewer) reports version skew.
+var ErrDatabaseNewer = errors.New("the database has migrations this pgoutbox does not know")
+
+// SkewError reports a database whose applied migrations include some that this
+// binary does not know: it was migrated by a newer pgoutbox, whose tables and
+// functions this one may misuse. Upgrade the binary; nothing must be changed in
+// the database.
+type SkewError struct {
+	Schema  string
+	Unknown []Status // Applied and Unknown are true
+	Newest  map[Line]int
+}
+
+func (e *SkewError) Error() string {
+	var parts, have []string
+	for _, s := range e.Unknown {
+		parts = append(parts, fmt.Sprintf("%s/%d %s", s.Line, s.Version, s.Name))
+	}
+	for _, l := range Lines {
+		if v, ok := e.Newest[l]; ok {
+			have = append(have, fmt.Sprintf("%s/%d", l, v))
+		}
+	}
+	return fmt.Sprintf("migrate: schema %s has migrations applied that this pgoutbox does not know (%s; it knows up to %s): "+
+		"the database was migrated by a newer pgoutbox; run that version (or newer) instead of this one",
+		pgx.Identifier{e.Schema}.Sanitize(), strings.Join(parts, ", "), strings.Join(have, ", "))
+}
+
+// Is makes errors.Is(err, ErrDatabaseNewer) hold.
+func (e *SkewError) Is(target error) bool { return target == ErrDatabaseNewer }
+
+func skewError(schema string, lines []Line, rows []appliedRow) error {
+	unknown := unknownRows(lines, rows)
+	if len(unknown) == 0 {
+		return nil
+	}
+	newest := map[Line]int{}
+	all, _ := All()
+	for _, m := range all {
+		newest[m.Line] = max(newest[m.Line], m.Version)
+	}
+	return &SkewError{Schema: schema, Unknown: unknown, Newest: newest}
+}
+
+// CheckCompatible returns a *[SkewError] (errors.Is [ErrDatabaseNewer]) when
+// schema's bookkeeping table records a migration of lines (every line when none
+// is given) that this binary does not know. A schema not migrated at all, or
+// missing some migrations, is not skew: commands report what is missing their
+// own way. It changes nothing. Relays, consumers and operator commands call it
+// at start; see docs/operations.md.
+func CheckCompatible(ctx context.Context, db Querier, schema string, lines ...Line) error {
+	if err := ValidateSchema(schema); err != nil {
+		return err
+	}
+	if len(lines) == 0 {
+		lines = Lines
+	}
+	rows, err := appliedRows(ctx, db, schema)
+	if err != nil {
+		return err
+	}
+	return skewError(schema, lines, rows)
+}
+
 // State reports, for each embedded migration of the configured lines, whether the
-// database has it. It changes nothing; a database never migrated reports every
-// migration pending.
+// database has it, followed by the applied migrations this binary does not know
+// (Unknown; see [CheckCompatible]). It changes nothing; a database never migrated
+// reports every migration pending.
 func State(ctx context.Context, db Querier, cfg *Config) ([]Status, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -329,34 +472,20 @@ func State(ctx context.Context, db Querier, cfg *Config) ([]Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	done := map[string]bool{}
-	rows, err := db.Query(ctx, fmt.Sprintf("SELECT line, version FROM %s", table(c.Schema)))
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // undefined table or schema
-	case err != nil:
-		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
-	default:
-		for rows.Next() {
-			var line string
-			var v int
-			if err := rows.Scan(&line, &v); err != nil {
-				return nil, fmt.Errorf("migrate: read applied versions: %w", err)
-			}
-			done[line+"/"+strconv.Itoa(v)] = true
-		}
-		if err := rows.Err(); err != nil {
-			if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
-				break
-			}
-			return nil, fmt.Errorf("migrate: read applied versions: %w", err)
-		}
+	rows, err := appliedRows(ctx, db, c.Schema)
+	if err != nil {
+		return nil, err
+	}
+	done := map[string]string{}
+	for _, r := range rows {
+		done[r.key()] = r.name
 	}
 	out := make([]Status, len(all))
 	for i, m := range all {
-		out[i] = Status{Line: m.Line, Version: m.Version, Name: m.Name, Applied: done[string(m.Line)+"/"+strconv.Itoa(m.Version)]}
+		name, ok := done[string(m.Line)+"/"+strconv.Itoa(m.Version)]
+		out[i] = Status{Line: m.Line, Version: m.Version, Name: m.Name, Applied: ok && name == m.Name}
 	}
-	return out, nil
+	return append(out, unknownRows(c.Lines, rows)...), nil
 }
 
 // SQL returns the whole migration script of the configured lines for teams that apply

@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -21,7 +20,11 @@ var partitionedSQL string
 // NOT EXISTS then leaves alone.
 func migrationSQL(c Config, m Migration) string {
 	if c.Partitioned && m.Line == LineOutbox && m.Version == 1 {
-		return strings.ReplaceAll(partitionedSQL, "{{schema}}", pgx.Identifier{c.Schema}.Sanitize()) + "\n" + m.SQL(c.Schema)
+		p, err := expand(partitionedSQL, c.Schema)
+		if err != nil {
+			panic(fmt.Sprintf("migrate: sql/partitioned/outbox_events.sql: %v", err)) // a test checks the file
+		}
+		return p + "\n" + m.SQL(c.Schema)
 	}
 	return m.SQL(c.Schema)
 }
@@ -105,8 +108,4 @@ func CreatePartitions(ctx context.Context, db DB, schema string, daysAhead int) 
 		return nil, fmt.Errorf("migrate: create partitions: commit: %w", err)
 	}
 	return created, nil
-}
-
-func ensurePartitions(ctx context.Context, db DB, schema string) ([]string, error) {
-	return CreatePartitions(ctx, db, schema, DefaultPartitionsAhead)
 }

@@ -57,7 +57,7 @@ RETURNS SETOF text
 LANGUAGE plpgsql VOLATILE
 AS $fn$
 DECLARE
-    v_schema text := $s${{schema}}$s$; -- already quoted
+    v_schema text := {{schema_name}}; -- a value: quoted with format('%I') below
     v_day    date := (now() AT TIME ZONE 'UTC')::date;
     v_last   date;
     v_name   text;
@@ -73,13 +73,13 @@ BEGIN
         v_name := 'outbox_events_p' || to_char(v_day, 'YYYYMMDD');
         v_from := v_day::timestamp AT TIME ZONE 'UTC';
         v_to := (v_day + 1)::timestamp AT TIME ZONE 'UTC';
-        IF to_regclass(v_schema || '.' || quote_ident(v_name)) IS NULL THEN
-            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s.outbox_events_default WHERE occurred_at >= $1 AND occurred_at < $2)', v_schema)
+        IF to_regclass(format('%I.%I', v_schema, v_name)) IS NULL THEN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I.outbox_events_default WHERE occurred_at >= $1 AND occurred_at < $2)', v_schema)
                 INTO v_taken USING v_from, v_to;
             IF NOT v_taken THEN
-                EXECUTE format('CREATE TABLE IF NOT EXISTS %s.%I PARTITION OF %s.outbox_events FOR VALUES FROM (%L) TO (%L) WITH (fillfactor = 70)',
+                EXECUTE format('CREATE TABLE IF NOT EXISTS %I.%I PARTITION OF %I.outbox_events FOR VALUES FROM (%L) TO (%L) WITH (fillfactor = 70)',
                                v_schema, v_name, v_schema, v_from, v_to);
-                EXECUTE format('CREATE UNIQUE INDEX IF NOT EXISTS %I ON %s.%I (aggregate_type, aggregate_id, aggregate_sequence)',
+                EXECUTE format('CREATE UNIQUE INDEX IF NOT EXISTS %I ON %I.%I (aggregate_type, aggregate_id, aggregate_sequence)',
                                v_name || '_aggregate_sequence_key', v_schema, v_name);
                 RETURN NEXT v_name;
             END IF;
