@@ -502,7 +502,8 @@ func SQL(cfg *Config) (string, error) {
 		return "", err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "-- pgoutbox migrations for schema %s, lines %s.\n", pgx.Identifier{c.Schema}.Sanitize(), joinLines(c.Lines))
+	// A comment ends at a line break: the name is shown escaped (ASCII, no control character).
+	fmt.Fprintf(&b, "-- pgoutbox migrations for schema %s, lines %s.\n", strconv.QuoteToASCII(c.Schema), joinLines(c.Lines))
 	b.WriteString("BEGIN;\n")
 	fmt.Fprintf(&b, "SELECT pg_advisory_xact_lock(%d);\n", lockKey(c.Schema))
 	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", pgx.Identifier{c.Schema}.Sanitize())
