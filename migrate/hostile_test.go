@@ -30,25 +30,25 @@ import (
 func hostileSchemaNames(tag, canary string) []string {
 	c := canary // e.g. nextval('cn_x.s')
 	names := []string{
-		"$s$||" + c + "||$s$",            // the partitioned function's old $s$ literal
-		"$fn$;SELECT " + c + ";$fn$",     // ends a function body
-		"$$;SELECT " + c + ";$$",         // ends an anonymous dollar quote
-		"';SELECT " + c + ";--",          // ends a string literal
-		"'';SELECT " + c + ";--",         // doubled quote
-		`";SELECT ` + c + `;--`,          // ends a quoted identifier
-		`"";SELECT ` + c + `--`,          // doubled double quote
-		"a;SELECT " + c,                  // statement separator
-		"--\nSELECT " + c + ";",          // newline after a line comment
-		"/*/SELECT " + c + "*/",          // block comment
-		`\';SELECT ` + c + `;--`,         // backslash before a quote (E'' strings)
-		"%I%s%L%%;SELECT " + c,           // format() patterns
-		"{{schema}};SELECT " + c,         // placeholders inside the name
-		"{{schema_name}}'||" + c + "||'", // placeholder and a literal break-out
-		"ünï😀$s$';SELECT " + c + "--",   // unicode
-		"UPPER Case $fn$ " + c,           // upper case and spaces
-		"E'\\x';SELECT " + c + ";--",     // an escape string
-		"$1;SELECT " + c + ";$2",         // parameter markers
-		"\t\r\n;SELECT " + c,             // control characters
+		"$s$||" + c + "||$s$",              // the partitioned function's old $s$ literal
+		"$fn$;SELECT " + c + ";$fn$",       // ends a function body
+		"$$;SELECT " + c + ";$$",           // ends an anonymous dollar quote
+		"';SELECT " + c + ";--",            // ends a string literal
+		"'';SELECT " + c + ";--",           // doubled quote
+		`";SELECT ` + c + `;--`,            // ends a quoted identifier
+		`"";SELECT ` + c + `--`,            // doubled double quote
+		"a;SELECT " + c,                    // statement separator
+		"--\nSELECT " + c + ";",            // newline after a line comment
+		"/*/SELECT " + c + "*/",            // block comment
+		`\';SELECT ` + c + `;--`,           // backslash before a quote (E'' strings)
+		"%I%s%L%%;SELECT " + c,             // format() patterns
+		"{{schema}};SELECT " + c,           // placeholders inside the name
+		"{{schema_name}}'||" + c + "||'",   // placeholder and a literal break-out
+		"ünï😀$s$';SELECT " + c + "--",      // unicode
+		"UPPER Case $fn$ " + c,             // upper case and spaces
+		"E'\\x';SELECT " + c + ";--",       // an escape string
+		"$1;SELECT " + c + ";$2",           // parameter markers
+		"\t\r\n;SELECT " + c,               // control characters
 		"x$fn_q1$;SELECT " + c + "$fn_q1$", // the expander's own fallback tag
 	}
 	out := make([]string, 0, len(names)+1)
