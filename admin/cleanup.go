@@ -174,6 +174,10 @@ func Cleanup(ctx context.Context, db CleanupDB, cfg CleanupConfig) (CleanupResul
 	if err != nil {
 		return res, err
 	}
+	// A database migrated by a newer pgoutbox is refused (errors.Is migrate.ErrDatabaseNewer).
+	if err := migrate.CheckCompatible(ctx, db, c.Schema, migrate.LineOutbox); err != nil {
+		return res, fmt.Errorf("admin: cleanup: %w", err)
+	}
 	events := pgx.Identifier{c.Schema, "outbox_events"}.Sanitize()
 	if err := db.QueryRow(ctx, "SELECT now() - $1::bigint * interval '1 microsecond'", c.Retention.Microseconds()).Scan(&res.Cutoff); err != nil {
 		return res, fmt.Errorf("admin: cleanup: read the clock: %w", err)

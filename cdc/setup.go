@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 // Errors of the start-up checks; each comes wrapped with what to do about it.
@@ -75,6 +77,10 @@ func checkServer(ctx context.Context, pool *pgxpool.Pool, c *Config) (slotInfo, 
 	}
 	if !exists {
 		return slotInfo{}, fmt.Errorf("%w in schema %s: run 'pgoutbox migrate --schema %s' first", ErrNotMigrated, c.Schema, c.Schema)
+	}
+	// A database migrated by a newer pgoutbox is refused (errors.Is migrate.ErrDatabaseNewer).
+	if err := migrate.CheckCompatible(ctx, pool, c.Schema, migrate.LineOutbox); err != nil {
+		return slotInfo{}, fmt.Errorf("cdc: %w", err)
 	}
 	return slotState(ctx, pool, c)
 }
@@ -200,6 +206,11 @@ func ensureOwnership(ctx context.Context, pool *pgxpool.Pool, c *Config, q *quer
 	return nil
 }
 
+// quoteLiteral quotes s as a plain string literal, for the replication
+// protocol's commands, which take no parameters and whose scanner knows no escape
+// strings. The values quoted here are plain by construction: the owner and the
+// publication come from names Config.validate restricts to [a-z0-9_] (and
+// "cdc:"), the snapshot name from the server.
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // replConn opens a logical replication connection with the pool's settings.

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -98,6 +99,11 @@ func runCleanup(ctx context.Context, db *dbFlags, lf *logFlags, cfg admin.Cleanu
 	if err := checkMigratedConn(ctx, conn, db.schema); err != nil {
 		return err
 	}
+	if cfg.InboxRetention > 0 {
+		if err := checkCompatible(ctx, conn, cmp.Or(cfg.InboxSchema, db.schema), migrate.LineInbox); err != nil {
+			return err
+		}
+	}
 	cfg.Schema, cfg.Logger = db.schema, logger
 	tty := !asJSON && progressTTY(stdout)
 	if tty {
@@ -161,6 +167,9 @@ func progressTTY(w io.Writer) bool {
 
 // checkMigratedConn is checkMigrated on a single connection.
 func checkMigratedConn(ctx context.Context, q migrate.Querier, schema string) error {
+	if err := checkCompatible(ctx, q, schema, migrate.LineOutbox); err != nil {
+		return err
+	}
 	st, err := migrate.State(ctx, q, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
 	if err != nil {
 		return err

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"text/tabwriter"
 
@@ -44,6 +46,9 @@ Use "pgoutbox migrate print" to get the SQL for your own migration tool, and
 			applied, err := migrate.Up(cmd.Context(), conn, cfg)
 			for _, a := range applied {
 				fmt.Fprintf(cmd.OutOrStdout(), "applied %s/%04d_%s\n", a.Line, a.Version, a.Name)
+			}
+			if errors.Is(err, migrate.ErrDatabaseNewer) {
+				return usageError{err}
 			}
 			if err != nil {
 				return err
@@ -131,7 +136,10 @@ func newMigrateStatusCmd() *cobra.Command {
 			fmt.Fprintln(w, "LINE\tVERSION\tNAME\tSTATE")
 			for _, s := range st {
 				state := "pending"
-				if s.Applied {
+				switch {
+				case s.Unknown:
+					state = "applied, unknown to this binary (newer?)"
+				case s.Applied:
 					state = "applied"
 				}
 				fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", s.Line, s.Version, s.Name, state)
@@ -143,4 +151,16 @@ func newMigrateStatusCmd() *cobra.Command {
 	cmd.Flags().StringVar(&lines, "lines", "all",
 		"migration lines to list: all, outbox, inbox, or a comma list (env PGOUTBOX_MIGRATE_LINES)")
 	return cmd
+}
+
+// checkCompatible refuses a database migrated by a newer pgoutbox (version skew):
+// a configuration error, exit 2, naming the unknown migrations. Every command
+// that uses the outbox or inbox tables calls it at start (through checkMigrated
+// and checkMigratedConn).
+func checkCompatible(ctx context.Context, q migrate.Querier, schema string, lines ...migrate.Line) error {
+	err := migrate.CheckCompatible(ctx, q, schema, lines...)
+	if errors.Is(err, migrate.ErrDatabaseNewer) {
+		return usageError{err}
+	}
+	return err
 }

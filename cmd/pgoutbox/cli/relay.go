@@ -264,6 +264,9 @@ func rejectZero(fs *pflag.FlagSet, names ...string) error {
 
 // checkMigrated fails with advice when the schema lacks the outbox migrations.
 func checkMigrated(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if err := checkCompatible(ctx, pool, schema, migrate.LineOutbox); err != nil {
+		return err
+	}
 	st, err := migrate.State(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
 	if err != nil {
 		return err

@@ -1,0 +1,73 @@
+package cli
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrate"
+)
+
+// A database migrated by a newer pgoutbox (a tracking row this binary does not
+// know) is refused by every command that uses it, with exit 2 and a message
+// naming the unknown migration; "migrate status" lists it.
+func TestVersionSkewIsRefused(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Migrated(t, 2)
+	ctx := context.Background()
+	all, _ := migrate.All(migrate.LineOutbox)
+	future := all[len(all)-1].Version + 1
+	table := pgx.Identifier{schema, migrate.Table}.Sanitize()
+	if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (line, version, name) VALUES ('outbox', $1, 'from_the_future'), ('inbox', 99, 'inbox_future')", future); err != nil {
+		t.Fatal(err)
+	}
+	url := pgtest.URL()
+	db := []string{"--database-url", url, "--schema", schema}
+	for _, args := range [][]string{
+		{"relay", "--broker", "null://"},
+		{"relay", "--source", "cdc", "--broker", "null://"},
+		{"status"},
+		{"status", "--json"},
+		{"cleanup"},
+		{"dlq", "list"},
+		{"dlq", "retry", "--all"},
+		{"replay", "--aggregate-type", "order", "--broker", "null://"},
+		{"migrate"},
+		{"migrate", "--lines", "outbox"},
+	} {
+		args := append(args, db...)
+		_, errOut, code := run(t, args...)
+		if code != 2 || !strings.Contains(errOut, "from_the_future") || !strings.Contains(errOut, "newer pgoutbox") || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("%v: code %d, stderr %q; want exit 2 naming the unknown migration on one line", args[:len(args)-4], code, errOut)
+		}
+	}
+	// The inbox line alone is checked against the inbox's rows.
+	_, errOut, code := run(t, "migrate", "--lines", "inbox", "--database-url", url, "--schema", schema)
+	if code != 2 || !strings.Contains(errOut, "inbox_future") || strings.Contains(errOut, "from_the_future") {
+		t.Errorf("migrate --lines inbox: code %d, stderr %q", code, errOut)
+	}
+	_, errOut, code = run(t, "cleanup", "--inbox-retention", "720h", "--retention", "24h", "--database-url", url, "--schema", schema)
+	if code != 2 {
+		t.Errorf("cleanup with the inbox: code %d, stderr %q", code, errOut)
+	}
+
+	out, errOut, code := run(t, "migrate", "status", "--database-url", url, "--schema", schema)
+	if code != 0 {
+		t.Fatalf("migrate status: code %d, stderr %q", code, errOut)
+	}
+	for _, want := range []string{"outbox  " + strconv.Itoa(future) + "  from_the_future", "inbox   99  inbox_future"} {
+		var line string
+		for l := range strings.Lines(out) {
+			if strings.Contains(strings.Join(strings.Fields(l), "  "), strings.Join(strings.Fields(want), "  ")) {
+				line = l
+			}
+		}
+		if !strings.Contains(line, "applied, unknown to this binary (newer?)") {
+			t.Errorf("migrate status does not list %q as unknown:\n%s", want, out)
+		}
+	}
+}
