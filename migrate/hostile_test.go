@@ -17,6 +17,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
+	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -210,9 +211,44 @@ func hostileRound(ctx context.Context, t *testing.T, pool *pgxpool.Pool, schema 
 		t.Fatalf("relay published %d events, want 3", n)
 	}
 
-	// Operator paths: status, retry, cleanup (with partition creation).
+	// A consumer applies the published events once, in the same schema's inbox.
+	c, err := inbox.New(inbox.Pgx(pool), func(context.Context, pgx.Tx, inbox.Event) error { return nil },
+		&inbox.Config{Name: "c'$s$\"", Schema: schema, Logger: slog.New(slog.DiscardHandler)})
+	pgtest.Must(t, err, "consumer")
+	for round, want := range []inbox.Status{inbox.StatusApplied, inbox.StatusDuplicate} {
+		for _, m := range rec.Messages() {
+			if o := c.Process(ctx, inbox.DeliveryOf(m)); o.Status != want {
+				t.Fatalf("consumer round %d: %s (%v), want %s", round, o.Status, o.Err, want)
+			}
+		}
+	}
+
+	// Operator paths: status, retry, the dead letter queue, replay, cleanup (with
+	// partition creation).
 	a, err := admin.New(pool, &admin.Config{Schema: schema})
 	pgtest.Must(t, err, "admin")
+	tx, err = pool.Begin(ctx)
+	pgtest.Must(t, err, "begin")
+	enq, err := p.EnqueueTx(ctx, tx, pgoutbox.Event{AggregateType: "order", AggregateID: "2", EventType: "poison", Payload: 4})
+	pgtest.Must(t, err, "enqueue")
+	pgtest.Must(t, tx.Commit(ctx), "commit")
+	pgtest.Must(t, exec(ctx, pool, "UPDATE "+pgx.Identifier{schema, "outbox_events"}.Sanitize()+
+		" SET quarantined_at = now(), attempt_count = 1, last_error = 'refused' WHERE event_id = $1", enq[0].EventID), "quarantine")
+	dead, err := a.ListQuarantined(ctx, admin.Filter{AggregateType: "order"})
+	pgtest.Must(t, err, "list quarantined")
+	if len(dead) != 1 || dead[0].ID != enq[0].EventID {
+		t.Fatalf("quarantined: %+v", dead)
+	}
+	skipped, err := a.Skip(ctx, admin.SkipRequest{IDs: []pgoutbox.UUID{enq[0].EventID}, Reason: "test", Actor: "hostile"})
+	pgtest.Must(t, err, "skip")
+	if len(skipped) != 1 {
+		t.Fatalf("skipped %v", skipped)
+	}
+	rr, err := admin.Replay(ctx, pool, rec, admin.ReplayRequest{Schema: schema, Filter: admin.ReplayFilter{AggregateType: "order"}})
+	pgtest.Must(t, err, "replay")
+	if rr.Total != 3 || rr.Published != 3 {
+		t.Fatalf("replay: %+v, want the 3 published events (not the skipped one)", rr)
+	}
 	status, err := a.Status(ctx)
 	pgtest.Must(t, err, "status")
 	if status.Pending != 0 {
@@ -223,8 +259,8 @@ func hostileRound(ctx context.Context, t *testing.T, pool *pgxpool.Pool, schema 
 	}
 	res, err := admin.Cleanup(ctx, pool, admin.CleanupConfig{Schema: schema, Retention: time.Microsecond, InboxRetention: time.Hour, InboxReplayHorizon: time.Microsecond})
 	pgtest.Must(t, err, "cleanup")
-	if res.Deleted+res.DroppedRows != 3 {
-		t.Fatalf("cleanup deleted %d rows and dropped %d, want 3 in all", res.Deleted, res.DroppedRows)
+	if res.Deleted+res.DroppedRows != 4 {
+		t.Fatalf("cleanup deleted %d rows and dropped %d, want 4 in all", res.Deleted, res.DroppedRows)
 	}
 	if partitioned {
 		created, err := migrate.CreatePartitions(ctx, pool, schema, migrate.DefaultPartitionsAhead+3)
