@@ -5,11 +5,16 @@
 // outbox_enqueue function) lives in the producer's database, the "inbox" line
 // (processed_events and consumer_positions) in each consumer's. Both may share one database.
 //
-// Up applies what is missing. Each migration runs in its own transaction holding a
-// transaction-scoped advisory lock, so any number of processes may call Up at once:
-// one applies each migration, the others wait and then find it recorded. The SQL is
-// also idempotent (IF NOT EXISTS, CREATE OR REPLACE), so teams that run it through
-// their own migration tool (see [SQL]) can apply it twice without harm.
+// Up applies what is missing, all of it in one transaction holding a
+// transaction-scoped advisory lock: a failure leaves nothing of the run, and any
+// number of processes may call Up at once (one applies, the others wait and then
+// find the migrations recorded). The SQL is also idempotent (IF NOT EXISTS, CREATE
+// OR REPLACE), so teams that run it through their own migration tool (see [SQL])
+// can apply it twice without harm.
+//
+// The schema may have any name PostgreSQL accepts: the files name it only through
+// placeholders that are quoted for the context they land in (expand.go). A database
+// migrated by a newer pgoutbox is refused ([CheckCompatible]).
 package migrate
 
 import (
