@@ -152,3 +152,26 @@ func FuzzSchemaName(f *testing.F) {
 		}
 	})
 }
+
+// For a name without quote, backslash or dollar, the expansion of every embedded
+// file is what plain text replacement gave before the lexer: databases migrated
+// by earlier versions got the same SQL.
+func TestExpandOfPlainNamesIsUnchanged(t *testing.T) {
+	t.Parallel()
+	all, err := migrate.All()
+	pgtest.Must(t, err, "all")
+	templates := []string{migrate.PartitionedTemplate}
+	for _, m := range all {
+		templates = append(templates, migrate.Template(m))
+	}
+	for _, name := range []string{"public", "outbox", "My Schema", "ünï", "a-b.c"} {
+		naive := strings.NewReplacer("{{schema}}", pgx.Identifier{name}.Sanitize(), "{{schema_name}}", "'"+name+"'")
+		for i, tpl := range templates {
+			got, err := migrate.Expand(tpl, name)
+			pgtest.Must(t, err, "expand %d", i)
+			if want := naive.Replace(tpl); got != want {
+				t.Errorf("template %d, schema %q: the expansion differs from text replacement", i, name)
+			}
+		}
+	}
+}

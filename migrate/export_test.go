@@ -18,3 +18,9 @@ func UpMigrations(ctx context.Context, db DB, cfg *Config, all []Migration) ([]A
 
 // Expand is expand, for tests.
 var Expand = expand
+
+// Template returns m's file as embedded, placeholders unexpanded.
+func Template(m Migration) string { return m.sql }
+
+// PartitionedTemplate is sql/partitioned/outbox_events.sql as embedded.
+var PartitionedTemplate = partitionedSQL

@@ -257,7 +257,11 @@ func up(ctx context.Context, db DB, c Config, all []Migration) ([]Applied, error
 			continue
 		}
 		// Simple protocol: a migration file holds several statements.
-		if _, err := tx.Exec(ctx, migrationSQL(c, m), pgx.QueryExecModeSimpleProtocol); err != nil {
+		q, err := migrationSQL(c, m)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := tx.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return nil, fmt.Errorf("migrate: apply %s (nothing of this run was kept): %w", m.fileName(), err)
 		}
 		if _, err := tx.Exec(ctx, recordStmt(schema), string(m.Line), m.Version, m.Name); err != nil {
@@ -515,7 +519,11 @@ func SQL(cfg *Config) (string, error) {
 	b.WriteString(bookkeepingSQL(c.Schema) + ";\n")
 	for _, m := range all {
 		fmt.Fprintf(&b, "\n-- %s\n", m.fileName())
-		b.WriteString(strings.TrimRight(migrationSQL(c, m), "\n") + "\n")
+		q, err := migrationSQL(c, m)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(strings.TrimRight(q, "\n") + "\n")
 		b.WriteString(recordSQL(c.Schema, m) + ";\n")
 	}
 	if c.Partitioned && slices.Contains(c.Lines, LineOutbox) {

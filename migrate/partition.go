@@ -18,15 +18,19 @@ var partitionedSQL string
 // migrationSQL returns m's statements for c: for a partitioned outbox, the first
 // outbox migration is preceded by the partitioned table, which its CREATE TABLE IF
 // NOT EXISTS then leaves alone.
-func migrationSQL(c Config, m Migration) string {
+func migrationSQL(c Config, m Migration) (string, error) {
+	out, err := expand(m.sql, c.Schema)
+	if err != nil {
+		return "", fmt.Errorf("migrate: %s: %w", m.fileName(), err)
+	}
 	if c.Partitioned && m.Line == LineOutbox && m.Version == 1 {
 		p, err := expand(partitionedSQL, c.Schema)
 		if err != nil {
-			panic(fmt.Sprintf("migrate: sql/partitioned/outbox_events.sql: %v", err)) // a test checks the file
+			return "", fmt.Errorf("migrate: sql/partitioned/outbox_events.sql: %w", err)
 		}
-		return p + "\n" + m.SQL(c.Schema)
+		out = p + "\n" + out
 	}
-	return m.SQL(c.Schema)
+	return out, nil
 }
 
 // Queryer runs one query: *pgxpool.Pool, *pgx.Conn and pgx.Tx have it.
