@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
+	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrate"
@@ -281,4 +283,58 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestHostileSchemaNamesCDC runs the CDC source (publication, slot, column
+// defaults, streaming, Disable) under some of the hostile names: slots are a
+// scarce server resource, so not all of them.
+func TestHostileSchemaNamesCDC(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, pgtest.URL(), 8)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var level string
+	pgtest.Must(t, pool.QueryRow(ctx, "SHOW wal_level").Scan(&level), "wal_level")
+	if level != "logical" {
+		t.Skip("wal_level is not logical")
+	}
+	canarySchema := pgtest.SchemaName(t, pool, "cn")
+	pgtest.Must(t, exec(ctx, pool, "CREATE SCHEMA "+pgx.Identifier{canarySchema}.Sanitize()), "create canary schema")
+	pgtest.Must(t, exec(ctx, pool, "CREATE SEQUENCE "+pgx.Identifier{canarySchema, "s"}.Sanitize()), "create canary sequence")
+	b := make([]byte, 2)
+	_, _ = rand.Read(b)
+	names := hostileSchemaNames("c"+hex.EncodeToString(b)[1:], fmt.Sprintf("nextval('%s.s')", canarySchema))
+	for _, i := range []int{0, 1, 3, 5, 8, 11, 14, 20} {
+		schema := names[i]
+		t.Cleanup(func() {
+			if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+				t.Errorf("drop schema %q: %v", schema, err)
+			}
+		})
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			_, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
+			pgtest.Must(t, err, "migrate")
+			cfg := &cdc.Config{Schema: schema, Logger: slog.New(slog.DiscardHandler)}
+			rec := &brokertest.Recorder{}
+			src, err := cdc.New(pool, rec, cfg)
+			pgtest.Must(t, err, "cdc.New")
+			pgtest.Must(t, src.Start(ctx), "start")
+			p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
+			pgtest.Must(t, err, "producer")
+			_, err = p.EnqueueTx(ctx, pool, pgoutbox.Event{AggregateType: "order", AggregateID: "1", EventType: "created", Payload: 1})
+			pgtest.Must(t, err, "enqueue")
+			deadline := time.Now().Add(30 * time.Second)
+			for len(rec.Messages()) < 1 && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			stopCtx, stopCancel := context.WithTimeout(ctx, 20*time.Second)
+			defer stopCancel()
+			pgtest.Must(t, src.Stop(stopCtx), "stop")
+			if n := len(rec.Messages()); n != 1 {
+				t.Fatalf("cdc published %d events, want 1", n)
+			}
+			pgtest.Must(t, cdc.Disable(ctx, pool, cfg), "disable")
+		})
+	}
+	assertCanary(ctx, t, pool, canarySchema, false)
 }
