@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
@@ -83,7 +84,7 @@ func trim63(s string) string {
 func TestHostileSchemaNames(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, pgtest.URL(), 8)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 
 	canarySchema := pgtest.SchemaName(t, pool, "cn")
@@ -122,8 +123,10 @@ func TestHostileSchemaNames(t *testing.T) {
 	assertCanary(ctx, t, pool, canarySchema, false)
 }
 
-func exec(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) error {
-	_, err := pool.Exec(ctx, sql, args...)
+func exec(ctx context.Context, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, sql string, args ...any) error {
+	_, err := db.Exec(ctx, sql, args...)
 	return err
 }
 
@@ -176,6 +179,15 @@ func hostileRound(ctx context.Context, t *testing.T, pool *pgxpool.Pool, schema 
 		t.Fatalf("%d functions in the schema, want at least %d", nfuncs, want)
 	}
 
+	// A listener on the schema's channel that holds the idle lock, as an idle
+	// relay does, is notified of the commit below.
+	listener, err := pool.Acquire(ctx)
+	pgtest.Must(t, err, "acquire")
+	defer listener.Release()
+	channel := migrate.NotifyChannel(schema)
+	pgtest.Must(t, exec(ctx, listener.Conn(), "LISTEN "+pgx.Identifier{channel}.Sanitize()), "listen")
+	pgtest.Must(t, exec(ctx, listener.Conn(), "SELECT pg_advisory_lock(hashtext('pgoutbox.idle'), hashtext($1))", schema), "idle lock")
+
 	// Enqueue through the Go API and through outbox_enqueue.
 	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
 	pgtest.Must(t, err, "producer")
@@ -187,6 +199,15 @@ func hostileRound(ctx context.Context, t *testing.T, pool *pgxpool.Pool, schema 
 	pgtest.Must(t, tx.QueryRow(ctx, "SELECT "+pgx.Identifier{schema, "outbox_enqueue"}.Sanitize()+"($1, $2, $3, $4)",
 		"order", "1", "paid", `{"n": 2}`).Scan(&id), "outbox_enqueue")
 	pgtest.Must(t, tx.Commit(ctx), "commit")
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	n, err := listener.Conn().WaitForNotification(wctx)
+	wcancel()
+	pgtest.Must(t, err, "wait for the notification")
+	if n.Channel != channel {
+		t.Fatalf("notified on %q, want %q", n.Channel, channel)
+	}
+	pgtest.Must(t, exec(ctx, listener.Conn(), "SELECT pg_advisory_unlock(hashtext('pgoutbox.idle'), hashtext($1))", schema), "idle unlock")
+	pgtest.Must(t, exec(ctx, listener.Conn(), "UNLISTEN *"), "unlisten")
 
 	// A relay drains both, with LISTEN/NOTIFY and the idle lock on.
 	rec := &brokertest.Recorder{}
