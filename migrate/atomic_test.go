@@ -98,10 +98,17 @@ func TestVersionSkew(t *testing.T) {
 	if err := migrate.CheckCompatible(ctx, pool, schema); err != nil {
 		t.Fatalf("up-to-date database: %v", err)
 	}
-	// Not migrated at all, or behind, is not skew.
-	if err := migrate.CheckCompatible(ctx, pool, pgtest.Name("absent")); err != nil {
+	// Not migrated at all, or behind, is not skew; inside a transaction, an
+	// absent schema does not abort it.
+	tx, err := pool.Begin(ctx)
+	pgtest.Must(t, err, "begin")
+	if err := migrate.CheckCompatible(ctx, tx, pgtest.Name("absent")); err != nil {
 		t.Fatalf("absent schema: %v", err)
 	}
+	if _, err := migrate.State(ctx, tx, &migrate.Config{Schema: pgtest.Name("absent")}); err != nil {
+		t.Fatalf("state of an absent schema: %v", err)
+	}
+	pgtest.Must(t, tx.Commit(ctx), "the transaction is still usable")
 	table := pgx.Identifier{schema, migrate.Table}.Sanitize()
 	pgtest.Must(t, exec(ctx, pool, "DELETE FROM "+table+" WHERE line = 'inbox' AND version = 2"), "fake an older inbox")
 	if err := migrate.CheckCompatible(ctx, pool, schema); err != nil {

@@ -358,9 +358,21 @@ type appliedRow struct {
 func (r appliedRow) key() string { return r.line + "/" + strconv.Itoa(r.version) }
 
 // appliedRows reads the bookkeeping table; a schema or table that does not exist
-// means nothing is applied.
+// means nothing is applied. It looks the table up first, so that inside a
+// caller's transaction a missing table does not abort it.
 func appliedRows(ctx context.Context, db Querier, schema string) ([]appliedRow, error) {
-	rows, err := db.Query(ctx, "SELECT line, version, name FROM "+table(schema)+" ORDER BY line, version")
+	rows, err := db.Query(ctx, "SELECT to_regclass($1) IS NOT NULL", table(schema))
+	if err != nil {
+		return nil, fmt.Errorf("migrate: look up %s: %w", Table, err)
+	}
+	exists, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if err != nil {
+		return nil, fmt.Errorf("migrate: look up %s: %w", Table, err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	rows, err = db.Query(ctx, "SELECT line, version, name FROM "+table(schema)+" ORDER BY line, version")
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined table or schema
 		return nil, nil
