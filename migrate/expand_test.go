@@ -175,3 +175,27 @@ func TestExpandOfPlainNamesIsUnchanged(t *testing.T) {
 		}
 	}
 }
+
+// FuzzExpandTemplate checks, for any migration text, that the expansion never
+// panics and that whether it fails does not depend on the schema name (All
+// checks each file with one name; Migration.SQL relies on that).
+func FuzzExpandTemplate(f *testing.F) {
+	all, err := migrate.All()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(migrate.PartitionedTemplate, "$fn$")
+	for _, m := range all {
+		f.Add(migrate.Template(m), "a'b\"c$$d")
+	}
+	for _, s := range []string{"$$", "$a$ $b$ {{schema}} $b$ $a$", "'{{schema}}'", "/* /* */ {{schema}} */", "E'\\'' {{schema_name}}", "x$y$ {{schema}}", "$1{{schema}}$2"} {
+		f.Add(s, "s")
+	}
+	f.Fuzz(func(t *testing.T, src, name string) {
+		_, errX := migrate.Expand(src, "x")
+		_, errN := migrate.Expand(src, name)
+		if (errX == nil) != (errN == nil) {
+			t.Fatalf("Expand(%q): with name x: %v; with name %q: %v", src, errX, name, errN)
+		}
+	})
+}
