@@ -110,7 +110,7 @@ func encode(i int, ev *Event, maxPayload int, extra map[string]string) (row, err
 		{"AggregateID", ev.AggregateID, MaxAggregateIDBytes},
 		{"EventType", ev.EventType, MaxEventTypeBytes},
 	} {
-		if reason, _ := checkName(f.v, f.limit); reason != "" {
+		if reason := checkName(f.v, f.limit); reason != "" {
 			return fail(f.name, "%s", reason)
 		}
 	}

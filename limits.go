@@ -185,7 +185,7 @@ func checkHeaderName(k string) error {
 	}
 	for i := 0; i < len(k); i++ {
 		if !isTchar(k[i]) {
-			return fmt.Errorf("%w: name %q has %q, not allowed in a header name (letters, digits and !#$%%&'*+-.^_`|~ only)", ErrInvalidHeader, k, k[i])
+			return fmt.Errorf("%w: name %.40q has %q, not allowed in a header name (letters, digits and !#$%%&'*+-.^_`|~ only)", ErrInvalidHeader, k, k[i:i+1])
 		}
 	}
 	return nil
@@ -215,16 +215,16 @@ func checkHeaderValue(v string) string {
 	return ""
 }
 
-// CheckName returns why s cannot be an aggregate type, aggregate id or event type
-// of at most max bytes, or nil.
-func checkName(s string, limit int) (reason string, tooLong bool) {
+// checkName returns why s cannot be an aggregate type, aggregate id or event type
+// of at most limit bytes, or "".
+func checkName(s string, limit int) string {
 	switch {
 	case s == "":
-		return "must not be empty", false
+		return "must not be empty"
 	case len(s) > limit:
-		return fmt.Sprintf("is %d bytes, above the limit of %d", len(s), limit), true
+		return fmt.Sprintf("is %d bytes, above the limit of %d", len(s), limit)
 	}
-	return checkText(s), false
+	return checkText(s)
 }
 
 // CheckEventFields returns why an event with these names cannot be published, or
@@ -239,7 +239,7 @@ func CheckEventFields(aggregateType, aggregateID, eventType string) error {
 		{"aggregate id", aggregateID, MaxAggregateIDBytes},
 		{"event type", eventType, MaxEventTypeBytes},
 	} {
-		if reason, _ := checkName(f.v, f.limit); reason != "" {
+		if reason := checkName(f.v, f.limit); reason != "" {
 			return fmt.Errorf("pgoutbox: %s %s", f.name, reason)
 		}
 	}

@@ -539,7 +539,9 @@ func (s *Source) publish(items []item) []error {
 		msgs[i] = items[i].msg
 	}
 	pctx, cancel := context.WithTimeout(s.hardCtx, s.cfg.PublishTimeout)
-	results := s.pub.Publish(pctx, msgs)
+	// The same rule as the polling relay: rows of a raw INSERT that break the
+	// producer's limits or carry reserved headers are quarantined, never sent.
+	results := broker.PublishValid(pctx, s.pub, msgs, nil)
 	cancel()
 	if len(results) != len(msgs) {
 		s.log.Error("publisher returned the wrong number of results; retrying the batch",
