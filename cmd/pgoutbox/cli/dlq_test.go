@@ -65,7 +65,7 @@ func TestDLQListAndShow(t *testing.T) {
 	}
 	out, _, code = run(t, e.args("dlq", "show", evs["o1"][0].String())...)
 	for _, want := range []string{"state           quarantined", "last error      webhook: 400 Bad Request: negative amount",
-		"aggregate       order/o1, sequence 1", "  x-test: yes", "payload:\n{\n  \"n\": 1,\n  \"agg\": \"o1\"\n}\n"} {
+		"aggregate       order/o1, sequence 1", "  test: yes", "payload:\n{\n  \"n\": 1,\n  \"agg\": \"o1\"\n}\n"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("dlq show lacks %q:\n%s", want, out)
 		}
