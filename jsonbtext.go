@@ -73,7 +73,7 @@ func (s *jsonbSizer) value() int {
 			}
 		}
 	case c == '"':
-		_, n := s.str()
+		_, n := s.str(false)
 		return n
 	case c == 't':
 		s.i += 4
@@ -114,7 +114,7 @@ func (s *jsonbSizer) object() int {
 			s.i++
 			continue
 		}
-		key, kn := s.str()
+		key, kn := s.str(true)
 		s.skipSpace()
 		s.i++ // ':'
 		vn := s.value()
@@ -152,16 +152,37 @@ func (s *jsonbSizer) object() int {
 	}
 }
 
-// str reads the string at s.i and returns it decoded and the length of its jsonb
-// text: escape_json's escapes for '"', '\\', \b \f \n \r \t and other control
-// characters (\u00XX), everything else as UTF-8.
-func (s *jsonbSizer) str() (string, int) {
+// str reads the string at s.i and returns the length of its jsonb text, and the
+// string decoded when key is set: escape_json writes '"', '\\', \b \f \n \r \t
+// as two-byte escapes, other control characters as \u00XX, everything else as
+// UTF-8.
+func (s *jsonbSizer) str(key bool) (string, int) {
 	s.i++
 	var dec []byte
+	n := 2
+	add := func(r rune) {
+		switch {
+		case r == '"' || r == '\\' || r == '\b' || r == '\f' || r == '\n' || r == '\r' || r == '\t':
+			n += 2
+		case r < 0x20:
+			n += 6
+		case utf8.RuneLen(r) < 0: // a lone surrogate, which jsonb refuses: as U+FFFD
+			n += 3
+		default:
+			n += utf8.RuneLen(r)
+		}
+		if key {
+			dec = utf8.AppendRune(dec, r)
+		}
+	}
 	for s.b[s.i] != '"' {
 		c := s.b[s.i]
 		if c != '\\' {
-			dec = append(dec, c)
+			// Raw bytes (valid JSON has no control characters here) are copied.
+			n++
+			if key {
+				dec = append(dec, c)
+			}
 			s.i++
 			continue
 		}
@@ -176,37 +197,26 @@ func (s *jsonbSizer) str() (string, int) {
 					s.i += 6
 				}
 			}
-			dec = utf8.AppendRune(dec, r)
+			add(r)
 		default:
 			s.i++
 			switch e {
 			case 'b':
-				dec = append(dec, '\b')
+				add('\b')
 			case 'f':
-				dec = append(dec, '\f')
+				add('\f')
 			case 'n':
-				dec = append(dec, '\n')
+				add('\n')
 			case 'r':
-				dec = append(dec, '\r')
+				add('\r')
 			case 't':
-				dec = append(dec, '\t')
+				add('\t')
 			default: // '"', '\\', '/'
-				dec = append(dec, e)
+				add(rune(e))
 			}
 		}
 	}
 	s.i++
-	n := 2
-	for _, c := range dec {
-		switch {
-		case c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
-			n += 2
-		case c < 0x20:
-			n += 6
-		default:
-			n++
-		}
-	}
 	return string(dec), n
 }
 

@@ -137,6 +137,9 @@ var ErrInvalidHeader = errors.New("pgoutbox: invalid header")
 // sorted order, so the answer does not depend on map order. The Go API, the relay
 // and (in SQL) outbox_enqueue apply the same rules.
 func CheckHeaders(headers map[string]string) error {
+	if len(headers) == 0 {
+		return nil
+	}
 	if len(headers) > MaxHeaders {
 		return fmt.Errorf("%w: %d headers, above the limit of %d", ErrInvalidHeader, len(headers), MaxHeaders)
 	}
