@@ -179,6 +179,22 @@ func CheckHeaders(headers map[string]string) error {
 	return nil
 }
 
+// CheckHeader returns why one header cannot be published, or nil: the rules of
+// [CheckHeaders] that concern a single name and value (a reserved name, a name
+// that is not a token of at most MaxHeaderNameBytes, a bad value).
+func CheckHeader(name, value string) error {
+	if err := checkHeaderName(name); err != nil {
+		return err
+	}
+	if reason, ok := ReservedHeader(name); ok {
+		return fmt.Errorf("%w: name %q is reserved: %s", ErrInvalidHeader, name, reason)
+	}
+	if err := checkHeaderValue(value); err != "" {
+		return fmt.Errorf("%w: value of %q %s", ErrInvalidHeader, name, err)
+	}
+	return nil
+}
+
 func checkHeaderName(k string) error {
 	switch {
 	case k == "":

@@ -161,6 +161,21 @@ func ParseWireHeaders(body []byte, names []string, get func(name string) string)
 	return m, nil
 }
 
+// CheckHeaders returns why one of m's producer headers must not go out
+// (pgoutbox.CheckHeader: a reserved name, an invalid name or value), marked
+// [Permanent], or nil. Every adapter calls it before sending, so that such a
+// header reaching it without the relay's check (a direct Publish) is refused
+// rather than silently left out. Sizes are left to [CheckMessage] and to each
+// adapter's own limits.
+func (m *Message) CheckHeaders() error {
+	for k, v := range m.Headers {
+		if err := pgoutbox.CheckHeader(k, v); err != nil {
+			return Permanent(fmt.Errorf("broker: event %s: headers: %w", m.EventID, err))
+		}
+	}
+	return nil
+}
+
 // CheckMessage returns why m must not be published, marked [Permanent], or nil:
 // the checks of the Go API and outbox_enqueue (pgoutbox.CheckEventFields,
 // pgoutbox.CheckHeaders, a payload of at most pgoutbox.HardMaxPayloadBytes), for

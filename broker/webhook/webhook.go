@@ -416,6 +416,9 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 
 // header returns the request headers of m, without the signature.
 func (p *Publisher) header(m *broker.Message) (http.Header, error) {
+	if err := m.CheckHeaders(); err != nil {
+		return nil, err
+	}
 	wire := m.WireHeaders()
 	h := make(http.Header, len(wire)+len(p.cfg.Header)+4)
 	for name, values := range p.cfg.Header {

@@ -38,11 +38,16 @@ func TestRequest(t *testing.T) {
 		URL:    srv.URL() + "/hooks/{aggregate_type}/{event_type}/v{schema_version}?tenant=acme",
 		Header: http.Header{"authorization": {"Bearer config"}},
 	})
+	// Producer headers the publisher, HTTP or Config.Header own are refused, never sent.
+	for name, v := range map[string]string{"Content-Type": "text/plain", "idempotency-key": "forged",
+		"Authorization": "Bearer producer", "outbox-signature": "t=1,v1=forged", "Host": "evil", "Transfer-Encoding": "chunked"} {
+		forged := message("order/line", "forged", 1)
+		forged.Headers[name] = v
+		if err := publish(t, p, forged)[0]; !broker.IsPermanent(err) {
+			t.Fatalf("a producer header %s: %v, want a permanent refusal", name, err)
+		}
+	}
 	m := message("order/line", "42", 1)
-	m.Headers["Content-Type"] = "text/plain"        // the publisher's
-	m.Headers["idempotency-key"] = "forged"         // the publisher's
-	m.Headers["Authorization"] = "Bearer producer"  // Config.Header's
-	m.Headers["outbox-signature"] = "t=1,v1=forged" // dropped by WireHeaders
 	if err := publish(t, p, m)[0]; err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
