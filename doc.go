@@ -41,8 +41,12 @@
 // Event ids are UUIDv7, fixed at enqueue time and the same on every delivery, so
 // consumers can deduplicate on them.
 //
-// Invalid events (empty names, payloads that are not JSON or that jsonb would
-// refuse, payloads over Config.MaxPayloadBytes) are rejected with a
+// Invalid events (empty or over-long names, payloads that are not JSON or that
+// jsonb would refuse, payloads whose stored text is over Config.MaxPayloadBytes,
+// headers beyond MaxHeaders or MaxHeaderBytes, header names that are not tokens or
+// that a broker or HTTP acts on — see [ReservedHeader]) are rejected with a
 // [*ValidationError] before any SQL is sent, so the caller's transaction stays
-// usable.
+// usable. Headers are data for the consumer, never broker control. The limits are
+// this package's Max… constants; outbox_enqueue checks the same ones, and the relay
+// quarantines a row written around both.
 package pgoutbox

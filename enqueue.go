@@ -13,9 +13,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
-// DefaultMaxPayloadBytes is the payload size limit when Config.MaxPayloadBytes is 0.
-const DefaultMaxPayloadBytes = 1 << 20
-
 // maxEventsPerStatement keeps one INSERT under PostgreSQL's 65535 bind parameters
 // (9 per event); larger calls run several statements in the same transaction, which
 // still get consecutive sequences because the first one took the aggregates' locks.
@@ -27,9 +24,11 @@ type Config struct {
 	// migrate). Defaults to "public".
 	Schema string
 
-	// MaxPayloadBytes is the largest encoded payload accepted, in bytes. Larger
-	// payloads fail with ErrPayloadTooLarge before any SQL runs. Defaults to 1 MiB;
-	// a negative value disables the check. Keep it in step with the database setting
+	// MaxPayloadBytes is the largest payload accepted, in bytes of the text jsonb
+	// stores (what the relay publishes; see JSONBTextLength). Larger payloads fail
+	// with ErrPayloadTooLarge before any SQL runs. Defaults to
+	// DefaultMaxPayloadBytes; a negative value means HardMaxPayloadBytes, and a
+	// larger value is an error. Keep it in step with the database setting
 	// pgoutbox.max_payload_bytes, which bounds the SQL function outbox_enqueue.
 	MaxPayloadBytes int
 
@@ -61,8 +60,13 @@ func NewProducer(cfg *Config) (*Producer, error) {
 	if err := migrate.ValidateSchema(c.Schema); err != nil {
 		return nil, fmt.Errorf("pgoutbox: Config.Schema: %w", err)
 	}
-	if c.MaxPayloadBytes == 0 {
+	switch {
+	case c.MaxPayloadBytes == 0:
 		c.MaxPayloadBytes = DefaultMaxPayloadBytes
+	case c.MaxPayloadBytes < 0:
+		c.MaxPayloadBytes = HardMaxPayloadBytes
+	case c.MaxPayloadBytes > HardMaxPayloadBytes:
+		return nil, fmt.Errorf("pgoutbox: Config.MaxPayloadBytes %d: above the hard maximum of %d (HardMaxPayloadBytes)", c.MaxPayloadBytes, HardMaxPayloadBytes)
 	}
 	if c.Propagator == nil {
 		c.Propagator = propagation.TraceContext{}

@@ -587,7 +587,7 @@ func TestSQLFunctionValidation(t *testing.T) {
 		{[]any{"o", "1", "t", "{}", 0}, "($1, $2, $3, $4::jsonb, $5)", "schema_version must be at least 1"},
 		{[]any{"o", "1", "t", "{}", 1, "[]"}, "($1, $2, $3, $4::jsonb, $5, $6::jsonb)", "headers must be a JSON object"},
 		{[]any{"o", "1", "t", "{}", 1, `{"k": 1}`}, "($1, $2, $3, $4::jsonb, $5, $6::jsonb)", "string values"},
-		{[]any{"o", "1", "t", `"` + strings.Repeat("x", 1<<20) + `"`}, "($1, $2, $3, $4::jsonb)", "above the limit of 1048576 bytes"},
+		{[]any{"o", "1", "t", `"` + strings.Repeat("x", 1<<20) + `"`}, "($1, $2, $3, $4::jsonb)", "above the limit of 1015808 bytes"},
 	}
 	for _, tc := range cases {
 		_, err := f.pool.Exec(ctx, "SELECT "+fn+tc.sql, tc.args...)

@@ -14,15 +14,17 @@ import (
 // Event is one fact to publish, written to the outbox in the caller's transaction.
 type Event struct {
 	// AggregateType names the kind of entity the event is about, e.g. "order".
-	// Required. It selects the default subject or topic, so keep it short and stable.
+	// Required, at most MaxAggregateTypeBytes. It selects the default subject or
+	// topic, so keep it short and stable.
 	AggregateType string
 
 	// AggregateID identifies the entity within its type, e.g. an order number.
-	// Required. Events of one (AggregateType, AggregateID) are published in the order
-	// they were enqueued.
+	// Required, at most MaxAggregateIDBytes. Events of one (AggregateType,
+	// AggregateID) are published in the order they were enqueued.
 	AggregateID string
 
-	// EventType names what happened, e.g. "order.created". Required.
+	// EventType names what happened, e.g. "order.created". Required, at most
+	// MaxEventTypeBytes.
 	EventType string
 
 	// Payload is the event body. json.RawMessage and []byte are taken as raw JSON and
@@ -34,9 +36,14 @@ type Event struct {
 	// it. Defaults to 1; must not be negative.
 	SchemaVersion int
 
-	// Headers are extra key/value pairs published with the event. Keys must not be
-	// empty. The trace context of the enqueue call's ctx is added as "traceparent"
-	// (and "tracestate") unless Headers already has them.
+	// Headers are extra key/value pairs published with the event: data for the
+	// consumer, never broker control. Names must be RFC 9110 tokens of at most
+	// MaxHeaderNameBytes, unique without case and not reserved (see
+	// ReservedHeader: Outbox-*, Nats-*, Content-*, x-*, Authorization, Host, …);
+	// values must have no control characters and no leading or trailing space; at
+	// most MaxHeaders headers and MaxHeaderBytes of names and values. The trace
+	// context of the enqueue call's ctx is added as "traceparent" (and
+	// "tracestate") unless Headers already has them, in any case.
 	Headers map[string]string
 
 	// ID is the event's id. Defaults to a new UUIDv7. Set it to derive ids from your
@@ -95,16 +102,16 @@ func encode(i int, ev *Event, maxPayload int, extra map[string]string) (row, err
 	fail := func(field, format string, args ...any) (row, error) {
 		return row{}, &ValidationError{Index: i, Field: field, Reason: fmt.Sprintf(format, args...)}
 	}
-	for _, f := range []struct{ name, v string }{
-		{"AggregateType", ev.AggregateType},
-		{"AggregateID", ev.AggregateID},
-		{"EventType", ev.EventType},
+	for _, f := range []struct {
+		name, v string
+		limit   int
+	}{
+		{"AggregateType", ev.AggregateType, MaxAggregateTypeBytes},
+		{"AggregateID", ev.AggregateID, MaxAggregateIDBytes},
+		{"EventType", ev.EventType, MaxEventTypeBytes},
 	} {
-		if f.v == "" {
-			return fail(f.name, "must not be empty")
-		}
-		if err := checkText(f.v); err != "" {
-			return fail(f.name, "%s", err)
+		if reason := checkName(f.v, f.limit); reason != "" {
+			return fail(f.name, "%s", reason)
 		}
 	}
 	if ev.SchemaVersion < 0 {
@@ -115,28 +122,29 @@ func encode(i int, ev *Event, maxPayload int, extra map[string]string) (row, err
 	if err != nil {
 		return fail("Payload", "%v", err)
 	}
-	if maxPayload > 0 && len(payload) > maxPayload {
+	// Measured on the text jsonb keeps, which is what the relay publishes: a payload
+	// with numbers like 1e100000 or with duplicate keys can be far longer or
+	// shorter than the JSON given.
+	size, err := JSONBTextLength(payload)
+	if err != nil {
+		return fail("Payload", "%v", err)
+	}
+	if size > maxPayload {
 		return row{}, &ValidationError{Index: i, Field: "Payload", tooLarge: true,
-			Reason: fmt.Sprintf("is %d bytes, above the limit of %d bytes (Config.MaxPayloadBytes)", len(payload), maxPayload)}
+			Reason: fmt.Sprintf("is %d bytes as stored (jsonb text), above the limit of %d bytes (Config.MaxPayloadBytes)", size, maxPayload)}
 	}
 
 	headers := make(map[string]string, len(ev.Headers)+len(extra))
 	for k, v := range ev.Headers {
-		if k == "" {
-			return fail("Headers", "must not have an empty key")
-		}
-		if err := checkText(k); err != "" {
-			return fail("Headers", "key %q %s", k, err)
-		}
-		if err := checkText(v); err != "" {
-			return fail("Headers", "value of %q %s", k, err)
-		}
 		headers[k] = v
 	}
 	for k, v := range extra {
-		if _, ok := headers[k]; !ok {
+		if !hasHeaderFold(ev.Headers, k) {
 			headers[k] = v
 		}
+	}
+	if err := CheckHeaders(headers); err != nil {
+		return fail("Headers", "%s", strings.TrimPrefix(err.Error(), ErrInvalidHeader.Error()+": "))
 	}
 	hdr, err := json.Marshal(headers)
 	if err != nil {
@@ -160,6 +168,19 @@ func encode(i int, ev *Event, maxPayload int, extra map[string]string) (row, err
 		r.occurredAt = &t
 	}
 	return r, nil
+}
+
+// hasHeaderFold reports whether h has a header called name, compared without case.
+func hasHeaderFold(h map[string]string, name string) bool {
+	if _, ok := h[name]; ok {
+		return true
+	}
+	for k := range h {
+		if strings.EqualFold(k, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkText returns why PostgreSQL's text type would reject s, or "".

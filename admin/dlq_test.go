@@ -50,7 +50,7 @@ func (e *dlqEnv) enqueue(aggType string, perAgg int, aggIDs ...string) map[strin
 		for s := range perAgg {
 			res, err := p.EnqueueTx(context.Background(), e.pool, pgoutbox.Event{AggregateType: aggType, AggregateID: id,
 				EventType: aggType + ".changed", Payload: map[string]any{"agg": id, "n": s + 1},
-				Headers: map[string]string{"x-origin": "test"}})
+				Headers: map[string]string{"origin": "test"}})
 			pgtest.Must(e.t, err, "enqueue")
 			out[id] = append(out[id], res[0].EventID)
 		}
@@ -137,7 +137,7 @@ func TestListQuarantinedFiltersAndGet(t *testing.T) {
 	pgtest.Must(t, err, "get")
 	var payload map[string]any
 	pgtest.Must(t, json.Unmarshal(ev.Payload, &payload), "payload")
-	if ev.AggregateID != "o2" || ev.AggregateSequence != 1 || payload["agg"] != "o2" || ev.Headers["x-origin"] != "test" ||
+	if ev.AggregateID != "o2" || ev.AggregateSequence != 1 || payload["agg"] != "o2" || ev.Headers["origin"] != "test" ||
 		ev.LastError != "Schema Registry says NO" || ev.State != admin.StateQuarantined || ev.Skip != nil {
 		t.Fatalf("get: %+v (payload %s)", ev, ev.Payload)
 	}

@@ -275,7 +275,9 @@ func publishBatch(ctx context.Context, pub broker.Publisher, msgs []broker.Messa
 	delay := 100 * time.Millisecond
 	plain := 0
 	for {
-		results := pub.Publish(ctx, msgs)
+		// The relay's rule (broker.CheckMessage): an event published before the
+		// rule existed, with reserved or invalid headers, is refused, not re-sent.
+		results := broker.PublishValid(ctx, pub, msgs, nil)
 		if len(results) != len(msgs) {
 			return fmt.Errorf("admin: replay: the publisher returned %d results for %d messages", len(results), len(msgs))
 		}

@@ -65,7 +65,7 @@ func opsEnqueue(t *testing.T, pool *pgxpool.Pool, schema, aggType string, n, per
 	for s := range perAgg {
 		for a := range n {
 			evs = append(evs, pgoutbox.Event{AggregateType: aggType, AggregateID: fmt.Sprintf("a%02d", a),
-				EventType: aggType + ".changed", Payload: map[string]int{"n": s}, Headers: map[string]string{"X-Test": "yes"}})
+				EventType: aggType + ".changed", Payload: map[string]int{"n": s}, Headers: map[string]string{"Test": "yes"}})
 		}
 	}
 	res, err := p.EnqueueTx(context.Background(), pool, evs...)
@@ -155,7 +155,7 @@ func TestReplayToNATS(t *testing.T) {
 	}
 	got := target.Read(t)
 	checkReplayed(t, got, want)
-	if got[0].Headers["X-Test"] != "yes" {
+	if got[0].Headers["Test"] != "yes" {
 		t.Fatalf("producer header lost: %v", got[0].Headers)
 	}
 	if after := rowState(t, pool, schema); after != before {

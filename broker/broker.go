@@ -76,8 +76,11 @@ func (m *Message) BrokerDedupID() string {
 }
 
 // WireHeaders returns every header the message carries on the wire: the producer's
-// headers and the Outbox-* headers. Producer headers named Outbox-* (in any case)
-// are dropped, so the contract cannot be spoofed.
+// headers and the Outbox-* headers. A producer header with a reserved name
+// (pgoutbox.ReservedHeader: Outbox-*, Nats-*, Authorization, …) never goes out: the
+// relay refuses such an event before publishing (see [CheckMessage]), and should
+// one reach an adapter anyway, it is left out here, so the contract cannot be
+// spoofed and the broker cannot be steered.
 func (m *Message) WireHeaders() map[string]string {
 	h := make(map[string]string, m.WireHeaderCount())
 	for k, v := range m.AllWireHeaders() {
@@ -94,7 +97,7 @@ func (m *Message) AllWireHeaders() iter.Seq2[string, string] {
 		for k, v := range m.Headers {
 			// Compared without case: HTTP and AMQP peers may fold header names, so a
 			// producer's "outbox-event-id" must not travel beside the real one.
-			if strings.HasPrefix(strings.ToLower(k), "outbox-") {
+			if _, reserved := pgoutbox.ReservedHeader(k); reserved {
 				continue
 			}
 			if !yield(k, v) {
@@ -156,6 +159,91 @@ func ParseWireHeaders(body []byte, names []string, get func(name string) string)
 		}
 	}
 	return m, nil
+}
+
+// CheckHeaders returns why one of m's producer headers must not go out
+// (pgoutbox.CheckHeader: a reserved name, an invalid name or value), marked
+// [Permanent], or nil. Every adapter calls it before sending, so that such a
+// header reaching it without the relay's check (a direct Publish) is refused
+// rather than silently left out. Sizes are left to [CheckMessage] and to each
+// adapter's own limits.
+func (m *Message) CheckHeaders() error {
+	for k, v := range m.Headers {
+		if err := pgoutbox.CheckHeader(k, v); err != nil {
+			return Permanent(fmt.Errorf("broker: event %s: headers: %w", m.EventID, err))
+		}
+	}
+	return nil
+}
+
+// CheckMessage returns why m must not be published, marked [Permanent], or nil:
+// the checks of the Go API and outbox_enqueue (pgoutbox.CheckEventFields,
+// pgoutbox.CheckHeaders, a payload of at most pgoutbox.HardMaxPayloadBytes), for
+// rows written around both by a raw INSERT. It is the one rule the polling relay
+// and the CDC source apply before publishing (see [PublishValid]).
+func CheckMessage(m *Message) error {
+	if err := pgoutbox.CheckEventFields(m.AggregateType, m.AggregateID, m.EventType); err != nil {
+		return Permanent(fmt.Errorf("broker: event %s refused before publishing: %w", m.EventID, err))
+	}
+	if err := pgoutbox.CheckHeaders(m.Headers); err != nil {
+		return Permanent(fmt.Errorf("broker: event %s refused before publishing: headers: %w", m.EventID, err))
+	}
+	if len(m.Payload) > pgoutbox.HardMaxPayloadBytes {
+		return Permanent(fmt.Errorf("broker: event %s refused before publishing: payload is %d bytes, above the hard maximum of %d",
+			m.EventID, len(m.Payload), pgoutbox.HardMaxPayloadBytes))
+	}
+	return nil
+}
+
+// PublishValid publishes msgs through pub, except those that [CheckMessage]
+// refuses or whose refused[i] is not nil (an event the caller could not even
+// decode): those get that error, marked Permanent, and the later messages of
+// their aggregate get ErrPredecessorFailed, as a failed publish would give them.
+// refused may be nil. It returns one result per message, like Publisher.Publish.
+func PublishValid(ctx context.Context, pub Publisher, msgs []Message, refused []error) []error {
+	results := make([]error, len(msgs))
+	type laneKey struct{ typ, id string }
+	var failed map[laneKey]bool
+	send := make([]Message, 0, len(msgs))
+	index := make([]int, 0, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		k := laneKey{m.AggregateType, m.AggregateID}
+		if failed[k] {
+			results[i] = ErrPredecessorFailed
+			continue
+		}
+		var err error
+		if i < len(refused) && refused[i] != nil {
+			err = Permanent(refused[i])
+		} else {
+			err = CheckMessage(m)
+		}
+		if err != nil {
+			results[i] = err
+			if failed == nil {
+				failed = map[laneKey]bool{}
+			}
+			failed[k] = true
+			continue
+		}
+		send = append(send, *m)
+		index = append(index, i)
+	}
+	if len(send) == 0 {
+		return results
+	}
+	if len(send) == len(msgs) {
+		return pub.Publish(ctx, msgs)
+	}
+	got := pub.Publish(ctx, send)
+	if len(got) != len(send) {
+		return got // the caller reports the wrong count
+	}
+	for j, i := range index {
+		results[i] = got[j]
+	}
+	return results
 }
 
 // Publisher publishes batches of messages to one broker. Implementations must be

@@ -55,18 +55,22 @@ type laneState struct {
 
 // txn is one committed transaction received from the slot.
 type txn struct {
-	end       pglogrepl.LSN // confirming it means: everything up to its commit is settled
-	commit    time.Time
-	events    []broker.Message // sorted by lane, then sequence
-	next      int              // events[:next] were handed out or skipped
+	end    pglogrepl.LSN // confirming it means: everything up to its commit is settled
+	commit time.Time
+	events []broker.Message // sorted by lane, then sequence
+	// refused holds why an event cannot become a message (headers that are not
+	// a JSON object of strings, written by a raw INSERT): it is quarantined.
+	refused   map[pgoutbox.UUID]error
+	next      int // events[:next] were handed out or skipped
 	unsettled int
 }
 
 // item is one event of a batch.
 type item struct {
 	msg      broker.Message
-	tx       *txn // nil for the table path
-	attempts int  // attempt_count before this attempt
+	tx       *txn  // nil for the table path
+	attempts int   // attempt_count before this attempt
+	refused  error // see txn.refused
 }
 
 // Source streams outbox inserts from a replication slot to a broker. Create it
@@ -441,7 +445,7 @@ func (s *Source) assemble() []item {
 				skipped++
 				continue
 			}
-			out = append(out, item{msg: m, tx: t})
+			out = append(out, item{msg: m, tx: t, refused: t.refused[m.EventID]})
 		}
 		if len(out) >= s.cfg.BatchSize {
 			break
@@ -535,11 +539,20 @@ func (s *Source) publish(items []item) []error {
 			cmp.Compare(a.msg.AggregateSequence, b.msg.AggregateSequence))
 	})
 	msgs := make([]broker.Message, len(items))
+	var refused []error
 	for i := range items {
 		msgs[i] = items[i].msg
+		if items[i].refused != nil {
+			if refused == nil {
+				refused = make([]error, len(items))
+			}
+			refused[i] = items[i].refused
+		}
 	}
 	pctx, cancel := context.WithTimeout(s.hardCtx, s.cfg.PublishTimeout)
-	results := s.pub.Publish(pctx, msgs)
+	// The same rule as the polling relay: rows of a raw INSERT that break the
+	// producer's limits or carry reserved headers are quarantined, never sent.
+	results := broker.PublishValid(pctx, s.pub, msgs, refused)
 	cancel()
 	if len(results) != len(msgs) {
 		s.log.Error("publisher returned the wrong number of results; retrying the batch",

@@ -194,9 +194,15 @@ func (s *Source) streamOnce(up func()) error {
 					if cur == nil || rel.Namespace != s.cfg.Schema || rel.RelationName != "outbox_events" {
 						continue
 					}
-					msg, err := dec.insert(rel, lm.Tuple)
+					msg, refused, err := dec.insert(rel, lm.Tuple)
 					if err != nil {
 						return err
+					}
+					if refused != nil {
+						if cur.refused == nil {
+							cur.refused = map[pgoutbox.UUID]error{}
+						}
+						cur.refused[msg.EventID] = refused
 					}
 					cur.events = append(cur.events, msg)
 				case *pglogrepl.CommitMessage:
@@ -227,13 +233,13 @@ type decoder struct {
 	schema string
 }
 
-func (d *decoder) insert(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (broker.Message, error) {
-	var m broker.Message
+// insert decodes an insert into outbox_events. refused is why the row cannot be
+// published although it decoded (its headers are not a JSON object of strings).
+func (d *decoder) insert(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (m broker.Message, refused error, err error) {
 	if tuple == nil {
-		return m, errors.New("cdc: insert without a tuple")
+		return m, nil, errors.New("cdc: insert without a tuple")
 	}
 	var seen int
-	var err error
 	for i, col := range tuple.Columns {
 		if i >= len(rel.Columns) {
 			break
@@ -259,19 +265,25 @@ func (d *decoder) insert(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleD
 		case "payload":
 			m.Payload = bytes.Clone(v)
 		case "headers":
-			err = json.Unmarshal(v, &m.Headers)
+			if herr := json.Unmarshal(v, &m.Headers); herr != nil {
+				m.Headers = nil
+				refused = herr
+			}
 		case "occurred_at":
 			err = d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, v, &m.OccurredAt)
 		default:
 			continue
 		}
 		if err != nil {
-			return m, fmt.Errorf("cdc: decode column %s of an insert into %s.outbox_events: %w", name, d.schema, err)
+			return m, nil, fmt.Errorf("cdc: decode column %s of an insert into %s.outbox_events: %w", name, d.schema, err)
 		}
 		seen++
 	}
 	if seen < 9 {
-		return m, fmt.Errorf("cdc: an insert into %s.outbox_events lacks columns (got %d of 9): is the table migrated?", d.schema, seen)
+		return m, nil, fmt.Errorf("cdc: an insert into %s.outbox_events lacks columns (got %d of 9): is the table migrated?", d.schema, seen)
 	}
-	return m, nil
+	if refused != nil {
+		refused = fmt.Errorf("cdc: event %s refused before publishing: headers are not a JSON object of strings: %w", m.EventID, refused)
+	}
+	return m, refused, nil
 }

@@ -3,6 +3,8 @@ package cdc
 import (
 	"cmp"
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -62,6 +64,7 @@ type tableRow struct {
 	msg         broker.Message
 	attempts    int
 	quarantined bool
+	refused     error // see txn.refused
 	notBefore   time.Time
 	dbNow       time.Time
 }
@@ -106,12 +109,16 @@ func (s *Source) round() (progressed bool, next time.Time) {
 		}
 		rows, err = pgx.CollectRows(r, func(row pgx.CollectableRow) (tableRow, error) {
 			var t tableRow
-			var headers map[string]string
+			var headers []byte
 			var notBefore *time.Time
 			err := row.Scan(&t.msg.EventID, &t.msg.AggregateType, &t.msg.AggregateID, &t.msg.AggregateSequence,
 				&t.msg.EventType, &t.msg.SchemaVersion, &t.msg.Payload, &headers, &t.msg.OccurredAt,
 				&t.attempts, &t.quarantined, &notBefore, &t.dbNow)
-			t.msg.Headers = headers
+			if err == nil {
+				if herr := json.Unmarshal(headers, &t.msg.Headers); herr != nil {
+					t.refused = fmt.Errorf("cdc: event %s refused before publishing: headers are not a JSON object of strings: %w", t.msg.EventID, herr)
+				}
+			}
 			if notBefore != nil {
 				t.notBefore = *notBefore
 			}
@@ -145,7 +152,7 @@ func (s *Source) round() (progressed bool, next time.Time) {
 			stopped[l] = true
 			due[l] = now.Add(r.notBefore.Sub(r.dbNow))
 		default:
-			candidates = append(candidates, item{msg: r.msg, attempts: r.attempts})
+			candidates = append(candidates, item{msg: r.msg, attempts: r.attempts, refused: r.refused})
 		}
 	}
 

@@ -443,6 +443,9 @@ type claimed struct {
 	attempts       int           // attempt_count before this attempt
 	previousHolder *string       // who held the run's lease before this claim
 	head           pgoutbox.UUID // the first event of its run, which holds the lease
+	// undecodable is why the row cannot become a message (headers that are not a
+	// JSON object of strings, written by a raw INSERT): it is quarantined.
+	undecodable error
 }
 
 // claim leases the next batch, continuing the lane scan from the relay's cursor,
@@ -523,7 +526,10 @@ func (r *Relay) claimFrom(ctx context.Context, from cursor, limit int) ([]claime
 			&c.msg.EventType, &c.msg.SchemaVersion, &c.msg.Payload, &headers, &c.msg.OccurredAt,
 			&c.attempts, &c.previousHolder, &c.head)
 		if err == nil {
-			c.msg.Headers, err = decodeHeaders(headers)
+			var derr error
+			if c.msg.Headers, derr = decodeHeaders(headers); derr != nil {
+				c.undecodable = fmt.Errorf("relay: event %s refused before publishing: headers are not a JSON object of strings: %w", c.msg.EventID, derr)
+			}
 		}
 		if c.head != c.msg.EventID {
 			c.previousHolder = nil // only a run's head holds its lease
@@ -561,8 +567,15 @@ func (r *Relay) process(batch []claimed) time.Duration {
 			cmp.Compare(a.msg.AggregateSequence, b.msg.AggregateSequence))
 	})
 	msgs := make([]broker.Message, len(batch))
+	var refused []error
 	for i := range batch {
 		msgs[i] = batch[i].msg
+		if batch[i].undecodable != nil {
+			if refused == nil {
+				refused = make([]error, len(batch))
+			}
+			refused[i] = batch[i].undecodable
+		}
 	}
 	var results []error
 	start := time.Now()
@@ -573,7 +586,9 @@ func (r *Relay) process(batch []claimed) time.Duration {
 		}
 	} else {
 		pctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.PublishTimeout)
-		results = r.pub.Publish(pctx, msgs)
+		// Rows written around the producer's checks (a raw INSERT) with reserved
+		// headers or sizes beyond the limits are quarantined here, never sent.
+		results = broker.PublishValid(pctx, r.pub, msgs, refused)
 		cancel()
 		_ = failpoint.Inject(failpoint.RelayAfterPublish) // crash or delay only: the broker has spoken
 	}

@@ -159,7 +159,7 @@ func newBatch(aggregates, perAggregate int) *batch {
 				Payload:           []byte(fmt.Sprintf(`{"n":%d,"text":"caf\u00e9 \"quoted\""}`, n)),
 				Headers: map[string]string{
 					broker.HeaderTraceParent: fmt.Sprintf("00-%032x-%016x-01", n+1, n+1),
-					"X-Test-Tenant":          "tenant " + strconv.Itoa(n%7),
+					"Test-Tenant":            "tenant " + strconv.Itoa(n%7),
 				},
 			})
 		}
@@ -283,7 +283,7 @@ func Publish(t testing.TB, p broker.Publisher, msgs ...broker.Message) []error {
 
 // Message returns a message of the given aggregate and sequence with a fresh event
 // id, a fixed occurred-at, a small JSON payload and two producer headers
-// (traceparent and X-Tenant), for adapters' own tests.
+// (traceparent and Tenant), for adapters' own tests.
 func Message(aggType, aggID string, seq int64) broker.Message {
 	return broker.Message{
 		EventID:           pgoutbox.NewEventID(),
@@ -296,7 +296,7 @@ func Message(aggType, aggID string, seq int64) broker.Message {
 		Payload:           []byte(`{"total":"9.50"}`),
 		Headers: map[string]string{
 			broker.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-			"X-Tenant":               "acme corp",
+			"Tenant":                 "acme corp",
 		},
 	}
 }

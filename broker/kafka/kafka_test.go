@@ -43,7 +43,13 @@ func TestRecordShape(t *testing.T) {
 	custom := c.dial(kafka.Config{Topic: broker.MustParseTemplate("events.{aggregate_type}.v{schema_version}")})
 
 	m := message("order", "order-42", 1)
-	m.Headers["Outbox-Event-Id"] = "spoofed" // dropped by WireHeaders
+	for _, name := range []string{"Outbox-Event-Id", "nats-rollup", "X-Death"} {
+		spoofed := message("order", "order-spoof", 1)
+		spoofed.Headers[name] = "spoofed"
+		if err := publish(t, p, spoofed)[0]; !broker.IsPermanent(err) {
+			t.Fatalf("a producer header %s: %v, want a permanent refusal", name, err)
+		}
+	}
 	if err := publish(t, p, m)[0]; err != nil {
 		t.Fatalf("Publish: %v", err)
 	}

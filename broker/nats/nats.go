@@ -424,6 +424,9 @@ func (p *Publisher) reserve(ctx context.Context, n int) error {
 
 // send publishes m asynchronously and returns how to wait for its ack.
 func (p *Publisher) send(st *streamState, m *broker.Message) (broker.AckFunc, error) {
+	if err := m.CheckHeaders(); err != nil {
+		return nil, err
+	}
 	subj := p.cfg.Subject.Expand(m)
 	if err := validateSubject(subj); err != nil {
 		return nil, broker.Permanent(fmt.Errorf("nats: event %s: %w", m.EventID, err))

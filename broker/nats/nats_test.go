@@ -258,10 +258,10 @@ func TestRefusedMessagesArePermanent(t *testing.T) {
 	emptyToken := message("", 1)
 	badHeader := message("order", 1)
 	badHeader.AggregateID = "other"
-	badHeader.Headers["X-Multi"] = "line\nbreak"
+	badHeader.Headers["Multi"] = "line\nbreak"
 	badHeaderName := message("order", 1)
 	badHeaderName.AggregateID = "third"
-	badHeaderName.Headers["X-Bad Name"] = "v"
+	badHeaderName.Headers["Bad Name"] = "v"
 
 	cases := map[string]broker.Message{
 		"above the stream's max message size": overStream,

@@ -33,6 +33,9 @@ func validateRoutingKey(key string) error {
 // header as a string header. Its errors are about the event and never change on
 // a retry.
 func encode(m *broker.Message) (amqp.Publishing, error) {
+	if err := m.CheckHeaders(); err != nil {
+		return amqp.Publishing{}, err
+	}
 	if len(m.EventType) > maxShortstr {
 		return amqp.Publishing{}, fmt.Errorf("event type of %d bytes is longer than AMQP's %d for the type property", len(m.EventType), maxShortstr)
 	}

@@ -270,14 +270,14 @@ func TestHeaderFrameSizeOnTheWire(t *testing.T) {
 	}
 	frameMax := s.link.frameMax
 	pad := testMessage()
-	pad.Headers["X-Pad"] = ""
+	pad.Headers["Pad"] = ""
 	padMsg, _ := encode(&pad)
-	pad.Headers["X-Pad"] = strings.Repeat("p", frameMax-headerFrameSize(&padMsg))
+	pad.Headers["Pad"] = strings.Repeat("p", frameMax-headerFrameSize(&padMsg))
 	if err := publish(pad); err != nil {
 		t.Fatalf("header frame of exactly %d bytes: %v", frameMax, err)
 	}
 	pad.EventID = pgoutbox.NewEventID()
-	pad.Headers["X-Pad"] += "p"
+	pad.Headers["Pad"] += "p"
 	if err := publish(pad); !broker.IsPermanent(err) {
 		t.Fatalf("header frame of %d bytes: %v, want permanent", frameMax+1, err)
 	}

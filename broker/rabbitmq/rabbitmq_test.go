@@ -167,9 +167,9 @@ func TestRefusedMessagesArePermanent(t *testing.T) {
 
 	longKey := message(strings.Repeat("a", 250), "1", 1)
 	longName := message("order", "3", 1)
-	longName.Headers["X-"+strings.Repeat("n", 254)] = "v"
+	longName.Headers["N"+strings.Repeat("n", 255)] = "v"
 	bigHeader := message("order", "4", 1)
-	bigHeader.Headers["X-Big"] = strings.Repeat("v", 200<<10) // above frame_max
+	bigHeader.Headers["Big"] = strings.Repeat("v", 200<<10) // above frame_max
 	badUTF8 := message("order\xff", "5", 1)
 
 	for name, m := range map[string]broker.Message{

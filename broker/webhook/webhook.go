@@ -12,11 +12,12 @@
 //	Idempotency-Key: <event id>             the same on every attempt
 //	Outbox-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>   see Sign
 //
-// plus Config.Header. A producer header whose name the adapter or HTTP owns
-// (Content-Type, Content-Length, Content-Encoding, Transfer-Encoding,
-// Idempotency-Key, Host, Connection, Expect, …) or that Config.Header sets is
-// dropped; one that cannot be sent unchanged (a line break, a leading space, a
-// name that is not an HTTP token) is refused as permanent.
+// plus Config.Header. A producer header with a reserved name
+// (pgoutbox.ReservedHeader: Authorization, Cookie, Content-*, Transfer-Encoding,
+// Idempotency-Key, Host, Connection, Expect, Outbox-*, …) or one that cannot be
+// sent unchanged (a line break, a leading space, a name that is not an HTTP token)
+// is refused as permanent, never sent; one that Config.Header also sets is left
+// out (Config.Header wins).
 //
 // # Acknowledgements and errors
 //
@@ -416,6 +417,9 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 
 // header returns the request headers of m, without the signature.
 func (p *Publisher) header(m *broker.Message) (http.Header, error) {
+	if err := m.CheckHeaders(); err != nil {
+		return nil, err
+	}
 	wire := m.WireHeaders()
 	h := make(http.Header, len(wire)+len(p.cfg.Header)+4)
 	for name, values := range p.cfg.Header {

@@ -629,7 +629,7 @@ func TestEventHeadersAreTheProducers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
 	m := inboxtest.Event("1", 1)
-	m.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "X-Tenant": "eu"}
+	m.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "Tenant": "eu"}
 	e.publish(t, m)
 	got := make(chan map[string]string, 1)
 	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
@@ -639,7 +639,7 @@ func TestEventHeadersAreTheProducers(t *testing.T) {
 	e.subscribe(t, c, rabbitinbox.Config{})
 	select {
 	case h := <-got:
-		if len(h) != 2 || h["traceparent"] != m.Headers["traceparent"] || h["X-Tenant"] != "eu" {
+		if len(h) != 2 || h["traceparent"] != m.Headers["traceparent"] || h["Tenant"] != "eu" {
 			t.Fatalf("handler saw headers %v, want the producer's %v", h, m.Headers)
 		}
 	case <-time.After(30 * time.Second):

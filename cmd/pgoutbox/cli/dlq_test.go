@@ -60,12 +60,12 @@ func TestDLQListAndShow(t *testing.T) {
 	out, errOut, code = run(t, e.args("dlq", "show", evs["o1"][0].String(), "--json")...)
 	var ev admin.Event
 	if code != 0 || json.Unmarshal([]byte(out), &ev) != nil || ev.ID != evs["o1"][0] || ev.LastError != "webhook: 400 Bad Request: negative amount" ||
-		ev.QuarantinedAt == nil || ev.Headers["x-test"] != "yes" || !jsonEqual(ev.Payload, `{"agg": "o1", "n": 1}`) {
+		ev.QuarantinedAt == nil || ev.Headers["test"] != "yes" || !jsonEqual(ev.Payload, `{"agg": "o1", "n": 1}`) {
 		t.Fatalf("dlq show --json: code %d, stderr %q:\n%s", code, errOut, out)
 	}
 	out, _, code = run(t, e.args("dlq", "show", evs["o1"][0].String())...)
 	for _, want := range []string{"state           quarantined", "last error      webhook: 400 Bad Request: negative amount",
-		"aggregate       order/o1, sequence 1", "  x-test: yes", "payload:\n{\n  \"n\": 1,\n  \"agg\": \"o1\"\n}\n"} {
+		"aggregate       order/o1, sequence 1", "  test: yes", "payload:\n{\n  \"n\": 1,\n  \"agg\": \"o1\"\n}\n"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("dlq show lacks %q:\n%s", want, out)
 		}

@@ -52,7 +52,7 @@ func (e *opsEnv) enqueue(perAgg int, aggIDs ...string) map[string][]pgoutbox.UUI
 	for _, id := range aggIDs {
 		for s := range perAgg {
 			res, err := p.EnqueueTx(context.Background(), e.pool, pgoutbox.Event{AggregateType: "order", AggregateID: id,
-				EventType: "order.changed", Payload: map[string]any{"agg": id, "n": s + 1}, Headers: map[string]string{"x-test": "yes"}})
+				EventType: "order.changed", Payload: map[string]any{"agg": id, "n": s + 1}, Headers: map[string]string{"test": "yes"}})
 			pgtest.Must(e.t, err, "enqueue")
 			out[id] = append(out[id], res[0].EventID)
 		}
