@@ -391,7 +391,10 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error 
 // message fails as unavailable rather than wait in a Produce that ctx cannot
 // interrupt.
 func (p *Publisher) send(_ context.Context, m *broker.Message) (broker.AckFunc, error) {
-	topic := p.cfg.Topic.Expand(m)
+	topic, err := p.cfg.Topic.ExpandChecked(m)
+	if err != nil {
+		return nil, broker.Permanent(fmt.Errorf("kafka: event %s: %w", m.EventID, err))
+	}
 	if err := validateTopic(topic); err != nil {
 		return nil, broker.Permanent(fmt.Errorf("kafka: event %s: %w", m.EventID, err))
 	}

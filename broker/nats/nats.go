@@ -272,7 +272,8 @@ func newPublisher(ctx context.Context, js jetstream.JetStream, cfg Config, owns 
 	}
 	if p.nc.IsConnected() {
 		if _, err := p.ensureStream(ctx); err != nil {
-			if broker.IsPermanent(classify(err)) {
+			var se *SubjectsError
+			if errors.As(err, &se) || broker.IsPermanent(classify(err)) {
 				return nil, err
 			}
 			cfg.Logger.Warn("nats: stream not ensured yet, will retry on first publish",
@@ -292,6 +293,9 @@ func (p *Publisher) ensureStream(ctx context.Context) (*streamState, error) {
 	}
 	s, err := p.js.Stream(ctx, p.cfg.Stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if err := checkSubjects(p.cfg.Stream, p.cfg.StreamSubjects, p.cfg.Subject, true); err != nil {
+			return nil, err
+		}
 		s, err = p.js.CreateStream(ctx, jetstream.StreamConfig{
 			Name:     p.cfg.Stream,
 			Subjects: p.cfg.StreamSubjects,
@@ -312,6 +316,9 @@ func (p *Publisher) ensureStream(ctx context.Context) (*streamState, error) {
 	if len(st.subjects) == 0 {
 		// A stream created without subjects listens on its own name.
 		st.subjects = []string{p.cfg.Stream}
+	}
+	if err := checkSubjects(p.cfg.Stream, st.subjects, p.cfg.Subject, false); err != nil {
+		return nil, err
 	}
 	p.mu.Lock()
 	p.stream = st
@@ -424,7 +431,10 @@ func (p *Publisher) reserve(ctx context.Context, n int) error {
 
 // send publishes m asynchronously and returns how to wait for its ack.
 func (p *Publisher) send(st *streamState, m *broker.Message) (broker.AckFunc, error) {
-	subj := p.cfg.Subject.Expand(m)
+	subj, err := p.cfg.Subject.ExpandChecked(m)
+	if err != nil {
+		return nil, broker.Permanent(fmt.Errorf("nats: event %s: %w", m.EventID, err))
+	}
 	if err := validateSubject(subj); err != nil {
 		return nil, broker.Permanent(fmt.Errorf("nats: event %s: %w", m.EventID, err))
 	}
