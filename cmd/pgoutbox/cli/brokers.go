@@ -213,11 +213,9 @@ func (t *brokerTarget) describe() string {
 	if q := strings.IndexAny(rest, "?#"); q >= 0 && scheme != "kafka" {
 		rest = rest[:q] + "?…"
 	}
-	shown := scheme + "://" + rest
-	if u, err := url.Parse(shown); err == nil && !strings.Contains(rest, ",") {
-		shown = redactURL(u)
-	}
-	return strings.Replace(shown, "://", "://"+creds, 1)
+	// Not redactURL (url.URL.Redacted): it shows a user name, which is the whole
+	// secret of a token URL (nats://token@host), and a query.
+	return scheme + "://" + creds + rest
 }
 
 // open connects to the broker (starting the embedded one if chosen) and returns
