@@ -209,6 +209,13 @@ func Dial(ctx context.Context, url string, cfg Config) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nats: connect: %w", err)
 	}
+	// The first attempt is made before Connect returns. A server that turned the
+	// credentials away would do so on every reconnect: that is a configuration
+	// error, not an outage to wait out.
+	if last := nc.LastError(); !nc.IsConnected() && isAuthError(last) {
+		nc.Close()
+		return nil, fmt.Errorf("nats: connect: the server refused the credentials: %w", last)
+	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout),
 		jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
@@ -223,6 +230,13 @@ func Dial(ctx context.Context, url string, cfg Config) (*Publisher, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// isAuthError reports whether err is the server refusing the connection's
+// credentials.
+func isAuthError(err error) bool {
+	return errors.Is(err, natsgo.ErrAuthorization) || errors.Is(err, natsgo.ErrAuthExpired) ||
+		errors.Is(err, natsgo.ErrAuthRevoked) || errors.Is(err, natsgo.ErrAccountAuthExpired)
 }
 
 // validateURLs catches what nats.go would only find when it first dials, which

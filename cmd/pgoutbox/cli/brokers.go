@@ -233,6 +233,16 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		if err != nil {
 			return nil, nil, usageError{err}
 		}
+		// Credentials the cluster refuses are a configuration error: stop now
+		// rather than retry every event forever. A cluster that does not answer
+		// within --ack-timeout is waited for by the publishes, as before.
+		pctx, cancel := context.WithTimeout(ctx, t.flags.ackTimeout)
+		perr := pub.Ping(pctx)
+		cancel()
+		if kafka.IsAuthError(perr) {
+			_ = pub.Close()
+			return nil, nil, usageError{fmt.Errorf("--broker: the Kafka cluster refused the credentials: %w", perr)}
+		}
 		return pub, func() { _ = pub.Close() }, nil
 	case "rabbitmq":
 		cfg := rabbitmq.Config{Exchange: t.flags.amqpExchange, ConfirmTimeout: t.flags.ackTimeout, Logger: log}
@@ -241,7 +251,10 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		}
 		pub, err := rabbitmq.Dial(ctx, t.flags.url, cfg)
 		if err != nil {
-			return nil, nil, err
+			// A malformed URL or a server that turned us away (403
+			// ACCESS_REFUSED, an unknown vhost): Dial waits out an unreachable
+			// server instead.
+			return nil, nil, usageError{err}
 		}
 		return pub, func() { _ = pub.Close() }, nil
 	case "webhook":

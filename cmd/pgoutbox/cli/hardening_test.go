@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jackc/pgx/v5"
@@ -452,6 +453,47 @@ func TestOperatorActionsAreAudited(t *testing.T) {
 	for _, want := range []string{"ACTION", "dlq_retry", "dlq_skip", "replay", "alice", "bob", "carol", role, "refunded by hand"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("dlq audit lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// Item 9: a broker that refuses the credentials, and broker URL parameters that
+// make no sense, are configuration errors: exit 2, the secret not shown.
+func TestBrokerRefusalsExitTwo(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+		Username: "relay", Password: "right-pw"}
+	srv, err := server.NewServer(opts)
+	pgtest.Must(t, err, "nats server")
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	t.Cleanup(srv.Shutdown)
+	addr := srv.Addr().String()
+	for _, b := range []string{
+		"nats://relay:wr0ng-pw@" + addr,
+		"nats://" + addr,
+		"nats://wr0ng-pw@" + addr,
+		"amqp://guest:wr0ng-pw@127.0.0.1:5672/",
+		"amqp://nobody:wr0ng-pw@127.0.0.1:5672/",
+		"amqp://guest:guest@127.0.0.1:5672/no-such-vhost",
+		"amqp://guest:wr0ng-pw@127.0.0.1:5672/?heartbeat=soon",
+		"amqp://guest:wr0ng-pw@127.0.0.1:5672/?no_such_param=1",
+		"kafka://u:wr0ng-pw@127.0.0.1:9092?sasl=nope",
+		"kafka://u:wr0ng-pw@127.0.0.1:9092?tls=perhaps",
+		"nats://u:wr0ng-pw@127.0.0.1:99999",
+		"https://u:wr0ng-pw@example.invalid/hook?x={nope}",
+	} {
+		args := []string{"relay", "--database-url", pgtest.URL(), "--schema", e.schema, "--broker", b,
+			"--nats-stream", e.target.Stream, "--topic-template", e.target.Template, "--webhook-unsigned", "--log-level", "error"}
+		if strings.HasPrefix(b, "amqp") || strings.HasPrefix(b, "kafka") {
+			args = append(args[:len(args)-6], "--webhook-unsigned", "--log-level", "error")
+		}
+		_, errOut, code := run(t, args...)
+		if code != 2 || strings.Contains(errOut, "wr0ng-pw") || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("--broker %s: exit %d, stderr %q; want exit 2 without the secret", b, code, errOut)
 		}
 	}
 }
