@@ -38,7 +38,10 @@ are created and whole days older than the retention are dropped instead.
 The retention is also how far back "pgoutbox replay" reaches. Dedup rows must be
 kept at least as long as an event can be delivered again: --inbox-retention must
 be at least --retention. It prints its progress on a terminal and a summary line
-(--json: one JSON object). "pgoutbox relay --cleanup-interval" runs it periodically.`,
+(--json: one JSON object). "pgoutbox relay --cleanup-interval" runs it periodically.
+
+--dry-run prints what a run would delete now (published events, dedup rows, the
+partitions it would drop) and deletes nothing. A --retention under 1h needs --force.`,
 		Example: `  pgoutbox cleanup                                  # 7 days
   pgoutbox cleanup --retention 72h --batch-size 10000
   pgoutbox cleanup --inbox-schema app --inbox-retention 336h --json`,

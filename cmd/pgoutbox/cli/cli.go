@@ -149,6 +149,13 @@ var durationFloors = map[string]time.Duration{
 	"inbox-retention":  time.Millisecond,
 }
 
+// boundsHelp documents durationFloors in the verbs' help.
+const boundsHelp = `Lower bounds (exit status 2 below them, docs/operations.md "Lower bounds"):
+--poll-interval 10ms, --lease 1s, --publish-timeout 100ms, --backoff-base and
+--backoff-max 10ms, --ack-timeout 100ms, --connect-timeout 100ms, --shutdown-timeout
+100ms, --cleanup-interval 100ms, status --interval 50ms; a --retention under 1h
+needs --force.`
+
 // zeroOK are the flags of durationFloors whose 0 means "off" or "the default".
 var zeroOK = map[string]bool{"cleanup-interval": true, "publish-timeout": true, "inbox-retention": true}
 

@@ -53,7 +53,7 @@ SIGTERM or SIGINT stops it gracefully: no new claims, in-flight publishes finish
 An unreachable database or broker is retried with backoff; nothing is lost.
 The polling relay runs Go's garbage collector at GOGC=200 unless GOGC is set.
 
-` + cdcHelp + "\n\n" + brokerHelp + "\n\n" + metricsHelp + "\n\n" + tracingHelp,
+` + cdcHelp + "\n\n" + brokerHelp + "\n\n" + boundsHelp + "\n\n" + metricsHelp + "\n\n" + tracingHelp,
 		Example: `  DATABASE_URL=postgres://app@db/app pgoutbox relay --broker nats://nats:4222
   PGOUTBOX_BROKER=kafka://kafka:9092 pgoutbox relay
   pgoutbox relay --broker embedded --embedded-dir /var/lib/pgoutbox/nats --embedded-port 4222   # trying it out only
