@@ -3,9 +3,11 @@ package admin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -55,8 +57,22 @@ func auditTable(schema string) string {
 	return pgx.Identifier{schema, "outbox_operator_audit"}.Sanitize()
 }
 
-// operator returns the actor and reason to record, with their defaults.
-func operator(actor, reason string) (string, string) {
+// MaxAuditText is the longest actor or reason recorded, in bytes.
+const MaxAuditText = 4096
+
+// ErrInvalidAuditText: an actor or reason that is not valid UTF-8, holds a NUL
+// (which PostgreSQL text cannot store) or is longer than MaxAuditText. Nothing
+// is done.
+var ErrInvalidAuditText = errors.New("admin: actor and reason must be valid UTF-8 without NUL bytes, at most 4096 bytes")
+
+// operator returns the actor and reason to record, with their defaults, or an
+// error wrapping ErrInvalidAuditText.
+func operator(actor, reason string) (string, string, error) {
+	for what, v := range map[string]string{"actor": actor, "reason": reason} {
+		if !utf8.ValidString(v) || strings.ContainsRune(v, 0) || len(v) > MaxAuditText {
+			return "", "", fmt.Errorf("%w: the %s is not", ErrInvalidAuditText, what)
+		}
+	}
 	actor, reason = strings.TrimSpace(actor), strings.TrimSpace(reason)
 	if actor == "" {
 		actor = DefaultActor()
@@ -64,7 +80,7 @@ func operator(actor, reason string) (string, string) {
 	if reason == "" {
 		reason = DefaultReason
 	}
-	return actor, reason
+	return actor, reason, nil
 }
 
 // writeAudit inserts r through q (the action's transaction) and returns its id.

@@ -255,7 +255,10 @@ func (a *Admin) RetryEvents(ctx context.Context, req RetryRequest) ([]pgoutbox.U
 	case ways > 1:
 		return nil, errors.New("admin: RetryRequest: give IDs, a Filter or All, not several of them")
 	}
-	actor, reason := operator(req.Actor, req.Reason)
+	actor, reason, err := operator(req.Actor, req.Reason)
+	if err != nil {
+		return nil, err
+	}
 	rec := auditRecord{action: ActionRetry, actor: actor, reason: reason}
 	var cond string
 	args := []any{a.channel}
@@ -272,7 +275,7 @@ func (a *Admin) RetryEvents(ctx context.Context, req RetryRequest) ([]pgoutbox.U
 		rec.selection = map[string]any{"filter": req.Filter.audit()}
 	}
 	var out []pgoutbox.UUID
-	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
 		if len(req.IDs) > 0 {
 			if err := a.checkExist(ctx, tx, req.IDs); err != nil {
 				return err
@@ -404,16 +407,15 @@ func (a *Admin) Skip(ctx context.Context, req SkipRequest) ([]Skipped, error) {
 	if len(req.IDs) == 0 {
 		return nil, ErrNoEvents
 	}
-	reason := strings.TrimSpace(req.Reason)
-	if reason == "" {
+	if strings.TrimSpace(req.Reason) == "" {
 		return nil, ErrNoReason
 	}
-	actor := strings.TrimSpace(req.Actor)
-	if actor == "" {
-		actor = DefaultActor()
+	actor, reason, err := operator(req.Actor, req.Reason)
+	if err != nil {
+		return nil, err
 	}
 	var out []Skipped
-	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
 		// Lock the rows first: a relay cannot lease a quarantined row, and nobody
 		// else may retry or skip them while we decide.
 		rows, err := tx.Query(ctx, `SELECT e.event_id, CASE WHEN e.published_at IS NOT NULL THEN 'published'

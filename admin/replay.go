@@ -247,7 +247,10 @@ func Replay(ctx context.Context, db DB, pub broker.Publisher, req ReplayRequest)
 // auditReplay records the replay about to start in the operator audit, in a
 // transaction of its own that commits before anything is published.
 func auditReplay(ctx context.Context, db DB, req ReplayRequest, res *ReplayResult) (int64, error) {
-	actor, reason := operator(req.Actor, req.Reason)
+	actor, reason, err := operator(req.Actor, req.Reason)
+	if err != nil {
+		return 0, err
+	}
 	f := req.Filter
 	sel := map[string]any{"run_id": res.RunID}
 	for k, v := range map[string]string{"aggregate_type": f.AggregateType, "aggregate_id": f.AggregateID,
@@ -266,7 +269,7 @@ func auditReplay(ctx context.Context, db DB, req ReplayRequest, res *ReplayResul
 		sel["all"] = true
 	}
 	var id int64
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var err error
 		id, err = writeAudit(ctx, tx, req.Schema, auditRecord{action: ActionReplay, actor: actor, reason: reason,
 			selection: sel, ids: f.EventIDs, count: res.Total})

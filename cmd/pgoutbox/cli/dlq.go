@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -309,6 +310,9 @@ the time.`,
 			defer closeDB()
 			retried, err := a.RetryEvents(cmd.Context(), admin.RetryRequest{IDs: ids, All: all, Filter: filter.f,
 				Actor: op.actor, Reason: op.reason})
+			if errors.Is(err, admin.ErrInvalidAuditText) {
+				return usageError{err}
+			}
 			if err != nil {
 				return err
 			}
@@ -366,6 +370,9 @@ Only quarantined events can be skipped; if any id is not, nothing is skipped.`,
 			}
 			defer closeDB()
 			skipped, err := a.Skip(cmd.Context(), admin.SkipRequest{IDs: ids, Reason: reason, Actor: actor})
+			if errors.Is(err, admin.ErrInvalidAuditText) {
+				return usageError{err}
+			}
 			if err != nil {
 				return err
 			}

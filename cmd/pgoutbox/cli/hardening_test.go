@@ -497,3 +497,31 @@ func TestBrokerRefusalsExitTwo(t *testing.T) {
 		}
 	}
 }
+
+// An actor or reason PostgreSQL cannot store is a usage error, and nothing is done.
+func TestAuditTextRefused(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t)
+	evs := e.enqueue(1, "o1", "o2")
+	e.quarantine(evs["o1"][0], "boom")
+	e.exec("UPDATE "+e.table("outbox_events")+" SET published_at = now() WHERE event_id = ANY($1)", evs["o2"])
+	for _, args := range [][]string{
+		{"dlq", "retry", "--all", "--reason", "nul\x00byte"},
+		{"dlq", "retry", "--all", "--actor", "\xff\xfe"},
+		{"dlq", "retry", evs["o1"][0].String(), "--reason", strings.Repeat("long ", 1000)},
+		{"dlq", "skip", evs["o1"][0].String(), "--reason", "nul\x00byte"},
+		{"dlq", "skip", evs["o1"][0].String(), "--reason", "ok", "--actor", "a\x00b"},
+		{"replay", "--all", "--broker", "null://", "--reason", "\xc3\x28"},
+	} {
+		_, errOut, code := run(t, e.args(args...)...)
+		if code != 2 || !strings.Contains(errOut, "valid UTF-8 without NUL") {
+			t.Errorf("%q: exit %d, stderr %q; want exit 2", args, code, errOut)
+		}
+	}
+	if n := e.count("outbox_events", "quarantined_at IS NOT NULL"); n != 1 {
+		t.Fatal("a refused action changed the dead letter")
+	}
+	if n := e.count("outbox_operator_audit", "true"); n != 0 {
+		t.Fatalf("%d audit rows for refused actions", n)
+	}
+}

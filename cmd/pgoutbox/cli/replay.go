@@ -184,6 +184,9 @@ func runReplay(ctx context.Context, db *dbFlags, bf *brokerFlags, lf *logFlags, 
 	if tty {
 		fmt.Fprint(stdout, "\r\x1b[K")
 	}
+	if errors.Is(err, admin.ErrInvalidAuditText) {
+		return usageError{err}
+	}
 	if err != nil {
 		var re *admin.ReplayError
 		if errors.As(err, &re) {
