@@ -75,11 +75,13 @@ var ErrNoEvents = errors.New("admin: no event ids given")
 // Retry gives quarantined events a fresh start: quarantine lifted, attempts reset
 // to zero, no backoff. Their last_error is kept for the record. The relays are
 // woken at once, and each aggregate's lane resumes in sequence order from the
-// retried event. It returns the ids actually retried; ids that are not quarantined
-// (published, never failed, unknown) are left alone.
+// retried event. It returns the ids actually retried; ids of events that are not
+// quarantined (published, never failed) are left alone. An id no event has is an
+// error wrapping ErrNotFound, and then nothing is retried. The action is audited
+// (see RetryEvents, which this is with the default actor and reason).
 func (a *Admin) Retry(ctx context.Context, ids ...pgoutbox.UUID) ([]pgoutbox.UUID, error) {
 	if len(ids) == 0 {
 		return nil, ErrNoEvents
 	}
-	return a.retry(ctx, " AND e.event_id = ANY($2::uuid[])", []any{a.channel, ids}, 0)
+	return a.RetryEvents(ctx, RetryRequest{IDs: ids})
 }

@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,7 +44,17 @@ func TestRetryLiftsOnlyQuarantine(t *testing.T) {
 
 	a, err := admin.New(pool, &admin.Config{Schema: schema})
 	pgtest.Must(t, err, "admin")
-	got, err := a.Retry(ctx, res[0].EventID, res[1].EventID, res[2].EventID, pgoutbox.NewEventID())
+	// An id no event has: not found, and nothing is retried.
+	unknown := pgoutbox.NewEventID()
+	if got, err := a.Retry(ctx, res[0].EventID, unknown); !errors.Is(err, admin.ErrNotFound) || !strings.Contains(err.Error(), unknown.String()) || got != nil {
+		t.Fatalf("retry with an unknown id = %v, %v; want ErrNotFound naming it", got, err)
+	}
+	var stillQuarantined bool
+	pgtest.Must(t, pool.QueryRow(ctx, "SELECT quarantined_at IS NOT NULL FROM "+table+" WHERE event_id = $1", res[0].EventID).Scan(&stillQuarantined), "read")
+	if !stillQuarantined {
+		t.Fatal("a retry that failed with not found retried an event")
+	}
+	got, err := a.Retry(ctx, res[0].EventID, res[1].EventID, res[2].EventID)
 	pgtest.Must(t, err, "retry")
 	if len(got) != 1 || got[0] != res[0].EventID {
 		t.Fatalf("retried %v, want only the quarantined event", got)

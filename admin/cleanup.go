@@ -65,6 +65,12 @@ type CleanupConfig struct {
 	// still in the outbox.
 	InboxReplayHorizon time.Duration
 
+	// DryRun deletes, drops and creates nothing: the result says what a run
+	// would do now (Deleted the rows batches would delete, DroppedPartitions and
+	// DroppedRows the partitions that would be dropped, InboxDeleted the dedup
+	// rows), counted with one read of each table. Batches stays 0.
+	DryRun bool
+
 	// Progress, when set, is called after each batch and each dropped partition
 	// with the running totals.
 	Progress func(CleanupProgress)
@@ -192,6 +198,11 @@ func Cleanup(ctx context.Context, db CleanupDB, cfg CleanupConfig) (CleanupResul
 	if err != nil {
 		return res, fmt.Errorf("admin: cleanup: %w", err)
 	}
+	if c.DryRun {
+		err := cleanupDryRun(ctx, db, &c, &res, partitioned)
+		res.Duration = time.Since(start)
+		return res, err
+	}
 	if partitioned {
 		if res.CreatedPartitions, err = migrate.CreatePartitions(ctx, db, c.Schema, c.PartitionsAhead); err != nil {
 			var pgErr *pgconn.PgError
@@ -247,6 +258,44 @@ func Cleanup(ctx context.Context, db CleanupDB, cfg CleanupConfig) (CleanupResul
 	}
 	res.Duration = time.Since(start)
 	return res, nil
+}
+
+// cleanupDryRun fills res with what Cleanup would delete now, changing nothing.
+func cleanupDryRun(ctx context.Context, db CleanupDB, c *CleanupConfig, res *CleanupResult, partitioned bool) error {
+	events := pgx.Identifier{c.Schema, "outbox_events"}.Sanitize()
+	var dropped []string // sanitized names of the partitions that would be dropped
+	if partitioned {
+		if err := dropPartitions(ctx, db, c, res, func() {}); err != nil {
+			return err
+		}
+		for _, p := range res.DroppedPartitions {
+			dropped = append(dropped, pgx.Identifier{c.Schema, p}.Sanitize())
+		}
+	}
+	if dropped == nil {
+		dropped = []string{}
+	}
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+events+` e
+ WHERE e.published_at < $1::timestamptz AND e.quarantined_at IS NULL
+   AND e.tableoid <> ALL (ARRAY(SELECT to_regclass(p)::oid FROM unnest($2::text[]) p))`,
+		res.Cutoff, dropped).Scan(&res.Deleted); err != nil {
+		return fmt.Errorf("admin: cleanup: dry run: count %s: %w", events, err)
+	}
+	if c.InboxRetention > 0 {
+		inboxTable := pgx.Identifier{c.InboxSchema, "processed_events"}.Sanitize()
+		var exists bool
+		if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", inboxTable).Scan(&exists); err != nil {
+			return fmt.Errorf("admin: cleanup: dry run: look up %s: %w", inboxTable, err)
+		}
+		if exists {
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM "+inboxTable+
+				" WHERE processed_at < now() - $1::bigint * interval '1 microsecond'",
+				c.InboxRetention.Microseconds()).Scan(&res.InboxDeleted); err != nil {
+				return fmt.Errorf("admin: cleanup: dry run: count %s: %w", inboxTable, err)
+			}
+		}
+	}
+	return nil
 }
 
 // deleteBatchSQL deletes one batch: $1 the cursor (the last event id looked at),

@@ -208,25 +208,134 @@ func (a *Admin) Get(ctx context.Context, id pgoutbox.UUID) (*Event, error) {
 // RetryWhere retries the quarantined events that f selects, like Retry: quarantine
 // lifted, attempts reset, backoff and lease cleared, relays woken. A filter without
 // any criterion is refused with ErrNoFilter (RetryAll says that explicitly). It
-// returns the ids retried, ordered by aggregate and sequence.
+// returns the ids retried, ordered by aggregate and sequence. It is RetryEvents
+// with the default actor and reason.
 func (a *Admin) RetryWhere(ctx context.Context, f Filter) ([]pgoutbox.UUID, error) {
 	if f.empty() {
 		return nil, ErrNoFilter
 	}
-	cond, args := f.where([]any{a.channel})
-	return a.retry(ctx, cond, args, f.Limit)
+	return a.RetryEvents(ctx, RetryRequest{Filter: f})
 }
 
 // RetryAll retries every quarantined event. See Retry.
 func (a *Admin) RetryAll(ctx context.Context) ([]pgoutbox.UUID, error) {
-	return a.retry(ctx, "", []any{a.channel}, 0)
+	return a.RetryEvents(ctx, RetryRequest{All: true})
+}
+
+// RetryRequest says which dead letters RetryEvents retries, why, and who decided it.
+type RetryRequest struct {
+	// Exactly one of IDs, Filter (with a criterion) and All says which events.
+	IDs    []pgoutbox.UUID
+	Filter Filter
+	All    bool
+	// Reason is recorded in the operator audit; defaults to DefaultReason.
+	Reason string
+	// Actor names the operator in the audit; defaults to DefaultActor(). The
+	// database role (current_user) is recorded beside it.
+	Actor string
+}
+
+// RetryEvents lifts the quarantine of the events req selects (see Retry) and
+// records the action, with the ids retried, in outbox_operator_audit in the same
+// transaction. Ids that no event has are ErrNotFound, and then nothing is
+// retried; ids of events that are not quarantined are left alone (they are not
+// in the result).
+func (a *Admin) RetryEvents(ctx context.Context, req RetryRequest) ([]pgoutbox.UUID, error) {
+	ways := 0
+	for _, b := range []bool{len(req.IDs) > 0, !req.Filter.empty(), req.All} {
+		if b {
+			ways++
+		}
+	}
+	switch {
+	case ways == 0 && req.Filter.Limit > 0:
+		return nil, ErrNoFilter
+	case ways == 0:
+		return nil, ErrNoEvents
+	case ways > 1:
+		return nil, errors.New("admin: RetryRequest: give IDs, a Filter or All, not several of them")
+	}
+	actor, reason, err := operator(req.Actor, req.Reason)
+	if err != nil {
+		return nil, err
+	}
+	rec := auditRecord{action: ActionRetry, actor: actor, reason: reason}
+	var cond string
+	args := []any{a.channel}
+	limit := 0
+	switch {
+	case len(req.IDs) > 0:
+		cond, args = " AND e.event_id = ANY($2::uuid[])", append(args, req.IDs)
+		rec.selection = map[string]any{"event_ids": req.IDs}
+	case req.All:
+		rec.selection = map[string]any{"all": true}
+	default:
+		cond, args = req.Filter.where(args)
+		limit = req.Filter.Limit
+		rec.selection = map[string]any{"filter": req.Filter.audit()}
+	}
+	var out []pgoutbox.UUID
+	err = pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
+		if len(req.IDs) > 0 {
+			if err := a.checkExist(ctx, tx, req.IDs); err != nil {
+				return err
+			}
+		}
+		var err error
+		if out, err = a.retry(ctx, tx, cond, args, limit); err != nil {
+			return err
+		}
+		rec.ids, rec.count = out, int64(len(out))
+		_, err = writeAudit(ctx, tx, a.schema, rec)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: retry: %w", err)
+	}
+	return out, nil
+}
+
+// checkExist returns an error wrapping ErrNotFound naming the ids no event has.
+func (a *Admin) checkExist(ctx context.Context, db DB, ids []pgoutbox.UUID) error {
+	rows, err := db.Query(ctx, `SELECT i FROM unnest($1::uuid[]) i
+ WHERE NOT EXISTS (SELECT 1 FROM `+a.events+` e WHERE e.event_id = i)`, ids)
+	if err != nil {
+		return err
+	}
+	missing, err := pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		names := make([]string, len(missing))
+		for i, id := range missing {
+			names[i] = id.String()
+		}
+		return fmt.Errorf("%w: %s (nothing retried)", ErrNotFound, strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// audit returns the filter's criteria for the audit record.
+func (f Filter) audit() map[string]any {
+	m := map[string]any{}
+	for k, v := range map[string]string{"aggregate_type": f.AggregateType, "aggregate_id": f.AggregateID,
+		"event_type": f.EventType, "error_contains": f.ErrorContains} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	if f.Limit > 0 {
+		m["limit"] = f.Limit
+	}
+	return m
 }
 
 // retry lifts the quarantine of the events matching cond (" AND ..." on alias e,
 // parameters from $2; $1 is the notify channel). Only quarantined, unpublished rows
 // qualify, so a lane's later events stay where the relay's claim rule keeps them:
 // behind the retried head, published in sequence order once it is.
-func (a *Admin) retry(ctx context.Context, cond string, args []any, limit int) ([]pgoutbox.UUID, error) {
+func (a *Admin) retry(ctx context.Context, db DB, cond string, args []any, limit int) ([]pgoutbox.UUID, error) {
 	lim := ""
 	if limit > 0 {
 		lim = " LIMIT " + strconv.Itoa(limit)
@@ -247,15 +356,11 @@ func (a *Admin) retry(ctx context.Context, cond string, args []any, limit int) (
 )
 SELECT event_id FROM retried, (SELECT count(*) FROM wake) w
  ORDER BY aggregate_type, aggregate_id, aggregate_sequence`
-	rows, err := a.db.Query(ctx, q, args...)
+	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("admin: retry: %w", err)
+		return nil, err
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
-	if err != nil {
-		return nil, fmt.Errorf("admin: retry: %w", err)
-	}
-	return out, nil
+	return pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
 }
 
 // SkipRequest says which dead letters to skip, why, and who decided it.
@@ -292,7 +397,8 @@ func DefaultActor() string {
 // (published_at = now(), quarantined_at and the lease cleared, last_error and
 // attempt_count kept), so its aggregate's lane moves on to the next event, and a
 // row in outbox_skipped_events records who skipped it, when and why. All of it
-// happens in one transaction, then the relays are woken.
+// happens in one transaction, with a row in the operator audit
+// (outbox_operator_audit), then the relays are woken.
 //
 // Skipping breaks the aggregate's order for consumers (they never see the event),
 // so it is all or nothing: if any id is unknown (ErrNotFound) or not quarantined
@@ -301,16 +407,15 @@ func (a *Admin) Skip(ctx context.Context, req SkipRequest) ([]Skipped, error) {
 	if len(req.IDs) == 0 {
 		return nil, ErrNoEvents
 	}
-	reason := strings.TrimSpace(req.Reason)
-	if reason == "" {
+	if strings.TrimSpace(req.Reason) == "" {
 		return nil, ErrNoReason
 	}
-	actor := strings.TrimSpace(req.Actor)
-	if actor == "" {
-		actor = DefaultActor()
+	actor, reason, err := operator(req.Actor, req.Reason)
+	if err != nil {
+		return nil, err
 	}
 	var out []Skipped
-	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
 		// Lock the rows first: a relay cannot lease a quarantined row, and nobody
 		// else may retry or skip them while we decide.
 		rows, err := tx.Query(ctx, `SELECT e.event_id, CASE WHEN e.published_at IS NOT NULL THEN 'published'
@@ -364,6 +469,14 @@ SELECT a.* FROM audit a JOIN moved m ON m.event_id = a.event_id
 		}
 		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Skipped])
 		if err != nil {
+			return err
+		}
+		ids := make([]pgoutbox.UUID, len(out))
+		for i, s := range out {
+			ids[i] = s.EventID
+		}
+		if _, err := writeAudit(ctx, tx, a.schema, auditRecord{action: ActionSkip, actor: actor, reason: reason,
+			selection: map[string]any{"event_ids": req.IDs}, ids: ids, count: int64(len(ids))}); err != nil {
 			return err
 		}
 		// Delivered at commit: the relays claim the lanes' next events at once.

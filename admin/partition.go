@@ -57,6 +57,11 @@ func dropPartitions(ctx context.Context, db CleanupDB, c *CleanupConfig, res *Cl
 				slog.String("partition", p.name), slog.Int64("rows", total), slog.Int64("kept", keep))
 			continue
 		}
+		if c.DryRun {
+			res.DroppedPartitions = append(res.DroppedPartitions, p.name)
+			res.DroppedRows += total
+			continue
+		}
 		dropped, err := dropPartition(ctx, db, events, table)
 		if err != nil {
 			return fmt.Errorf("admin: cleanup: drop partition %s: %w", p.name, err)

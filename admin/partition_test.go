@@ -75,6 +75,21 @@ SELECT gen_random_uuid(), $1, 'x' || i, 1, 'e', '{}', `+occurred+", "+published+
 	insert("stuck", 1, day(30), "NULL", "NULL")
 	insert("fresh", 20, "now()", "now()", "NULL")
 
+	// A dry run first: it says what the run below does, and changes nothing.
+	var before int
+	pgtest.Must(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&before), "count")
+	dry, err := admin.Cleanup(ctx, pool, admin.CleanupConfig{Schema: schema, BatchSize: 40, Logger: quietLog, DryRun: true})
+	pgtest.Must(t, err, "dry run")
+	if len(dry.DroppedPartitions) != 1 || dry.DroppedPartitions[0] != clean || dry.DroppedRows != 1000 || dry.Deleted != 150 ||
+		dry.Batches != 0 || len(dry.CreatedPartitions) != 0 {
+		t.Fatalf("dry run = %+v, want %s (1000 rows) dropped and 150 deleted", dry, clean)
+	}
+	var after int
+	pgtest.Must(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&after), "count")
+	if after != before || !tableExists(t, pool, schema, clean) {
+		t.Fatalf("the dry run changed the outbox: %d rows of %d, partition %s there: %v", after, before, clean, tableExists(t, pool, schema, clean))
+	}
+
 	var progress []admin.CleanupProgress
 	res, err := admin.Cleanup(ctx, pool, admin.CleanupConfig{Schema: schema, BatchSize: 40, Logger: quietLog,
 		Progress: func(p admin.CleanupProgress) { progress = append(progress, p) }})

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -54,6 +55,13 @@ type ReplayRequest struct {
 
 	// Progress, when set, is called after each batch with the running totals.
 	Progress func(ReplayProgress)
+
+	// Reason, Actor and Destination are recorded in the operator audit
+	// (outbox_operator_audit) before anything is published: why (defaults to
+	// DefaultReason), who (defaults to DefaultActor(); the database role is
+	// recorded beside it) and where to (the broker, without credentials). A dry
+	// run is not recorded.
+	Reason, Actor, Destination string
 }
 
 // ReplayProgress is reported after each batch of a replay.
@@ -120,9 +128,9 @@ func (e *ReplayError) Unwrap() error { return e.Err }
 // until ctx ends; plain errors are retried MaxAttempts times; a permanent refusal
 // stops the replay. The error is then a *ReplayError saying how far it got.
 // ctx bounds the whole replay.
-func Replay(ctx context.Context, db DB, pub broker.Publisher, req ReplayRequest) (ReplayResult, error) {
+func Replay(ctx context.Context, db DB, pub broker.Publisher, req ReplayRequest) (res ReplayResult, err error) {
 	start := time.Now()
-	res := ReplayResult{RunID: pgoutbox.NewEventID().String(), ByAggregateType: map[string]int64{}}
+	res = ReplayResult{RunID: pgoutbox.NewEventID().String(), ByAggregateType: map[string]int64{}}
 	if req.Schema == "" {
 		req.Schema = migrate.DefaultSchema
 	}
@@ -169,6 +177,23 @@ func Replay(ctx context.Context, db DB, pub broker.Publisher, req ReplayRequest)
 		res.Duration = time.Since(start)
 		return res, nil
 	}
+	auditID, err := auditReplay(ctx, db, req, &res)
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		// The outcome, in its own statement: the replay's events are published
+		// whatever happens to it.
+		out := map[string]any{"published": res.Published, "batches": res.Batches}
+		if err != nil {
+			out["error"] = err.Error()
+		}
+		b, _ := json.Marshal(out)
+		if uerr := queryRow(context.WithoutCancel(ctx), db, "UPDATE "+auditTable(req.Schema)+
+			" SET outcome = $2::jsonb WHERE audit_id = $1", []any{auditID, string(b)}); uerr != nil && err == nil {
+			err = fmt.Errorf("admin: replay: record the outcome in the audit: %w", uerr)
+		}
+	}()
 
 	// Keyset pagination on the (aggregate_type, aggregate_id, aggregate_sequence)
 	// unique index: each page starts strictly after the last row of the previous.
@@ -217,6 +242,43 @@ func Replay(ctx context.Context, db DB, pub broker.Publisher, req ReplayRequest)
 	}
 	res.Duration = time.Since(start)
 	return res, nil
+}
+
+// auditReplay records the replay about to start in the operator audit, in a
+// transaction of its own that commits before anything is published.
+func auditReplay(ctx context.Context, db DB, req ReplayRequest, res *ReplayResult) (int64, error) {
+	actor, reason, err := operator(req.Actor, req.Reason)
+	if err != nil {
+		return 0, err
+	}
+	f := req.Filter
+	sel := map[string]any{"run_id": res.RunID}
+	for k, v := range map[string]string{"aggregate_type": f.AggregateType, "aggregate_id": f.AggregateID,
+		"event_type": f.EventType, "destination": req.Destination} {
+		if v != "" {
+			sel[k] = v
+		}
+	}
+	if !f.Since.IsZero() {
+		sel["since"] = f.Since.UTC()
+	}
+	if !f.Until.IsZero() {
+		sel["until"] = f.Until.UTC()
+	}
+	if f.AggregateType == "" && f.AggregateID == "" && f.EventType == "" && f.Since.IsZero() && f.Until.IsZero() && len(f.EventIDs) == 0 {
+		sel["all"] = true
+	}
+	var id int64
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		id, err = writeAudit(ctx, tx, req.Schema, auditRecord{action: ActionReplay, actor: actor, reason: reason,
+			selection: sel, ids: f.EventIDs, count: res.Total})
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("admin: replay: %w", err)
+	}
+	return id, nil
 }
 
 // replayWhere builds the condition selecting the filter's published events, with

@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pgoutbox/pgoutbox"
 )
@@ -507,6 +508,10 @@ func ParseTemplate(s string) (Template, error) {
 		if !known {
 			return Template{}, fmt.Errorf("broker: template %q: unknown placeholder {%s} (want one of {%s})", s, name, strings.Join(templateFields, "}, {"))
 		}
+		if n := len(t.parts); n > 0 && t.parts[n-1].field != "" && t.parts[n-1].field != name {
+			return Template{}, fmt.Errorf("broker: template %q: {%s} follows {%s} with nothing between: "+
+				"their values could not be told apart (put a separator such as '.' between them)", s, name, t.parts[n-1].field)
+		}
 		t.parts = append(t.parts, tmplPart{field: name})
 		rest = rest[open+end+1:]
 	}
@@ -525,22 +530,87 @@ func MustParseTemplate(s string) Template {
 // String returns the template as written.
 func (t Template) String() string { return t.raw }
 
-// Expand returns the destination for m.
+// Expand returns the destination for m. Values are substituted as they are;
+// publishers use [Template.ExpandChecked], which refuses a destination that
+// another (aggregate type, event type, ...) could also produce.
 func (t Template) Expand(m *Message) string {
+	return t.ExpandFunc(func(field string) string { return fieldValue(m, field) })
+}
+
+// ExpandFunc expands t with each placeholder replaced by value(name), name being
+// "aggregate_type", "aggregate_id", "event_type" or "schema_version". Adapters use
+// it to build the pattern of every destination t can produce.
+func (t Template) ExpandFunc(value func(field string) string) string {
 	var b strings.Builder
 	for _, p := range t.parts {
-		switch p.field {
-		case "":
+		if p.field == "" {
 			b.WriteString(p.lit)
-		case "aggregate_type":
-			b.WriteString(m.AggregateType)
-		case "aggregate_id":
-			b.WriteString(m.AggregateID)
-		case "event_type":
-			b.WriteString(m.EventType)
-		case "schema_version":
-			b.WriteString(strconv.Itoa(m.SchemaVersion))
+		} else {
+			b.WriteString(value(p.field))
 		}
 	}
 	return b.String()
+}
+
+func fieldValue(m *Message, field string) string {
+	switch field {
+	case "aggregate_type":
+		return m.AggregateType
+	case "aggregate_id":
+		return m.AggregateID
+	case "event_type":
+		return m.EventType
+	case "schema_version":
+		return strconv.Itoa(m.SchemaVersion)
+	}
+	return ""
+}
+
+// ErrAmbiguousDestination is wrapped by the errors of [Template.ExpandChecked].
+var ErrAmbiguousDestination = errors.New("the destination would be ambiguous")
+
+// ExpandChecked returns the destination for m, like Expand, or an error
+// wrapping ErrAmbiguousDestination when another message's values could produce
+// the same destination: distinct (aggregate type, event type, ...) values never
+// share a subject, topic or routing key silently.
+//
+// The rule keeps the expansion injective without changing any value: the
+// destination is read back from the left, each placeholder's value ending where
+// the literal text after it begins. So a value must be non-empty and must not
+// contain the first character of the literal that follows its placeholder ("."
+// in outbox.{aggregate_type}.{event_type}: aggregate type "a.b" with event type
+// "c" is refused, while "a" with "b.c" is accepted, as "outbox.a.b.c" names
+// one pair only). The value of the template's last placeholder may hold any
+// character, as the literal after it (if any) is a fixed suffix. Adapters refuse
+// such events permanently (they are quarantined with the reason), and their own
+// rules (wildcards, allowed characters) still apply to the whole destination.
+func (t Template) ExpandChecked(m *Message) (string, error) {
+	last := -1
+	for i, p := range t.parts {
+		if p.field != "" {
+			last = i
+		}
+	}
+	var b strings.Builder
+	for i, p := range t.parts {
+		if p.field == "" {
+			b.WriteString(p.lit)
+			continue
+		}
+		v := fieldValue(m, p.field)
+		if v == "" {
+			return "", fmt.Errorf("broker: template %q: {%s} is empty: %w", t.raw, p.field, ErrAmbiguousDestination)
+		}
+		if i != last && t.parts[i+1].field == "" {
+			// ParseTemplate keeps different placeholders apart, so a literal
+			// follows unless the same placeholder does.
+			sep, _ := utf8.DecodeRuneInString(t.parts[i+1].lit)
+			if strings.ContainsRune(v, sep) {
+				return "", fmt.Errorf("broker: template %q: {%s} %q contains %q, which separates it from the next placeholder: %w",
+					t.raw, p.field, v, sep, ErrAmbiguousDestination)
+			}
+		}
+		b.WriteString(v)
+	}
+	return b.String(), nil
 }

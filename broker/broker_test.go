@@ -250,3 +250,101 @@ func FuzzTemplate(f *testing.F) {
 		}
 	})
 }
+
+// collisionValues are values meant to make distinct fields share a destination:
+// separators, wildcards, spaces, unicode, empty segments.
+var collisionValues = []string{"a", "b", "c", "a.b", "b.c", "a.b.c", ".", "..", "a.", ".a", "a*", "*", "a>", ">",
+	"a b", " ", "ä", "ä.ö", "日本", "a-b", "b-c", "a_b", "a/b", "b/c", "", "1", "2", "1.2"}
+
+// Distinct (aggregate type, event type, ...) values never share a destination:
+// whatever ExpandChecked accepts, it accepts for one tuple only.
+func TestExpandCheckedIsInjective(t *testing.T) {
+	for _, tmplText := range []string{
+		"outbox.{aggregate_type}.{event_type}", // NATS
+		"{aggregate_type}.{event_type}",        // RabbitMQ
+		"outbox.{aggregate_type}",              // Kafka
+		"outbox-{aggregate_type}-{event_type}", // Kafka with dashes
+		"x.{aggregate_type}.{aggregate_id}.{event_type}.v{schema_version}",
+		"/hooks/{aggregate_type}/{event_type}", // webhook path
+		"{aggregate_type}{aggregate_type}.{event_type}",
+		"{event_type}.{aggregate_type}",
+	} {
+		tmpl := broker.MustParseTemplate(tmplText)
+		seen := map[string][3]string{}
+		accepted, refused := 0, 0
+		for _, at := range collisionValues {
+			for _, id := range []string{"1", "1.2", "x"} {
+				for _, et := range collisionValues {
+					m := msg(id, 1)
+					m.AggregateType, m.EventType = at, et
+					got, err := tmpl.ExpandChecked(&m)
+					if err != nil {
+						if !errors.Is(err, broker.ErrAmbiguousDestination) {
+							t.Fatalf("%s: %q/%q: %v, want ErrAmbiguousDestination", tmplText, at, et, err)
+						}
+						refused++
+						continue
+					}
+					accepted++
+					key := [3]string{}
+					for i, f := range []string{"{aggregate_type}", "{aggregate_id}", "{event_type}"} {
+						if strings.Contains(tmplText, f) {
+							key[i] = []string{at, id, et}[i]
+						}
+					}
+					if prev, ok := seen[got]; ok && prev != key {
+						t.Fatalf("%s: %q and %q both map to %q", tmplText, prev, key, got)
+					}
+					seen[got] = key
+				}
+			}
+		}
+		t.Logf("%s: %d accepted, %d refused", tmplText, accepted, refused)
+	}
+	// The pairs of the issue: one of each is refused.
+	tmpl := broker.MustParseTemplate("outbox.{aggregate_type}.{event_type}")
+	for _, pair := range [][2][2]string{{{"a.b", "c"}, {"a", "b.c"}}, {{"a.b.c", "d"}, {"a", "b.c.d"}}} {
+		m1, m2 := msg("1", 1), msg("1", 1)
+		m1.AggregateType, m1.EventType = pair[0][0], pair[0][1]
+		m2.AggregateType, m2.EventType = pair[1][0], pair[1][1]
+		_, err1 := tmpl.ExpandChecked(&m1)
+		got2, err2 := tmpl.ExpandChecked(&m2)
+		if err1 == nil || err2 != nil || got2 != "outbox."+pair[1][0]+"."+pair[1][1] {
+			t.Errorf("%v: %v; %q, %v", pair, err1, got2, err2)
+		}
+	}
+}
+
+func TestTemplateRefusesAdjacentPlaceholders(t *testing.T) {
+	for _, bad := range []string{"{aggregate_type}{event_type}", "x.{aggregate_id}{schema_version}", "{event_type}{aggregate_type}.x"} {
+		if _, err := broker.ParseTemplate(bad); err == nil {
+			t.Errorf("ParseTemplate(%q) accepted placeholders with nothing between them", bad)
+		}
+	}
+}
+
+// FuzzExpandChecked: two messages with the same accepted destination have the
+// same values in it.
+func FuzzExpandChecked(f *testing.F) {
+	f.Add("outbox.{aggregate_type}.{event_type}", "a.b", "c", "a", "b.c")
+	f.Add("{aggregate_type}-{event_type}", "a-b", "c", "a", "b-c")
+	f.Add("{aggregate_type}.{event_type}", "a", "", "", "a")
+	f.Add("x.{aggregate_type}..{event_type}", "a.", ".b", "a", "..b")
+	f.Fuzz(func(t *testing.T, tmplText, at1, et1, at2, et2 string) {
+		tmpl, err := broker.ParseTemplate(tmplText)
+		if err != nil {
+			return
+		}
+		m1, m2 := msg("id", 1), msg("id", 1)
+		m1.AggregateType, m1.EventType = at1, et1
+		m2.AggregateType, m2.EventType = at2, et2
+		d1, err1 := tmpl.ExpandChecked(&m1)
+		d2, err2 := tmpl.ExpandChecked(&m2)
+		if err1 != nil || err2 != nil || d1 != d2 {
+			return
+		}
+		if strings.Contains(tmplText, "{aggregate_type}") && at1 != at2 || strings.Contains(tmplText, "{event_type}") && et1 != et2 {
+			t.Fatalf("%q: %q/%q and %q/%q both expand to %q", tmplText, at1, et1, at2, et2, d1)
+		}
+	})
+}

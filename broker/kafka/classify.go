@@ -86,6 +86,16 @@ func classify(err error) error {
 	return broker.Unavailable(err)
 }
 
+// IsAuthError reports whether err is the cluster refusing the publisher's
+// credentials (SASL_AUTHENTICATION_FAILED, a mechanism it does not offer, an
+// illegal SASL state): every publish would meet it alike, so a caller that
+// checks the cluster at start-up (pgoutbox relay does) should stop with a
+// configuration error instead of waiting.
+func IsAuthError(err error) bool {
+	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
+		errors.Is(err, kerr.IllegalSaslState)
+}
+
 // validateTopic checks s against Kafka's rules for topic names, so that a bad
 // template or aggregate type fails fast and alone instead of in the broker's
 // metadata answer.

@@ -104,3 +104,21 @@ func TestValidateTopic(t *testing.T) {
 		}
 	}
 }
+
+// The cluster's answers to credentials it refuses, however franz-go wraps them,
+// are auth errors; outages and other refusals are not.
+func TestIsAuthError(t *testing.T) {
+	t.Parallel()
+	for _, err := range []error{kerr.SaslAuthenticationFailed, kerr.UnsupportedSaslMechanism, kerr.IllegalSaslState,
+		fmt.Errorf("kafka: ping: %w", kerr.SaslAuthenticationFailed), broker.Unavailable(fmt.Errorf("x: %w", kerr.SaslAuthenticationFailed))} {
+		if !IsAuthError(err) {
+			t.Errorf("IsAuthError(%v) = false", err)
+		}
+	}
+	for _, err := range []error{nil, io.EOF, context.DeadlineExceeded, kerr.TopicAuthorizationFailed, kerr.NotLeaderForPartition,
+		errors.New("SASL_AUTHENTICATION_FAILED"), broker.Unavailable(errors.New("dial tcp: connection refused"))} {
+		if IsAuthError(err) {
+			t.Errorf("IsAuthError(%v) = true", err)
+		}
+	}
+}

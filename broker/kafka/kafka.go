@@ -394,7 +394,10 @@ func (p *Publisher) send(_ context.Context, m *broker.Message) (broker.AckFunc, 
 	if err := m.CheckHeaders(); err != nil {
 		return nil, err
 	}
-	topic := p.cfg.Topic.Expand(m)
+	topic, err := p.cfg.Topic.ExpandChecked(m)
+	if err != nil {
+		return nil, broker.Permanent(fmt.Errorf("kafka: event %s: %w", m.EventID, err))
+	}
 	if err := validateTopic(topic); err != nil {
 		return nil, broker.Permanent(fmt.Errorf("kafka: event %s: %w", m.EventID, err))
 	}

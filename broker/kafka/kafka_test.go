@@ -638,3 +638,25 @@ func selfSigned(t *testing.T) (*tls.Config, *x509.CertPool) {
 	pool.AddCert(cert)
 	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12}, pool
 }
+
+// Distinct (aggregate type, event type) pairs never share a topic: the pair
+// whose value would need changing is refused, permanently, with the reason.
+func TestAmbiguousTopicsRefused(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, false)
+	p := c.dial(kafka.Config{Topic: broker.MustParseTemplate("outbox.{aggregate_type}.{event_type}")})
+	for i, pair := range []struct {
+		aggType, eventType string
+		ok                 bool
+	}{
+		{"a.b", "c", false}, {"a", "b.c", true}, {"x.y.z", "w", false}, {"x", "y.z.w", true},
+		{"", "c", false}, {"a", "", false}, {"a_b", "c", true}, {"a-b", "c", true},
+	} {
+		m := message(pair.aggType, fmt.Sprintf("agg-%d", i), 1)
+		m.EventType = pair.eventType
+		err := publish(t, p, m)[0]
+		if pair.ok != (err == nil) || (err != nil && (!broker.IsPermanent(err) || !errors.Is(err, broker.ErrAmbiguousDestination))) {
+			t.Errorf("%q/%q: %v, want ok=%v or a permanent ErrAmbiguousDestination", pair.aggType, pair.eventType, err, pair.ok)
+		}
+	}
+}

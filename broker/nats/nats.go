@@ -209,6 +209,13 @@ func Dial(ctx context.Context, url string, cfg Config) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nats: connect: %w", err)
 	}
+	// The first attempt is made before Connect returns. A server that turned the
+	// credentials away would do so on every reconnect: that is a configuration
+	// error, not an outage to wait out.
+	if last := nc.LastError(); !nc.IsConnected() && isAuthError(last) {
+		nc.Close()
+		return nil, fmt.Errorf("nats: connect: the server refused the credentials: %w", last)
+	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout),
 		jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
@@ -223,6 +230,13 @@ func Dial(ctx context.Context, url string, cfg Config) (*Publisher, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// isAuthError reports whether err is the server refusing the connection's
+// credentials.
+func isAuthError(err error) bool {
+	return errors.Is(err, natsgo.ErrAuthorization) || errors.Is(err, natsgo.ErrAuthExpired) ||
+		errors.Is(err, natsgo.ErrAuthRevoked) || errors.Is(err, natsgo.ErrAccountAuthExpired)
 }
 
 // validateURLs catches what nats.go would only find when it first dials, which
@@ -272,7 +286,8 @@ func newPublisher(ctx context.Context, js jetstream.JetStream, cfg Config, owns 
 	}
 	if p.nc.IsConnected() {
 		if _, err := p.ensureStream(ctx); err != nil {
-			if broker.IsPermanent(classify(err)) {
+			var se *SubjectsError
+			if errors.As(err, &se) || broker.IsPermanent(classify(err)) {
 				return nil, err
 			}
 			cfg.Logger.Warn("nats: stream not ensured yet, will retry on first publish",
@@ -292,6 +307,9 @@ func (p *Publisher) ensureStream(ctx context.Context) (*streamState, error) {
 	}
 	s, err := p.js.Stream(ctx, p.cfg.Stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if err := checkSubjects(p.cfg.Stream, p.cfg.StreamSubjects, p.cfg.Subject, true); err != nil {
+			return nil, err
+		}
 		s, err = p.js.CreateStream(ctx, jetstream.StreamConfig{
 			Name:     p.cfg.Stream,
 			Subjects: p.cfg.StreamSubjects,
@@ -312,6 +330,9 @@ func (p *Publisher) ensureStream(ctx context.Context) (*streamState, error) {
 	if len(st.subjects) == 0 {
 		// A stream created without subjects listens on its own name.
 		st.subjects = []string{p.cfg.Stream}
+	}
+	if err := checkSubjects(p.cfg.Stream, st.subjects, p.cfg.Subject, false); err != nil {
+		return nil, err
 	}
 	p.mu.Lock()
 	p.stream = st
@@ -427,7 +448,10 @@ func (p *Publisher) send(st *streamState, m *broker.Message) (broker.AckFunc, er
 	if err := m.CheckHeaders(); err != nil {
 		return nil, err
 	}
-	subj := p.cfg.Subject.Expand(m)
+	subj, err := p.cfg.Subject.ExpandChecked(m)
+	if err != nil {
+		return nil, broker.Permanent(fmt.Errorf("nats: event %s: %w", m.EventID, err))
+	}
 	if err := validateSubject(subj); err != nil {
 		return nil, broker.Permanent(fmt.Errorf("nats: event %s: %w", m.EventID, err))
 	}

@@ -80,3 +80,50 @@ func FuzzSubject(f *testing.F) {
 		}
 	})
 }
+
+func TestPatternOverlaps(t *testing.T) {
+	for _, c := range []struct {
+		filter, pattern string
+		want            bool
+	}{
+		{"outbox.>", "outbox.*.*", true},
+		{"outbox.order.>", "outbox.*.*", true},
+		{"outbox.*.*", "outbox.*.*", true},
+		{"outbox.*", "outbox.*.*", false},
+		{"foo.>", "outbox.*", false},
+		{"outbox.*.created", "outbox.*", false},
+		{"outbox.order", "outbox.*.*", false},
+		{">", "x.*", true},
+		{"x.v1", "x.*", true},
+		{"x.>", "x", false},
+		{"*", "x", true},
+		{"a.b.c", "a.b.c", true},
+		{"a.b.c", "a.b.d", false},
+	} {
+		if got := patternOverlaps(c.filter, c.pattern); got != c.want {
+			t.Errorf("patternOverlaps(%q, %q) = %v, want %v", c.filter, c.pattern, got, c.want)
+		}
+	}
+}
+
+// FuzzPatternOverlaps: a subject matched by both the stream subject and the
+// template's pattern means they overlap, so a stream the start-up check refuses
+// could never have stored an event.
+func FuzzPatternOverlaps(f *testing.F) {
+	f.Add("outbox.>", "outbox.*.*", "outbox.order.created")
+	f.Add("foo.>", "outbox.*", "outbox.x")
+	f.Add("a.*.c", "a.b.*", "a.b.c")
+	f.Fuzz(func(t *testing.T, filter, pattern, subject string) {
+		if validateSubject(subject) != nil || strings.Contains(pattern, ">") {
+			return
+		}
+		for _, s := range []string{filter, pattern} {
+			if s == "" || strings.Contains(s, "..") || strings.HasPrefix(s, ".") || strings.HasSuffix(s, ".") {
+				return
+			}
+		}
+		if subjectMatches(filter, subject) && subjectMatches(pattern, subject) && !patternOverlaps(filter, pattern) {
+			t.Fatalf("%q and %q both match %q, but patternOverlaps says no", filter, pattern, subject)
+		}
+	})
+}

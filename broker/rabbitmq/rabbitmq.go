@@ -486,7 +486,10 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error 
 // send publishes m on the current session, which may be a newer one than the
 // previous message's of the batch.
 func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
-	key := p.cfg.RoutingKey.Expand(m)
+	key, err := p.cfg.RoutingKey.ExpandChecked(m)
+	if err != nil {
+		return nil, broker.Permanent(fmt.Errorf("rabbitmq: event %s: %w", m.EventID, err))
+	}
 	if err := validateRoutingKey(key); err != nil {
 		return nil, broker.Permanent(fmt.Errorf("rabbitmq: event %s: %w", m.EventID, err))
 	}

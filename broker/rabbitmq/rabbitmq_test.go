@@ -595,3 +595,32 @@ func TestCloseDuringPublish(t *testing.T) {
 	g.release()
 	<-closed
 }
+
+// Distinct (aggregate type, event type) pairs never share a routing key: the
+// pair whose value would need changing is refused, permanently, with the reason.
+func TestAmbiguousRoutingKeysRefused(t *testing.T) {
+	t.Parallel()
+	cfg, a, q := isolated(t)
+	p := dial(t, sharedURL, cfg)
+	accepted := 0
+	for i, pair := range []struct {
+		aggType, eventType string
+		ok                 bool
+	}{
+		{"a.b", "c", false}, {"a", "b.c", true}, {"x.y.z", "w", false}, {"x", "y.z.w", true},
+		{"", "c", false}, {"a", "", false}, {"a#", "c", true}, {"a*", "c.d", true}, {"ü", "ñ", true},
+	} {
+		m := message(pair.aggType, fmt.Sprintf("agg-%d", i), 1)
+		m.EventType = pair.eventType
+		err := publish(t, p, m)[0]
+		if pair.ok != (err == nil) || (err != nil && (!broker.IsPermanent(err) || !errors.Is(err, broker.ErrAmbiguousDestination))) {
+			t.Errorf("%q/%q: %v, want ok=%v or a permanent ErrAmbiguousDestination", pair.aggType, pair.eventType, err, pair.ok)
+		}
+		if err == nil {
+			accepted++
+		}
+	}
+	if n := len(a.get(q)); n != accepted {
+		t.Errorf("queue holds %d messages, want %d", n, accepted)
+	}
+}

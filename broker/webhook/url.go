@@ -176,8 +176,10 @@ func (e *endpoint) target(m *broker.Message) (string, error) {
 		*v = url.PathEscape(*v)
 	}
 	u := *e.base
-	u.RawPath = e.path.Expand(&esc)
 	var err error
+	if u.RawPath, err = e.path.ExpandChecked(&esc); err != nil {
+		return "", err
+	}
 	if u.Path, err = url.PathUnescape(u.RawPath); err != nil {
 		return "", fmt.Errorf("expanded path: %s", parseErrorText(err))
 	}

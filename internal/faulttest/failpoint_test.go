@@ -172,7 +172,7 @@ func TestCrashAtCleanupMidBatch(t *testing.T) {
 	})
 	cleanup := func(name string, env []string) *proc {
 		return e.start(name, env, bin.pgoutbox, "cleanup", "--database-url", dbURL(t, "faulttest-cleanup"),
-			"--schema", e.schema, "--retention", "1ms", "--batch-size", "10")
+			"--schema", e.schema, "--retention", "1ms", "--force", "--batch-size", "10")
 	}
 	victim := cleanup("cleanup victim", failpointEnv(failpoint.CleanupMidBatch, "3*crash"))
 	victim.wait(t, 60*time.Second)

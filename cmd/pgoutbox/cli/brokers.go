@@ -20,9 +20,12 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
 )
 
-const brokerHelp = `Brokers (--broker):
-  embedded            an in-process NATS JetStream server (the default, zero setup);
-                      data in --embedded-dir, clients may connect on --embedded-port
+const brokerHelp = `Brokers (--broker, env PGOUTBOX_BROKER; there is no default: without one the
+command refuses to start, exit status 2):
+  embedded            an in-process NATS JetStream server (for trying things out): the
+                      events go to a server inside this process and are lost with its
+                      data in --embedded-dir (a WARN says so); clients may connect on
+                      --embedded-port
   nats://host:4222    NATS JetStream; several servers comma-separated; tls:// for TLS.
                       Stream --nats-stream (created if missing on --nats-stream-subjects),
                       subject --topic-template (default outbox.{aggregate_type}.{event_type}),
@@ -62,7 +65,7 @@ type brokerFlags struct {
 }
 
 func (b *brokerFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&b.url, "broker", "embedded", "where to publish: embedded, nats://…, null:// (env PGOUTBOX_BROKER)")
+	fs.StringVar(&b.url, "broker", "", "where to publish, required: "+brokerChoices+" (env PGOUTBOX_BROKER) (no default)")
 	fs.StringVar(&b.embeddedDir, "embedded-dir", defaultEmbeddedDir(), "data directory of --broker embedded (env PGOUTBOX_EMBEDDED_DIR)")
 	fs.IntVar(&b.embeddedPort, "embedded-port", -1, "client port of --broker embedded; -1 picks a free one (env PGOUTBOX_EMBEDDED_PORT)")
 	fs.StringVar(&b.topicTemplate, "topic-template", "", "destination template: NATS subject (env PGOUTBOX_TOPIC_TEMPLATE) (default per broker)")
@@ -106,6 +109,9 @@ func (b *brokerFlags) webhookSecret() ([]byte, error) {
 	return secret, nil
 }
 
+// brokerChoices lists the --broker forms, for help and errors.
+const brokerChoices = "nats://host:4222, tls://…, kafka://host:9092, amqp://user:pass@host/vhost, amqps://…, https://host/path, http://…, null:// or embedded"
+
 // redactURL names a URL without its credentials.
 func redactURL(u *url.URL) string { return u.Redacted() }
 
@@ -114,6 +120,8 @@ func redactURL(u *url.URL) string { return u.Redacted() }
 func (b *brokerFlags) parse() (*brokerTarget, error) {
 	t := &brokerTarget{flags: b}
 	switch {
+	case strings.TrimSpace(b.url) == "":
+		return nil, usagef("no broker: set --broker or PGOUTBOX_BROKER (there is no default); want one of %s", brokerChoices)
 	case b.url == "embedded":
 		if b.embeddedDir == "" {
 			return nil, usagef("--embedded-dir must not be empty")
@@ -182,6 +190,34 @@ func (b *brokerFlags) parse() (*brokerTarget, error) {
 	return t, nil
 }
 
+// describe names the broker for logs, without credentials: everything before
+// the last '@' (user, password or token of every server in a list, whatever
+// characters they hold) is hidden, and so is the query of a URL whose query may
+// carry secrets (all but kafka://, whose query holds only tls and sasl).
+func (t *brokerTarget) describe() string {
+	switch t.kind {
+	case "embedded":
+		return "embedded (in-process NATS JetStream, " + t.flags.embeddedDir + ")"
+	case "null":
+		return "null://"
+	}
+	s := strings.TrimSpace(t.flags.url)
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return "(broker URL hidden)"
+	}
+	creds := ""
+	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+		rest, creds = rest[i+1:], "xxxxx@"
+	}
+	if q := strings.IndexAny(rest, "?#"); q >= 0 && scheme != "kafka" {
+		rest = rest[:q] + "?…"
+	}
+	// Not redactURL (url.URL.Redacted): it shows a user name, which is the whole
+	// secret of a token URL (nats://token@host), and a query.
+	return scheme + "://" + creds + rest
+}
+
 // open connects to the broker (starting the embedded one if chosen) and returns
 // the publisher and a function that closes everything it opened.
 func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publisher, func(), error) {
@@ -197,6 +233,16 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		if err != nil {
 			return nil, nil, usageError{err}
 		}
+		// Credentials the cluster refuses are a configuration error: stop now
+		// rather than retry every event forever. A cluster that does not answer
+		// within --ack-timeout is waited for by the publishes, as before.
+		pctx, cancel := context.WithTimeout(ctx, t.flags.ackTimeout)
+		perr := pub.Ping(pctx)
+		cancel()
+		if kafka.IsAuthError(perr) {
+			_ = pub.Close()
+			return nil, nil, usageError{fmt.Errorf("--broker: the Kafka cluster refused the credentials: %w", perr)}
+		}
 		return pub, func() { _ = pub.Close() }, nil
 	case "rabbitmq":
 		cfg := rabbitmq.Config{Exchange: t.flags.amqpExchange, ConfirmTimeout: t.flags.ackTimeout, Logger: log}
@@ -205,7 +251,10 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		}
 		pub, err := rabbitmq.Dial(ctx, t.flags.url, cfg)
 		if err != nil {
-			return nil, nil, err
+			// A malformed URL or a server that turned us away (403
+			// ACCESS_REFUSED, an unknown vhost): Dial waits out an unreachable
+			// server instead.
+			return nil, nil, usageError{err}
 		}
 		return pub, func() { _ = pub.Close() }, nil
 	case "webhook":
@@ -235,7 +284,8 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 			return nil, nil, fmt.Errorf("start embedded NATS server: %w", err)
 		}
 		serverURL = embedded.URL()
-		log.Info("embedded NATS JetStream server running", slog.String("url", serverURL), slog.String("dir", t.flags.embeddedDir))
+		log.Warn("--broker embedded: events go to a NATS server inside this process; consumers elsewhere never see them, and they are lost with its data directory",
+			slog.String("url", serverURL), slog.String("dir", t.flags.embeddedDir))
 	}
 	pub, err := natsbroker.Dial(ctx, serverURL, cfg)
 	if err != nil {

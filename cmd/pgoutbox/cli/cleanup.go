@@ -39,7 +39,10 @@ are created and whole days older than the retention are dropped instead.
 The retention is also how far back "pgoutbox replay" reaches. Dedup rows must be
 kept at least as long as an event can be delivered again: --inbox-retention must
 be at least --retention. It prints its progress on a terminal and a summary line
-(--json: one JSON object). "pgoutbox relay --cleanup-interval" runs it periodically.`,
+(--json: one JSON object). "pgoutbox relay --cleanup-interval" runs it periodically.
+
+--dry-run prints what a run would delete now (published events, dedup rows, the
+partitions it would drop) and deletes nothing. A --retention under 1h needs --force.`,
 		Example: `  pgoutbox cleanup                                  # 7 days
   pgoutbox cleanup --retention 72h --batch-size 10000
   pgoutbox cleanup --inbox-schema app --inbox-retention 336h --json`,
@@ -71,6 +74,8 @@ be at least --retention. It prints its progress on a terminal and a summary line
 	fs.StringVar(&cfg.InboxSchema, "inbox-schema", "", "schema of processed_events (env PGOUTBOX_INBOX_SCHEMA) (default --schema)")
 	fs.DurationVar(&cfg.InboxRetention, "inbox-retention", 0, "also delete dedup rows older than this; at least --retention (env PGOUTBOX_INBOX_RETENTION) (default off)")
 	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON (env PGOUTBOX_JSON)")
+	fs.Bool("force", false, "accept a --retention below 1h (no environment variable: it must be said on the command line)")
+	fs.BoolVar(&cfg.DryRun, "dry-run", false, "count what would be deleted (rows per table, partitions that would be dropped) and delete nothing")
 	return cmd
 }
 
@@ -84,6 +89,8 @@ type cleanupSummary struct {
 	CreatedPartitions []string  `json:"created_partitions"`
 	InboxDeleted      int64     `json:"inbox_deleted"`
 	DurationSeconds   float64   `json:"duration_seconds"`
+	// DryRun: the counts are what a run would delete; nothing was.
+	DryRun bool `json:"dry_run"`
 }
 
 func runCleanup(ctx context.Context, db *dbFlags, lf *logFlags, cfg admin.CleanupConfig, asJSON bool, stdout, stderr io.Writer) error {
@@ -128,8 +135,21 @@ func runCleanup(ctx context.Context, db *dbFlags, lf *logFlags, cfg admin.Cleanu
 			Cutoff: res.Cutoff.UTC(), Deleted: res.Deleted, Batches: res.Batches,
 			DroppedPartitions: nonNil(res.DroppedPartitions), DroppedRows: res.DroppedRows,
 			CreatedPartitions: nonNil(res.CreatedPartitions), InboxDeleted: res.InboxDeleted,
-			DurationSeconds: res.Duration.Seconds(),
+			DurationSeconds: res.Duration.Seconds(), DryRun: cfg.DryRun,
 		})
+	}
+	if cfg.DryRun {
+		line := fmt.Sprintf("dry run: would delete %d published events older than %s (outbox_events)", res.Deleted,
+			res.Cutoff.UTC().Format(time.RFC3339))
+		if len(res.DroppedPartitions) > 0 {
+			line += fmt.Sprintf(", drop %d partitions (%d rows: %s)", len(res.DroppedPartitions), res.DroppedRows,
+				strings.Join(res.DroppedPartitions, ", "))
+		}
+		if cfg.InboxRetention > 0 {
+			line += fmt.Sprintf(", delete %d dedup rows (processed_events)", res.InboxDeleted)
+		}
+		fmt.Fprintf(stdout, "%s; nothing deleted\n", line)
+		return nil
 	}
 	line := fmt.Sprintf("deleted %d published events older than %s in %d batches", res.Deleted,
 		res.Cutoff.UTC().Format(time.RFC3339), res.Batches)

@@ -82,7 +82,10 @@ flag's help (DATABASE_URL for the database).`,
 		if err := failpoint.EnvError(); err != nil {
 			return usageError{err}
 		}
-		return applyEnv(c.Flags())
+		if err := applyEnv(c.Flags()); err != nil {
+			return err
+		}
+		return checkBounds(c.Flags())
 	}
 	root.AddCommand(newMigrateCmd(), newRelayCmd(), newVersionCmd(), newDemoCmd(), newBenchCmd(), newStatusCmd(), newDLQCmd(), newReplayCmd(), newCleanupCmd(), newCDCCmd())
 	// Unknown verbs and stray arguments are usage errors too.
@@ -121,6 +124,72 @@ func applyEnv(fs *pflag.FlagSet) error {
 		}
 		if serr := fs.Set(f.Name, v); serr != nil {
 			err = usagef("%s=%q (for --%s): %v", m[1], v, f.Name, serr)
+		}
+	})
+	return err
+}
+
+// durationFloors are the documented lower bounds (docs/operations.md, "Lower
+// bounds") of every interval and timeout flag, whatever verb has it: a value
+// below would make a command spin (--poll-interval 1ns ran 11,762 transactions in
+// 4s) or give up before any server could answer. Flags whose zero means "off" or
+// "the default" are listed in zeroOK.
+var durationFloors = map[string]time.Duration{
+	"poll-interval":    10 * time.Millisecond,
+	"lease":            time.Second,
+	"publish-timeout":  100 * time.Millisecond,
+	"backoff-base":     10 * time.Millisecond,
+	"backoff-max":      10 * time.Millisecond,
+	"ack-timeout":      100 * time.Millisecond,
+	"connect-timeout":  100 * time.Millisecond,
+	"shutdown-timeout": 100 * time.Millisecond,
+	"cleanup-interval": 100 * time.Millisecond,
+	"interval":         50 * time.Millisecond, // status --watch
+	"retention":        time.Millisecond,      // and retentionFloor without --force
+	"inbox-retention":  time.Millisecond,
+}
+
+// boundsHelp documents durationFloors in the verbs' help.
+const boundsHelp = `Lower bounds (exit status 2 below them, docs/operations.md "Lower bounds"):
+--poll-interval 10ms, --lease 1s, --publish-timeout 100ms, --backoff-base and
+--backoff-max 10ms, --ack-timeout 100ms, --connect-timeout 100ms, --shutdown-timeout
+100ms, --cleanup-interval 100ms, status --interval 50ms; a --retention under 1h
+needs --force.`
+
+// zeroOK are the flags of durationFloors whose 0 means "off" or "the default".
+var zeroOK = map[string]bool{"cleanup-interval": true, "publish-timeout": true, "inbox-retention": true}
+
+// retentionFloor is the shortest --retention accepted without --force: a
+// shorter one deletes published events before a consumer's outage or a replay
+// could need them.
+const retentionFloor = time.Hour
+
+// checkBounds is the one check of every verb's duration flags against
+// durationFloors, and of --retention against retentionFloor (unless --force).
+// It runs before every verb, after the environment was applied.
+func checkBounds(fs *pflag.FlagSet) error {
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		floor, ok := durationFloors[f.Name]
+		if err != nil || !ok || f.Value.Type() != "duration" {
+			return
+		}
+		d, perr := time.ParseDuration(f.Value.String())
+		if perr != nil {
+			return
+		}
+		switch {
+		case d == 0 && (zeroOK[f.Name] || !f.Changed):
+		case d < 0:
+			err = usagef("--%s must not be negative, got %s", f.Name, d)
+		case d == 0:
+			err = usagef("--%s must be positive, got %s", f.Name, d)
+		case d < floor:
+			err = usagef("--%s %s is below its lower bound of %s (docs/operations.md, \"Lower bounds\")", f.Name, d, floor)
+		case f.Name == "retention" && d < retentionFloor:
+			if force := fs.Lookup("force"); force == nil || force.Value.String() != "true" {
+				err = usagef("--retention %s is below %s: published events would be deleted before a consumer outage or a replay could need them; pass --force if you mean it", d, retentionFloor)
+			}
 		}
 	})
 	return err

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -36,15 +37,26 @@ of its aggregate, which wait so that order is kept.
   skip    give up on events, with a mandatory --reason that is recorded with your
           name and the time; their aggregates move on to the next event. Consumers
           never see a skipped event, so skipping breaks that aggregate's order on
-          purpose: prefer retry when the cause can be fixed.`,
+          purpose: prefer retry when the cause can be fixed.
+  audit   the operator audit: every retry, skip and replay, newest first, with
+          who (--actor and the database user), when, why (--reason) and what.`,
 		Example: `  pgoutbox dlq list --aggregate-type order
   pgoutbox dlq show 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11
   pgoutbox dlq retry --error-contains "schema registry"
   pgoutbox dlq skip 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11 --reason "refund issued by hand, TICKET-1234"`,
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() },
 	}
-	cmd.AddCommand(newDLQListCmd(), newDLQShowCmd(), newDLQRetryCmd(), newDLQSkipCmd())
+	cmd.AddCommand(newDLQListCmd(), newDLQShowCmd(), newDLQRetryCmd(), newDLQSkipCmd(), newDLQAuditCmd())
 	return cmd
+}
+
+// operatorFlags say who acts and why, for the operator audit (retry, replay; skip
+// has its own mandatory --reason).
+type operatorFlags struct{ actor, reason string }
+
+func (o *operatorFlags) register(fs *pflag.FlagSet, doing string) {
+	fs.StringVar(&o.reason, "reason", "", "why you are "+doing+", recorded in the operator audit (default \""+admin.DefaultReason+"\")")
+	fs.StringVar(&o.actor, "actor", "", "who is "+doing+", recorded in the operator audit with the database user (env PGOUTBOX_ACTOR) (default <os user>@<hostname>)")
 }
 
 // dlqFilterFlags are the flags that select quarantined events.
@@ -254,6 +266,7 @@ func newDLQRetryCmd() *cobra.Command {
 	var db dbFlags
 	var filter dlqFilterFlags
 	var all bool
+	var op operatorFlags
 	cmd := &cobra.Command{
 		Use:   "retry (EVENT_ID... | --all | filter flags)",
 		Short: "Lift the quarantine of events: attempts reset, no backoff, relays woken",
@@ -263,7 +276,10 @@ resumes from the retried event, in sequence order. The last error is kept.
 
 Say which events: their ids, a filter (--aggregate-type, --aggregate-id,
 --event-type, --error-contains; --limit caps it), or --all. Ids that are not
-quarantined are left alone and reported.`,
+quarantined are left alone and reported; an id no event has is "not found"
+(exit status 1) and then nothing is retried. The retry is recorded in the
+operator audit (pgoutbox dlq audit) with --actor, --reason, the database user and
+the time.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := dlqLimit(filter.f.Limit); err != nil {
@@ -292,14 +308,10 @@ quarantined are left alone and reported.`,
 				return err
 			}
 			defer closeDB()
-			var retried []pgoutbox.UUID
-			switch {
-			case len(ids) > 0:
-				retried, err = a.Retry(cmd.Context(), ids...)
-			case all:
-				retried, err = a.RetryAll(cmd.Context())
-			default:
-				retried, err = a.RetryWhere(cmd.Context(), filter.f)
+			retried, err := a.RetryEvents(cmd.Context(), admin.RetryRequest{IDs: ids, All: all, Filter: filter.f,
+				Actor: op.actor, Reason: op.reason})
+			if errors.Is(err, admin.ErrInvalidAuditText) {
+				return usageError{err}
 			}
 			if err != nil {
 				return err
@@ -322,6 +334,7 @@ quarantined are left alone and reported.`,
 	filter.register(cmd.Flags())
 	cmd.Flags().IntVar(&filter.f.Limit, "limit", 0, "with a filter, retry at most this many events, oldest quarantine first (0: all that match)")
 	cmd.Flags().BoolVar(&all, "all", false, "retry every quarantined event")
+	op.register(cmd.Flags(), "retrying")
 	return cmd
 }
 
@@ -357,6 +370,9 @@ Only quarantined events can be skipped; if any id is not, nothing is skipped.`,
 			}
 			defer closeDB()
 			skipped, err := a.Skip(cmd.Context(), admin.SkipRequest{IDs: ids, Reason: reason, Actor: actor})
+			if errors.Is(err, admin.ErrInvalidAuditText) {
+				return usageError{err}
+			}
 			if err != nil {
 				return err
 			}
@@ -375,5 +391,57 @@ Only quarantined events can be skipped; if any id is not, nothing is skipped.`,
 	db.register(cmd.Flags())
 	cmd.Flags().StringVar(&reason, "reason", "", "why the events may be dropped; required, recorded in outbox_skipped_events")
 	cmd.Flags().StringVar(&actor, "actor", "", "who is skipping, recorded with the reason (env PGOUTBOX_ACTOR) (default <os user>@<hostname>)")
+	return cmd
+}
+
+func newDLQAuditCmd() *cobra.Command {
+	var db dbFlags
+	var limit int
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Show the operator audit: recent retries, skips and replays, newest first",
+		Long: `Every dlq retry, dlq skip and replay writes a row in outbox_operator_audit in the
+transaction that does it (a replay: before it publishes, with its outcome when it
+ends): who (--actor as given and the database user), when, why (--reason) and
+what (the selection, the events and their count).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if limit < 1 {
+				return usagef("--limit must be positive, got %d", limit)
+			}
+			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
+			if err != nil {
+				return err
+			}
+			defer closeDB()
+			entries, err := a.Audit(cmd.Context(), limit)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				if entries == nil {
+					entries = []admin.AuditEntry{}
+				}
+				return dlqWriteJSON(out, entries)
+			}
+			if len(entries) == 0 {
+				_, err := fmt.Fprintln(out, "no operator actions recorded")
+				return err
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "AT\tACTION\tACTOR\tDB USER\tEVENTS\tSELECTION\tREASON")
+			for _, e := range entries {
+				sel, _ := json.Marshal(e.Selection)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.At.UTC().Format(time.RFC3339), e.Action, e.Actor, e.DBUser,
+					e.EventCount, dlqShorten(string(sel), 60), dlqShorten(e.Reason, 60))
+			}
+			return tw.Flush()
+		},
+	}
+	db.register(cmd.Flags())
+	cmd.Flags().IntVar(&limit, "limit", 50, "most rows shown, newest first")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array instead of a table (env PGOUTBOX_JSON)")
 	return cmd
 }

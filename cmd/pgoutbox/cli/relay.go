@@ -53,9 +53,10 @@ SIGTERM or SIGINT stops it gracefully: no new claims, in-flight publishes finish
 An unreachable database or broker is retried with backoff; nothing is lost.
 The polling relay runs Go's garbage collector at GOGC=200 unless GOGC is set.
 
-` + cdcHelp + "\n\n" + brokerHelp + "\n\n" + metricsHelp + "\n\n" + tracingHelp,
+` + cdcHelp + "\n\n" + brokerHelp + "\n\n" + boundsHelp + "\n\n" + metricsHelp + "\n\n" + tracingHelp,
 		Example: `  DATABASE_URL=postgres://app@db/app pgoutbox relay --broker nats://nats:4222
-  pgoutbox relay --broker embedded --embedded-dir /var/lib/pgoutbox/nats --embedded-port 4222
+  PGOUTBOX_BROKER=kafka://kafka:9092 pgoutbox relay
+  pgoutbox relay --broker embedded --embedded-dir /var/lib/pgoutbox/nats --embedded-port 4222   # trying it out only
   pgoutbox relay --broker 'nats://a:4222,nats://b:4222' --topic-template 'events.{aggregate_type}' --nats-stream EVENTS`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := rejectZero(cmd.Flags(), "batch-size", "run-length", "workers", "lease", "publish-timeout",
@@ -91,6 +92,7 @@ The polling relay runs Go's garbage collector at GOGC=200 unless GOGC is set.
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this host:port, e.g. :9090 (env PGOUTBOX_METRICS_ADDR) (default off)")
 	fs.DurationVar(&f.cleanupInterval, "cleanup-interval", 0, "run pgoutbox cleanup this often inside the relay; one relay at a time does (env PGOUTBOX_CLEANUP_INTERVAL) (default off)")
 	fs.DurationVar(&f.retention, "retention", admin.DefaultRetention, "with --cleanup-interval: keep published events this long (env PGOUTBOX_RETENTION)")
+	fs.Bool("force", false, "accept a --retention below 1h (no environment variable: it must be said on the command line)")
 	fs.DurationVar(&f.stopMax, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight publishes (env PGOUTBOX_SHUTDOWN_TIMEOUT)")
 	return cmd
 }
@@ -141,6 +143,8 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// Every line of the relay, "relay starting" first, names where events go.
+	cfg.Logger = logger.With(slog.String("broker", target.describe()))
 	connCfg, err := f.db.parse()
 	if err != nil {
 		return err

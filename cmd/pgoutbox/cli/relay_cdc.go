@@ -99,7 +99,7 @@ func runRelayCDC(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	if err := src.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	logger.Info("relay starting", slog.String("source", "cdc"), slog.String("schema", cfg.Schema))
+	logger.Info("relay starting", slog.String("source", "cdc"), slog.String("schema", cfg.Schema), slog.String("broker", target.describe()))
 	<-ctx.Done()
 	logger.Info("stopping: finishing the batch in flight", slog.Duration("shutdown_timeout", f.stopMax))
 	sctx, cancel := context.WithTimeout(context.Background(), f.stopMax)

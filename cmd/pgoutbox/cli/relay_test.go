@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -327,6 +328,9 @@ func TestRelayFlagErrors(t *testing.T) {
 		{[]string{"--max-attempts", "-1"}, "--max-attempts must be positive"},
 	}
 	for _, tc := range cases {
+		if !slices.Contains(tc.args, "--broker") {
+			tc.args = append([]string{"--broker", "null://"}, tc.args...)
+		}
 		_, errOut, code := run(t, append([]string{"relay", "--database-url", "postgres://x@127.0.0.1:1/db"}, tc.args...)...)
 		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 || strings.Contains(errOut, "hunter2") {
 			t.Errorf("relay %v: exit %d, stderr %q, want one line with %q", tc.args, code, errOut, tc.want)

@@ -24,6 +24,8 @@ func newReplayCmd() *cobra.Command {
 		req          admin.ReplayRequest
 		since, until string
 		eventIDs     []string
+		all          bool
+		op           operatorFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "replay",
@@ -32,7 +34,8 @@ func newReplayCmd() *cobra.Command {
 time range (occurred_at) or event ids, to the original destination or another one
 (--topic-template), each aggregate's events in sequence order, with the same event
 ids and headers, so consumers deduplicate what they already applied. Skipped dead
-letters are never replayed. The outbox rows are only read: a replay does not
+letters are never replayed. A selection is required: without one, --all says
+"every published event" explicitly. The outbox rows are only read: a replay does not
 disturb the relays. Only events still in the outbox (younger than the cleanup
 retention) can be replayed.
 
@@ -42,6 +45,10 @@ a refusal stops the replay with how far it got.
 
 NATS JetStream: each replayed message has its own Nats-Msg-Id (<event id>:replay:
 <run id>), so the stream stores it even within its duplicate window.
+
+Each replay is recorded in the operator audit (pgoutbox dlq audit) before it
+publishes anything: --actor, --reason, the database user, the selection, the
+destination and the count, then its outcome.
 
 ` + brokerHelp,
 		Example: `  pgoutbox replay --aggregate-type order --since 24h --dry-run
@@ -74,6 +81,16 @@ NATS JetStream: each replayed message has its own Nats-Msg-Id (<event id>:replay
 			if req.BatchSize < 1 {
 				return usagef("--batch-size must be positive, got %d", req.BatchSize)
 			}
+			f := req.Filter
+			selected := f.AggregateType != "" || f.AggregateID != "" || f.EventType != "" || !f.Since.IsZero() ||
+				!f.Until.IsZero() || len(f.EventIDs) > 0
+			switch {
+			case !selected && !all:
+				return usagef("replay: say which events: --aggregate-type, --aggregate-id, --event-type, --since, --until, --event-id, or --all for every published event")
+			case selected && all:
+				return usagef("replay: give a selection or --all, not both")
+			}
+			req.Actor, req.Reason = op.actor, op.reason
 			return runReplay(cmd.Context(), &db, &bf, &lf, req, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -88,6 +105,8 @@ NATS JetStream: each replayed message has its own Nats-Msg-Id (<event id>:replay
 	fs.StringVar(&until, "until", "", "only events that occurred before this time (same forms as --since)")
 	fs.StringSliceVar(&eventIDs, "event-id", nil, "only these events (repeat the flag or separate ids with commas)")
 	fs.BoolVar(&req.DryRun, "dry-run", false, "count the selected events and publish nothing")
+	op.register(fs, "replaying")
+	fs.BoolVar(&all, "all", false, "replay every published event still in the outbox (needed when no other selection is given)")
 	fs.IntVar(&req.BatchSize, "batch-size", 500, "events read and published at once (env PGOUTBOX_REPLAY_BATCH_SIZE)")
 	return cmd
 }
@@ -154,6 +173,7 @@ func runReplay(ctx context.Context, db *dbFlags, bf *brokerFlags, lf *logFlags, 
 		return err
 	}
 	defer closeBroker()
+	req.Destination = target.describe()
 	tty := progressTTY(stdout)
 	req.Progress = func(p admin.ReplayProgress) {
 		if tty {
@@ -163,6 +183,9 @@ func runReplay(ctx context.Context, db *dbFlags, bf *brokerFlags, lf *logFlags, 
 	res, err := admin.Replay(ctx, conn, pub, req)
 	if tty {
 		fmt.Fprint(stdout, "\r\x1b[K")
+	}
+	if errors.Is(err, admin.ErrInvalidAuditText) {
+		return usageError{err}
 	}
 	if err != nil {
 		var re *admin.ReplayError

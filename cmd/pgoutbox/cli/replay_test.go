@@ -27,7 +27,7 @@ func TestReplayCommand(t *testing.T) {
 		t.Fatalf("the dry run published %d messages", len(got))
 	}
 
-	out, errOut, code = run(t, append(base, "--broker", "nats://127.0.0.1:4222", "--nats-stream", e.target.Stream,
+	out, errOut, code = run(t, append(base, "--all", "--broker", "nats://127.0.0.1:4222", "--nats-stream", e.target.Stream,
 		"--topic-template", e.target.Template, "--batch-size", "400", "--log-level", "error")...)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if code != 0 || len(lines) != 2 || lines[0] != "1000 events selected (acct: 1000)" ||
@@ -53,7 +53,13 @@ func TestReplayCommand(t *testing.T) {
 		{"--since", "yesterday"},
 		{"--since", "1h", "--until", "2h"},
 		{"--batch-size", "0"},
-		{"--broker", "bogus://x"},
+		{"--all", "--broker", "bogus://x"},
+		{"--broker", "null://"},                      // no selection
+		{"--dry-run"},                                // no selection
+		{"--all", "--aggregate-type", "acct"},        // both
+		{"--all", "--since", "1h", "--dry-run"},      // both
+		{"--all"},                                    // no broker
+		{"--all", "--broker", "", "--dry-run=false"}, // empty broker
 	} {
 		_, errOut, code := run(t, append(base, bad...)...)
 		if code != 2 || strings.Count(errOut, "\n") != 1 {
