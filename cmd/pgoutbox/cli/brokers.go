@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 )
 
 const brokerHelp = `Brokers (--broker):
@@ -106,8 +107,8 @@ func (b *brokerFlags) webhookSecret() ([]byte, error) {
 	return secret, nil
 }
 
-// redactURL names a URL without its credentials.
-func redactURL(u *url.URL) string { return u.Redacted() }
+// redactURL names a URL without its credentials (internal/redact).
+func redactURL(u *url.URL) string { return redact.URL(u.String()) }
 
 // parse checks the broker flags without connecting anywhere, so that a typo fails
 // at start-up with one line.
