@@ -315,3 +315,70 @@ func replaceKnown(s string, secrets []string) string {
 	}
 	return s
 }
+
+// Secrets returns the secret values held in connection strings (URLs of any
+// scheme, comma-separated lists, key=value DSNs): user-info passwords, bare
+// tokens, and sensitive parameters, decoded. Text(s, Secrets(urls...)...) then
+// hides them wherever an error message repeats them out of their URL.
+func Secrets(connStrings ...string) []string {
+	var out []string
+	add := func(v string) {
+		if v != "" && v != Mask {
+			out = append(out, v)
+			if dec, err := url.QueryUnescape(v); err == nil && dec != v {
+				out = append(out, dec)
+			}
+		}
+	}
+	for _, s := range connStrings {
+		for _, m := range kvRE.FindAllStringSubmatch(s, -1) {
+			add(strings.Trim(m[3], `'"`))
+		}
+		if !strings.Contains(s, "://") {
+			for _, m := range dsnRE.FindAllStringSubmatch(s, -1) {
+				if sensitiveParam(m[1]) {
+					add(strings.Trim(m[3], "'"))
+				}
+			}
+			continue
+		}
+		for _, u := range splitList(s) {
+			scheme, rest, _ := strings.Cut(u, "://")
+			if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+				info := rest[:at]
+				rest = rest[at+1:]
+				user, pass, hasPass := strings.Cut(info, ":")
+				switch {
+				case hasPass:
+					add(pass)
+				case !keepsUser(scheme):
+					add(user)
+				}
+			}
+			if i := strings.IndexAny(rest, "?#"); i >= 0 {
+				for _, p := range strings.FieldsFunc(rest[i+1:], func(r rune) bool { return r == '&' || r == ';' || r == '#' }) {
+					k, v, ok := strings.Cut(p, "=")
+					if uk, err := url.QueryUnescape(k); err == nil {
+						k = uk
+					}
+					if ok && sensitiveParam(k) {
+						add(v)
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// splitList splits a comma-separated list of URLs.
+func splitList(s string) []string {
+	var out []string
+	start := 0
+	for _, m := range listRE.FindAllStringIndex(s, -1) {
+		out = append(out, s[start:m[0]])
+		sep := s[m[0]:m[1]]
+		start = m[0] + strings.LastIndexAny(sep, ", \t") + 1
+	}
+	return append(out, s[start:])
+}

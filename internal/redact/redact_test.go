@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -203,4 +204,22 @@ func FuzzText(f *testing.F) {
 			t.Errorf("known secret %q survived: %q", sec, out)
 		}
 	})
+}
+
+func TestSecrets(t *testing.T) {
+	t.Parallel()
+	for _, form := range secretForms[:31] { // the connection strings
+		sec := randSecret(t)
+		in := fmt.Sprintf(form, sec)
+		got := Secrets(in)
+		if !slices.Contains(got, sec) {
+			t.Errorf("Secrets(%q) = %q, want it to hold %q", in, got, sec)
+		}
+		if out := Text("server said: "+sec, got...); strings.Contains(out, sec) {
+			t.Errorf("Text with Secrets(%q) = %q", in, out)
+		}
+	}
+	if got := Secrets("postgres://postgres@127.0.0.1/test", "null://", "nats://127.0.0.1:4222"); len(got) != 0 {
+		t.Errorf("Secrets of URLs without any = %q", got)
+	}
 }
