@@ -160,7 +160,7 @@ var (
 	// JSON "name": "value" (or "name": ["value", …]) where the name is secret.
 	jsonRE = regexp.MustCompile(`(?i)("[a-z0-9_.\-]*(?:password|passwd|secret|token|signature|authorization|cookie|api[_-]?key|credential)[a-z0-9_.\-]*")\s*:\s*(?:"(?:[^"\\]|\\.)*"|\[\s*(?:"(?:[^"\\]|\\.)*"\s*,?\s*)*\])`)
 	// Credentials of an HTTP authentication scheme.
-	authRE = regexp.MustCompile(`(?i)\b(basic|bearer|digest|token|negotiate|hmac)\s+[A-Za-z0-9._~+/=\-]{6,}`)
+	authRE = regexp.MustCompile(`(?i)\b(basic|bearer|digest|negotiate)\s+[A-Za-z0-9._~+/=\-]{6,}`)
 	// Header lines whose whole value is a credential.
 	headerRE = regexp.MustCompile(`(?im)\b(authorization|proxy-authorization|cookie|set-cookie|x-api-key|api-key|outbox-signature)\s*:\s*[^\r\n"]*`)
 )
