@@ -186,6 +186,7 @@ func (b *brokerFlags) parse() (*brokerTarget, error) {
 // open connects to the broker (starting the embedded one if chosen) and returns
 // the publisher and a function that closes everything it opened.
 func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publisher, func(), error) {
+	warnPlaintextCredentials(log, t.kind, t.flags.url)
 	switch t.kind {
 	case "null":
 		return &null.Publisher{}, func() {}, nil
