@@ -42,7 +42,8 @@ const brokerHelp = `Brokers (--broker):
                       comes from PGOUTBOX_WEBHOOK_SECRET or --webhook-secret-file (never a
                       flag value, so it stays out of ps); receivers verify Outbox-Signature
                       with the Go helper webhook.Verifier. 2xx acks; 400/404/… quarantine;
-                      408/429/502-504, timeouts, connection errors retry; 401/403 = a config error (retried, not ready)
+                      408/429/502-504, timeouts and connection errors retry; 401/403 are a
+                      configuration error: retried, never quarantined, readiness fails
   null://             acknowledges everything and keeps nothing (benchmarks, dry runs)
 
 Templates (--topic-template) may use {aggregate_type}, {aggregate_id}, {event_type}
