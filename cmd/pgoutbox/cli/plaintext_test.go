@@ -36,3 +36,17 @@ func TestWarnPlaintextCredentials(t *testing.T) {
 		}
 	}
 }
+
+// An environment value a flag refuses is shown without its secrets.
+func TestEnvErrorHidesSecrets(t *testing.T) {
+	for _, tc := range []struct{ name, value, secret string }{
+		{"PGOUTBOX_BENCH_BROKER", `nats://u:Zsecret1@h:4222,"bad`, "Zsecret1"},
+		{"PGOUTBOX_BENCH_BROKER", `"nats://Ztoken1@h:4222`, "Ztoken1"},
+	} {
+		t.Setenv(tc.name, tc.value)
+		_, errOut, code := run(t, "bench", "--from-json", "/nonexistent")
+		if code != exitUsage || strings.Contains(errOut, tc.secret) || !strings.Contains(errOut, tc.name) {
+			t.Errorf("%s=%s: exit %d, stderr %q: want a usage error naming the variable, without the secret", tc.name, tc.value, code, errOut)
+		}
+	}
+}
