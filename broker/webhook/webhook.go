@@ -697,9 +697,8 @@ func (p *Publisher) held() error {
 // Ping reports whether the endpoint answers. While the last POST was refused
 // with 401 or 403 and none has been acknowledged since, it returns that error
 // (broker.Misconfigured) without a request: the configuration is wrong. Otherwise
-// it sends a HEAD request (with
-// Config.Header, without an event or signature) to Config.URL, cut before the
-// first placeholder. Any answer shows the endpoint reachable — 405 Method Not
+// it sends a HEAD request (with Config.Header, without an event or signature) to
+// Config.URL, cut before the first placeholder. Any answer shows the endpoint reachable — 405 Method Not
 // Allowed included — except 502, 503 and 504; those, a connection error and a
 // timeout are returned marked [broker.Unavailable]. ctx and Config.Timeout bound
 // the request. A webhook has no cheaper health check: call Ping sparingly.
