@@ -602,8 +602,37 @@ func (p *Publisher) post(ctx context.Context, m *broker.Message, target string, 
 // internal/redact), valid UTF-8, no control characters or line breaks, bounded.
 func excerpt(r io.Reader, secrets ...string) string {
 	raw, _ := io.ReadAll(io.LimitReader(r, excerptRead))
-	// Scrubbed before the cut, so that no secret is cut in two and half kept.
-	text := redact.Text(strings.ToValidUTF8(string(raw), "\uFFFD"), secrets...)
+	text := strings.ToValidUTF8(string(raw), "\uFFFD")
+	// Scrubbed before the cut, so that no secret is cut in two and half kept; only
+	// a window of the body, growing until what is left after scrubbing amply fills
+	// the excerpt (scrubbing costs up to a millisecond per KiB of echoed headers).
+	var s string
+	for window := 4 * excerptLen; ; window *= 2 {
+		part := text
+		if len(part) > window {
+			part = strings.ToValidUTF8(part[:window], "")
+		}
+		s = flatten(redact.Text(part, secrets...))
+		if len(part) == len(text) || len(s) > 2*excerptLen {
+			break
+		}
+	}
+	cut := len(raw) == excerptRead // the read limit may have split a secret
+	if len(s) > excerptLen {
+		s = s[:excerptLen]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+		cut = true
+	}
+	if cut {
+		s = cutSecretPrefix(s, secrets) + "…"
+	}
+	return s
+}
+
+// flatten turns control characters and runs of white space into single spaces.
+func flatten(text string) string {
 	var b strings.Builder
 	space := false
 	for _, c := range text {
@@ -617,16 +646,7 @@ func excerpt(r io.Reader, secrets ...string) string {
 		}
 		b.WriteRune(c)
 	}
-	s := b.String()
-	if len(s) > excerptLen {
-		s = s[:excerptLen]
-		for !utf8.ValidString(s) {
-			s = s[:len(s)-1]
-		}
-		s = cutSecretPrefix(s, secrets)
-		s += "…"
-	}
-	return s
+	return b.String()
 }
 
 // cutSecretPrefix drops an end of s that begins one of secrets: what is left of

@@ -223,3 +223,22 @@ func TestSecrets(t *testing.T) {
 		t.Errorf("Secrets of URLs without any = %q", got)
 	}
 }
+
+// BenchmarkText measures the scrub of an error message, a body of plain text and a
+// receiver's echo of request headers.
+func BenchmarkText(b *testing.B) {
+	echo := `{"headers":{"Authorization":["Basic aG9vazpabHFhYmNkZWZnaGlqa2xtbm9w"],"Content-Type":["application/json"],` +
+		`"Outbox-Signature":["t=1764770000,v1=5d41402abc4b2a76b9719d911017c592"]},"url":"/outbox?token=Zqabcdef"}`
+	for name, s := range map[string]string{
+		"error": "webhook: POST event 01a23c55-36ba-7000-9ee6-d557b43ed1ad to http://127.0.0.1:42767: 500 Internal Server Error",
+		"plain": strings.Repeat("the receiver could not process the event. ", 100),
+		"echo":  strings.Repeat(echo, 4),
+	} {
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(s)))
+			for b.Loop() {
+				Text(s, "abcdefgh", "ijklmnop")
+			}
+		})
+	}
+}
