@@ -322,6 +322,30 @@ func IsUnavailable(err error) bool {
 	return errors.As(err, &u) || errors.Is(err, context.DeadlineExceeded)
 }
 
+type misconfiguredError struct{ err error }
+
+func (e misconfiguredError) Error() string { return e.err.Error() }
+func (e misconfiguredError) Unwrap() error { return e.err }
+
+// Misconfigured marks err as the broker refusing the publisher's configuration —
+// credentials, a signing secret, a permission — rather than the message: a webhook's
+// 401 or 403, say. It is Unavailable too (never quarantined, retried with the
+// capped backoff, claiming paused), and the relay reports it as a configuration
+// error: logged as such and failing readiness until a publish succeeds.
+func Misconfigured(err error) error {
+	if err == nil {
+		return nil
+	}
+	return unavailableError{misconfiguredError{err}}
+}
+
+// IsMisconfigured reports whether err, or an error it wraps, was marked with
+// Misconfigured.
+func IsMisconfigured(err error) bool {
+	var m misconfiguredError
+	return errors.As(err, &m)
+}
+
 // AckFunc waits for the broker's answer to one asynchronous publish.
 type AckFunc func(ctx context.Context) error
 

@@ -100,6 +100,7 @@ type Source struct {
 
 	inFlight                       atomic.Bool // the dispatcher has a batch out
 	dbDown, brokerDown, streamDown atomic.Bool
+	brokerRefused                  atomic.Pointer[string] // why the broker refuses our configuration (broker.Misconfigured), or nil
 	stats                          counters
 }
 
@@ -162,6 +163,9 @@ func (s *Source) Healthy() error {
 	}
 	if s.streamDown.Load() {
 		errs = append(errs, errors.New("cdc: replication stream down"))
+	}
+	if reason := s.brokerRefused.Load(); reason != nil {
+		errs = append(errs, errors.New("cdc: the broker refuses the relay's configuration (credentials, signing secret, permissions): "+*reason))
 	}
 	return errors.Join(errs...)
 }
@@ -585,6 +589,7 @@ func (s *Source) settle(items []item, results []error) (settled, bool) {
 		failDelays             []int64
 		failQuarantine         []bool
 		quarantined, anyFailed int
+		refusedErr             string // the first broker.Misconfigured failure
 	)
 	if s.hardCtx.Err() != nil {
 		return res, false // abandoned: leave everything for the restart
@@ -600,6 +605,9 @@ func (s *Source) settle(items []item, results []error) (settled, bool) {
 			anyFailed++
 			unavailable := broker.IsUnavailable(err)
 			res.allUnavailable = res.allUnavailable && unavailable
+			if refusedErr == "" && broker.IsMisconfigured(err) {
+				refusedErr = retry.ErrorText(err)
+			}
 			attempt := it.attempts + 1
 			quarantine := broker.IsPermanent(err) || (!unavailable && attempt >= s.cfg.MaxAttempts)
 			delay := retry.AttemptDelay(attempt, s.cfg.BackoffBase, s.cfg.BackoffMax, unavailable)
@@ -607,7 +615,7 @@ func (s *Source) settle(items []item, results []error) (settled, bool) {
 				quarantined++
 				s.log.Warn("event quarantined", slog.String("event_id", it.msg.EventID.String()),
 					slog.String("aggregate", it.msg.AggregateType+"/"+it.msg.AggregateID),
-					slog.Int64("sequence", it.msg.AggregateSequence), slog.Int("attempts", attempt), slog.Any("error", err))
+					slog.Int64("sequence", it.msg.AggregateSequence), slog.Int("attempts", attempt), slog.String("error", retry.ErrorText(err)))
 				delay = s.cfg.PollInterval
 			}
 			res.failedLanes[laneOf(&it.msg)] = delay
@@ -638,7 +646,17 @@ func (s *Source) settle(items []item, results []error) (settled, bool) {
 	switch {
 	case len(acked) > 0:
 		retry.MarkUp(&s.brokerDown, s.log, "broker")
+		if s.brokerRefused.Swap(nil) != nil {
+			s.log.Info("the broker accepts the relay's configuration again")
+		}
+	case res.allUnavailable && refusedErr != "":
+		s.brokerDown.Store(false) // it answers: not an outage
+		if s.brokerRefused.Swap(&refusedErr) == nil {
+			s.log.Error("the broker refuses the relay's configuration (credentials, signing secret, permissions): "+
+				"fix the configuration; events are retried with backoff and none is quarantined", slog.String("error", refusedErr))
+		}
 	case res.allUnavailable:
+		s.brokerRefused.Store(nil)
 		retry.MarkDown(&s.brokerDown, s.log, "broker", errors.New(failErrs[0]))
 	}
 	return res, true

@@ -61,6 +61,7 @@ type Relay struct {
 	leased map[pgoutbox.UUID]struct{} // leases taken and not yet settled
 
 	dbDown, brokerDown atomic.Bool
+	brokerRefused      atomic.Pointer[string] // why the broker refuses our configuration (broker.Misconfigured), or nil
 
 	idleWorkers atomic.Int32 // workers waiting for a wake-up (idle.go)
 	lastFound   atomic.Int64 // when a claim last found events (unix ns)
@@ -137,11 +138,13 @@ func (r *Relay) Stats() Stats {
 var (
 	ErrDatabaseUnreachable = errors.New("relay: database unreachable")
 	ErrBrokerUnreachable   = errors.New("relay: broker unreachable")
+	ErrBrokerMisconfigured = errors.New("relay: the broker refuses the relay's configuration (credentials, signing secret, permissions)")
 )
 
 // Healthy reports nil when the last contact with the database and with the broker
-// succeeded, else what is down: ErrDatabaseUnreachable, ErrBrokerUnreachable or
-// both (errors.Is tells them apart).
+// succeeded, else what is wrong: ErrDatabaseUnreachable, ErrBrokerUnreachable,
+// ErrBrokerMisconfigured (with the broker's answer) or several (errors.Is tells
+// them apart).
 func (r *Relay) Healthy() error {
 	var errs []error
 	if r.dbDown.Load() {
@@ -150,7 +153,27 @@ func (r *Relay) Healthy() error {
 	if r.brokerDown.Load() {
 		errs = append(errs, ErrBrokerUnreachable)
 	}
+	if reason := r.brokerRefused.Load(); reason != nil {
+		errs = append(errs, fmt.Errorf("%w: %s", ErrBrokerMisconfigured, *reason))
+	}
 	return errors.Join(errs...)
+}
+
+// brokerRefuses records that the broker refused the relay's configuration,
+// logging the change as the configuration error it is.
+func (r *Relay) brokerRefuses(reason string) {
+	r.brokerDown.Store(false) // it answers: not an outage
+	if r.brokerRefused.Swap(&reason) == nil {
+		r.log.Error("the broker refuses the relay's configuration (credentials, signing secret, permissions): "+
+			"fix the configuration; events are retried with backoff and none is quarantined", slog.String("error", reason))
+	}
+}
+
+// brokerAccepts clears a configuration refusal; ok says the broker acknowledged.
+func (r *Relay) brokerAccepts(ok bool) {
+	if r.brokerRefused.Swap(nil) != nil && ok {
+		r.log.Info("the broker accepts the relay's configuration again")
+	}
 }
 
 // Start launches the workers and the notification listener and returns at once.
@@ -618,6 +641,7 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 		failQuarantine            []bool
 		failHeads                 []pgoutbox.UUID
 		anyAck, allUnavailable    = false, true
+		refusedErr                string // the first broker.Misconfigured failure
 		quarantined, firstRetryIn = 0, time.Duration(0)
 	)
 	hardStopped := r.hardCtx.Err() != nil
@@ -650,6 +674,9 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 		default:
 			unavailable := broker.IsUnavailable(err)
 			allUnavailable = allUnavailable && unavailable
+			if refusedErr == "" && broker.IsMisconfigured(err) {
+				refusedErr = retry.ErrorText(err)
+			}
 			attempt := c.attempts + 1
 			quarantine := broker.IsPermanent(err) || (!unavailable && attempt >= r.cfg.MaxAttempts)
 			delay := retry.AttemptDelay(attempt, r.cfg.BackoffBase, r.cfg.BackoffMax, unavailable)
@@ -657,7 +684,7 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 				quarantined++
 				r.log.Warn("event quarantined", slog.String("event_id", c.msg.EventID.String()),
 					slog.String("aggregate", c.msg.AggregateType+"/"+c.msg.AggregateID),
-					slog.Int64("sequence", c.msg.AggregateSequence), slog.Int("attempts", attempt), slog.Any("error", err))
+					slog.Int64("sequence", c.msg.AggregateSequence), slog.Int("attempts", attempt), slog.String("error", retry.ErrorText(err)))
 				note(i, ResultQuarantined, attempt, err)
 			} else {
 				if firstRetryIn == 0 || delay < firstRetryIn {
@@ -727,7 +754,12 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 	switch {
 	case anyAck:
 		retry.MarkUp(&r.brokerDown, r.log, "broker")
+		r.brokerAccepts(true)
+	case len(failIDs) > 0 && allUnavailable && refusedErr != "":
+		r.brokerRefuses(refusedErr)
+		return min(firstRetryIn, r.cfg.PollInterval)
 	case len(failIDs) > 0 && allUnavailable:
+		r.brokerAccepts(false)
 		retry.MarkDown(&r.brokerDown, r.log, "broker", errors.New(failErrs[0]))
 		return min(firstRetryIn, r.cfg.PollInterval)
 	}

@@ -1,10 +1,19 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,3 +55,86 @@ func TestWebhook400Quarantines(t *testing.T) {
 		t.Fatal("the event behind the quarantined one was attempted or published")
 	}
 }
+
+// A webhook that refuses the relay's credentials (401, 403) and echoes the request
+// back: a configuration error. The relay reports it so (Healthy fails with
+// ErrBrokerMisconfigured and the answer, not ErrBrokerUnreachable), quarantines
+// nothing and retries with backoff; no last_error holds the request's secrets.
+// Once the receiver accepts, every event is delivered and the relay is healthy.
+func TestWebhookRefusedCredentialsAreAConfigurationError(t *testing.T) {
+	t.Parallel()
+	for _, code := range []int{http.StatusUnauthorized, http.StatusForbidden} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			t.Parallel()
+			sign, pass, token := "Zq"+strings.ToLower(rand.Text()), "Zq"+strings.ToLower(rand.Text()), "Zq"+strings.ToLower(rand.Text())
+			o := newOutbox(t, 4)
+			var accept atomic.Bool
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if accept.Load() {
+					w.WriteHeader(http.StatusNoContent)
+					return
+				}
+				var dump bytes.Buffer
+				_ = r.Header.Write(&dump)
+				w.WriteHeader(code)
+				fmt.Fprintf(&dump, "url %s secret %s", r.URL, sign)
+				_, _ = w.Write(dump.Bytes())
+			}))
+			t.Cleanup(srv.Close)
+			u, _ := url.Parse(srv.URL)
+			u.User = url.UserPassword("hook", pass)
+			var logs syncBuffer
+			pub, err := webhook.New(webhook.Config{URL: u.String() + "/in?token=" + token, Secret: []byte(sign), Logger: quietLogger()})
+			pgtest.Must(t, err, "webhook")
+			t.Cleanup(func() { _ = pub.Close() })
+			o.enqueue(t, 2, 2)
+			r := startRelay(t, o, pub, relay.Config{PollInterval: 50 * time.Millisecond, BackoffBase: 10 * time.Millisecond,
+				MaxAttempts: 2, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+
+			waitFor(t, 30*time.Second, "the refusal reported", func() bool {
+				return errors.Is(r.Healthy(), relay.ErrBrokerMisconfigured) && o.count(t, "attempt_count >= 3") >= 1
+			})
+			h := r.Healthy()
+			if errors.Is(h, relay.ErrBrokerUnreachable) || !strings.Contains(h.Error(), strconv.Itoa(code)) {
+				t.Errorf("Healthy = %v: want the configuration error with the answer, not unreachable", h)
+			}
+			if n := o.count(t, "quarantined_at IS NOT NULL"); n != 0 {
+				t.Errorf("%d events quarantined past MaxAttempts 2: the events are fine, the configuration is not", n)
+			}
+			rows, err := o.pool.Query(context.Background(), "SELECT coalesce(last_error, '') FROM "+o.table())
+			pgtest.Must(t, err, "read last_error")
+			for rows.Next() {
+				var le string
+				pgtest.Must(t, rows.Scan(&le), "scan")
+				for _, s := range []string{sign, pass, token, sign[:8], pass[:8], token[:8]} {
+					if strings.Contains(le, s) {
+						t.Errorf("last_error holds a secret (%q): %s", s, le)
+					}
+				}
+			}
+			pgtest.Must(t, rows.Err(), "rows")
+			if l := logs.String(); !strings.Contains(l, "refuses the relay's configuration") || strings.Contains(l, "broker unreachable") ||
+				strings.Contains(l, sign) || strings.Contains(l, pass) || strings.Contains(l, token) {
+				t.Errorf("logs: want the configuration error, no secret:\n%s", l)
+			}
+
+			accept.Store(true)
+			waitFor(t, 30*time.Second, "delivery once accepted", func() bool {
+				return o.count(t, "published_at IS NOT NULL") == 4 && r.Healthy() == nil
+			})
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }

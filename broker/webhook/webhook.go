@@ -27,7 +27,7 @@
 //
 //	2xx                          acknowledged
 //	3xx                          broker.Unavailable: redirects are never followed
-//	401, 403                     broker.Unavailable: the endpoint refuses us, not the event
+//	401, 403                     broker.Misconfigured: the endpoint refuses our configuration, not the event
 //	408, 429                     broker.Unavailable
 //	409, 425                     retryable (409: the same Idempotency-Key is in flight)
 //	other 4xx                    broker.Permanent: the event is quarantined
@@ -36,17 +36,31 @@
 //	connection error, timeout    broker.Unavailable
 //
 // Unavailable answers never count towards quarantine: they say nothing about the
-// event (the endpoint is down, overloaded, misconfigured or moved). 401 and 403
-// belong here because they mean a wrong secret, a clock more than the receiver's
-// tolerance off, or revoked credentials: quarantining every event until someone
-// fixes the configuration would only add an operator chore to the outage. A 500 may be
-// the receiver choking on this very event, so it counts. A timeout is ambiguous —
-// the endpoint may have acted on the event — so the retry carries the same
-// Idempotency-Key and the receiver must deduplicate on it.
+// event (the endpoint is down, overloaded or moved). 401 and 403 mean a wrong
+// signing secret, a clock more than the receiver's tolerance off, or wrong or
+// revoked credentials: a configuration error. They are [broker.Misconfigured]
+// (a kind of Unavailable): the events are retried with backoff and never
+// quarantined — they are fine, the configuration is not — and the relay logs a
+// configuration error and fails readiness until a request is acknowledged again;
+// [Publisher.Ping] fails with the same reason meanwhile. A 500 may be the receiver
+// choking on this very event, so it counts. A timeout is ambiguous — the endpoint
+// may have acted on the event — so the retry carries the same Idempotency-Key and
+// the receiver must deduplicate on it.
 //
 // A non-2xx answer fails the event with a [*StatusError], which carries the
-// status and a short, sanitized excerpt of the response body; the relay stores its
-// text as the event's last error.
+// status and a short excerpt of the response body; the relay stores its text as
+// the event's last error. The excerpt is bounded (256 bytes) and scrubbed: a
+// receiver that echoes the request has the signing secret, the signature, the
+// Authorization and Config.Header values, the URL's credentials and tokens, and
+// anything else credential-shaped removed (internal/redact), so last_error never
+// stores them.
+//
+// # Plain HTTP
+//
+// New logs a warning when an http:// endpoint would receive credentials (user
+// info in the URL, a token in its query, an Authorization or similar header in
+// Config.Header) or signed requests: anyone on the path can read them, and a
+// signature proves nothing against a reader who can replay. Use https://.
 //
 // A redirect is not followed because following one would re-send the event, with
 // its signature and Config.Header credentials, to an address nobody configured,
@@ -66,6 +80,7 @@ package webhook
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -83,6 +98,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 )
 
 // Config configures a Publisher.
@@ -235,6 +251,11 @@ type Publisher struct {
 
 	holdUntil atomic.Int64 // Unix nanoseconds; no requests before (Retry-After)
 
+	// refused is the last 401/403 answer's error while no request has been
+	// acknowledged since, else nil: Ping reports it.
+	refused atomic.Pointer[error]
+	secrets []string // request secret material scrubbed from error excerpts
+
 	ctx    context.Context // ends at Close, cancelling requests in flight
 	cancel context.CancelFunc
 
@@ -280,7 +301,68 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	p.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.secrets = secretMaterial(cfg, ep)
+	warnPlaintext(cfg, ep)
 	return p, nil
+}
+
+// secretMaterial lists what a receiver echoing a request could repeat that must
+// not be stored: the signing secret, the URL's credentials and tokens, the basic
+// authentication they become, and Config.Header's values.
+func secretMaterial(cfg Config, ep *endpoint) []string {
+	var s []string
+	if len(cfg.Secret) > 0 {
+		s = append(s, string(cfg.Secret))
+	}
+	s = append(s, redact.Secrets(cfg.URL)...)
+	if u := ep.base.User; u != nil {
+		pass, _ := u.Password()
+		basic := u.Username() + ":" + pass
+		s = append(s, pass, basic, "Basic "+base64.StdEncoding.EncodeToString([]byte(basic)))
+		if pass == "" {
+			s = append(s, u.Username()) // https://token@host
+		}
+	}
+	for _, values := range cfg.Header {
+		for _, v := range values {
+			s = append(s, v)
+			if _, cred, ok := strings.Cut(v, " "); ok { // "Bearer <token>"
+				s = append(s, cred)
+			}
+		}
+	}
+	return s
+}
+
+// credentialHeaders are Config.Header names that carry credentials.
+var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key", "X-Auth-Token"}
+
+// warnPlaintext logs, once at start, that credentials or signed requests would
+// travel over plain http://.
+func warnPlaintext(cfg Config, ep *endpoint) {
+	if ep.base.Scheme != "http" {
+		return
+	}
+	var what []string
+	if ep.base.User != nil {
+		what = append(what, "the URL's user info (basic authentication)")
+	}
+	if len(redact.Secrets("http://h/?"+ep.base.RawQuery)) > 0 {
+		what = append(what, "a token in the URL's query")
+	}
+	for _, h := range credentialHeaders {
+		if _, ok := cfg.Header[h]; ok {
+			what = append(what, "the "+h+" header")
+		}
+	}
+	if len(cfg.Secret) > 0 {
+		what = append(what, "signed requests (the signature proves nothing to a reader who can replay them)")
+	}
+	if len(what) == 0 {
+		return
+	}
+	cfg.Logger.Warn("webhook: plain http:// endpoint: "+strings.Join(what, ", ")+" travel unencrypted; use https://",
+		slog.String("endpoint", ep.origin))
 }
 
 // StatusError is the error of a request the endpoint answered with a status
@@ -327,9 +409,9 @@ func (e *StatusError) Error() string {
 // table says.
 func classifyStatus(code int, err error) error {
 	switch {
+	case code == http.StatusUnauthorized, code == http.StatusForbidden:
+		return broker.Misconfigured(fmt.Errorf("%w (a configuration error: check the signing secret, the credentials and the clock)", err))
 	case code >= 300 && code < 400,
-		code == http.StatusUnauthorized,
-		code == http.StatusForbidden,
 		code == http.StatusRequestTimeout,
 		code == http.StatusTooManyRequests,
 		code == http.StatusBadGateway,
@@ -496,9 +578,12 @@ func (p *Publisher) post(ctx context.Context, m *broker.Message, target string, 
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		// The status is the ack; the body is read only to reuse the connection.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
+		p.refused.Store(nil)
 		return nil
 	}
-	se := &StatusError{StatusCode: resp.StatusCode, Body: excerpt(resp.Body)}
+	// The request's own secrets, the signature included, are scrubbed from the
+	// excerpt: a receiver may echo the request.
+	se := &StatusError{StatusCode: resp.StatusCode, Body: excerpt(resp.Body, slices.Concat(p.secrets, []string{header.Get(HeaderSignature)})...)}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
 		if loc, err := resp.Location(); err == nil && loc.Host != "" {
@@ -509,16 +594,52 @@ func (p *Publisher) post(ctx context.Context, m *broker.Message, target string, 
 		se.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), p.now())
 		p.hold(se.RetryAfter)
 	}
-	return classifyStatus(resp.StatusCode, fmt.Errorf("%s: %w", what(), se))
+	err = classifyStatus(resp.StatusCode, fmt.Errorf("%s: %w", what(), se))
+	if broker.IsMisconfigured(err) {
+		p.refused.Store(&err)
+	}
+	return err
 }
 
 // excerpt reads the start of a response body and makes it fit for an error
-// message: valid UTF-8, no control characters or line breaks, bounded.
-func excerpt(r io.Reader) string {
+// message: scrubbed of secrets (those given and anything credential-shaped, see
+// internal/redact), valid UTF-8, no control characters or line breaks, bounded.
+func excerpt(r io.Reader, secrets ...string) string {
 	raw, _ := io.ReadAll(io.LimitReader(r, excerptRead))
+	text := strings.ToValidUTF8(string(raw), "\uFFFD")
+	// Scrubbed before the cut, so that no secret is cut in two and half kept; only
+	// a window of the body, growing until what is left after scrubbing amply fills
+	// the excerpt (scrubbing costs up to a millisecond per KiB of echoed headers).
+	var s string
+	for window := 4 * excerptLen; ; window *= 2 {
+		part := text
+		if len(part) > window {
+			part = strings.ToValidUTF8(part[:window], "")
+		}
+		s = flatten(redact.Text(part, secrets...))
+		if len(part) == len(text) || len(s) > 2*excerptLen {
+			break
+		}
+	}
+	cut := len(raw) == excerptRead // the read limit may have split a secret
+	if len(s) > excerptLen {
+		s = s[:excerptLen]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+		cut = true
+	}
+	if cut {
+		s = cutSecretPrefix(s, secrets) + "…"
+	}
+	return s
+}
+
+// flatten turns control characters and runs of white space into single spaces.
+func flatten(text string) string {
 	var b strings.Builder
 	space := false
-	for _, c := range strings.ToValidUTF8(string(raw), "\uFFFD") {
+	for _, c := range text {
 		if unicode.IsSpace(c) || !unicode.IsPrint(c) {
 			space = b.Len() > 0
 			continue
@@ -529,13 +650,19 @@ func excerpt(r io.Reader) string {
 		}
 		b.WriteRune(c)
 	}
-	s := b.String()
-	if len(s) > excerptLen {
-		s = s[:excerptLen]
-		for !utf8.ValidString(s) {
-			s = s[:len(s)-1]
+	return b.String()
+}
+
+// cutSecretPrefix drops an end of s that begins one of secrets: what is left of
+// a secret that the cut (or the read limit) split.
+func cutSecretPrefix(s string, secrets []string) string {
+	for _, sec := range secrets {
+		for k := min(len(sec)-1, len(s)); k >= 3; k-- {
+			if strings.HasSuffix(s, sec[:k]) {
+				s = s[:len(s)-k]
+				break
+			}
 		}
-		s += "…"
 	}
 	return s
 }
@@ -591,15 +718,20 @@ func (p *Publisher) held() error {
 		p.ep.origin, time.Unix(0, until).UTC().Format(time.RFC3339)))
 }
 
-// Ping reports whether the endpoint answers: it sends a HEAD request (with
-// Config.Header, without an event or signature) to Config.URL, cut before the
-// first placeholder. Any answer shows the endpoint reachable — 405 Method Not
+// Ping reports whether the endpoint answers. While the last POST was refused
+// with 401 or 403 and none has been acknowledged since, it returns that error
+// (broker.Misconfigured) without a request: the configuration is wrong. Otherwise
+// it sends a HEAD request (with Config.Header, without an event or signature) to
+// Config.URL, cut before the first placeholder. Any answer shows the endpoint reachable — 405 Method Not
 // Allowed included — except 502, 503 and 504; those, a connection error and a
 // timeout are returned marked [broker.Unavailable]. ctx and Config.Timeout bound
 // the request. A webhook has no cheaper health check: call Ping sparingly.
 func (p *Publisher) Ping(ctx context.Context) error {
 	if p.ctx.Err() != nil {
 		return broker.Unavailable(errClosed)
+	}
+	if refused := p.refused.Load(); refused != nil {
+		return *refused
 	}
 	rctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()

@@ -223,7 +223,8 @@ func TestStatusClassification(t *testing.T) {
 	want := map[int]int{
 		200: ack, 201: ack, 202: ack, 204: ack,
 		301: unavailable, 302: unavailable, 303: unavailable, 307: unavailable, 308: unavailable,
-		400: permanent, 401: unavailable, 403: unavailable, 404: permanent, 405: permanent,
+		400: permanent, 401: unavailable, 403: unavailable, // broker.Misconfigured, a kind of Unavailable
+		404: permanent, 405: permanent,
 		410: permanent, 413: permanent, 415: permanent, 422: permanent,
 		408: unavailable, 429: unavailable,
 		409: retryable, 425: retryable,

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -265,18 +266,23 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	}
 	pcfg, err := pgxpool.ParseConfig(c.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("bench: database URL: %w", err)
+		return nil, scrubbed{msg: redact.Text("bench: database URL: "+err.Error(), redact.Secrets(c.DatabaseURL)...), err: err}
 	}
 	pcfg.MaxConns = 20
+	dbErr := func(err error) error {
+		return scrubbed{msg: redact.Text("bench: connect to database: "+err.Error(), c.secrets(pcfg.ConnConfig.Password)...), err: err}
+	}
 	admin, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("bench: connect to database: %w", err)
+		return nil, dbErr(err)
 	}
 	defer admin.Close()
 	if err := admin.Ping(ctx); err != nil {
-		return nil, fmt.Errorf("bench: connect to database: %w", err)
+		return nil, dbErr(err)
 	}
 	r := &Runner{cfg: c, admin: admin, prog: newProgress(c.Progress, c.ProgressTTY)}
+	r.secrets = c.secrets(pcfg.ConnConfig.Password)
+	r.prog.secrets = r.secrets
 	res := &Result{}
 	res.Context = r.context(ctx)
 	note, err := r.resolveSources(ctx)
@@ -323,9 +329,9 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 			}
 		}
 		if err != nil {
-			res.Errors = append(res.Errors, ScenarioError{Scenario: s, Error: err.Error()})
+			res.Errors = append(res.Errors, ScenarioError{Scenario: s, Error: r.scrub(err.Error())})
 			if first == nil {
-				first = fmt.Errorf("bench %s: %w", s, err)
+				first = scrubbed{msg: r.scrub(fmt.Sprintf("bench %s: %v", s, err)), err: err}
 			}
 			if ctx.Err() != nil {
 				break
@@ -337,17 +343,100 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	}
 	res.Context.Finished = time.Now().UTC()
 	res.Targets = res.targets()
+	res.Redact(r.secrets...)
 	return res, first
 }
+
+// Redact hides credentials in everything res shows (broker URLs, relay flags,
+// error texts, notes): URLs and DSNs through internal/redact, and each of
+// secrets wherever it appears. Run calls it; call it on a Result read from a
+// file before showing it.
+func (res *Result) Redact(secrets ...string) {
+	t := func(s string) string { return redact.Text(s, secrets...) }
+	for i := range res.Settings.Brokers {
+		res.Settings.Brokers[i] = redact.URL(res.Settings.Brokers[i])
+	}
+	res.Settings.RelayArgs = redact.Args(res.Settings.RelayArgs)
+	for i := range res.Errors {
+		res.Errors[i].Error = t(res.Errors[i].Error)
+	}
+	for i := range res.Context.Notes {
+		res.Context.Notes[i] = t(res.Context.Notes[i])
+	}
+	if res.Drain != nil {
+		for i := range res.Drain.Runs {
+			res.Drain.Runs[i].Broker = redact.URL(res.Drain.Runs[i].Broker)
+		}
+	}
+	if res.Latency != nil {
+		res.Latency.Broker = redact.URL(res.Latency.Broker)
+	}
+}
+
+// secrets are the credentials of the run's URLs, hidden wherever they appear.
+func (c *Config) secrets(dbPassword string) []string {
+	s := redact.Secrets(append([]string{c.DatabaseURL}, c.Brokers...)...)
+	if dbPassword != "" {
+		s = append(s, dbPassword)
+	}
+	for _, a := range redactArgsSecrets(c.RelayArgs) {
+		s = append(s, a)
+	}
+	for _, name := range []string{"PGOUTBOX_WEBHOOK_SECRET", "PGPASSWORD"} {
+		if v := os.Getenv(name); v != "" {
+			s = append(s, v)
+		}
+	}
+	return s
+}
+
+// redactArgsSecrets returns the values of secret flags among args.
+func redactArgsSecrets(args []string) []string {
+	var out []string
+	for i, a := range args {
+		name, v, ok := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || !redact.IsSecretName(name) {
+			continue
+		}
+		if !ok && i+1 < len(args) {
+			v = args[i+1]
+		}
+		out = append(out, v)
+		out = append(out, redact.Secrets(v)...)
+	}
+	return out
+}
+
+// scrub hides the run's credentials in s.
+func (r *Runner) scrub(s string) string { return redact.Text(s, r.secrets...) }
+
+// scrubbed is an error whose text had the run's credentials removed; it still
+// wraps the original for errors.Is.
+type scrubbed struct {
+	msg string
+	err error
+}
+
+func (e scrubbed) Error() string { return e.msg }
+func (e scrubbed) Unwrap() error { return e.err }
 
 func (c *Config) snapshot(cc *pgx.ConnConfig) SettingsSnapshot {
 	return SettingsSnapshot{
 		Scenarios: c.Scenarios, Events: c.Events, Aggregates: c.Aggregates, PayloadBytes: c.PayloadBytes,
-		BatchSize: c.BatchSize, Relays: c.Relays, Brokers: c.Brokers, Rate: c.Rate,
+		BatchSize: c.BatchSize, Relays: c.Relays, Brokers: redactAll(c.Brokers), Rate: c.Rate,
 		DurationS: c.Duration.Seconds(), PollIntervalS: c.PollInterval.Seconds(), IdleDurationS: c.IdleDuration.Seconds(),
-		HistoryRows: c.HistoryRows, HistoryTrials: c.HistoryTrials, EnqueueRounds: c.EnqueueRounds, Sources: c.Sources, RelayArgs: c.RelayArgs, RelayBinary: c.Executable,
+		HistoryRows: c.HistoryRows, HistoryTrials: c.HistoryTrials, EnqueueRounds: c.EnqueueRounds, Sources: c.Sources, RelayArgs: redact.Args(c.RelayArgs), RelayBinary: c.Executable,
 		DatabaseServer: fmt.Sprintf("%s:%d/%s", cc.Host, cc.Port, cc.Database),
 	}
+}
+
+// redactAll returns URLs without their credentials.
+func redactAll(urls []string) []string {
+	out := make([]string, len(urls))
+	for i, u := range urls {
+		out[i] = redact.URL(u)
+	}
+	return out
 }
 
 // Runner carries what the scenarios share.
@@ -356,6 +445,7 @@ type Runner struct {
 	admin   *pgxpool.Pool
 	prog    *progress
 	brokers map[string]*brokerEnv
+	secrets []string // the credentials of the run's URLs and flags: never shown
 }
 
 func (r *Runner) context(ctx context.Context) Context {

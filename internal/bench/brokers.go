@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 )
 
 // DefaultNATSURL is where the "nats" broker choice looks for a server before
@@ -23,8 +24,8 @@ const DefaultNATSURL = "nats://127.0.0.1:4222"
 // own (created with file storage, purged between runs, deleted at the end) that a
 // subscriber can read.
 type brokerEnv struct {
-	name     string // as shown in tables: null, nats, embedded, or the URL
-	url      string // the relays' --broker
+	name     string // as shown in tables: null, nats, embedded, or the URL without its credentials
+	url      string // the relays' --broker (PGOUTBOX_BROKER)
 	embedded *natsbroker.Embedded
 	storeDir string
 	nc       *natsgo.Conn
@@ -36,11 +37,25 @@ type brokerEnv struct {
 func (b *brokerEnv) isNATS() bool { return b.js != nil }
 
 func (b *brokerEnv) relayArgs() []string {
-	args := []string{"--broker", b.url}
+	var args []string
 	if b.isNATS() {
 		args = append(args, "--nats-stream", b.stream, "--topic-template", b.prefix+".{aggregate_type}")
 	}
 	return args
+}
+
+// relayEnv passes the broker URL, which may hold credentials, in the relays'
+// environment rather than on their command line; and the webhook signing secret
+// the bench itself was given, which relayEnv otherwise drops with every
+// PGOUTBOX_ variable.
+func (b *brokerEnv) relayEnv() []string {
+	env := []string{"PGOUTBOX_BROKER=" + b.url}
+	for _, name := range []string{"PGOUTBOX_WEBHOOK_SECRET", "PGOUTBOX_WEBHOOK_SECRET_FILE"} {
+		if v := os.Getenv(name); v != "" {
+			env = append(env, name+"="+v)
+		}
+	}
+	return env
 }
 
 // broker returns the broker env for a --broker choice, opening it on first use.
@@ -75,14 +90,14 @@ func (r *Runner) openBroker(ctx context.Context, choice string) (*brokerEnv, err
 	case strings.HasPrefix(choice, "nats://") || strings.HasPrefix(choice, "tls://"):
 		nc, err := natsgo.Connect(choice, natsgo.Timeout(5*time.Second), natsgo.Name("pgoutbox bench"))
 		if err != nil {
-			return nil, fmt.Errorf("connect to NATS %s: %w", choice, err)
+			return nil, fmt.Errorf("connect to NATS %s: %w", redact.URL(choice), err)
 		}
-		return r.natsEnv(ctx, choice, choice, nc, nil, "")
+		return r.natsEnv(ctx, redact.URL(choice), choice, nc, nil, "")
 	case strings.Contains(choice, "://"):
 		// Any other broker the relay speaks: published to, but not observed.
-		return &brokerEnv{name: choice, url: choice}, nil
+		return &brokerEnv{name: redact.URL(choice), url: choice}, nil
 	}
-	return nil, fmt.Errorf("unknown broker %q (want null, nats, embedded or a URL)", choice)
+	return nil, fmt.Errorf("unknown broker %q (want null, nats, embedded or a URL)", redact.URL(choice))
 }
 
 // embeddedEnv runs NATS JetStream inside the bench process: the relays connect to

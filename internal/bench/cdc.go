@@ -142,15 +142,15 @@ func (r *Runner) cleanupCDC(procs *[]*relayProc, schema, slot string) {
 	_ = stopRelays(*procs)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, r.cfg.Executable, "cdc", "disable", "--database-url", r.cfg.DatabaseURL,
+	cmd := exec.CommandContext(ctx, r.cfg.Executable, "cdc", "disable",
 		"--schema", schema, "--slot", slot, "--publication", slot)
-	cmd.Env = relayEnv()
+	cmd.Env = append(relayEnv(), "DATABASE_URL="+r.cfg.DatabaseURL) // not in argv: ps shows argv
 	out, err := cmd.CombinedOutput()
 	if err == nil {
 		return
 	}
 	r.cfg.Logger.Warn("pgoutbox cdc disable failed; dropping the slot directly", slog.String("slot", slot),
-		slog.Any("error", err), slog.String("output", strings.TrimSpace(string(out))))
+		slog.String("error", r.scrub(err.Error())), slog.String("output", r.scrub(strings.TrimSpace(string(out)))))
 	for {
 		var exists bool
 		qerr := r.admin.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&exists)
@@ -171,7 +171,8 @@ func (r *Runner) cleanupCDC(procs *[]*relayProc, schema, slot string) {
 }
 
 // relayEnv is the environment of pgoutbox subprocesses: without the variables
-// that would add settings besides their flags.
+// that would add settings besides their flags. The callers add the URLs
+// (DATABASE_URL, PGOUTBOX_BROKER), which stay out of the command line.
 func relayEnv() []string {
 	env := []string{}
 	for _, kv := range os.Environ() {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 )
 
 // progress shows what runs: one line redrawn in place on a terminal, else a line
@@ -18,6 +20,7 @@ type progress struct {
 	last     time.Time
 	lastStep string
 	width    int
+	secrets  []string // hidden from every line (the lines name brokers by URL)
 }
 
 func newProgress(w io.Writer, tty bool) *progress { return &progress{w: w, tty: tty} }
@@ -33,7 +36,7 @@ func (p *progress) show(force bool, format string, args ...any) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	line := fmt.Sprintf(format, args...)
+	line := redact.Text(fmt.Sprintf(format, args...), p.secrets...)
 	now := time.Now()
 	if p.tty {
 		if !force && now.Sub(p.last) < 100*time.Millisecond {

@@ -46,10 +46,14 @@ func (r *Runner) startRelays(ctx context.Context, n int, o relayOpts) ([]*relayP
 		if dbURL == "" {
 			dbURL = r.cfg.DatabaseURL
 		}
-		args := []string{"relay", "--database-url", dbURL, "--schema", o.schema, "--id", id,
+		// The database and broker URLs travel in the environment, not on the command
+		// line, where ps and /proc/PID/cmdline would show their credentials.
+		env := append(relayEnv(), "DATABASE_URL="+dbURL)
+		args := []string{"relay", "--schema", o.schema, "--id", id,
 			"--batch-size", strconv.Itoa(r.cfg.BatchSize), "--poll-interval", r.cfg.PollInterval.String(),
 			"--shutdown-timeout", "60s"}
 		args = append(args, o.broker.relayArgs()...)
+		env = append(env, o.broker.relayEnv()...)
 		if o.noNotify {
 			args = append(args, "--no-notify")
 		}
@@ -58,7 +62,7 @@ func (r *Runner) startRelays(ctx context.Context, n int, o relayOpts) ([]*relayP
 		}
 		args = append(args, r.cfg.RelayArgs...)
 		args = append(args, o.extra...)
-		p, err := r.startRelay(id, args)
+		p, err := r.startRelay(id, args, env)
 		if err != nil {
 			stopRelays(procs)
 			return nil, err
@@ -82,10 +86,10 @@ func (r *Runner) startRelays(ctx context.Context, n int, o relayOpts) ([]*relayP
 	return procs, nil
 }
 
-func (r *Runner) startRelay(id string, args []string) (*relayProc, error) {
+// startRelay runs the relay with args and env (relayEnv and the URLs).
+func (r *Runner) startRelay(id string, args, env []string) (*relayProc, error) {
 	cmd := exec.Command(r.cfg.Executable, args...)
-	// The relay reads its settings from flags; drop variables that would add others.
-	cmd.Env = relayEnv()
+	cmd.Env = env
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
 	cmd.Stdout = pw

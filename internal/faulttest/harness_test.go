@@ -181,6 +181,22 @@ func dbURL(t *testing.T, appName string) string {
 	return u.String()
 }
 
+// urlsToEnv moves --database-url and --broker values, which may hold credentials,
+// from the command line (ps shows it to every local user) to the environment
+// variables every program here reads them from.
+func urlsToEnv(args []string) (rest, env []string) {
+	vars := map[string]string{"--database-url": "DATABASE_URL", "--broker": "PGOUTBOX_BROKER"}
+	for i := 0; i < len(args); i++ {
+		if v, ok := vars[args[i]]; ok && i+1 < len(args) {
+			env = append(env, v+"="+args[i+1])
+			i++
+			continue
+		}
+		rest = append(rest, args[i])
+	}
+	return rest, env
+}
+
 // proc is a process a test started.
 type proc struct {
 	name string
@@ -193,8 +209,9 @@ type proc struct {
 // start runs a binary with extra environment (e.g. a failpoint), its output kept.
 func (e *env) start(name string, extraEnv []string, binary string, args ...string) *proc {
 	e.t.Helper()
+	args, urlEnv := urlsToEnv(args)
 	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), extraEnv...)
+	cmd.Env = append(append(os.Environ(), urlEnv...), extraEnv...)
 	if !hasFailpoint(extraEnv) {
 		cmd.Env = append(cmd.Env, failpoint.EnvVar+"=")
 	}

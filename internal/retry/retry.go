@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 )
 
 // UnavailableCap bounds an event's backoff while the broker is unreachable, so that
@@ -33,9 +35,11 @@ func AttemptDelay(attempt int, base, max time.Duration, unavailable bool) time.D
 	return d/2 + rand.N(d/2+1)
 }
 
-// ErrorText makes err storable in last_error: valid UTF-8, no NUL, at most 2,000 bytes.
+// ErrorText makes err storable in last_error and fit for logs: credentials a
+// broker's error may echo (URLs, passwords, tokens) removed, valid UTF-8, no NUL,
+// at most 2,000 bytes.
 func ErrorText(err error) string {
-	s := strings.ToValidUTF8(err.Error(), "?")
+	s := redact.Text(strings.ToValidUTF8(err.Error(), "?"))
 	s = strings.ReplaceAll(s, "\x00", "")
 	if len(s) > 2000 {
 		s = s[:2000]

@@ -208,7 +208,7 @@ func (o *Outbox) Collect(ch chan<- prometheus.Metric) {
 	if o.cfg.Health != nil {
 		h := o.cfg.Health()
 		dbUp = dbUp && !errors.Is(h, relay.ErrDatabaseUnreachable)
-		ch <- prometheus.MustNewConstMetric(o.up, prometheus.GaugeValue, boolValue(!errors.Is(h, relay.ErrBrokerUnreachable)), "broker")
+		ch <- prometheus.MustNewConstMetric(o.up, prometheus.GaugeValue, boolValue(!errors.Is(h, relay.ErrBrokerUnreachable) && !errors.Is(h, relay.ErrBrokerMisconfigured)), "broker")
 	}
 	ch <- prometheus.MustNewConstMetric(o.up, prometheus.GaugeValue, boolValue(dbUp), "database")
 }

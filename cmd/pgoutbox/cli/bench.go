@@ -96,6 +96,7 @@ func runBench(cmd *cobra.Command, f *benchFlags) error {
 		if err := json.Unmarshal(raw, &res); err != nil {
 			return usagef("--from-json %s: %v", f.render, err)
 		}
+		res.Redact() // a file an older version wrote may hold credentials
 		return f.output(cmd, &res)
 	}
 	if strings.TrimSpace(f.url) == "" {

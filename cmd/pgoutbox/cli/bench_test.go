@@ -3,12 +3,21 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -278,4 +287,145 @@ func TestBenchUsageErrors(t *testing.T) {
 			t.Errorf("%v: code %d, stderr %q; want exit %d and one line with %q", tc.args, code, errOut, exitUsage, tc.want)
 		}
 	}
+}
+
+// The bench shows no credential anywhere: distinct random secrets planted in the
+// database URL (password and sslpassword), NATS URLs (user:password and a bare
+// token), a webhook URL (basic auth and a query token), its signing secret and a
+// RabbitMQ URL whose wrong password makes the last drain fail (so an error text
+// travels too) appear in no output, no file it writes, and no command line of a
+// child process while it runs. A second run takes the database as a key=value DSN.
+func TestBenchKeepsSecrets(t *testing.T) {
+	t.Parallel()
+	newSecret := func() string { return "Zq" + strings.ToLower(rand.Text()) }
+	dbPass, dbSSLPass, natsPass, natsToken := newSecret(), newSecret(), newSecret(), newSecret()
+	hookPass, hookToken, hookSecret, amqpPass := newSecret(), newSecret(), newSecret(), newSecret()
+	secrets := []string{dbPass, dbSSLPass, natsPass, natsToken, hookPass, hookToken, hookSecret, amqpPass}
+
+	var hooks atomic.Int64
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hooks.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		_ = json.NewEncoder(w).Encode(map[string]any{"headers": r.Header, "body": string(body), "url": r.URL.String()})
+	}))
+	t.Cleanup(hook.Close)
+	hookURL := strings.Replace(hook.URL, "http://", "http://hook:"+hookPass+"@", 1) + "/outbox?token=" + hookToken
+
+	u, err := url.Parse(pgtest.Database(t))
+	pgtest.Must(t, err, "parse database URL")
+	u.User = url.UserPassword(u.User.Username(), dbPass) // the server trusts: any password works
+	q := u.Query()
+	q.Set("sslpassword", dbSSLPass)
+	u.RawQuery = q.Encode()
+	nats, err := url.Parse(natstest.URL())
+	pgtest.Must(t, err, "parse NATS URL")
+
+	runBench := func(dbURL string, brokers []string, sources string, wantFail bool) {
+		t.Helper()
+		dir := t.TempDir()
+		jsonFile, report := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.html")
+		cmd := exec.Command(binary, "bench", "--scenario", "drain", "--events", "200", "--aggregates", "10",
+			"--relays", "1", "--batch-size", "50", "--sources", sources, "--broker", strings.Join(brokers, ","),
+			"--json", jsonFile, "--report", report)
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "PGOUTBOX_WEBHOOK_SECRET="+hookSecret)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		pgtest.Must(t, cmd.Start(), "start bench")
+		// Every child's command line, read while it runs.
+		stop, watched := make(chan struct{}), make(chan []string)
+		go func() {
+			seen := map[int]string{}
+			for {
+				for pid, cl := range childCmdlines(cmd.Process.Pid) {
+					seen[pid] = cl
+				}
+				select {
+				case <-stop:
+					var all []string
+					for _, cl := range seen {
+						all = append(all, cl)
+					}
+					watched <- all
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+		}()
+		err := cmd.Wait()
+		close(stop)
+		cmdlines := <-watched
+		if (err != nil) != wantFail {
+			t.Fatalf("bench: %v (want failure: %v)\nstdout:\n%s\nstderr:\n%s", err, wantFail, stdout.String(), stderr.String())
+		}
+		if !slices.ContainsFunc(cmdlines, func(cl string) bool { return strings.Contains(cl, " relay ") }) {
+			t.Fatalf("saw no relay child process of the bench: %q", cmdlines)
+		}
+		raw, err := os.ReadFile(jsonFile)
+		pgtest.Must(t, err, "read JSON")
+		page, err := os.ReadFile(report)
+		pgtest.Must(t, err, "read report")
+		again, againErr, _ := run(t, "bench", "--from-json", jsonFile)
+		outputs := map[string]string{"stdout": stdout.String(), "stderr": stderr.String(), "JSON": string(raw),
+			"HTML report": string(page), "--from-json stdout": again, "--from-json stderr": againErr}
+		for i, cl := range cmdlines {
+			outputs[fmt.Sprintf("child command line %d", i)] = cl
+		}
+		for what, out := range outputs {
+			for _, sec := range secrets {
+				for _, form := range []string{sec, url.QueryEscape(sec), base64.StdEncoding.EncodeToString([]byte("hook:" + sec))} {
+					if strings.Contains(out, form) {
+						t.Errorf("%s holds a secret (%q):\n%s", what, form, out)
+					}
+				}
+			}
+		}
+		var res bench.Result
+		pgtest.Must(t, json.Unmarshal(raw, &res), "decode JSON")
+		if wantFail && (len(res.Errors) == 0 || !strings.Contains(res.Errors[0].Error, "amqp://guest:xxxxx@")) {
+			t.Errorf("want the RabbitMQ drain's error, its URL redacted: %+v", res.Errors)
+		}
+		if !strings.Contains(string(raw), "nats://nats:xxxxx@") || (len(brokers) > 1 && !strings.Contains(string(raw), "outbox?token=xxxxx")) {
+			t.Errorf("the JSON does not name the brokers (redacted): %s", raw)
+		}
+	}
+
+	brokers := []string{
+		"nats://nats:" + natsPass + "@" + nats.Host,
+		"nats://" + natsToken + "@" + nats.Host,
+		hookURL,
+		"amqp://guest:" + amqpPass + "@127.0.0.1:5672/",
+	}
+	runBench(u.String(), brokers, "poll,cdc", true)
+	if hooks.Load() < 200 {
+		t.Errorf("the webhook got %d requests, want the 200 events at least", hooks.Load())
+	}
+	host, port, _ := strings.Cut(u.Host, ":")
+	dsn := fmt.Sprintf("host=%s port=%s user=%s dbname=%s password='%s' sslpassword=%s", host, port, u.User.Username(),
+		strings.TrimPrefix(u.Path, "/"), dbPass, dbSSLPass)
+	runBench(dsn, brokers[:1], "poll", false)
+}
+
+// childCmdlines returns the command line of each child process of pid (Linux).
+func childCmdlines(pid int) map[int]string {
+	out := map[int]string{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …; comm may hold spaces and parentheses.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) < 2 || fields[1] != strconv.Itoa(pid) {
+			continue
+		}
+		if cl, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && len(cl) > 0 {
+			out[child] = string(bytes.ReplaceAll(cl, []byte{0}, []byte{' '}))
+		}
+	}
+	return out
 }

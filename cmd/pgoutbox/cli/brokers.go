@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 )
 
 const brokerHelp = `Brokers (--broker, env PGOUTBOX_BROKER; there is no default: without one the
@@ -44,7 +45,8 @@ command refuses to start, exit status 2):
                       comes from PGOUTBOX_WEBHOOK_SECRET or --webhook-secret-file (never a
                       flag value, so it stays out of ps); receivers verify Outbox-Signature
                       with the Go helper webhook.Verifier. 2xx acks; 400/404/… quarantine;
-                      401/403/408/429/502-504, timeouts and connection errors retry
+                      408/429/502-504, timeouts and connection errors retry; 401/403 are a
+                      configuration error: retried, never quarantined, readiness fails
   null://             acknowledges everything and keeps nothing (benchmarks, dry runs)
 
 Templates (--topic-template) may use {aggregate_type}, {aggregate_id}, {event_type}
@@ -112,8 +114,8 @@ func (b *brokerFlags) webhookSecret() ([]byte, error) {
 // brokerChoices lists the --broker forms, for help and errors.
 const brokerChoices = "nats://host:4222, tls://…, kafka://host:9092, amqp://user:pass@host/vhost, amqps://…, https://host/path, http://…, null:// or embedded"
 
-// redactURL names a URL without its credentials.
-func redactURL(u *url.URL) string { return u.Redacted() }
+// redactURL names a URL without its credentials (internal/redact).
+func redactURL(u *url.URL) string { return redact.URL(u.String()) }
 
 // parse checks the broker flags without connecting anywhere, so that a typo fails
 // at start-up with one line.
@@ -190,10 +192,8 @@ func (b *brokerFlags) parse() (*brokerTarget, error) {
 	return t, nil
 }
 
-// describe names the broker for logs, without credentials: everything before
-// the last '@' (user, password or token of every server in a list, whatever
-// characters they hold) is hidden, and so is the query of a URL whose query may
-// carry secrets (all but kafka://, whose query holds only tls and sasl).
+// describe names the broker for logs and audit rows, without credentials
+// (internal/redact, the one place that knows what a secret looks like).
 func (t *brokerTarget) describe() string {
 	switch t.kind {
 	case "embedded":
@@ -201,26 +201,24 @@ func (t *brokerTarget) describe() string {
 	case "null":
 		return "null://"
 	}
-	s := strings.TrimSpace(t.flags.url)
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		return "(broker URL hidden)"
+	return showBrokerURL(t.flags.url)
+}
+
+// showBrokerURL is the strictest display of a --broker URL (internal/redact's
+// Endpoint): a user name is the whole secret of nats://token@host, and only
+// kafka://'s query (tls, sasl) is known to hold none.
+func showBrokerURL(raw string) string {
+	kafkaURL := strings.HasPrefix(strings.ToLower(strings.TrimSpace(raw)), "kafka://")
+	if d := redact.Endpoint(raw, kafkaURL); d != "" {
+		return d
 	}
-	creds := ""
-	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
-		rest, creds = rest[i+1:], "xxxxx@"
-	}
-	if q := strings.IndexAny(rest, "?#"); q >= 0 && scheme != "kafka" {
-		rest = rest[:q] + "?…"
-	}
-	// Not redactURL (url.URL.Redacted): it shows a user name, which is the whole
-	// secret of a token URL (nats://token@host), and a query.
-	return scheme + "://" + creds + rest
+	return "(broker URL hidden)"
 }
 
 // open connects to the broker (starting the embedded one if chosen) and returns
 // the publisher and a function that closes everything it opened.
 func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publisher, func(), error) {
+	warnPlaintextCredentials(log, t.kind, t.flags.url)
 	switch t.kind {
 	case "null":
 		return &null.Publisher{}, func() {}, nil

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -123,7 +124,12 @@ func applyEnv(fs *pflag.FlagSet) error {
 			return
 		}
 		if serr := fs.Set(f.Name, v); serr != nil {
-			err = usagef("%s=%q (for --%s): %v", m[1], v, f.Name, serr)
+			// The value may be a URL with credentials or a secret: shown redacted.
+			shown, msg := strings.TrimPrefix(redact.Env(m[1]+"="+v), m[1]+"="), redact.Text(serr.Error())
+			if redact.IsSecretName(m[1]) {
+				msg = redact.Text(serr.Error(), v)
+			}
+			err = usagef("%s=%q (for --%s): %s", m[1], shown, f.Name, msg)
 		}
 	})
 	return err

@@ -35,6 +35,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/examples/orders/loadgen"
 	"github.com/pgoutbox/pgoutbox/examples/orders/ordersvc"
 	"github.com/pgoutbox/pgoutbox/examples/orders/payments"
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -232,7 +233,7 @@ func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) (err erro
 	}
 
 	// The broker.
-	brokerDesc := f.natsURL
+	brokerDesc := redact.URL(f.natsURL)
 	d.natsURL = f.natsURL
 	if f.natsURL == "embedded" {
 		dir, err := os.MkdirTemp("", "pgoutbox-demo-nats-")
@@ -257,7 +258,7 @@ func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) (err erro
 	}
 	nc, err := natsgo.Connect(d.natsURL, natsgo.Name("pgoutbox demo"))
 	if err != nil {
-		return fmt.Errorf("connect to NATS %s: %w", d.natsURL, err)
+		return fmt.Errorf("connect to NATS %s: %w", redact.URL(d.natsURL), err)
 	}
 	cleanups = append(cleanups, func() string { nc.Close(); return "" })
 	js, err := jetstream.New(nc)
@@ -318,12 +319,14 @@ func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) (err erro
 	for _, role := range []string{"relay", "inventory", "payments"} {
 		for i := range f.replicas {
 			name := fmt.Sprintf("%s-%d", role, i+1)
-			args := []string{"demo", "worker", "--role", role, "--id", name, "--database-url", f.db.url, "--schema", d.schema,
-				"--nats-url", d.natsURL, "--stream", d.stream, "--subject-prefix", d.prefix, "--payment-url", payURL}
+			// The URLs go in the environment: argv is visible to every local user (ps).
+			args := []string{"demo", "worker", "--role", role, "--id", name, "--schema", d.schema,
+				"--stream", d.stream, "--subject-prefix", d.prefix, "--payment-url", payURL}
 			if f.noKey {
 				args = append(args, "--no-idempotency-key")
 			}
-			d.procs = append(d.procs, &demoProc{name: name, role: role, exe: exe, args: args})
+			d.procs = append(d.procs, &demoProc{name: name, role: role, exe: exe, args: args,
+				env: []string{"DATABASE_URL=" + f.db.url, "PGOUTBOX_DEMO_WORKER_NATS_URL=" + d.natsURL}})
 		}
 	}
 	stopProcs := make(chan struct{})
@@ -496,6 +499,7 @@ type demoProc struct {
 	name, role string
 	exe        string
 	args       []string
+	env        []string // added to the environment: the URLs, kept out of argv
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -529,7 +533,7 @@ func (p *demoProc) supervise(stop <-chan struct{}) {
 
 func (p *demoProc) start() (<-chan struct{}, error) {
 	cmd := exec.Command(p.exe, p.args...)
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), p.env...) // the last of duplicate keys wins
 	setDemoProcAttr(cmd)
 	stdin, err := cmd.StdinPipe() // closed when this process dies: the worker's cue to exit
 	if err != nil {

@@ -108,6 +108,16 @@ func TestDemoInterruptCleansUp(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	waitFor(t, time.Minute, "the first progress lines", func() bool { return strings.Count(out.String(), "placing orders") >= 2 })
+	// The workers get the URLs in their environment: none on a command line (ps).
+	workers := childCmdlines(cmd.Process.Pid)
+	for _, cl := range workers {
+		if strings.Contains(cl, "postgres") || strings.Contains(cl, "nats://") || strings.Contains(cl, "--database-url") || strings.Contains(cl, "--nats-url") {
+			t.Errorf("a worker's command line holds a database or NATS URL: %s", cl)
+		}
+	}
+	if len(workers) == 0 {
+		t.Errorf("no worker process found")
+	}
 	pgtest.Must(t, cmd.Process.Signal(syscall.SIGINT), "interrupt")
 	select {
 	case err := <-done:
