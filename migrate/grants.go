@@ -142,7 +142,8 @@ var privileges = []Privilege{
 	// {RoleOperator, LineOutbox, ObjectTable, "outbox_operator_audit", "", "SELECT, INSERT", false, "audit dlq retry, skip and replay"},
 	{RoleOperator, LineOutbox, ObjectFunction, "outbox_create_partitions", "integer", "EXECUTE", true,
 		"cleanup creates the partitions ahead (the table's owner only: see docs/security.md)"},
-	{RoleOperator, LineInbox, ObjectTable, "processed_events", "", "SELECT, DELETE", false, "cleanup --inbox-retention"},
+	{RoleOperator, LineInbox, ObjectTable, "processed_events", "", "SELECT, DELETE, UPDATE (processed_at)", false,
+		"cleanup --inbox-retention (its batches lock rows FOR UPDATE SKIP LOCKED, which takes UPDATE on a column)"},
 	{RoleOperator, "", ObjectTable, Table, "", "SELECT", false, "check the schema's migrations"},
 }
 
