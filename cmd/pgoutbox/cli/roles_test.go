@@ -33,7 +33,9 @@ func newRolesEnv(t *testing.T, suffix string, partitioned bool) *rolesEnv {
 	ctx := context.Background()
 	e := &rolesEnv{t: t, admin: pgtest.Pool(t, pgtest.URL(), 2), roles: map[migrate.Role]string{}, urls: map[migrate.Role]string{}}
 	e.schema = pgtest.SchemaName(t, e.admin, "least") + suffix
-	t.Cleanup(func() { _, _ = e.admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{e.schema}.Sanitize()+" CASCADE") })
+	t.Cleanup(func() {
+		_, _ = e.admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{e.schema}.Sanitize()+" CASCADE")
+	})
 	for _, r := range migrate.Roles {
 		e.roles[r] = pgtest.Role(t, e.admin, pgtest.Name(string(r)[:3])+suffix)
 		e.urls[r] = pgtest.AsRole(t, pgtest.URL(), e.roles[r])
@@ -154,7 +156,7 @@ func TestCommandsRunAsLeastPrivilegeRoles(t *testing.T) {
 		t.Fatalf("status: code %d\n%s%s", code, out, errOut)
 	}
 	poison := e.enqueue(1, "p1", "p2")
-	e.sql("UPDATE "+e.table("outbox_events")+" SET quarantined_at = now(), last_error = 'boom', attempt_count = 10 WHERE aggregate_id IN ('p1', 'p2')")
+	e.sql("UPDATE " + e.table("outbox_events") + " SET quarantined_at = now(), last_error = 'boom', attempt_count = 10 WHERE aggregate_id IN ('p1', 'p2')")
 	if out, errOut, code := e.as(migrate.RoleOperator, "dlq", "list"); code != 0 || !strings.Contains(out, poison[0].String()) {
 		t.Fatalf("dlq list: code %d\n%s%s", code, out, errOut)
 	}
