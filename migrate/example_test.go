@@ -37,6 +37,9 @@ func ExampleUp() {
 	// applied outbox/3 skips
 	// applied outbox/4 quiet_notify
 	// applied outbox/5 wake_inline
+	// applied outbox/6 reserved
+	// applied outbox/7 operator_audit
+	// applied outbox/8 enqueue_definer
 	// applied inbox/1 processed_events
 	// applied inbox/2 consumer_positions
 	// second run applied 0

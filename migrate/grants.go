@@ -24,6 +24,11 @@ const (
 	RoleMigrator Role = "migrator"
 	// RoleProducer enqueues events: the Go API or the outbox_enqueue function.
 	RoleProducer Role = "producer"
+	// RoleEnqueuer is a function-only producer: it may call outbox_enqueue, a
+	// SECURITY DEFINER function (outbox migration 8), and nothing else, so it
+	// cannot write the outbox's rows or counters itself. The Go API needs
+	// RoleProducer.
+	RoleEnqueuer Role = "enqueuer"
 	// RoleRelay runs "pgoutbox relay": it claims, leases and marks events.
 	RoleRelay Role = "relay"
 	// RoleCDC runs "pgoutbox relay --source cdc". It also needs the REPLICATION
@@ -36,7 +41,7 @@ const (
 )
 
 // Roles lists the roles in the order Grants writes them.
-var Roles = []Role{RoleMigrator, RoleProducer, RoleRelay, RoleCDC, RoleConsumer, RoleOperator}
+var Roles = []Role{RoleMigrator, RoleProducer, RoleEnqueuer, RoleRelay, RoleCDC, RoleConsumer, RoleOperator}
 
 // ParseRoles parses a comma-separated list of roles; "all" or "" means every role.
 func ParseRoles(s string) ([]Role, error) {
@@ -116,6 +121,10 @@ var privileges = []Privilege{
 	{RoleProducer, LineOutbox, ObjectFunction, "outbox_wake", "", "EXECUTE", false, "wake an idle relay at commit"},
 	{RoleProducer, "", ObjectTable, Table, "", "SELECT", false, "check the schema's migrations"},
 
+	{RoleEnqueuer, "", ObjectSchema, "", "", "USAGE", false, "find the function"},
+	{RoleEnqueuer, LineOutbox, ObjectFunction, "outbox_enqueue", "text, text, text, jsonb, integer, jsonb", "EXECUTE", false,
+		"enqueue from SQL; the function runs with its owner's rights"},
+
 	{RoleRelay, "", ObjectSchema, "", "", "USAGE", false, "find the objects"},
 	{RoleRelay, LineOutbox, ObjectTable, "outbox_events", "", "SELECT, UPDATE (" + relayColumns + ")", false,
 		"claim (SELECT ... FOR UPDATE SKIP LOCKED), lease, mark, fail, release; the backlog metrics"},
@@ -138,8 +147,8 @@ var privileges = []Privilege{
 		"status, dlq list/show, replay (read); dlq retry and skip (update); cleanup (delete)"},
 	{RoleOperator, LineOutbox, ObjectTable, "outbox_skipped_events", "", "SELECT, INSERT", false,
 		"the audit row of dlq skip; status counts skips"},
-	// Operator actions' audit (outbox migration 7):
-	// {RoleOperator, LineOutbox, ObjectTable, "outbox_operator_audit", "", "SELECT, INSERT", false, "audit dlq retry, skip and replay"},
+	{RoleOperator, LineOutbox, ObjectTable, "outbox_operator_audit", "", "SELECT, INSERT, UPDATE (outcome)", false,
+		"audit dlq retry, skip and replay (INSERT ... RETURNING audit_id; a replay's outcome)"},
 	{RoleOperator, LineOutbox, ObjectFunction, "outbox_create_partitions", "integer", "EXECUTE", true,
 		"cleanup creates the partitions ahead (the table's owner only: see docs/security.md)"},
 	{RoleOperator, LineInbox, ObjectTable, "processed_events", "", "SELECT, DELETE, UPDATE (processed_at)", false,

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -296,5 +297,87 @@ func TestCheckPrivilegesNamesWhatIsMissing(t *testing.T) {
 		if err := migrate.CheckPrivileges(ctx, e.pools[migrate.RoleMigrator], schema, r, false); err != nil {
 			t.Errorf("owner as %s: %v", r, err)
 		}
+	}
+}
+
+// outbox_enqueue stays SECURITY DEFINER with a fixed search_path and without
+// PUBLIC's EXECUTE after every migration: a later migration that redefines it
+// with CREATE OR REPLACE must declare them again.
+func TestEnqueueIsSecurityDefinerAfterAllMigrations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, partitioned := range []bool{false, true} {
+		pool, schema := pgtest.Schema(t, 2)
+		_, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema, Partitioned: partitioned})
+		pgtest.Must(t, err, "migrate")
+		var definer, public bool
+		var config []string
+		pgtest.Must(t, pool.QueryRow(ctx, `SELECT p.prosecdef, coalesce(p.proconfig, '{}'),
+       EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a WHERE a.grantee = 0)
+  FROM pg_proc p WHERE p.oid = to_regprocedure($1)`,
+			pgx.Identifier{schema, "outbox_enqueue"}.Sanitize()+"(text, text, text, jsonb, integer, jsonb)").Scan(&definer, &config, &public), "read outbox_enqueue")
+		if !definer || len(config) != 1 || config[0] != "search_path=pg_catalog, pg_temp" || public {
+			t.Fatalf("partitioned %v: SECURITY DEFINER %v, config %q, PUBLIC may execute: %v", partitioned, definer, config, public)
+		}
+	}
+}
+
+// Acceptance: the function-only producer (enqueuer) enqueues through
+// outbox_enqueue and can do nothing else, whatever it does to its session: a
+// search_path that puts its temporary tables first changes nothing. A role
+// allowed into the schema without the grant may not call the function.
+func TestFunctionOnlyProducer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Name("g") + `"; fn`
+	e := newGrantsEnv(t, schema, `"`)
+	pool := e.pools[migrate.RoleEnqueuer]
+	fn := pgx.Identifier{schema, "outbox_enqueue"}.Sanitize()
+	events, counters := pgx.Identifier{schema, "outbox_events"}.Sanitize(), pgx.Identifier{schema, "outbox_aggregate_sequences"}.Sanitize()
+
+	conn, err := pool.Acquire(ctx)
+	pgtest.Must(t, err, "acquire")
+	defer conn.Release()
+	// Hostile sessions: temporary look-alikes of the outbox's tables first in the
+	// search_path, the setting changed mid-transaction.
+	for _, q := range []string{
+		"CREATE TEMP TABLE outbox_events (event_id uuid, aggregate_type text, aggregate_id text, aggregate_sequence bigint, " +
+			"event_type text, schema_version integer, payload jsonb, headers jsonb)",
+		"CREATE TEMP TABLE outbox_aggregate_sequences (aggregate_type text, aggregate_id text, last_sequence bigint)",
+		"SET search_path = pg_temp, pg_catalog",
+	} {
+		_, err := conn.Exec(ctx, q)
+		pgtest.Must(t, err, "%s", q)
+	}
+	for i := range 3 {
+		var id pgoutbox.UUID
+		pgtest.Must(t, conn.QueryRow(ctx, "SELECT "+fn+"('acct', 'a1', 'changed', $1::jsonb)", fmt.Sprint(i)).Scan(&id), "enqueue as the enqueuer")
+	}
+	var temp int
+	pgtest.Must(t, conn.QueryRow(ctx, "SELECT (SELECT count(*) FROM pg_temp.outbox_events) + (SELECT count(*) FROM pg_temp.outbox_aggregate_sequences)").Scan(&temp), "temp tables")
+	var seqs []int64
+	rows, err := e.admin.Query(ctx, "SELECT aggregate_sequence FROM "+events+" ORDER BY 1")
+	pgtest.Must(t, err, "read")
+	seqs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	pgtest.Must(t, err, "read")
+	if temp != 0 || fmt.Sprint(seqs) != "[1 2 3]" {
+		t.Fatalf("temporary rows %d, sequences in the outbox %v", temp, seqs)
+	}
+
+	for _, q := range []string{
+		"INSERT INTO " + events + " (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload) VALUES (gen_random_uuid(), 'acct', 'a1', 4, 'forged', '1')",
+		"UPDATE " + counters + " SET last_sequence = 0",
+		"INSERT INTO " + counters + " VALUES ('acct', 'a2', 100)",
+		"SELECT payload FROM " + events,
+	} {
+		_, err := pool.Exec(ctx, q)
+		if !migrate.IsPermissionDenied(err) {
+			t.Errorf("enqueuer: %s: got %v, want permission denied", q, err)
+		}
+	}
+	// The consumer role may use the schema but was not granted the function.
+	_, err = e.pools[migrate.RoleConsumer].Exec(ctx, "SELECT "+fn+"('acct', 'a1', 'changed', '1')")
+	if !migrate.IsPermissionDenied(err) || !strings.Contains(err.Error(), "permission denied for function outbox_enqueue") {
+		t.Fatalf("consumer calling outbox_enqueue: %v", err)
 	}
 }

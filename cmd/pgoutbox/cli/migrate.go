@@ -87,8 +87,9 @@ changes with their own tool. The script also fills pgoutbox's bookkeeping table,
 so a later "pgoutbox migrate" agrees that it is applied. No database is needed.
 
 --grants prints instead the GRANT statements that give each role the least
-privileges it needs (producer, relay, CDC, consumer, operator; the migrator owns
-the objects), for the role names of the --*-role flags. Run them as the objects'
+privileges it needs (producer, enqueuer: a producer that may only call
+outbox_enqueue, relay, CDC, consumer, operator; the migrator owns the objects),
+for the role names of the --*-role flags. Run them as the objects'
 owner after migrating. docs/security.md explains each grant.`,
 		Example: `  pgoutbox migrate print --schema outbox > pgoutbox.sql
   pgoutbox migrate print --grants --schema outbox --producer-role app --relay-role relay`,
@@ -121,7 +122,7 @@ owner after migrating. docs/security.md explains each grant.`,
 	cmd.Flags().BoolVar(&partitioned, "partitioned", false,
 		"print the partitioned outbox_events (env PGOUTBOX_PARTITIONED)")
 	cmd.Flags().BoolVar(&grants, "grants", false, "print the least-privilege GRANT statements for each role instead of the migrations")
-	cmd.Flags().StringVar(&only, "roles", "all", "with --grants: the roles to grant to: all, or a comma list of producer, relay, cdc, consumer, operator")
+	cmd.Flags().StringVar(&only, "roles", "all", "with --grants: the roles to grant to: all, or a comma list of producer, enqueuer, relay, cdc, consumer, operator")
 	for _, r := range migrate.Roles[1:] { // the migrator owns the objects: nothing to grant
 		roles[r] = cmd.Flags().String(string(r)+"-role", migrate.DefaultRoleName(r),
 			fmt.Sprintf("with --grants: the database role of the %s", r))
