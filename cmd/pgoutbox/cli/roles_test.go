@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
@@ -258,5 +260,80 @@ func TestPartitionedCleanupNeedsTheOwnerRole(t *testing.T) {
 	out, errOut, code := e.as(migrate.RoleOperator, "cleanup")
 	if code != 0 || !strings.Contains(out, "dropped 1 partitions") {
 		t.Fatalf("cleanup as a member of the owner role: code %d\n%s%s", code, out, errOut)
+	}
+}
+
+// Acceptance: the CDC relay runs as the CDC role (REPLICATION and the printed
+// grants, nothing else) once the owner prepared the publication and the column
+// defaults as docs/security.md says: it takes over the backlog, streams what the
+// producer role commits meanwhile, and stops with status 0.
+func TestCDCRelayRunsAsTheCDCRole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	main := pgtest.Pool(t, pgtest.URL(), 2)
+	roles := map[migrate.Role]string{}
+	for _, r := range migrate.Roles {
+		var attrs []string
+		if r == migrate.RoleCDC {
+			attrs = []string{"REPLICATION"}
+		}
+		roles[r] = pgtest.Role(t, main, pgtest.Name(string(r)[:3])+`"x`, attrs...)
+	}
+	// Created after the roles, so dropped before them; the slot is dropped before it.
+	dbURL := pgtest.Database(t)
+	admin := pgtest.Pool(t, dbURL, 4)
+	schema := pgtest.SchemaName(t, admin, "cdc")
+	urls := map[migrate.Role]string{}
+	for r, n := range roles {
+		urls[r] = pgtest.AsRole(t, dbURL, n)
+	}
+	_, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()+" AUTHORIZATION "+pgx.Identifier{roles[migrate.RoleMigrator]}.Sanitize())
+	pgtest.Must(t, err, "create schema")
+	if out, errOut, code := run(t, "migrate", "--database-url", urls[migrate.RoleMigrator], "--schema", schema); code != 0 {
+		t.Fatalf("migrate: code %d\n%s%s", code, out, errOut)
+	}
+	args := []string{"migrate", "print", "--grants", "--schema", schema}
+	for _, r := range migrate.Roles[1:] {
+		args = append(args, "--"+string(r)+"-role", roles[r])
+	}
+	script, errOut, code := run(t, args...)
+	if code != 0 {
+		t.Fatalf("migrate print --grants: %d %s", code, errOut)
+	}
+	mig := pgtest.Pool(t, urls[migrate.RoleMigrator], 1)
+	_, err = mig.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol)
+	pgtest.Must(t, err, "apply the grants")
+
+	e := &relayEnv{t: t, pool: admin, schema: schema, dbURL: urls[migrate.RoleCDC], target: natstest.New(t, natstest.URL())}
+	slot := e.dropCDC()
+	// The owner's one-time preparation (docs/security.md, "The CDC role"): the
+	// publication needs CREATE on the database too, so the DBA creates it.
+	events := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	_, err = admin.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{slot}.Sanitize()+" FOR TABLE "+events+
+		" WITH (publish = 'insert', publish_via_partition_root = true)")
+	pgtest.Must(t, err, "create publication")
+	_, err = mig.Exec(ctx, "ALTER TABLE "+events+" ALTER COLUMN claimed_by SET DEFAULT 'cdc:"+slot+"', ALTER COLUMN claim_until SET DEFAULT 'infinity'")
+	pgtest.Must(t, err, "column defaults as the owner")
+
+	prod := pgtest.Pool(t, urls[migrate.RoleProducer], 2)
+	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
+	pgtest.Must(t, err, "producer")
+	enqueue := func(n int) {
+		var evs []pgoutbox.Event
+		for i := range n {
+			evs = append(evs, pgoutbox.Event{AggregateType: "acct", AggregateID: fmt.Sprintf("a%d", i%3), EventType: "changed", Payload: i})
+		}
+		_, err := p.EnqueueTx(ctx, prod, evs...)
+		pgtest.Must(t, err, "enqueue as the producer role")
+	}
+	enqueue(10) // a backlog: the table path's
+	relay := e.startCDCRelay(nil)
+	enqueue(20) // streamed
+	waitFor(t, 60*time.Second, "the CDC role to publish everything", func() bool { return e.count("published_at IS NULL") == 0 })
+	if code := relay.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("exit status %d:\n%s", code, relay.stderr.String())
+	}
+	if got := len(e.target.Read(t)); got < 30 {
+		t.Fatalf("%d messages on the stream, want 30", got)
 	}
 }
