@@ -157,6 +157,9 @@ func TestCommandsRunAsLeastPrivilegeRoles(t *testing.T) {
 	if out, errOut, code := e.as(migrate.RoleOperator, "status", "--json"); code != 0 || !strings.Contains(out, `"pending": 0`) {
 		t.Fatalf("status: code %d\n%s%s", code, out, errOut)
 	}
+	if out, errOut, code := e.as(migrate.RoleOperator, "migrate", "status"); code != 0 || strings.Contains(out, "pending") {
+		t.Fatalf("migrate status: code %d\n%s%s", code, out, errOut)
+	}
 	poison := e.enqueue(1, "p1", "p2")
 	e.sql("UPDATE " + e.table("outbox_events") + " SET quarantined_at = now(), last_error = 'boom', attempt_count = 10 WHERE aggregate_id IN ('p1', 'p2')")
 	if out, errOut, code := e.as(migrate.RoleOperator, "dlq", "list"); code != 0 || !strings.Contains(out, poison[0].String()) {
@@ -303,6 +306,12 @@ func TestCDCRelayRunsAsTheCDCRole(t *testing.T) {
 	mig := pgtest.Pool(t, urls[migrate.RoleMigrator], 1)
 	_, err = mig.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol)
 	pgtest.Must(t, err, "apply the grants")
+
+	// The consumer role has none of the CDC role's grants.
+	_, errOut, code = run(t, "relay", "--source", "cdc", "--database-url", urls[migrate.RoleConsumer], "--schema", schema, "--broker", "null://")
+	if code != 1 || !strings.Contains(errOut, "permission denied") || !strings.Contains(errOut, `"outbox_events"`) {
+		t.Fatalf("cdc relay as the consumer role: code %d, stderr %q", code, errOut)
+	}
 
 	e := &relayEnv{t: t, pool: admin, schema: schema, dbURL: urls[migrate.RoleCDC], target: natstest.New(t, natstest.URL())}
 	slot := e.dropCDC()
