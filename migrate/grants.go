@@ -367,8 +367,8 @@ SELECT c.kind, c.obj, c.priv, current_user::text
 		}
 		parts[i] = g.priv + " ON " + g.kind + " " + obj
 	}
-	return fmt.Errorf("%w: role %q lacks %s (the %s role's grants: pgoutbox migrate print --grants; docs/security.md)",
-		ErrPermissionDenied, missing[0].user, strings.Join(parts, ", "), role)
+	return fmt.Errorf("%w: role %s lacks %s (the %s role's grants: pgoutbox migrate print --grants; docs/security.md)",
+		ErrPermissionDenied, pgx.Identifier{missing[0].user}.Sanitize(), strings.Join(parts, ", "), role)
 }
 
 // splitPrivileges splits "SELECT, UPDATE (a, b)" into "SELECT" and "UPDATE (a, b)".

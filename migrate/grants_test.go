@@ -274,15 +274,15 @@ func TestGrantsApplyUnderHostileNames(t *testing.T) {
 func TestCheckPrivilegesNamesWhatIsMissing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.Name("g")
-	e := newGrantsEnv(t, schema, "")
+	schema := pgtest.Name("g") + `"'; x`
+	e := newGrantsEnv(t, schema, `'"`)
 	relay := e.roles[migrate.RoleRelay]
 	_, err := e.pools[migrate.RoleMigrator].Exec(ctx, "REVOKE UPDATE (quarantined_at) ON "+pgx.Identifier{schema, "outbox_events"}.Sanitize()+
 		" FROM "+pgx.Identifier{relay}.Sanitize())
 	pgtest.Must(t, err, "revoke")
 	err = migrate.CheckPrivileges(ctx, e.pools[migrate.RoleRelay], schema, migrate.RoleRelay, false)
 	if !errors.Is(err, migrate.ErrPermissionDenied) || !migrate.IsPermissionDenied(err) ||
-		!strings.Contains(err.Error(), "UPDATE (") || !strings.Contains(err.Error(), relay) {
+		!strings.Contains(err.Error(), "UPDATE (") || !strings.Contains(err.Error(), "role "+pgx.Identifier{relay}.Sanitize()+" lacks") {
 		t.Fatalf("got %v", err)
 	}
 	// The consumer has nothing of the outbox's.

@@ -346,3 +346,28 @@ func TestCDCRelayRunsAsTheCDCRole(t *testing.T) {
 		t.Fatalf("%d messages on the stream, want 30", got)
 	}
 }
+
+// migrate print --grants: flags, refusals (exit 2) and quoting.
+func TestMigratePrintGrantsFlags(t *testing.T) {
+	t.Parallel()
+	out, errOut, code := run(t, "migrate", "print", "--grants", "--schema", `s"; DROP TABLE x; --`, "--relay-role", `r"x`,
+		"--roles", "relay,operator", "--lines", "outbox")
+	if code != 0 || !strings.Contains(out, `GRANT USAGE ON SCHEMA "s""; DROP TABLE x; --" TO "r""x";`) ||
+		strings.Contains(out, "pgoutbox_producer") || strings.Contains(out, "processed_events") || !strings.Contains(out, `TO "pgoutbox_operator"`) {
+		t.Fatalf("code %d, stderr %q:\n%s", code, errOut, out)
+	}
+	for _, bad := range [][]string{
+		{"--grants", "--producer-role", "public"},
+		{"--grants", "--operator-role", "pg_monitor"},
+		{"--grants", "--relay-role", "a\nb"},
+		{"--grants", "--consumer-role", ""},
+		{"--grants", "--roles", "root"},
+		{"--producer-role", "app"}, // without --grants
+		{"--roles", "relay"},
+	} {
+		_, errOut, code := run(t, append([]string{"migrate", "print"}, bad...)...)
+		if code != 2 || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("%q: code %d, stderr %q; want a usage error", bad, code, errOut)
+		}
+	}
+}
