@@ -39,6 +39,7 @@ func ExampleUp() {
 	// applied outbox/5 wake_inline
 	// applied outbox/6 enqueue_limits
 	// applied outbox/7 operator_audit
+	// applied outbox/8 enqueue_definer
 	// applied inbox/1 processed_events
 	// applied inbox/2 consumer_positions
 	// second run applied 0

@@ -33,6 +33,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
+	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 // Relay moves events from the outbox to a broker. Create it with New, then Start
@@ -62,6 +63,10 @@ type Relay struct {
 
 	dbDown, brokerDown atomic.Bool
 	brokerRefused      atomic.Pointer[string] // why the broker refuses our configuration (broker.Misconfigured), or nil
+	// denied holds, per statement kind (claim, settle), the last database
+	// error that was a missing privilege, nil once that kind succeeds again
+	// (dbFailed, dbOK): a role may be allowed to claim and not to settle.
+	denied [2]atomic.Pointer[error]
 
 	idleWorkers atomic.Int32 // workers waiting for a wake-up (idle.go)
 	lastFound   atomic.Int64 // when a claim last found events (unix ns)
@@ -139,16 +144,26 @@ var (
 	ErrDatabaseUnreachable = errors.New("relay: database unreachable")
 	ErrBrokerUnreachable   = errors.New("relay: broker unreachable")
 	ErrBrokerMisconfigured = errors.New("relay: the broker refuses the relay's configuration (credentials, signing secret, permissions)")
+	// ErrPermissionDenied: the database answers but refuses the relay's
+	// statements for want of a privilege (SQLSTATE 42501). It also matches
+	// migrate.ErrPermissionDenied.
+	ErrPermissionDenied = fmt.Errorf("relay: %w", migrate.ErrPermissionDenied)
 )
 
 // Healthy reports nil when the last contact with the database and with the broker
-// succeeded, else what is wrong: ErrDatabaseUnreachable, ErrBrokerUnreachable,
-// ErrBrokerMisconfigured (with the broker's answer) or several (errors.Is tells
-// them apart).
+// succeeded, else what is wrong: ErrDatabaseUnreachable, ErrPermissionDenied
+// (with the database's message: which privilege on which table),
+// ErrBrokerUnreachable, ErrBrokerMisconfigured (with the broker's answer) or
+// several (errors.Is tells them apart).
 func (r *Relay) Healthy() error {
 	var errs []error
 	if r.dbDown.Load() {
 		errs = append(errs, ErrDatabaseUnreachable)
+	}
+	for i := range r.denied {
+		if err := r.denied[i].Load(); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrPermissionDenied, *err))
+		}
 	}
 	if r.brokerDown.Load() {
 		errs = append(errs, ErrBrokerUnreachable)
@@ -371,14 +386,14 @@ func (r *Relay) work(id int) {
 			return
 		}
 		if err != nil {
-			retry.MarkDown(&r.dbDown, r.log, "database", err)
+			r.dbFailed(stmtClaim, err)
 			again = true
 			if !sleepStop(r.stopping, wait.Next()) {
 				return
 			}
 			continue
 		}
-		retry.MarkUp(&r.dbDown, r.log, "database")
+		r.dbOK(stmtClaim)
 		wait.Reset()
 		if len(batch) == r.cfg.BatchSize {
 			r.announceBacklog()
@@ -451,6 +466,35 @@ func (r *Relay) announceBacklog() {
 	if _, err := r.pool.Exec(ctx, "SELECT pg_notify($1, '')", r.q.channel); err != nil {
 		r.log.Debug("could not announce the backlog", slog.Any("error", err))
 	}
+}
+
+// dbFailed records a failed statement: a missing privilege (the database
+// answered, and will refuse again until someone grants it) or an unreachable
+// database. Either is retried with backoff; only the change is logged.
+func (r *Relay) dbFailed(kind int, err error) {
+	if !migrate.IsPermissionDenied(err) {
+		retry.MarkDown(&r.dbDown, r.log, "database", err)
+		return
+	}
+	retry.MarkUp(&r.dbDown, r.log, "database")
+	if r.denied[kind].Swap(&err) == nil {
+		r.log.Error("permission denied: the relay's role lacks a privilege; grant what 'pgoutbox migrate print --grants' lists for the relay role (docs/security.md); retrying with backoff",
+			slog.Any("error", err))
+	}
+}
+
+// Statement kinds of dbFailed and dbOK.
+const (
+	stmtClaim = iota
+	stmtSettle
+)
+
+// dbOK records a statement of the kind that succeeded.
+func (r *Relay) dbOK(kind int) {
+	if r.denied[kind].Swap(nil) != nil {
+		r.log.Info("the relay's statements are permitted again")
+	}
+	retry.MarkUp(&r.dbDown, r.log, "database")
 }
 
 // errStopping is claim's answer once the relay is stopping.
@@ -723,10 +767,10 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 		err = errors.Join(err, br.Close())
 		cancel()
 		if err == nil {
-			retry.MarkUp(&r.dbDown, r.log, "database")
+			r.dbOK(stmtSettle)
 			break
 		}
-		retry.MarkDown(&r.dbDown, r.log, "database", fmt.Errorf("settle batch: %w", err))
+		r.dbFailed(stmtSettle, fmt.Errorf("settle batch: %w", err))
 		if r.hardCtx.Err() != nil || !retry.Sleep(r.hardCtx, wait.Next()) {
 			return 0 // leases stay with us; Stop tries once more, then they expire
 		}

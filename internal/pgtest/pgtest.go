@@ -166,3 +166,43 @@ func Must(tb testing.TB, err error, what string, args ...any) {
 		tb.Fatalf("%s: %v", fmt.Sprintf(what, args...), err)
 	}
 }
+
+// Role creates a role named name (a fresh one from Name when name is empty) that
+// can log in and is no superuser, with the extra options attrs (e.g.
+// "REPLICATION"), and drops it when the test ends, with whatever it owns and was
+// granted in pool's database. Roles are cluster-wide: give each test its own
+// names, and drop any other database the role has rights in before this cleanup
+// runs (create the database after the role).
+func Role(tb testing.TB, pool *pgxpool.Pool, name string, attrs ...string) string {
+	tb.Helper()
+	if name == "" {
+		name = Name("role")
+	}
+	ctx := context.Background()
+	role := pgx.Identifier{name}.Sanitize()
+	q := "CREATE ROLE " + role + " LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE " + strings.Join(attrs, " ")
+	if _, err := pool.Exec(ctx, q); err != nil {
+		tb.Fatalf("pgtest: create role %q: %v", name, err)
+	}
+	tb.Cleanup(func() {
+		for _, q := range []string{"DROP OWNED BY " + role + " CASCADE", "DROP ROLE " + role} {
+			if _, err := pool.Exec(ctx, q); err != nil {
+				tb.Errorf("pgtest: %s: %v", q, err)
+				return
+			}
+		}
+	})
+	return name
+}
+
+// AsRole returns connURL with its user replaced by role (the test server
+// trusts local connections).
+func AsRole(tb testing.TB, connURL, role string) string {
+	tb.Helper()
+	u, err := url.Parse(connURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		tb.Fatalf("pgtest: %q is not a postgres:// URL", connURL)
+	}
+	u.User = url.User(role)
+	return u.String()
+}

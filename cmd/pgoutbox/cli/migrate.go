@@ -81,20 +81,37 @@ func migrateConfig(schema, lines string) (*migrate.Config, error) {
 }
 
 func newMigratePrintCmd() *cobra.Command {
-	var schema, lines string
-	var partitioned bool
+	var schema, lines, only string
+	var partitioned, grants bool
+	roles := map[migrate.Role]*string{}
 	cmd := &cobra.Command{
 		Use:   "print",
 		Short: "Print the migration SQL instead of applying it",
 		Long: `Print every migration as one idempotent SQL script, for teams that apply schema
 changes with their own tool. The script also fills pgoutbox's bookkeeping table,
-so a later "pgoutbox migrate" agrees that it is applied. No database is needed.`,
+so a later "pgoutbox migrate" agrees that it is applied. No database is needed.
+
+--grants prints instead the GRANT statements that give each role the least
+privileges it needs (producer, enqueuer: a producer that may only call
+outbox_enqueue, relay, CDC, consumer, operator; the migrator owns the objects),
+for the role names of the --*-role flags. Run them as the objects'
+owner after migrating. docs/security.md explains each grant.`,
+		Example: `  pgoutbox migrate print --schema outbox > pgoutbox.sql
+  pgoutbox migrate print --grants --schema outbox --producer-role app --relay-role relay`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := migrateConfig(schema, lines)
 			if err != nil {
 				return err
 			}
 			cfg.Partitioned = partitioned
+			if grants {
+				return printGrants(cmd, cfg, only, roles)
+			}
+			for _, name := range append([]string{"roles"}, roleFlags(roles)...) {
+				if cmd.Flags().Changed(name) {
+					return usagef("--%s applies to --grants only", name)
+				}
+			}
 			script, err := migrate.SQL(cfg)
 			if err != nil {
 				return err
@@ -109,7 +126,43 @@ so a later "pgoutbox migrate" agrees that it is applied. No database is needed.`
 		"migration lines to print: all, outbox, inbox, or a comma list (env PGOUTBOX_MIGRATE_LINES)")
 	cmd.Flags().BoolVar(&partitioned, "partitioned", false,
 		"print the partitioned outbox_events (env PGOUTBOX_PARTITIONED)")
+	cmd.Flags().BoolVar(&grants, "grants", false, "print the least-privilege GRANT statements for each role instead of the migrations")
+	cmd.Flags().StringVar(&only, "roles", "all", "with --grants: the roles to grant to: all, or a comma list of producer, enqueuer, relay, cdc, consumer, operator")
+	for _, r := range migrate.Roles[1:] { // the migrator owns the objects: nothing to grant
+		roles[r] = cmd.Flags().String(string(r)+"-role", migrate.DefaultRoleName(r),
+			fmt.Sprintf("with --grants: the database role of the %s", r))
+	}
 	return cmd
+}
+
+func roleFlags(roles map[migrate.Role]*string) []string {
+	var out []string
+	for r := range roles {
+		out = append(out, string(r)+"-role")
+	}
+	return out
+}
+
+// printGrants writes migrate.Grants for the roles named by the flags.
+func printGrants(cmd *cobra.Command, cfg *migrate.Config, only string, roles map[migrate.Role]*string) error {
+	which, err := migrate.ParseRoles(only)
+	if err != nil {
+		return usagef("--roles: %v", err)
+	}
+	names := map[migrate.Role]string{}
+	for r, n := range roles {
+		if err := migrate.ValidateRoleName(*n); err != nil {
+			return usagef("--%s-role: %v", r, err)
+		}
+		names[r] = *n
+	}
+	script, err := migrate.Grants(&migrate.GrantsConfig{Schema: cfg.Schema, Lines: cfg.Lines, Partitioned: cfg.Partitioned,
+		RoleNames: names, Roles: which})
+	if err != nil {
+		return usageError{err}
+	}
+	_, err = fmt.Fprint(cmd.OutOrStdout(), script)
+	return err
 }
 
 func newMigrateStatusCmd() *cobra.Command {

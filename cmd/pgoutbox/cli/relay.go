@@ -191,6 +191,11 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	if err := pool.Ping(cctx); err != nil {
 		return fmt.Errorf("connect to database: %w", err)
 	}
+	// A missing privilege fails here, naming each one, instead of as a claim
+	// retried for ever.
+	if err := migrate.CheckPrivileges(cctx, pool, cfg.Schema, migrate.RoleRelay, false); err != nil {
+		return err
+	}
 	if err := checkMigrated(cctx, pool, cfg.Schema); err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/pgoutbox/cdc"
+	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 // cdcFlags choose the relay's source and name the CDC source's slot.
@@ -80,6 +81,9 @@ func runRelayCDC(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 		return err
 	}
 	defer pool.Close()
+	if err := migrate.CheckPrivileges(ctx, pool, f.db.schema, migrate.RoleCDC, false); err != nil {
+		return err
+	}
 	pub, closeBroker, err := target.open(ctx, logger)
 	if err != nil {
 		return err
