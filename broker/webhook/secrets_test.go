@@ -62,7 +62,7 @@ func TestErrorExcerptHoldsNoSecret(t *testing.T) {
 	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		sigs.Store(r.Header.Get(webhook.HeaderSignature))
-		code, _ := strconv.Atoi(r.Header.Get("X-Want-Status"))
+		code, _ := strconv.Atoi(r.Header.Get("Want-Status"))
 		w.WriteHeader(code)
 		_, _ = io.WriteString(w, echoes[int(which.Load())](r, body))
 	}))
@@ -80,7 +80,7 @@ func TestErrorExcerptHoldsNoSecret(t *testing.T) {
 		for _, code := range []int{400, 401, 403, 422, 500, 503} {
 			for pi, pub := range []*webhook.Publisher{p, pb} {
 				m := message("order", fmt.Sprintf("e%d-%d", i, code), 1)
-				m.Headers["X-Want-Status"] = strconv.Itoa(code)
+				m.Headers["Want-Status"] = strconv.Itoa(code)
 				err := publish(t, pub, m)[0]
 				if err == nil {
 					t.Fatalf("echo %d, %d: no error", i, code)
