@@ -91,6 +91,13 @@ func classify(err error) error {
 // illegal SASL state): every publish would meet it alike, so a caller that
 // checks the cluster at start-up (pgoutbox relay does) should stop with a
 // configuration error instead of waiting.
+//
+// A broker that closes the connection during the SASL exchange instead of
+// answering (franz-go then reports a bare io.EOF) is deliberately not an auth
+// error: a broker restarting or a proxy cutting connections looks the same, and
+// such a relay must wait, not stop. Kafka itself answers
+// SASL_AUTHENTICATION_FAILED before closing (since 1.0, KIP-152); franz-go's
+// kfake hangs up instead (see sasl_test.go).
 func IsAuthError(err error) bool {
 	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
 		errors.Is(err, kerr.IllegalSaslState)
