@@ -60,7 +60,7 @@ type saslCluster struct {
 	scram map[string]map[string][]byte // mechanism → user → salted password
 
 	mu     sync.Mutex
-	firsts map[string]scramFirst // client nonce → its client-first message
+	firsts map[string]scramFirst // mechanism NUL client nonce → its client-first message
 }
 
 type scramFirst struct{ mech, user, bare string }
@@ -166,8 +166,12 @@ func (s *saslCluster) accept(b []byte) bool {
 		user := strings.NewReplacer("=2C", ",", "=3D", "=").Replace(string(m[2]))
 		for mech, users := range s.scram {
 			if _, ok := users[user]; ok {
-				// The mechanism is not in the message: remember the user for
-				// each mechanism it has; the final message's proof decides.
+				// The mechanism is not in the message (the connection's
+				// SaslHandshake named it, and a control function cannot see
+				// the connection): remember the user for each mechanism it
+				// has; the final message's proof decides. So a user known
+				// only to the other SCRAM mechanism passes here and kfake
+				// hangs up on it; the test does not try that case.
 				s.firsts[mech+"\x00"+string(m[3])] = scramFirst{mech: mech, user: user, bare: string(m[1])}
 			}
 		}
