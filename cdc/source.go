@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -40,6 +41,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
+	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 // lane is one aggregate's ordered events.
@@ -101,7 +103,12 @@ type Source struct {
 	inFlight                       atomic.Bool // the dispatcher has a batch out
 	dbDown, brokerDown, streamDown atomic.Bool
 	brokerRefused                  atomic.Pointer[string] // why the broker refuses our configuration (broker.Misconfigured), or nil
-	stats                          counters
+	// denied holds, per statement (retryDB's what), the last database error
+	// that was a missing privilege, until that statement succeeds again: a role
+	// may be allowed to read and not to mark.
+	deniedMu sync.Mutex
+	denied   map[string]error
+	stats    counters
 }
 
 type counters struct {
@@ -151,13 +158,31 @@ func (s *Source) Stats() Stats {
 		Quarantined: c.quarantined.Load(), Duplicates: c.duplicates.Load(), Skipped: c.skipped.Load()}
 }
 
+// Errors of Healthy, matched with errors.Is.
+var (
+	ErrDatabaseUnreachable = errors.New("cdc: database unreachable")
+	// ErrPermissionDenied: the database answers but refuses the source's
+	// statements for want of a privilege (SQLSTATE 42501). It also matches
+	// migrate.ErrPermissionDenied.
+	ErrPermissionDenied = fmt.Errorf("cdc: %w", migrate.ErrPermissionDenied)
+)
+
 // Healthy reports nil when the last contact with the database, the broker and
-// the replication stream succeeded, else what is down.
+// the replication stream succeeded, else what is wrong: ErrDatabaseUnreachable,
+// ErrPermissionDenied (with the database's message: which privilege on which
+// table, for each statement refused), the broker unreachable or refusing the
+// configuration, the replication stream down, or several (errors.Join).
 func (s *Source) Healthy() error {
 	var errs []error
 	if s.dbDown.Load() {
-		errs = append(errs, errors.New("cdc: database unreachable"))
+		errs = append(errs, ErrDatabaseUnreachable)
 	}
+	s.deniedMu.Lock()
+	whats := slices.Sorted(maps.Keys(s.denied))
+	for _, what := range whats {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrPermissionDenied, s.denied[what]))
+	}
+	s.deniedMu.Unlock()
 	if s.brokerDown.Load() {
 		errs = append(errs, errors.New("cdc: broker unreachable"))
 	}
@@ -722,7 +747,8 @@ func minus(a, b []pgoutbox.UUID) []pgoutbox.UUID {
 }
 
 // retryDB runs f with a fresh 10s timeout until it succeeds, backing off while
-// the database is unreachable. It returns false if the source was hard-stopped.
+// the database is unreachable or refuses f's statement for want of a privilege
+// (dbFailed). It returns false if the source was hard-stopped.
 func (s *Source) retryDB(what string, f func(ctx context.Context) error) bool {
 	var wait retry.Backoff
 	for {
@@ -730,15 +756,50 @@ func (s *Source) retryDB(what string, f func(ctx context.Context) error) bool {
 		err := f(ctx)
 		cancel()
 		if err == nil {
-			retry.MarkUp(&s.dbDown, s.log, "database")
+			s.dbOK(what)
 			return true
 		}
 		if s.hardCtx.Err() != nil {
 			return false
 		}
-		retry.MarkDown(&s.dbDown, s.log, "database", fmt.Errorf("%s: %w", what, err))
+		s.dbFailed(what, fmt.Errorf("%s: %w", what, err))
 		if !retry.Sleep(s.hardCtx, wait.Next()) {
 			return false
 		}
 	}
+}
+
+// dbFailed records a failed statement: a missing privilege (the database
+// answered, and will refuse again until someone grants it; the same rule as the
+// polling relay, migrate.IsPermissionDenied) or an unreachable database. Only
+// the change is logged.
+func (s *Source) dbFailed(what string, err error) {
+	if !migrate.IsPermissionDenied(err) {
+		retry.MarkDown(&s.dbDown, s.log, "database", err)
+		return
+	}
+	retry.MarkUp(&s.dbDown, s.log, "database")
+	s.deniedMu.Lock()
+	_, known := s.denied[what]
+	if s.denied == nil {
+		s.denied = map[string]error{}
+	}
+	s.denied[what] = err
+	s.deniedMu.Unlock()
+	if !known {
+		s.log.Error("permission denied: the CDC source's role lacks a privilege; grant what 'pgoutbox migrate print --grants' lists for the cdc role (docs/security.md); retrying with backoff",
+			slog.Any("error", err))
+	}
+}
+
+// dbOK records that the statement what succeeded.
+func (s *Source) dbOK(what string) {
+	s.deniedMu.Lock()
+	_, was := s.denied[what]
+	delete(s.denied, what)
+	s.deniedMu.Unlock()
+	if was {
+		s.log.Info("the CDC source's statement is permitted again", slog.String("statement", what))
+	}
+	retry.MarkUp(&s.dbDown, s.log, "database")
 }
