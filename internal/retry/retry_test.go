@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/pgoutbox/pgoutbox/broker"
 )
 
 func TestAttemptDelay(t *testing.T) {
@@ -39,12 +41,61 @@ func TestBackoff(t *testing.T) {
 	var b Backoff
 	want := []time.Duration{100, 200, 400, 800, 1600, 3200, 5000, 5000}
 	for i, w := range want {
-		if got := b.Next(); got != w*time.Millisecond {
-			t.Fatalf("step %d: %s, want %s", i, got, w*time.Millisecond)
+		if got := b.Next(); got < w*time.Millisecond/2 || got > w*time.Millisecond {
+			t.Fatalf("step %d: %s, want within [%s, %s]", i, got, w*time.Millisecond/2, w*time.Millisecond)
 		}
 	}
 	b.Reset()
-	if got := b.Next(); got != 100*time.Millisecond {
+	if got := b.Next(); got > 100*time.Millisecond {
 		t.Fatalf("after Reset: %s", got)
+	}
+}
+
+func TestExponentialNeverOverflows(t *testing.T) {
+	e := Exponential{Base: time.Hour, Max: 100 * time.Hour}
+	for _, attempt := range []int{-5, 0, 1, 7, 8, 40, 63, 64, 1 << 30} {
+		if d := e.Delay(attempt); d <= 0 || d > e.Max {
+			t.Fatalf("Delay(%d) = %s, want within (0, %s]", attempt, d, e.Max)
+		}
+	}
+}
+
+func TestDecide(t *testing.T) {
+	p := Policy{MaxAttempts: 3, BackoffBase: time.Second, BackoffMax: time.Minute}
+	plain := errors.New("boom")
+	for _, c := range []struct {
+		name       string
+		err        error
+		attempt    int
+		quarantine bool
+		maxDelay   time.Duration
+	}{
+		{"ordinary, first attempt", plain, 1, false, time.Second},
+		{"ordinary, last attempt", plain, 3, true, time.Minute},
+		{"permanent, first attempt", broker.Permanent(plain), 1, true, time.Minute},
+		{"unavailable, past MaxAttempts", broker.Unavailable(plain), 50, false, UnavailableCap},
+		{"misconfigured, past MaxAttempts", broker.Misconfigured(plain), 50, false, UnavailableCap},
+	} {
+		v := p.Decide(c.err, c.attempt)
+		if v.Quarantine != c.quarantine || v.Delay > c.maxDelay || v.Attempt != c.attempt || v.Text != "boom" {
+			t.Errorf("%s: %+v, want quarantine=%v, delay <= %s", c.name, v, c.quarantine, c.maxDelay)
+		}
+	}
+}
+
+func TestCheckResults(t *testing.T) {
+	if out, ok := CheckResults(make([]error, 3), 3); !ok || len(out) != 3 {
+		t.Fatal("matching results were rewritten")
+	}
+	for _, got := range [][]error{nil, make([]error, 2), make([]error, 4)} {
+		out, ok := CheckResults(got, 3)
+		if ok || len(out) != 3 {
+			t.Fatalf("%d results for 3: ok=%v len=%d", len(got), ok, len(out))
+		}
+		for _, err := range out {
+			if !broker.IsUnavailable(err) || !errors.Is(err, ErrWrongResultCount) {
+				t.Fatalf("result %v: want Unavailable(ErrWrongResultCount)", err)
+			}
+		}
 	}
 }

@@ -1,0 +1,104 @@
+package lifecycle_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle/lifecycletest"
+)
+
+// worker is the smallest service: one goroutine that holds work until released
+// or hard-stopped.
+type worker struct {
+	lc      lifecycle.Lifecycle
+	busy    chan struct{}
+	release chan struct{}
+	stopped atomic.Int32
+}
+
+func newWorker() *worker {
+	w := &worker{busy: make(chan struct{}, 1), release: make(chan struct{})}
+	w.lc.Name = "worker"
+	w.lc.Stopped = func(bool) { w.stopped.Add(1) }
+	return w
+}
+
+func (w *worker) Start(ctx context.Context) error {
+	return w.lc.Start(ctx, func(context.Context) error {
+		w.lc.Go(func() {
+			select {
+			case <-w.busy: // work in flight until released or hard stop
+				select {
+				case <-w.release:
+				case <-w.lc.Hard().Done():
+				}
+			case <-w.lc.Stopping():
+			}
+		})
+		return nil
+	})
+}
+
+func (w *worker) Stop(ctx context.Context) error { return w.lc.Stop(ctx) }
+
+func TestLifecycleTable(t *testing.T) {
+	var made []*worker
+	lifecycletest.Run(t, lifecycletest.Harness{
+		New: func(t *testing.T) lifecycletest.Service {
+			w := newWorker()
+			made = append(made, w)
+			return w
+		},
+		Busy: func(t *testing.T, s lifecycletest.Service) func() {
+			w := s.(*worker)
+			w.busy <- struct{}{}
+			var once atomic.Bool
+			return func() {
+				if once.CompareAndSwap(false, true) {
+					close(w.release)
+				}
+			}
+		},
+	})
+	for i, w := range made {
+		if n := w.stopped.Load(); n > 1 {
+			t.Errorf("service %d: Stopped ran %d times", i, n)
+		}
+	}
+}
+
+func TestFailedStartIsStopped(t *testing.T) {
+	w := newWorker()
+	ran := make(chan struct{})
+	err := w.lc.Start(context.Background(), func(context.Context) error {
+		w.lc.Go(func() { <-w.lc.Hard().Done(); close(ran) })
+		return context.Canceled
+	})
+	if err != context.Canceled {
+		t.Fatalf("Start: %v", err)
+	}
+	<-ran // the goroutine it launched was hard-stopped
+	if w.stopped.Load() != 1 {
+		t.Fatalf("Stopped ran %d times, want 1", w.stopped.Load())
+	}
+	if err := w.Start(context.Background()); err == nil {
+		t.Fatal("Start after a failed Start succeeded")
+	}
+	if err := w.Stop(context.Background()); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+}
+
+func TestWake(t *testing.T) {
+	w := lifecycle.NewWake()
+	w.Poke()
+	w.Poke() // never blocks
+	<-w
+	select {
+	case <-w:
+		t.Fatal("two pokes woke twice")
+	default:
+	}
+}
