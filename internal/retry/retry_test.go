@@ -2,6 +2,8 @@ package retry
 
 import (
 	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -97,5 +99,26 @@ func TestCheckResults(t *testing.T) {
 				t.Fatalf("result %v: want Unavailable(ErrWrongResultCount)", err)
 			}
 		}
+	}
+}
+
+func TestBrokerHealth(t *testing.T) {
+	var b BrokerHealth
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	down, refused := errors.New("down"), errors.New("refused")
+	if errs := b.Errors(down, refused); len(errs) != 0 {
+		t.Fatalf("zero value: %v", errs)
+	}
+	b.Settled(log, BatchOutcome{AllUnavailable: true, FirstError: "dial tcp: refused"})
+	if errs := b.Errors(down, refused); len(errs) != 1 || !errors.Is(errs[0], down) {
+		t.Fatalf("after an outage: %v", errs)
+	}
+	b.Settled(log, BatchOutcome{AllUnavailable: true, Refused: "401 Unauthorized"})
+	if errs := b.Errors(down, refused); len(errs) != 1 || !errors.Is(errs[0], refused) || !strings.Contains(errs[0].Error(), "401") {
+		t.Fatalf("after a refusal: %v", errs)
+	}
+	b.Settled(log, BatchOutcome{Acked: true})
+	if errs := b.Errors(down, refused); len(errs) != 0 || b.Down() {
+		t.Fatalf("after an ack: %v", errs)
 	}
 }
