@@ -2,7 +2,6 @@ package pgoutbox_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"log"
 
@@ -112,7 +111,7 @@ func ExampleProducer_EnqueueSQLTx() {
 	ctx := context.Background()
 	pool, schema, done := exampleSchema(ctx)
 	defer done()
-	var db *sql.DB = stdlib.OpenDBFromPool(pool) // or sql.Open("pgx", url)
+	db := stdlib.OpenDBFromPool(pool) // a *sql.DB, as sql.Open("pgx", url) returns
 	defer db.Close()
 
 	producer, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})

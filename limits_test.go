@@ -24,7 +24,6 @@ type limitCase struct {
 	ev       pgoutbox.Event
 	field    string // the ValidationError's field
 	sqlstate string // outbox_enqueue's answer; "" when it accepts
-	tooLarge bool
 }
 
 func headerEvent(h map[string]string) pgoutbox.Event {

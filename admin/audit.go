@@ -60,9 +60,9 @@ func auditTable(schema string) string {
 // MaxAuditText is the longest actor or reason recorded, in bytes.
 const MaxAuditText = 4096
 
-// ErrInvalidAuditText: an actor or reason that is not valid UTF-8, holds a NUL
-// (which PostgreSQL text cannot store) or is longer than MaxAuditText. Nothing
-// is done.
+// ErrInvalidAuditText is returned for an actor or reason that is not valid
+// UTF-8, holds a NUL (which PostgreSQL text cannot store) or is longer than
+// MaxAuditText. Nothing is done.
 var ErrInvalidAuditText = errors.New("admin: actor and reason must be valid UTF-8 without NUL bytes, at most 4096 bytes")
 
 // operator returns the actor and reason to record, with their defaults, or an

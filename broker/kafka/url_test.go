@@ -143,11 +143,3 @@ func shown(u kafka.URL) string {
 	slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{ReplaceAttr: noTime})).Info("x", "sasl", u.SASL, "url", u, "config", cfg)
 	return b.String()
 }
-
-func unescaped(s string) string {
-	u, err := url.PathUnescape(s)
-	if err != nil {
-		return s
-	}
-	return u
-}

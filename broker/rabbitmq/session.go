@@ -356,6 +356,8 @@ var tooLargeReason = regexp.MustCompile(`message size (\d+) is larger than confi
 // channel that closed for reason (nil when the client closed it), and, when the
 // server refused a body as too large, that body's size: the channel closes with
 // 406 without saying which message it was, so the size picks it out.
+//
+//lint:ignore ST1008 the results are fail's arguments, in its order: s.fail(classifyClose(reason)).
 func classifyClose(reason *amqp.Error) (err error, tooLarge int64) {
 	if reason == nil {
 		return broker.Unavailable(errors.New("channel closed")), 0

@@ -379,9 +379,7 @@ func (c *Config) secrets(dbPassword string) []string {
 	if dbPassword != "" {
 		s = append(s, dbPassword)
 	}
-	for _, a := range redactArgsSecrets(c.RelayArgs) {
-		s = append(s, a)
-	}
+	s = append(s, redactArgsSecrets(c.RelayArgs)...)
 	for _, name := range []string{"PGOUTBOX_WEBHOOK_SECRET", "PGPASSWORD"} {
 		if v := os.Getenv(name); v != "" {
 			s = append(s, v)

@@ -14,13 +14,12 @@ import (
 // progress shows what runs: one line redrawn in place on a terminal, else a line
 // every few seconds (and on every change of step), so logs stay readable.
 type progress struct {
-	w        io.Writer
-	tty      bool
-	mu       sync.Mutex
-	last     time.Time
-	lastStep string
-	width    int
-	secrets  []string // hidden from every line (the lines name brokers by URL)
+	w       io.Writer
+	tty     bool
+	mu      sync.Mutex
+	last    time.Time
+	width   int
+	secrets []string // hidden from every line (the lines name brokers by URL)
 }
 
 func newProgress(w io.Writer, tty bool) *progress { return &progress{w: w, tty: tty} }

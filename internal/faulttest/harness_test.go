@@ -20,7 +20,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
@@ -556,14 +555,3 @@ func waitFor(t *testing.T, within time.Duration, what func() string, cond func()
 }
 
 func is(s string) func() string { return func() string { return s } }
-
-// connectNATS opens a client connection for the test itself, closed at the end.
-func connectNATS(t *testing.T, url string) jetstream.JetStream {
-	t.Helper()
-	nc, err := natsgo.Connect(url, natsgo.MaxReconnects(-1), natsgo.ReconnectWait(100*time.Millisecond))
-	pgtest.Must(t, err, "connect to %s", url)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	pgtest.Must(t, err, "jetstream")
-	return js
-}
