@@ -31,7 +31,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 )
 
-// Wire header names, part of the public contract (SPEC §5).
+// Wire header names, part of the public contract (docs/design.md, "Wire headers").
 const (
 	HeaderEventID           = "Outbox-Event-Id"
 	HeaderEventType         = "Outbox-Event-Type"

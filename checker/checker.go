@@ -14,7 +14,8 @@
 // the relays and consumers drain, then read everything ([ReadOutbox],
 // [ReadBusiness], [ReadEffects], [ReadJetStream], [ReadJournal]) and call [Check].
 //
-// What is checked, SPEC §2:
+// What is checked (the guarantees of the README, as docs/design.md
+// "Verification" reads them):
 //
 //  1. every committed business mutation has exactly one outbox intent;
 //  2. a rolled-back mutation has none, and nothing of it is published or applied;

@@ -4,7 +4,7 @@
 // subtest. The suite checks the contract of [broker.Publisher]: one result per
 // message, per-aggregate order, refusals classified as permanent, no message
 // reported acknowledged that the broker did not store (also across a broker
-// restart), and the wire headers of SPEC §5.
+// restart), and the wire headers (docs/design.md, "Wire headers").
 package brokertest
 
 import (

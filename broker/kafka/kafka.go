@@ -2,8 +2,8 @@
 // brokers such as Redpanda) with franz-go.
 //
 // Each event becomes one record: the topic expanded from [Config.Topic], the
-// aggregate id as the key, the payload as the value and the wire headers of SPEC §5
-// as record headers. The key puts every event of an aggregate in one partition, the
+// aggregate id as the key, the payload as the value and the wire headers
+// (docs/design.md, "Wire headers") as record headers. The key puts every event of an aggregate in one partition, the
 // only place Kafka orders records. Records are written by an idempotent producer
 // with acks=all: an ack means every in-sync replica has the record, and the
 // producer's own retries never store a record twice.

@@ -1,7 +1,7 @@
 // Package nats publishes outbox events to NATS JetStream, the default broker.
 //
 // Each event goes to a subject expanded from [Config.Subject], with the wire
-// headers of SPEC §5 as NATS headers, the payload as body, and Nats-Msg-Id set to
+// headers (docs/design.md, "Wire headers") as NATS headers, the payload as body, and Nats-Msg-Id set to
 // the event id, so the stream's duplicate window drops a re-publish after a relay
 // crash. A replay sets [broker.Message.DedupID], which becomes the Nats-Msg-Id
 // instead, so that the stream stores it again. Publishes are asynchronous: every

@@ -4,7 +4,8 @@
 // declared if missing) with a routing key expanded from [Config.RoutingKey]
 // ("{aggregate_type}.{event_type}"), as a persistent message: content_type
 // application/json, message_id the event id, type the event type, timestamp
-// occurred_at, the wire headers of SPEC §5 as string headers, and the payload
+// occurred_at, the wire headers (docs/design.md, "Wire headers") as string
+// headers, and the payload
 // as body. It is published with the mandatory flag on a channel in confirm
 // mode: an event succeeds only once the server confirmed it, and fails with
 // [ErrUnroutable] if no queue was bound for its routing key.

@@ -17,7 +17,8 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 )
 
-// Names of the headers the publisher sets beside the wire headers of SPEC §5.
+// Names of the headers the publisher sets beside the wire headers
+// (docs/design.md, "Wire headers").
 const (
 	// HeaderSignature carries the request's HMAC signature; see [Sign] for its
 	// format. Producer headers cannot spoof it: [broker.Message.WireHeaders] drops

@@ -7,7 +7,7 @@
 // [ParseURL]) with the payload as body and these headers:
 //
 //	Content-Type: application/json
-//	Outbox-Event-Id, Outbox-Event-Type, …   the wire headers of SPEC §5
+//	Outbox-Event-Id, Outbox-Event-Type, …   the wire headers (docs/design.md)
 //	traceparent, …                          the producer's headers
 //	Idempotency-Key: <event id>             the same on every attempt
 //	Outbox-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>   see Sign

@@ -2,8 +2,8 @@ package bench
 
 import "fmt"
 
-// Target is one of the performance targets of this machine class (SPEC §10, the
-// benchmarks issue) beside the figure this run measured.
+// Target is one of the performance targets of this machine class
+// (docs/performance.md, the benchmarks issue) beside the figure this run measured.
 type Target struct {
 	Name     string `json:"name"`
 	Target   string `json:"target"`

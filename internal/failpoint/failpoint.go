@@ -33,7 +33,8 @@ import (
 // EnvVar is the environment variable read at start-up.
 const EnvVar = "PGOUTBOX_FAILPOINTS"
 
-// The named points, one per crash boundary of SPEC §9.
+// The named points, one per crash boundary (docs/design.md, "What every crash
+// leaves behind" and "Verification").
 const (
 	ProducerBeforeCommit = "producer/before-commit" // producer: outbox rows written, commit not sent
 	ProducerAfterCommit  = "producer/after-commit"  // producer: committed, caller not yet told

@@ -1,9 +1,9 @@
-// Package faulttest is pgoutbox's fault-injection suite (SPEC §9). Its tests run
-// real OS processes — the pgoutbox relay binary, and the producer and consumer
-// programs under cmd/ — kill them at every named failpoint (internal/failpoint) and
-// at random moments, cut their database connections, restart their NATS server,
-// pause a relay past its lease, and then ask package checker whether every
-// guarantee of SPEC §2 held.
+// Package faulttest is pgoutbox's fault-injection suite (docs/design.md,
+// "Verification"). Its tests run real OS processes — the pgoutbox relay binary,
+// and the producer and consumer programs under cmd/ — kill them at every named
+// failpoint (internal/failpoint) and at random moments, cut their database
+// connections, restart their NATS server, pause a relay past its lease, and then
+// ask package checker whether every guarantee of the README held.
 //
 // The chaos soak runs for about a minute in the default test run; run the long
 // one with
