@@ -30,9 +30,9 @@ type Config struct {
 
 	// Workers is the number of claim → publish → mark loops. Their claims take
 	// turns, each continuing the lane scan where the previous one ended, while their
-	// publishes and settles overlap. Defaults to 4: on a 2-core box draining to
-	// NATS, 4 gave 15–20% more than 2 with one relay and about the same with two or
-	// four relays (docs/performance.md).
+	// publishes and settles overlap. Defaults to 4: more workers keep more publishes
+	// in flight, at the price of more leases held at once (Workers × BatchSize);
+	// docs/performance.md has the measurements behind the default.
 	Workers int
 
 	// Lease is how long a claim is held before any relay may take the events over.

@@ -10,7 +10,8 @@
 // after Config.MaxAttempts. LISTEN/NOTIFY wakes the relay within milliseconds of a
 // commit; polling is the safety net.
 //
-// docs/design.md states who owns a row when, and what each crash leaves behind.
+// docs/design.md states who owns a row when, and what each crash leaves behind;
+// its "Relay: the lane rule" is the one full explanation of the claim.
 package relay
 
 import (

@@ -27,44 +27,24 @@ func newQueries(schema string) queries {
 }
 
 // claimSQL leases up to $5 events in one statement (its own short transaction).
+// docs/design.md ("Relay: the lane rule") is the one full explanation of the
+// algorithm and why it keeps every lane in order; this comment maps its steps to
+// the clauses.
 //
 // Parameters: $1 relay id, $2 lease in milliseconds, $3/$4 the lane cursor (aggregate
 // type and id; lanes strictly after it are scanned), $5 batch size, $6 run length.
 //
-// A lease covers a run: the first $6 claimable events of one lane, head first. Only
-// the run's head row is locked and written (claimed_by, claim_until); its later
-// events are merely read. That is enough, because every claim takes a lane from its
-// head: while the head holds a live lease, no claim takes anything of the lane, and
-// a run's events are settled together with its head. Writing one row per run rather
-// than one per event is the relay's biggest saving (docs/performance.md).
-//
-//   - lanes walks the distinct aggregates that have unpublished events, in index
-//     order from the cursor, one index probe each (a loose index scan of the partial
-//     index), and notes each lane's head: its lowest unpublished sequence. It never
-//     reads the published history, and stops as soon as the LIMIT of runs is met.
-//   - runs locks each lane's head FOR UPDATE SKIP LOCKED if it is claimable (not
-//     quarantined, backoff over, no live lease). PostgreSQL re-checks a locked row's
-//     conditions on its newest version, so a head leased or published by another
-//     relay since our snapshot is skipped, as is a head another claim or settle holds
-//     locked right now. A lane whose head is not taken contributes nothing.
-//   - For a taken head, runs reads the lane's next $6-1 events and keeps those whose
-//     sequences run head+1, head+2, ... without a gap, each claimable too: a run stops
-//     at the first event that is backing off, quarantined or leased (by a relay that
-//     leases every event of its runs, as versions before 0.2 did). So sequence k+1 is
-//     never claimed while k waits, even when two relays race for the same lane.
-//   - The head is right because no snapshot can miss a lower unpublished sequence:
-//     sequence k+1 is allocated only after k's transaction committed (the counter
-//     row lock), so a snapshot that sees k+1 sees k. A stale head (published since)
-//     only makes the statement stricter: its re-check fails, so the lane yields
-//     nothing this time. The run's later events need no lock: anyone who changes
-//     them first holds their head (a claim) or settles a run that includes the head
-//     in the same transaction (mark, fail, release).
-//   - runs is MATERIALIZED so that it is computed once, and lease finds the heads by
-//     (tableoid, ctid): they are locked by this statement, so that is their current
-//     version, and no index is searched again. The ctid = ANY(ARRAY(...)) form makes
-//     that a TID scan whatever the statistics say (a join on ctid may be planned as
-//     a hash join over a sequential scan of the whole table). A data-modifying WITH always runs to
-//     completion, whatever the outer SELECT reads.
+//   - lanes is step 1, the scan of lanes: a loose index scan of the partial index of
+//     unpublished events from the cursor, noting each lane's head.
+//   - runs is steps 2 and 3: each head FOR UPDATE SKIP LOCKED if claimable, then the
+//     gapless, claimable rest of its run (the gapless column).
+//   - lease is step 4: only the heads are written. runs is MATERIALIZED so that it is
+//     computed once; lease finds the heads by (tableoid, ctid), their current version
+//     since this statement locked them, without searching an index again. The
+//     ctid = ANY(ARRAY(...)) form makes that a TID scan whatever the statistics say
+//     (a join on ctid may be planned as a hash join over a sequential scan of the
+//     whole table). A data-modifying WITH always runs to completion, whatever the
+//     outer SELECT reads.
 //
 // No ordering here depends on timestamps: lanes are ordered by sequence alone.
 const claimSQL = `
