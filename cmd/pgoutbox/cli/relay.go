@@ -100,19 +100,19 @@ The polling relay runs Go's garbage collector at GOGC=200 unless GOGC is set.
 // pingAfterLongIdle is the relay pool's ShouldPing. pgxpool's default pings a
 // connection idle for over a second before handing it out, and an idle relay
 // claims once per --poll-interval (2s): a ping before every claim doubled the
-// round trips of an idle relay (1.1 transactions/s instead of 0.5 in pgoutbox
-// bench idle). A claim on a dead connection fails and is retried on another, so
-// only connections idle long enough for a server or a firewall to have dropped
-// them are pinged.
+// round trips of an idle relay (pgoutbox bench idle; docs/performance.md). A
+// claim on a dead connection fails and is retried on another, so only
+// connections idle long enough for a server or a firewall to have dropped them
+// are pinged.
 func pingAfterLongIdle(_ context.Context, p pgxpool.ShouldPingParams) bool {
 	return p.IdleDuration > time.Minute
 }
 
 // relayGCPercent is the relay's GOGC unless the environment sets one. A relay's
 // live heap is small and its garbage is per event: collecting at 200% instead of
-// 100% growth cut its CPU per event by about 14% in a drain to NATS (more CPU
-// left to PostgreSQL and the broker on a shared box: +5% events/s) for about
-// 5 MiB more peak RSS (docs/performance.md).
+// 100% growth trades a few MiB of peak RSS for less CPU per event, which leaves
+// more CPU to PostgreSQL and the broker on a shared box (the figures are in
+// docs/performance.md).
 const relayGCPercent = 200
 
 func tuneGC() {
