@@ -16,7 +16,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
+
+// pollRetry is the backoff between polls that keep failing (a topic that does not
+// exist, an authorization error): 100ms doubling to 5s.
+var pollRetry = retry.Exponential{Base: 100 * time.Millisecond, Max: 5 * time.Second}
 
 // Config configures a Subscriber. The zero value is usable; each field documents
 // its default.
@@ -129,19 +135,16 @@ type Subscriber struct {
 	log  *slog.Logger
 	sem  chan struct{} // one token per record inside Process
 
+	// lc runs the poll and commit loops and the shutdown; its Hard ends Process
+	// calls (Stop's deadline passed, or Start's ctx ended).
+	lc         lifecycle.Lifecycle
 	cl         *kgo.Client
-	hardCtx    context.Context // ends Process calls: Stop's deadline passed, or Start's ctx ended
-	hardCancel context.CancelFunc
 	pollCtx    context.Context // ends the poll and commit loops
 	pollCancel context.CancelFunc
 	loops      sync.WaitGroup // poll and commit loops
-	helpers    sync.WaitGroup // the watcher of Start's ctx
 	workers    sync.WaitGroup // partition goroutines
-	stopped    chan struct{}  // closed when shutdown is complete
 	ready      chan struct{}  // closed once start has set the fields above; callbacks wait for it
-
-	startOnce, stopOnce sync.Once
-	started             atomic.Bool
+	readyOnce  sync.Once
 
 	mu       sync.Mutex
 	parts    map[topicPartition]*partition // assigned partitions
@@ -184,14 +187,15 @@ func New(opts []kgo.Opt, proc inbox.Processor, cfg *Config) (*Subscriber, error)
 		return nil, err
 	}
 	s := &Subscriber{
-		cfg:     c,
-		proc:    proc,
-		log:     c.Logger.With(slog.String("consumer", proc.Name())),
-		sem:     make(chan struct{}, c.Concurrency),
-		stopped: make(chan struct{}),
-		ready:   make(chan struct{}),
-		parts:   map[topicPartition]*partition{},
+		cfg:   c,
+		proc:  proc,
+		log:   c.Logger.With(slog.String("consumer", proc.Name())),
+		sem:   make(chan struct{}, c.Concurrency),
+		ready: make(chan struct{}),
+		parts: map[topicPartition]*partition{},
 	}
+	s.lc.Name = "kafkainbox"
+	s.lc.Stopped = s.stopped
 	s.opts = append(s.opts,
 		kgo.ConsumerGroup(proc.Name()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -241,19 +245,22 @@ func (s *Subscriber) Stats() Stats {
 
 // Start builds the client, which joins the group, checks that a broker answers,
 // and starts consuming; it returns once that is under way. ctx bounds the check,
-// and its end later stops the Subscriber abruptly (in-flight transactions are
+// and its end later stops the Subscriber hard (in-flight transactions are
 // abandoned and rolled back, finished offsets still committed); prefer Stop.
-// Start may be called once.
+//
+// Start follows the one rule of pgoutbox's services: a second Start returns an
+// error matching lifecycle.ErrAlreadyStarted, a Start after Stop (or after a
+// failed Start) one matching lifecycle.ErrStopped; a Subscriber is not
+// restartable.
 func (s *Subscriber) Start(ctx context.Context) error {
-	err := errors.New("kafkainbox: already started")
-	s.startOnce.Do(func() { err = s.start(ctx) })
+	err := s.lc.Start(ctx, s.start)
+	s.setReady() // without a client too: callbacks never come then
 	return err
 }
 
 func (s *Subscriber) start(ctx context.Context) error {
 	cl, err := kgo.NewClient(s.opts...)
 	if err != nil {
-		close(s.ready)
 		return fmt.Errorf("kafkainbox: client: %w", err)
 	}
 	// The client joins the group on its own from here on, and may call back at
@@ -261,45 +268,27 @@ func (s *Subscriber) start(ctx context.Context) error {
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	s.cl = cl
 	s.log = s.log.With(slog.String("group", group))
-	s.hardCtx, s.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	s.pollCtx, s.pollCancel = context.WithCancel(context.Background())
-	close(s.ready)
-	fail := func(err error) error {
-		s.hardCancel()
-		s.pollCancel()
-		cl.Close()
-		s.workers.Wait()
+	s.setReady()
+	// From here on, stopping (or a failed Start) shuts the client down.
+	s.lc.Go(s.shutdown)
+	if err := s.checkClient(cl); err != nil {
 		return err
 	}
-	if err := s.checkClient(cl); err != nil {
-		return fail(err)
-	}
 	if err := cl.Ping(ctx); err != nil {
-		return fail(fmt.Errorf("kafkainbox: group %s: no broker answered: %w", group, err))
+		return fmt.Errorf("kafkainbox: group %s: no broker answered: %w", group, err)
 	}
-	s.started.Store(true)
 	topics, _ := cl.OptValue(kgo.ConsumeTopics).([]string)
 	s.log.Info("subscriber starting", slog.Any("topics", topics), slog.Int("concurrency", s.cfg.Concurrency))
 
 	s.loops.Add(2)
-	go s.poll()
-	go s.commitLoop()
-	// Start's ctx ending is a hard stop.
-	s.helpers.Add(1)
-	go func() {
-		defer s.helpers.Done()
-		select {
-		case <-ctx.Done():
-			s.hardCancel()
-			s.stopOnce.Do(func() {
-				s.signalStop()
-				go s.shutdown()
-			})
-		case <-s.hardCtx.Done():
-		}
-	}()
+	s.lc.Go(s.poll)
+	s.lc.Go(s.commitLoop)
 	return nil
 }
+
+// setReady lets the client's callbacks run.
+func (s *Subscriber) setReady() { s.readyOnce.Do(func() { close(s.ready) }) }
 
 // checkClient refuses client options the Subscriber cannot work with.
 func (s *Subscriber) checkClient(cl *kgo.Client) error {
@@ -328,7 +317,7 @@ func (s *Subscriber) checkClient(cl *kgo.Client) error {
 // never held up.
 func (s *Subscriber) poll() {
 	defer s.loops.Done()
-	var pause time.Duration
+	backoff := retry.Backoff{Schedule: pollRetry}
 	for {
 		fetches := s.cl.PollRecords(s.pollCtx, s.cfg.MaxBufferedRecords)
 		if fetches.IsClientClosed() || s.pollCtx.Err() != nil {
@@ -347,19 +336,13 @@ func (s *Subscriber) poll() {
 		})
 		s.cl.AllowRebalance()
 		if failed == nil || fetches.NumRecords() > 0 {
-			pause = 0
+			backoff.Reset()
 			continue
 		}
 		// franz-go retries what can be retried itself; what it reports keeps
 		// coming (a topic that does not exist, an authorization error): do
 		// not spin on it.
-		pause = min(max(2*pause, 100*time.Millisecond), 5*time.Second)
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-		case <-s.pollCtx.Done():
-			t.Stop()
-		}
+		retry.Sleep(s.pollCtx, backoff.Next())
 	}
 }
 
@@ -477,7 +460,7 @@ func (s *Subscriber) commitLoop() {
 			s.mu.Lock()
 			parts := slices.Collect(maps.Values(s.parts))
 			s.mu.Unlock()
-			ctx, cancel := context.WithTimeout(s.hardCtx, s.cfg.CommitTimeout)
+			ctx, cancel := context.WithTimeout(s.lc.Hard(), s.cfg.CommitTimeout)
 			s.commit(ctx, s.cl, parts)
 			cancel()
 		}
@@ -549,10 +532,13 @@ func (s *Subscriber) signalStop() {
 	s.log.Info("subscriber stopping")
 }
 
-// shutdown waits for the loops, lets the client leave the group — revoked then
-// waits for every partition goroutine and commits — and closes it.
+// shutdown, once the Subscriber begins to stop, stops the loops and waits for
+// them, lets the client leave the group — revoked then waits for every partition
+// goroutine and commits — and closes it. It runs under the lifecycle, so that
+// Hard ends only at a hard stop while it waits.
 func (s *Subscriber) shutdown() {
-	defer close(s.stopped)
+	<-s.lc.Stopping()
+	s.signalStop()
 	s.loops.Wait()
 	// Leaving the group revokes every partition (s.revoked), unless they were
 	// lost; polls have stopped, so the client may rebalance at once.
@@ -562,39 +548,27 @@ func (s *Subscriber) shutdown() {
 	s.workers.Wait()
 }
 
-// Stop shuts the Subscriber down gracefully: it stops fetching, lets the records
-// being processed finish (commit, or roll back), abandons retries, commits the
-// offsets of every finished record, and leaves the group so that its partitions
-// go to other members at once. If ctx ends first, in-flight transactions are
-// abandoned (rolled back; their records are re-read by the next owner), finished
-// offsets are still committed (within Config.CommitTimeout), and ctx's error is
-// returned once the client has left the group. Stop is safe to call more than
-// once, and before Start.
-func (s *Subscriber) Stop(ctx context.Context) error {
-	if !s.started.Load() {
-		s.startOnce.Do(func() {}) // a later Start fails; a Start under way finishes first
-		if !s.started.Load() {
-			return nil
-		}
-	}
-	s.stopOnce.Do(func() {
-		s.signalStop()
-		go s.shutdown()
-	})
-	var err error
-	select {
-	case <-s.stopped:
-	case <-ctx.Done():
-		err = fmt.Errorf("kafkainbox: stop: %w", ctx.Err())
-		s.hardCancel()
-		<-s.stopped
-	}
-	s.hardCancel()
-	s.helpers.Wait()
+// stopped is the lifecycle's Stopped hook: the client has left the group.
+func (s *Subscriber) stopped(bool) {
 	st := s.Stats()
 	s.log.Info("subscriber stopped", slog.Int64("acked", st.Acked), slog.Int64("retried", st.Retried),
 		slog.Int64("terminated", st.Terminated), slog.Int64("skipped", st.Skipped), slog.Int64("commit_errors", st.CommitErrors))
-	return err
+}
+
+// Stop shuts the Subscriber down gracefully: it stops fetching, lets the records
+// being processed finish (commit, or roll back), abandons retries, commits the
+// offsets of every finished record, and leaves the group so that its partitions
+// go to other members at once. If ctx ends first, the stop turns hard: in-flight
+// transactions are abandoned (rolled back; their records are re-read by the next
+// owner), finished offsets are still committed (within Config.CommitTimeout),
+// and ctx's error is returned once the client has left the group.
+//
+// Stop follows the one rule of pgoutbox's services (package internal/lifecycle):
+// it may be called any number of times, from any goroutine, each call waiting
+// for the same shutdown; before Start it returns nil and the Subscriber can no
+// longer start.
+func (s *Subscriber) Stop(ctx context.Context) error {
+	return s.lc.Stop(ctx)
 }
 
 // kgoLogger hands the client's log lines to slog. franz-go logs at info what is
