@@ -24,13 +24,23 @@ import (
 // exist, an authorization error): 100ms doubling to 5s.
 var pollRetry = retry.Exponential{Base: 100 * time.Millisecond, Max: 5 * time.Second}
 
-// Config configures a Subscriber. The zero value is usable; each field documents
-// its default.
+// The defaults of Config's fields.
+const (
+	DefaultConcurrency        = 4
+	DefaultMaxBufferedRecords = 500
+	DefaultProcessTimeout     = 30 * time.Second
+	DefaultMaxAttempts        = -1 // unlimited
+	DefaultCommitInterval     = time.Second
+	DefaultCommitTimeout      = 10 * time.Second
+)
+
+// Config configures a Subscriber. A nil *Config means all defaults; each field
+// names its default.
 type Config struct {
 	// Concurrency is how many records this Subscriber processes at once, each in
 	// its own transaction (size the database pool for it), across its
 	// partitions; the records of one partition are always processed one at a
-	// time. Defaults to 4.
+	// time. Zero means DefaultConcurrency (4).
 	Concurrency int
 
 	// MaxBufferedRecords is how many fetched records one partition may hold
@@ -40,37 +50,46 @@ type Config struct {
 	// flight to its broker returns, after up to kgo.FetchMaxWait when the other
 	// partitions have nothing new: keep it well above what a partition
 	// processes in that time. It also bounds the records taken from the client
-	// in one poll. Defaults to 500.
+	// in one poll. Zero means DefaultMaxBufferedRecords (500).
 	MaxBufferedRecords int
 
 	// ProcessTimeout bounds one Process call (the consumer transaction with its
 	// handler). A revocation waits for the record in progress, so it must stay
 	// below the group's rebalance timeout (kgo.RebalanceTimeout, 60s by
-	// default); Start checks. Defaults to 30s.
+	// default); Start checks. Zero means DefaultProcessTimeout (30s).
 	ProcessTimeout time.Duration
 
 	// MaxAttempts is how many times a record is processed at most before it is
 	// skipped: logged as an error and its offset committed, as if it were done.
 	// -1 is unlimited: a record that is never done stops its partition. Under
 	// inbox.GapReject a skipped event makes its aggregate wait for a
-	// reconciliation (inbox.Consumer.SetPosition). Defaults to -1.
+	// reconciliation (inbox.Consumer.SetPosition). Zero means DefaultMaxAttempts
+	// (-1).
 	MaxAttempts int
 
 	// CommitInterval is how often finished offsets are committed to Kafka. It
 	// bounds what a crash makes the next owner re-read (each re-read record is a
-	// duplicate for the inbox). Revocations and Stop always commit. Defaults to
-	// 1s.
+	// duplicate for the inbox). Revocations and Stop always commit. Zero means
+	// DefaultCommitInterval (1s).
 	CommitInterval time.Duration
 
 	// CommitTimeout bounds one offset commit, including the final one of a
-	// revocation or of Stop. Defaults to 10s.
+	// revocation or of Stop. Zero means DefaultCommitTimeout (10s).
 	CommitTimeout time.Duration
 
 	// Logger receives skipped records, rebalances, commit errors and, for the
 	// client New builds, the client's warnings and errors (its informational
-	// lines too when the handler is enabled for debug). Defaults to
+	// lines too when the handler is enabled for debug). Nil means
 	// slog.Default().
 	Logger *slog.Logger
+}
+
+// Validate reports what New would reject in c: the config as given, its zero
+// fields meaning their defaults. It is safe on a nil receiver (all defaults are
+// valid). Several problems are joined with errors.Join.
+func (c *Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -79,22 +98,22 @@ func (c *Config) withDefaults() (Config, error) {
 		out = *c
 	}
 	if out.Concurrency == 0 {
-		out.Concurrency = 4
+		out.Concurrency = DefaultConcurrency
 	}
 	if out.MaxBufferedRecords == 0 {
-		out.MaxBufferedRecords = 500
+		out.MaxBufferedRecords = DefaultMaxBufferedRecords
 	}
 	if out.ProcessTimeout == 0 {
-		out.ProcessTimeout = 30 * time.Second
+		out.ProcessTimeout = DefaultProcessTimeout
 	}
 	if out.MaxAttempts == 0 {
-		out.MaxAttempts = -1
+		out.MaxAttempts = DefaultMaxAttempts
 	}
 	if out.CommitInterval == 0 {
-		out.CommitInterval = time.Second
+		out.CommitInterval = DefaultCommitInterval
 	}
 	if out.CommitTimeout == 0 {
-		out.CommitTimeout = 10 * time.Second
+		out.CommitTimeout = DefaultCommitTimeout
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()

@@ -385,7 +385,7 @@ func TestHelperProcess(t *testing.T) {
 	if os.Getenv(helperEnv) != "crash-after-commit" {
 		return
 	}
-	e := &env{schema: os.Getenv("HELPER_SCHEMA"), addrs: strings.Split(os.Getenv("HELPER_BROKERS"), ",")}
+	e := &env{schema: os.Getenv("HELPER_SCHEMA"), kcluster: &kcluster{addrs: strings.Split(os.Getenv("HELPER_BROKERS"), ",")}}
 	e.pool = pgtest.Pool(t, pgtest.URL(), 2)
 	e.Effects = &inboxtest.Effects{Pool: e.pool, Schema: e.schema} // the parent test created the table
 	c := e.Consumer(t, inbox.Config{}, nil)
