@@ -36,6 +36,12 @@
 //	ProducerHeaders        the handler sees the producer's headers, not the broker's
 //	BrokerRestart          the connection closed by the server: the subscriber
 //	                       reconnects and keeps applying
+//	StopFinishesInFlight   a graceful Stop lets the delivery in progress commit,
+//	                       and hands back the rest: the next subscriber gets them
+//	                       within ReleasedWithin
+//	StopDeadlineAbandonsInFlight
+//	                       Stop's deadline passed: the delivery in progress rolls
+//	                       back, and the next subscriber applies it
 //	Lifecycle              the lifecycle table, StopDeadline included
 package inboxtest
 
@@ -61,6 +67,12 @@ import (
 
 // Settle bounds how long the suite waits for messages to be applied.
 const Settle = time.Minute
+
+// ReleasedWithin bounds how long messages handed back at a graceful Stop take to
+// reach the next subscriber: well below a broker's redelivery timeout
+// (JetStream's AckWait defaults to 30s), so that a message abandoned instead of
+// handed back shows.
+const ReleasedWithin = 20 * time.Second
 
 // Subscriber is a subscriber as the suite drives it.
 type Subscriber = lifecycletest.Service
@@ -115,6 +127,8 @@ func Run(t *testing.T, h Harness) {
 		{"PoisonHandling", poison},
 		{"ProducerHeaders", producerHeaders},
 		{"BrokerRestart", brokerRestart},
+		{"StopFinishesInFlight", stopFinishesInFlight},
+		{"StopDeadlineAbandonsInFlight", stopDeadlineAbandons},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -429,4 +443,79 @@ func lifecycle(t *testing.T, h Harness) {
 			return func() { b.once.Do(func() { close(b.release) }) }
 		},
 	})
+}
+
+// blocking returns a consumer whose handler signals entered and waits for
+// release (or for its transaction to be abandoned) before recording the effect.
+func (e *env) blocking(t *testing.T) (c *inbox.Consumer[pgx.Tx], entered chan struct{}, release func()) {
+	entered = make(chan struct{}, 16)
+	ch := make(chan struct{})
+	var once sync.Once
+	c = e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+		entered <- struct{}{}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return e.Record(ctx, tx, ev)
+	})
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	return c, entered, release
+}
+
+// stopFinishesInFlight: five aggregates, one subscriber processing one at a
+// time; Stop while the first is in its handler waits for it, starts no other,
+// and the next subscriber applies the four others promptly.
+func stopFinishesInFlight(t *testing.T, e *env) {
+	e.setUp(t)
+	for a := range 5 {
+		e.target.Publish(t, fixtures.Event(fmt.Sprint(a), 1))
+	}
+	c, entered, release := e.blocking(t)
+	s := e.target.NewSubscriber(t, c, Knobs{Concurrency: 1})
+	pgtest.Must(t, s.Start(context.Background()), "Start")
+	<-entered
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.Stop(context.Background()) }()
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned (%v) while a delivery was in progress", err)
+	default:
+	}
+	release()
+	pgtest.Must(t, <-stopped, "Stop")
+	select {
+	case <-entered:
+		t.Fatal("a second delivery started after Stop")
+	default:
+	}
+	if n := e.Count(t, "effects", "true"); n != 1 {
+		t.Fatalf("%d effects after Stop, want the one in flight", n)
+	}
+	e.start(t, e.Consumer(t, inbox.Config{}, nil), Knobs{})
+	wait.For(t, ReleasedWithin, "the handed-back messages to be applied", func() bool { return e.Count(t, "effects", "true") == 5 })
+}
+
+// stopDeadlineAbandons: Stop's deadline passes with a delivery in its handler:
+// the stop turns hard, the transaction rolls back, and the next subscriber
+// applies the event.
+func stopDeadlineAbandons(t *testing.T, e *env) {
+	e.setUp(t)
+	e.target.Publish(t, fixtures.Event("1", 1))
+	c, entered, _ := e.blocking(t)
+	s := e.target.NewSubscriber(t, c, Knobs{Concurrency: 1})
+	pgtest.Must(t, s.Start(context.Background()), "Start")
+	<-entered
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := s.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop = %v, want the deadline", err)
+	}
+	if n := e.Count(t, "effects", "true") + e.Count(t, "processed_events", "true"); n != 0 {
+		t.Fatalf("%d rows left by an abandoned delivery", n)
+	}
+	e.start(t, e.Consumer(t, inbox.Config{}, nil), Knobs{})
+	wait.For(t, ReleasedWithin, "the abandoned event to be applied", func() bool { return e.Count(t, "effects", "true") == 1 })
 }

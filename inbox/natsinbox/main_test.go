@@ -148,17 +148,6 @@ func (e *env) settled(t testing.TB, durable string) bool {
 	return info.NumPending == 0 && info.NumAckPending == 0
 }
 
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
-	}
-}
-
 // processorFunc is a Processor made of a function, to wrap a consumer.
 type processorFunc struct {
 	name string

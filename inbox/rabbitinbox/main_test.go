@@ -231,25 +231,6 @@ func (e *target) publish(t testing.TB, msgs ...broker.Message) {
 	}
 }
 
-// poll checks cond until it holds (true) or within has passed (false).
-func poll(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
-	}
-	return true
-}
-
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	if !poll(within, cond) {
-		t.Fatalf("timed out after %s waiting for %s", within, what)
-	}
-}
-
 // processorFunc is a Processor made of a function, to wrap a consumer.
 type processorFunc struct {
 	name string
