@@ -109,6 +109,9 @@ type Restarter interface {
 type Harness struct {
 	// New returns a fresh destination; it is called once per case.
 	New func(t *testing.T) Target
+	// NewRestartable, if set, returns the fresh destination of BrokerRestart,
+	// when only some (a broker of the test's own) can restart; nil means New.
+	NewRestartable func(t *testing.T) Target
 	// Skip names cases the broker cannot do ("BrokerRestart",
 	// "GapPolicies/Reject"), with the reason.
 	Skip map[string]string
@@ -373,6 +376,9 @@ func producerHeaders(t *testing.T, e *env) {
 // batches; the subscriber reconnects and applies the second.
 func brokerRestart(t *testing.T, e *env) {
 	e.setUp(t)
+	if e.h.NewRestartable != nil {
+		e.target = e.h.NewRestartable(t)
+	}
 	r, ok := e.target.(Restarter)
 	if !ok {
 		t.Skip("the target cannot close connections from the server")
