@@ -34,6 +34,17 @@ const (
 	GapAccept GapPolicy = "accept"
 )
 
+// The defaults of Config's fields.
+const (
+	DefaultSchema           = migrate.DefaultSchema
+	DefaultGapPolicy        = GapReject
+	DefaultRetryDelay       = time.Second
+	DefaultMaxRetryDelay    = time.Minute
+	DefaultGapRetryDelay    = 100 * time.Millisecond
+	DefaultMaxGapRetryDelay = 5 * time.Second
+	DefaultTxRetries        = 3
+)
+
 // Config configures a Consumer. Name is required; every other field documents its
 // default.
 type Config struct {
@@ -45,11 +56,11 @@ type Config struct {
 	Name string
 
 	// Schema is the PostgreSQL schema holding the inbox tables (package migrate,
-	// line "inbox"). Defaults to "public".
+	// line "inbox"). Zero means DefaultSchema ("public").
 	Schema string
 
 	// GapPolicy is what to do when an earlier event of the aggregate is missing.
-	// Defaults to GapReject.
+	// Zero means DefaultGapPolicy (GapReject).
 	GapPolicy GapPolicy
 
 	// Upcaster brings payloads of older schema versions to the shape the handler
@@ -59,26 +70,30 @@ type Config struct {
 
 	// RetryDelay is the broker's redelivery delay after a failed delivery (handler,
 	// upcaster or database error), doubled with each delivery attempt up to
-	// MaxRetryDelay, with jitter between half and all of it. Defaults to 1s.
+	// MaxRetryDelay, with jitter between half and all of it (retry.Exponential). Zero means
+	// DefaultRetryDelay (1s).
 	RetryDelay time.Duration
 
-	// MaxRetryDelay caps RetryDelay's doubling. Defaults to 1m.
+	// MaxRetryDelay caps RetryDelay's doubling. Zero means DefaultMaxRetryDelay
+	// (1m).
 	MaxRetryDelay time.Duration
 
 	// GapRetryDelay is the redelivery delay of an event rejected for a gap, per
 	// missing sequence: an event 3 past the next expected one comes back after
 	// 3 × GapRetryDelay, so the events waiting behind a missing one return in
 	// sequence order. The missing event is usually in flight at another instance,
-	// so the delay is short. Defaults to 100ms.
+	// so the delay is short. Zero means DefaultGapRetryDelay (100ms).
 	GapRetryDelay time.Duration
 
 	// MaxGapRetryDelay caps the gap delay: how often, at least, an event waiting
-	// behind an event that never comes is retried. Defaults to 5s.
+	// behind an event that never comes is retried. Zero means
+	// DefaultMaxGapRetryDelay (5s).
 	MaxGapRetryDelay time.Duration
 
 	// TxRetries is how many times a transaction that PostgreSQL aborted for a
 	// serialization failure or a deadlock is run again at once (handler included)
-	// before the delivery counts as failed. Defaults to 3; negative disables it.
+	// before the delivery counts as failed. Zero means DefaultTxRetries (3);
+	// negative disables it.
 	TxRetries int
 
 	// Observer is told the outcome of every delivery, for metrics (package
@@ -94,7 +109,9 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Validate reports what New would reject in c, with its defaults applied.
+// Validate reports what New would reject in c: the config as given, its zero
+// fields meaning their defaults. It is safe on a nil receiver (all defaults,
+// which lack the required Name). Several problems are joined with errors.Join.
 func (c *Config) Validate() error {
 	_, err := c.withDefaults()
 	return err
@@ -106,18 +123,18 @@ func (c *Config) withDefaults() (Config, error) {
 		out = *c
 	}
 	if out.Schema == "" {
-		out.Schema = migrate.DefaultSchema
+		out.Schema = DefaultSchema
 	}
 	if out.GapPolicy == "" {
-		out.GapPolicy = GapReject
+		out.GapPolicy = DefaultGapPolicy
 	}
-	setDefault(&out.RetryDelay, time.Second)
-	setDefault(&out.MaxRetryDelay, time.Minute)
-	setDefault(&out.GapRetryDelay, 100*time.Millisecond)
-	setDefault(&out.MaxGapRetryDelay, 5*time.Second)
+	setDefault(&out.RetryDelay, DefaultRetryDelay)
+	setDefault(&out.MaxRetryDelay, DefaultMaxRetryDelay)
+	setDefault(&out.GapRetryDelay, DefaultGapRetryDelay)
+	setDefault(&out.MaxGapRetryDelay, DefaultMaxGapRetryDelay)
 	switch {
 	case out.TxRetries == 0:
-		out.TxRetries = 3
+		out.TxRetries = DefaultTxRetries
 	case out.TxRetries < 0:
 		out.TxRetries = 0
 	}

@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // Handler applies one event's business effect through tx, the consumer transaction
@@ -265,7 +266,7 @@ func (c *Consumer[TX]) Process(ctx context.Context, d Delivery) Outcome {
 	case StatusGapRejected:
 		o.RetryAfter = gapDelay(c.cfg.GapRetryDelay, c.cfg.MaxGapRetryDelay, o.Gap)
 	case StatusFailed:
-		o.RetryAfter = backoff(c.cfg.RetryDelay, c.cfg.MaxRetryDelay, d.Attempt)
+		o.RetryAfter = retry.Exponential{Base: c.cfg.RetryDelay, Max: c.cfg.MaxRetryDelay}.Delay(d.Attempt)
 	}
 	c.record(&o)
 	if span != nil {
@@ -433,21 +434,6 @@ func (c *Consumer[TX]) record(o *Outcome) {
 		s.undecodable.Add(1)
 		c.log.Warn("delivery is not an outbox event", slog.Any("error", o.Err))
 	}
-}
-
-// backoff returns base × 2^(attempt-1), capped at max, with jitter between half and
-// all of it.
-func backoff(base, max time.Duration, attempt int) time.Duration {
-	d := max
-	if attempt < 1 {
-		attempt = 1
-	}
-	if attempt <= 31 {
-		if b := base << (attempt - 1); b > 0 && b < max {
-			d = b
-		}
-	}
-	return d/2 + rand.N(d/2+1)
 }
 
 // gapDelay is the redelivery delay of an event rejected for a gap of the given size:

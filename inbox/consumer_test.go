@@ -17,6 +17,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // Acceptance: every message delivered three times changes the business table once.
@@ -218,7 +219,7 @@ func testRace[TX any](t *testing.T, f *fixture, db inbox.Driver[TX], exec func(c
 		wg.Go(func() { oa = a.Process(context.Background(), inbox.DeliveryOf(m)) })
 		<-entered
 		wg.Go(func() { ob = b.Process(context.Background(), inbox.DeliveryOf(m)) })
-		waitFor(t, 10*time.Second, "the second transaction to wait for the first's lock", func() bool {
+		wait.For(t, 10*time.Second, "the second transaction to wait for the first's lock", func() bool {
 			var n int
 			err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 				WHERE wait_event_type = 'Lock' AND position($1 IN query) > 0`, f.schema).Scan(&n)

@@ -82,4 +82,14 @@
 // are re-read after a crash; each costs one short transaction that finds a
 // duplicate. Stop and revocations commit everything finished, so a graceful
 // restart re-reads nothing.
+//
+// # Shared parts
+//
+// The Subscriber starts and stops as every pgoutbox service does
+// (internal/lifecycle) and passes the subscriber conformance suite
+// (inbox/inboxtest). It does not use the per-message core of natsinbox and
+// rabbitinbox (inbox/internal/subscriber): Kafka settles by offset, not message
+// by message, so there is no ack, nak or release per record; order is per
+// partition, not per aggregate lane; a gap-rejected or failed record is retried
+// in place, holding its partition, instead of being handed back for redelivery.
 package kafkainbox

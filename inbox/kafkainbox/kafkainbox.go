@@ -16,15 +16,31 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
-// Config configures a Subscriber. The zero value is usable; each field documents
-// its default.
+// pollRetry is the backoff between polls that keep failing (a topic that does not
+// exist, an authorization error): 100ms doubling to 5s.
+var pollRetry = retry.Exponential{Base: 100 * time.Millisecond, Max: 5 * time.Second}
+
+// The defaults of Config's fields.
+const (
+	DefaultConcurrency        = 4
+	DefaultMaxBufferedRecords = 500
+	DefaultProcessTimeout     = 30 * time.Second
+	DefaultMaxAttempts        = -1 // unlimited
+	DefaultCommitInterval     = time.Second
+	DefaultCommitTimeout      = 10 * time.Second
+)
+
+// Config configures a Subscriber. A nil *Config means all defaults; each field
+// names its default.
 type Config struct {
 	// Concurrency is how many records this Subscriber processes at once, each in
 	// its own transaction (size the database pool for it), across its
 	// partitions; the records of one partition are always processed one at a
-	// time. Defaults to 4.
+	// time. Zero means DefaultConcurrency (4).
 	Concurrency int
 
 	// MaxBufferedRecords is how many fetched records one partition may hold
@@ -34,37 +50,46 @@ type Config struct {
 	// flight to its broker returns, after up to kgo.FetchMaxWait when the other
 	// partitions have nothing new: keep it well above what a partition
 	// processes in that time. It also bounds the records taken from the client
-	// in one poll. Defaults to 500.
+	// in one poll. Zero means DefaultMaxBufferedRecords (500).
 	MaxBufferedRecords int
 
 	// ProcessTimeout bounds one Process call (the consumer transaction with its
 	// handler). A revocation waits for the record in progress, so it must stay
 	// below the group's rebalance timeout (kgo.RebalanceTimeout, 60s by
-	// default); Start checks. Defaults to 30s.
+	// default); Start checks. Zero means DefaultProcessTimeout (30s).
 	ProcessTimeout time.Duration
 
 	// MaxAttempts is how many times a record is processed at most before it is
 	// skipped: logged as an error and its offset committed, as if it were done.
 	// -1 is unlimited: a record that is never done stops its partition. Under
 	// inbox.GapReject a skipped event makes its aggregate wait for a
-	// reconciliation (inbox.Consumer.SetPosition). Defaults to -1.
+	// reconciliation (inbox.Consumer.SetPosition). Zero means DefaultMaxAttempts
+	// (-1).
 	MaxAttempts int
 
 	// CommitInterval is how often finished offsets are committed to Kafka. It
 	// bounds what a crash makes the next owner re-read (each re-read record is a
-	// duplicate for the inbox). Revocations and Stop always commit. Defaults to
-	// 1s.
+	// duplicate for the inbox). Revocations and Stop always commit. Zero means
+	// DefaultCommitInterval (1s).
 	CommitInterval time.Duration
 
 	// CommitTimeout bounds one offset commit, including the final one of a
-	// revocation or of Stop. Defaults to 10s.
+	// revocation or of Stop. Zero means DefaultCommitTimeout (10s).
 	CommitTimeout time.Duration
 
 	// Logger receives skipped records, rebalances, commit errors and, for the
 	// client New builds, the client's warnings and errors (its informational
-	// lines too when the handler is enabled for debug). Defaults to
+	// lines too when the handler is enabled for debug). Nil means
 	// slog.Default().
 	Logger *slog.Logger
+}
+
+// Validate reports what New would reject in c: the config as given, its zero
+// fields meaning their defaults. It is safe on a nil receiver (all defaults are
+// valid). Several problems are joined with errors.Join.
+func (c *Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -73,22 +98,22 @@ func (c *Config) withDefaults() (Config, error) {
 		out = *c
 	}
 	if out.Concurrency == 0 {
-		out.Concurrency = 4
+		out.Concurrency = DefaultConcurrency
 	}
 	if out.MaxBufferedRecords == 0 {
-		out.MaxBufferedRecords = 500
+		out.MaxBufferedRecords = DefaultMaxBufferedRecords
 	}
 	if out.ProcessTimeout == 0 {
-		out.ProcessTimeout = 30 * time.Second
+		out.ProcessTimeout = DefaultProcessTimeout
 	}
 	if out.MaxAttempts == 0 {
-		out.MaxAttempts = -1
+		out.MaxAttempts = DefaultMaxAttempts
 	}
 	if out.CommitInterval == 0 {
-		out.CommitInterval = time.Second
+		out.CommitInterval = DefaultCommitInterval
 	}
 	if out.CommitTimeout == 0 {
-		out.CommitTimeout = 10 * time.Second
+		out.CommitTimeout = DefaultCommitTimeout
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -129,19 +154,16 @@ type Subscriber struct {
 	log  *slog.Logger
 	sem  chan struct{} // one token per record inside Process
 
+	// lc runs the poll and commit loops and the shutdown; its Hard ends Process
+	// calls (Stop's deadline passed, or Start's ctx ended).
+	lc         lifecycle.Lifecycle
 	cl         *kgo.Client
-	hardCtx    context.Context // ends Process calls: Stop's deadline passed, or Start's ctx ended
-	hardCancel context.CancelFunc
 	pollCtx    context.Context // ends the poll and commit loops
 	pollCancel context.CancelFunc
 	loops      sync.WaitGroup // poll and commit loops
-	helpers    sync.WaitGroup // the watcher of Start's ctx
 	workers    sync.WaitGroup // partition goroutines
-	stopped    chan struct{}  // closed when shutdown is complete
 	ready      chan struct{}  // closed once start has set the fields above; callbacks wait for it
-
-	startOnce, stopOnce sync.Once
-	started             atomic.Bool
+	readyOnce  sync.Once
 
 	mu       sync.Mutex
 	parts    map[topicPartition]*partition // assigned partitions
@@ -184,14 +206,15 @@ func New(opts []kgo.Opt, proc inbox.Processor, cfg *Config) (*Subscriber, error)
 		return nil, err
 	}
 	s := &Subscriber{
-		cfg:     c,
-		proc:    proc,
-		log:     c.Logger.With(slog.String("consumer", proc.Name())),
-		sem:     make(chan struct{}, c.Concurrency),
-		stopped: make(chan struct{}),
-		ready:   make(chan struct{}),
-		parts:   map[topicPartition]*partition{},
+		cfg:   c,
+		proc:  proc,
+		log:   c.Logger.With(slog.String("consumer", proc.Name())),
+		sem:   make(chan struct{}, c.Concurrency),
+		ready: make(chan struct{}),
+		parts: map[topicPartition]*partition{},
 	}
+	s.lc.Name = "kafkainbox"
+	s.lc.Stopped = s.stopped
 	s.opts = append(s.opts,
 		kgo.ConsumerGroup(proc.Name()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -241,19 +264,22 @@ func (s *Subscriber) Stats() Stats {
 
 // Start builds the client, which joins the group, checks that a broker answers,
 // and starts consuming; it returns once that is under way. ctx bounds the check,
-// and its end later stops the Subscriber abruptly (in-flight transactions are
+// and its end later stops the Subscriber hard (in-flight transactions are
 // abandoned and rolled back, finished offsets still committed); prefer Stop.
-// Start may be called once.
+//
+// Start follows the one rule of pgoutbox's services: a second Start returns an
+// error matching lifecycle.ErrAlreadyStarted, a Start after Stop (or after a
+// failed Start) one matching lifecycle.ErrStopped; a Subscriber is not
+// restartable.
 func (s *Subscriber) Start(ctx context.Context) error {
-	err := errors.New("kafkainbox: already started")
-	s.startOnce.Do(func() { err = s.start(ctx) })
+	err := s.lc.Start(ctx, s.start)
+	s.setReady() // without a client too: callbacks never come then
 	return err
 }
 
 func (s *Subscriber) start(ctx context.Context) error {
 	cl, err := kgo.NewClient(s.opts...)
 	if err != nil {
-		close(s.ready)
 		return fmt.Errorf("kafkainbox: client: %w", err)
 	}
 	// The client joins the group on its own from here on, and may call back at
@@ -261,45 +287,27 @@ func (s *Subscriber) start(ctx context.Context) error {
 	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
 	s.cl = cl
 	s.log = s.log.With(slog.String("group", group))
-	s.hardCtx, s.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
 	s.pollCtx, s.pollCancel = context.WithCancel(context.Background())
-	close(s.ready)
-	fail := func(err error) error {
-		s.hardCancel()
-		s.pollCancel()
-		cl.Close()
-		s.workers.Wait()
+	s.setReady()
+	// From here on, stopping (or a failed Start) shuts the client down.
+	s.lc.Go(s.shutdown)
+	if err := s.checkClient(cl); err != nil {
 		return err
 	}
-	if err := s.checkClient(cl); err != nil {
-		return fail(err)
-	}
 	if err := cl.Ping(ctx); err != nil {
-		return fail(fmt.Errorf("kafkainbox: group %s: no broker answered: %w", group, err))
+		return fmt.Errorf("kafkainbox: group %s: no broker answered: %w", group, err)
 	}
-	s.started.Store(true)
 	topics, _ := cl.OptValue(kgo.ConsumeTopics).([]string)
 	s.log.Info("subscriber starting", slog.Any("topics", topics), slog.Int("concurrency", s.cfg.Concurrency))
 
 	s.loops.Add(2)
-	go s.poll()
-	go s.commitLoop()
-	// Start's ctx ending is a hard stop.
-	s.helpers.Add(1)
-	go func() {
-		defer s.helpers.Done()
-		select {
-		case <-ctx.Done():
-			s.hardCancel()
-			s.stopOnce.Do(func() {
-				s.signalStop()
-				go s.shutdown()
-			})
-		case <-s.hardCtx.Done():
-		}
-	}()
+	s.lc.Go(s.poll)
+	s.lc.Go(s.commitLoop)
 	return nil
 }
+
+// setReady lets the client's callbacks run.
+func (s *Subscriber) setReady() { s.readyOnce.Do(func() { close(s.ready) }) }
 
 // checkClient refuses client options the Subscriber cannot work with.
 func (s *Subscriber) checkClient(cl *kgo.Client) error {
@@ -328,7 +336,7 @@ func (s *Subscriber) checkClient(cl *kgo.Client) error {
 // never held up.
 func (s *Subscriber) poll() {
 	defer s.loops.Done()
-	var pause time.Duration
+	backoff := retry.Backoff{Schedule: pollRetry}
 	for {
 		fetches := s.cl.PollRecords(s.pollCtx, s.cfg.MaxBufferedRecords)
 		if fetches.IsClientClosed() || s.pollCtx.Err() != nil {
@@ -347,19 +355,13 @@ func (s *Subscriber) poll() {
 		})
 		s.cl.AllowRebalance()
 		if failed == nil || fetches.NumRecords() > 0 {
-			pause = 0
+			backoff.Reset()
 			continue
 		}
 		// franz-go retries what can be retried itself; what it reports keeps
 		// coming (a topic that does not exist, an authorization error): do
 		// not spin on it.
-		pause = min(max(2*pause, 100*time.Millisecond), 5*time.Second)
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-		case <-s.pollCtx.Done():
-			t.Stop()
-		}
+		retry.Sleep(s.pollCtx, backoff.Next())
 	}
 }
 
@@ -477,7 +479,7 @@ func (s *Subscriber) commitLoop() {
 			s.mu.Lock()
 			parts := slices.Collect(maps.Values(s.parts))
 			s.mu.Unlock()
-			ctx, cancel := context.WithTimeout(s.hardCtx, s.cfg.CommitTimeout)
+			ctx, cancel := context.WithTimeout(s.lc.Hard(), s.cfg.CommitTimeout)
 			s.commit(ctx, s.cl, parts)
 			cancel()
 		}
@@ -549,10 +551,13 @@ func (s *Subscriber) signalStop() {
 	s.log.Info("subscriber stopping")
 }
 
-// shutdown waits for the loops, lets the client leave the group — revoked then
-// waits for every partition goroutine and commits — and closes it.
+// shutdown, once the Subscriber begins to stop, stops the loops and waits for
+// them, lets the client leave the group — revoked then waits for every partition
+// goroutine and commits — and closes it. It runs under the lifecycle, so that
+// Hard ends only at a hard stop while it waits.
 func (s *Subscriber) shutdown() {
-	defer close(s.stopped)
+	<-s.lc.Stopping()
+	s.signalStop()
 	s.loops.Wait()
 	// Leaving the group revokes every partition (s.revoked), unless they were
 	// lost; polls have stopped, so the client may rebalance at once.
@@ -562,39 +567,27 @@ func (s *Subscriber) shutdown() {
 	s.workers.Wait()
 }
 
-// Stop shuts the Subscriber down gracefully: it stops fetching, lets the records
-// being processed finish (commit, or roll back), abandons retries, commits the
-// offsets of every finished record, and leaves the group so that its partitions
-// go to other members at once. If ctx ends first, in-flight transactions are
-// abandoned (rolled back; their records are re-read by the next owner), finished
-// offsets are still committed (within Config.CommitTimeout), and ctx's error is
-// returned once the client has left the group. Stop is safe to call more than
-// once, and before Start.
-func (s *Subscriber) Stop(ctx context.Context) error {
-	if !s.started.Load() {
-		s.startOnce.Do(func() {}) // a later Start fails; a Start under way finishes first
-		if !s.started.Load() {
-			return nil
-		}
-	}
-	s.stopOnce.Do(func() {
-		s.signalStop()
-		go s.shutdown()
-	})
-	var err error
-	select {
-	case <-s.stopped:
-	case <-ctx.Done():
-		err = fmt.Errorf("kafkainbox: stop: %w", ctx.Err())
-		s.hardCancel()
-		<-s.stopped
-	}
-	s.hardCancel()
-	s.helpers.Wait()
+// stopped is the lifecycle's Stopped hook: the client has left the group.
+func (s *Subscriber) stopped(bool) {
 	st := s.Stats()
 	s.log.Info("subscriber stopped", slog.Int64("acked", st.Acked), slog.Int64("retried", st.Retried),
 		slog.Int64("terminated", st.Terminated), slog.Int64("skipped", st.Skipped), slog.Int64("commit_errors", st.CommitErrors))
-	return err
+}
+
+// Stop shuts the Subscriber down gracefully: it stops fetching, lets the records
+// being processed finish (commit, or roll back), abandons retries, commits the
+// offsets of every finished record, and leaves the group so that its partitions
+// go to other members at once. If ctx ends first, the stop turns hard: in-flight
+// transactions are abandoned (rolled back; their records are re-read by the next
+// owner), finished offsets are still committed (within Config.CommitTimeout),
+// and ctx's error is returned once the client has left the group.
+//
+// Stop follows the one rule of pgoutbox's services (package internal/lifecycle):
+// it may be called any number of times, from any goroutine, each call waiting
+// for the same shutdown; before Start it returns nil and the Subscriber can no
+// longer start.
+func (s *Subscriber) Stop(ctx context.Context) error {
+	return s.lc.Stop(ctx)
 }
 
 // kgoLogger hands the client's log lines to slog. franz-go logs at info what is

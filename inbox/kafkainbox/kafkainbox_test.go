@@ -26,6 +26,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox/kafkainbox"
 	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // Acceptance: two instances in one group consume 2,000 events over 40 aggregates
@@ -81,7 +82,7 @@ func TestTwoInstancesApplyEveryEventOnceInOrder(t *testing.T) {
 	publishFrom(0, len(batches)/2)
 	subs = append(subs, e.subscribe(t, consumers[1], kafkainbox.Config{Concurrency: 4}))
 	publishFrom(len(batches)/2, len(batches))
-	waitFor(t, 3*time.Minute, "every event to be applied and every offset committed", func() bool {
+	wait.For(t, 3*time.Minute, "every event to be applied and every offset committed", func() bool {
 		return e.Count(t, "effects", "true") == aggregates*perAggregate && e.lag(t, "billing") == 0
 	})
 	elapsed := time.Since(start)
@@ -189,7 +190,7 @@ func TestHandlerErrorRetriesInPlace(t *testing.T) {
 			return nil
 		})
 	s := e.subscribe(t, c, kafkainbox.Config{Concurrency: 4})
-	waitFor(t, time.Minute, "every event to be applied and committed", func() bool {
+	wait.For(t, time.Minute, "every event to be applied and committed", func() bool {
 		return e.Count(t, "effects", "true") == len(msgs) && e.lag(t, "billing") == 0
 	})
 
@@ -250,7 +251,7 @@ func TestRestartResumesFromCommittedOffsets(t *testing.T) {
 	first := e.Consumer(t, inbox.Config{}, nil)
 	s := e.newSubscriber(t, first, cfg)
 	pgtest.Must(t, s.Start(context.Background()), "Start")
-	waitFor(t, 30*time.Second, "a third of the events to be applied", func() bool {
+	wait.For(t, 30*time.Second, "a third of the events to be applied", func() bool {
 		return e.Count(t, "effects", "true") >= len(msgs)/3
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -272,7 +273,7 @@ func TestRestartResumesFromCommittedOffsets(t *testing.T) {
 	second := e.Consumer(t, inbox.Config{}, nil)
 	cfg.CommitInterval = 0 // the default
 	e.subscribe(t, second, cfg)
-	waitFor(t, time.Minute, "the rest to be applied and committed", func() bool {
+	wait.For(t, time.Minute, "the rest to be applied and committed", func() bool {
 		return e.Count(t, "effects", "true") == len(msgs) && e.lag(t, "billing") == 0
 	})
 	if st := second.Stats(); st.Duplicates != 0 || st.Applied != int64(len(msgs))-done {
@@ -313,7 +314,7 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 	}}
 	s := e.newSubscriber(t, wrapper, kafkainbox.Config{CommitInterval: time.Hour})
 	pgtest.Must(t, s.Start(context.Background()), "Start")
-	waitFor(t, 30*time.Second, "every event to be applied", func() bool {
+	wait.For(t, 30*time.Second, "every event to be applied", func() bool {
 		return e.Count(t, "effects", "true") == len(msgs) && returned.Load() == int32(len(msgs))
 	})
 	refuse := e.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Err: kerr.GroupAuthorizationFailed, Count: -1})
@@ -330,7 +331,7 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 
 	again := e.Consumer(t, inbox.Config{}, nil)
 	e.subscribe(t, again, kafkainbox.Config{})
-	waitFor(t, 30*time.Second, "the records to be read again and committed", func() bool { return e.lag(t, "billing") == 0 })
+	wait.For(t, 30*time.Second, "the records to be read again and committed", func() bool { return e.lag(t, "billing") == 0 })
 	if n := e.Count(t, "effects", "true"); n != len(msgs) {
 		t.Fatalf("%d effects, want %d", n, len(msgs))
 	}
@@ -367,7 +368,7 @@ func TestCrashKillsProcessAfterCommit(t *testing.T) {
 
 	c := e.Consumer(t, inbox.Config{}, nil)
 	e.subscribe(t, c, kafkainbox.Config{})
-	waitFor(t, 30*time.Second, "the records to be processed and committed", func() bool { return e.lag(t, "billing") == 0 })
+	wait.For(t, 30*time.Second, "the records to be processed and committed", func() bool { return e.lag(t, "billing") == 0 })
 	if got := e.Sequences(t, "1"); !slices.Equal(got, []int64{1, 2, 3}) {
 		t.Fatalf("applied %v, want [1 2 3]", got)
 	}
@@ -385,7 +386,7 @@ func TestHelperProcess(t *testing.T) {
 	if os.Getenv(helperEnv) != "crash-after-commit" {
 		return
 	}
-	e := &env{schema: os.Getenv("HELPER_SCHEMA"), addrs: strings.Split(os.Getenv("HELPER_BROKERS"), ",")}
+	e := &env{schema: os.Getenv("HELPER_SCHEMA"), kcluster: &kcluster{addrs: strings.Split(os.Getenv("HELPER_BROKERS"), ",")}}
 	e.pool = pgtest.Pool(t, pgtest.URL(), 2)
 	e.Effects = &inboxtest.Effects{Pool: e.pool, Schema: e.schema} // the parent test created the table
 	c := e.Consumer(t, inbox.Config{}, nil)
@@ -404,24 +405,6 @@ func TestHelperProcess(t *testing.T) {
 	pgtest.Must(t, s.Start(context.Background()), "Start")
 	<-time.After(60 * time.Second) // a timeout: the crash comes first
 	t.Fatal("helper: no record within 60s")
-}
-
-// A record that is not an outbox event is skipped (logged) and committed past;
-// the event behind it in its partition is applied.
-func TestUndecodableRecordIsSkipped(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 4, 2)
-	e.produceRaw(t, "1", `{"no":"headers"}`)
-	e.publish(t, []broker.Message{inboxtest.Event("1", 1)}) // same key: same partition, behind it
-	c := e.Consumer(t, inbox.Config{}, nil)
-	s := e.subscribe(t, c, kafkainbox.Config{})
-	waitFor(t, 30*time.Second, "both records to be committed", func() bool { return e.lag(t, "billing") == 0 })
-	if st := s.Stats(); st.Terminated != 1 || st.Acked != 1 || st.Retried != 0 {
-		t.Fatalf("subscriber stats %+v", st)
-	}
-	if st := c.Stats(); st.Undecodable != 1 || st.Applied != 1 {
-		t.Fatalf("inbox stats %+v", st)
-	}
 }
 
 // When a partition moves to another member, the member giving it up commits the
@@ -450,7 +433,7 @@ func TestRevocationCommitsFinishedRecordsOnly(t *testing.T) {
 			return e.Record(ctx, tx, ev)
 		})
 	a := e.subscribe(t, first, kafkainbox.Config{CommitInterval: time.Hour})
-	waitFor(t, 30*time.Second, "both partitions to retry their second record", func() bool {
+	wait.For(t, 30*time.Second, "both partitions to retry their second record", func() bool {
 		return e.Count(t, "effects", "true") == 2 && failures[0].Load() > 0 && failures[1].Load() > 0
 	})
 	if lag := e.lag(t, "billing"); lag != 4 {
@@ -461,7 +444,7 @@ func TestRevocationCommitsFinishedRecordsOnly(t *testing.T) {
 	b := e.subscribe(t, second, kafkainbox.Config{})
 	// The consumer counts an outcome after its transaction commits: wait for the
 	// count too, not only for the effect row.
-	waitFor(t, 30*time.Second, "one partition to move and its retried record to be applied by the new owner", func() bool {
+	wait.For(t, 30*time.Second, "one partition to move and its retried record to be applied by the new owner", func() bool {
 		return a.Stats().Partitions == 1 && b.Stats().Partitions == 1 && e.Count(t, "effects", "true") == 3 &&
 			second.Stats().Applied >= 1
 	})
@@ -469,137 +452,17 @@ func TestRevocationCommitsFinishedRecordsOnly(t *testing.T) {
 		t.Fatalf("new owner %+v: want the retried record applied and the finished one not read again", st)
 	}
 	failing.Store(false)
-	waitFor(t, 30*time.Second, "the other partition's record to be applied", func() bool {
+	wait.For(t, 30*time.Second, "the other partition's record to be applied", func() bool {
 		return e.Count(t, "effects", "true") == 4
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pgtest.Must(t, a.Stop(ctx), "Stop") // the first member commits on leaving
-	waitFor(t, 30*time.Second, "every offset to be committed", func() bool { return e.lag(t, "billing") == 0 })
+	wait.For(t, 30*time.Second, "every offset to be committed", func() bool { return e.lag(t, "billing") == 0 })
 	for _, id := range ids {
 		if got := e.Sequences(t, id); !slices.Equal(got, []int64{1, 2}) {
 			t.Fatalf("aggregate %s applied %v", id, got)
 		}
-	}
-}
-
-// Graceful Stop lets the record in progress commit, commits its offset, and starts
-// no other record; the next subscriber resumes behind it.
-func TestStopFinishesInFlight(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 4, 1)
-	e.publish(t, inboxtest.Lane("1", 3))
-	entered := make(chan struct{}, 3)
-	release := make(chan struct{})
-	blocking := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		entered <- struct{}{}
-		<-release
-		return e.Record(ctx, tx, ev)
-	})
-	stopping := make(chan struct{})
-	logger := slog.New(onMessage{"subscriber stopping", func() { close(stopping) }})
-	s := e.newSubscriber(t, blocking, kafkainbox.Config{CommitInterval: time.Hour, Logger: logger})
-	pgtest.Must(t, s.Start(context.Background()), "Start")
-	<-entered
-
-	stopped := make(chan error, 1)
-	go func() { stopped <- s.Stop(context.Background()) }()
-	<-stopping // Stop has told the partition to start no other record
-	select {
-	case err := <-stopped:
-		t.Fatalf("Stop returned (%v) while a record was in progress", err)
-	default:
-	}
-	close(release)
-	pgtest.Must(t, <-stopped, "Stop")
-	select {
-	case <-entered:
-		t.Fatal("a second record was started after Stop")
-	default:
-	}
-	if n := e.Count(t, "effects", "true"); n != 1 {
-		t.Fatalf("%d effects, want 1", n)
-	}
-	if committed, _ := e.offsets(t, "billing"); committed[0] != 1 {
-		t.Fatalf("committed %v, want offset 1: the finished record", committed)
-	}
-	c := e.Consumer(t, inbox.Config{}, nil)
-	e.subscribe(t, c, kafkainbox.Config{})
-	waitFor(t, 30*time.Second, "the rest to be applied and committed", func() bool { return e.lag(t, "billing") == 0 })
-	if st := c.Stats(); st.Applied != 2 || st.Duplicates != 0 {
-		t.Fatalf("stats %+v", st)
-	}
-	pgtest.Must(t, s.Stop(context.Background()), "second Stop")
-}
-
-// When Stop's deadline passes, the record in progress is abandoned: its
-// transaction rolls back, its offset is not committed, and the next subscriber
-// applies it.
-func TestStopDeadlineAbandonsInFlight(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 4, 1)
-	e.publish(t, inboxtest.Lane("1", 1))
-	entered := make(chan struct{})
-	var once sync.Once
-	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		if err := e.Record(ctx, tx, ev); err != nil {
-			return err
-		}
-		once.Do(func() { close(entered) })
-		<-ctx.Done()
-		return ctx.Err()
-	})
-	s := e.newSubscriber(t, c, kafkainbox.Config{})
-	pgtest.Must(t, s.Start(context.Background()), "Start")
-	<-entered
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	if err := s.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Stop = %v, want the deadline", err)
-	}
-	if n := e.Count(t, "effects", "true") + e.Count(t, "processed_events", "true"); n != 0 {
-		t.Fatalf("%d rows left by an abandoned record", n)
-	}
-	if lag := e.lag(t, "billing"); lag != 1 {
-		t.Fatalf("lag %d, want 1: the abandoned record must not be committed", lag)
-	}
-	e.subscribe(t, e.Consumer(t, inbox.Config{}, nil), kafkainbox.Config{})
-	waitFor(t, 30*time.Second, "the abandoned record to be applied", func() bool { return e.lag(t, "billing") == 0 })
-	if n := e.Count(t, "effects", "true"); n != 1 {
-		t.Fatalf("%d effects, want 1", n)
-	}
-}
-
-// The end of Start's ctx stops the Subscriber abruptly: the record in progress is
-// abandoned and rolled back, not committed; Stop afterwards returns at once.
-func TestStartContextEndStopsHard(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 4, 1)
-	e.publish(t, inboxtest.Lane("1", 2))
-	entered := make(chan struct{})
-	var once sync.Once
-	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		if err := e.Record(ctx, tx, ev); err != nil {
-			return err
-		}
-		once.Do(func() { close(entered) })
-		<-ctx.Done()
-		return ctx.Err()
-	})
-	s := e.newSubscriber(t, c, kafkainbox.Config{})
-	ctx, cancel := context.WithCancel(context.Background())
-	pgtest.Must(t, s.Start(ctx), "Start")
-	<-entered
-	cancel()
-	waitFor(t, 30*time.Second, "the subscriber to leave the group", func() bool { return s.Stats().Partitions == 0 })
-	stopCtx, stopCancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer stopCancel()
-	pgtest.Must(t, s.Stop(stopCtx), "Stop after a hard stop")
-	if n := e.Count(t, "effects", "true") + e.Count(t, "processed_events", "true"); n != 0 {
-		t.Fatalf("%d rows left by an abandoned record", n)
-	}
-	if lag := e.lag(t, "billing"); lag != 2 {
-		t.Fatalf("lag %d, want 2: nothing was done", lag)
 	}
 }
 
@@ -618,35 +481,12 @@ func TestMaxAttemptsSkips(t *testing.T) {
 			return e.Record(ctx, tx, ev)
 		})
 	s := e.subscribe(t, c, kafkainbox.Config{MaxAttempts: 3})
-	waitFor(t, 30*time.Second, "both records to be committed", func() bool { return e.lag(t, "billing") == 0 })
+	wait.For(t, 30*time.Second, "both records to be committed", func() bool { return e.lag(t, "billing") == 0 })
 	if st := s.Stats(); st.Skipped != 1 || st.Retried != 2 || st.Acked != 1 {
 		t.Fatalf("subscriber stats %+v", st)
 	}
 	if got := e.Sequences(t, "fine"); !slices.Equal(got, []int64{1}) {
 		t.Fatalf("the record behind the skipped one: applied %v", got)
-	}
-}
-
-// The handler sees the producer's headers.
-func TestEventHeadersAreTheProducers(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 2, 1)
-	m := inboxtest.Event("1", 1)
-	m.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tenant": "eu"}
-	e.publish(t, []broker.Message{m})
-	got := make(chan map[string]string, 1)
-	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		got <- ev.Headers
-		return nil
-	})
-	e.subscribe(t, c, kafkainbox.Config{})
-	select {
-	case h := <-got:
-		if len(h) != 2 || h["traceparent"] != m.Headers["traceparent"] || h["tenant"] != "eu" {
-			t.Fatalf("handler saw headers %v, want the producer's %v", h, m.Headers)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("no record within 30s")
 	}
 }
 

@@ -39,8 +39,14 @@ const topic = "outbox.order"
 // the relay's Kafka publisher on it.
 type env struct {
 	*inboxtest.Effects
-	pool    *pgxpool.Pool
-	schema  string
+	*kcluster
+	pool   *pgxpool.Pool
+	schema string
+}
+
+// kcluster is an in-process Kafka cluster with the topic, the relay's publisher
+// and an admin client.
+type kcluster struct {
 	cluster *kfake.Cluster
 	addrs   []string
 	pub     *kafka.Publisher
@@ -50,8 +56,14 @@ type env struct {
 func newEnv(t testing.TB, maxConns int32, partitions int32) *env {
 	t.Helper()
 	pool, schema := pgtest.Migrated(t, maxConns)
-	e := &env{pool: pool, schema: schema}
+	e := &env{pool: pool, schema: schema, kcluster: newCluster(t, partitions)}
 	e.Effects = inboxtest.NewEffects(t, pool, schema)
+	return e
+}
+
+func newCluster(t testing.TB, partitions int32) *kcluster {
+	t.Helper()
+	e := &kcluster{}
 	var err error
 
 	// Short session timeouts are allowed so that a killed member leaves the group
@@ -91,7 +103,7 @@ func (e *env) applied(t testing.TB) map[string]int64 {
 
 // clientOpts are the options of a group member on the env's topic. A short
 // heartbeat interval makes members notice rebalances within 100ms rather than 3s.
-func (e *env) clientOpts(extra ...kgo.Opt) []kgo.Opt {
+func (e *kcluster) clientOpts(extra ...kgo.Opt) []kgo.Opt {
 	return append([]kgo.Opt{
 		kgo.SeedBrokers(e.addrs...),
 		kgo.ConsumeTopics(topic),
@@ -101,7 +113,7 @@ func (e *env) clientOpts(extra ...kgo.Opt) []kgo.Opt {
 }
 
 // newSubscriber returns a subscriber in the group named after proc, not started.
-func (e *env) newSubscriber(t testing.TB, proc inbox.Processor, cfg kafkainbox.Config, extra ...kgo.Opt) *kafkainbox.Subscriber {
+func (e *kcluster) newSubscriber(t testing.TB, proc inbox.Processor, cfg kafkainbox.Config, extra ...kgo.Opt) *kafkainbox.Subscriber {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
@@ -112,7 +124,7 @@ func (e *env) newSubscriber(t testing.TB, proc inbox.Processor, cfg kafkainbox.C
 }
 
 // subscribe starts a subscriber, stopped when the test ends.
-func (e *env) subscribe(t testing.TB, proc inbox.Processor, cfg kafkainbox.Config, extra ...kgo.Opt) *kafkainbox.Subscriber {
+func (e *kcluster) subscribe(t testing.TB, proc inbox.Processor, cfg kafkainbox.Config, extra ...kgo.Opt) *kafkainbox.Subscriber {
 	t.Helper()
 	s := e.newSubscriber(t, proc, cfg, extra...)
 	pgtest.Must(t, s.Start(context.Background()), "Start")
@@ -128,7 +140,7 @@ func (e *env) subscribe(t testing.TB, proc inbox.Processor, cfg kafkainbox.Confi
 
 // publish stores msgs with the relay's publisher: key = aggregate id, every wire
 // header, each aggregate's events in order.
-func (e *env) publish(t testing.TB, msgs []broker.Message) {
+func (e *kcluster) publish(t testing.TB, msgs []broker.Message) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -140,7 +152,7 @@ func (e *env) publish(t testing.TB, msgs []broker.Message) {
 }
 
 // produceRaw stores a record as another producer would, without outbox headers.
-func (e *env) produceRaw(t testing.TB, key, value string) {
+func (e *kcluster) produceRaw(t testing.TB, key, value string) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...))
 	pgtest.Must(t, err, "producer")
@@ -152,7 +164,7 @@ func (e *env) produceRaw(t testing.TB, key, value string) {
 
 // offsets returns the group's committed offset and the end offset of each
 // partition of the topic (a partition without a commit counts as committed at 0).
-func (e *env) offsets(t testing.TB, group string) (committed, end map[int32]int64) {
+func (e *kcluster) offsets(t testing.TB, group string) (committed, end map[int32]int64) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -181,7 +193,7 @@ func (e *env) offsets(t testing.TB, group string) (committed, end map[int32]int6
 }
 
 // lag is how many records of the topic lie beyond the group's committed offsets.
-func (e *env) lag(t testing.TB, group string) int64 {
+func (e *kcluster) lag(t testing.TB, group string) int64 {
 	t.Helper()
 	committed, end := e.offsets(t, group)
 	var lag int64
@@ -192,7 +204,7 @@ func (e *env) lag(t testing.TB, group string) int64 {
 }
 
 // records reads every record of the topic, each partition in offset order.
-func (e *env) records(t testing.TB) []*kgo.Record {
+func (e *kcluster) records(t testing.TB) []*kgo.Record {
 	t.Helper()
 	_, end := e.offsets(t, "nobody")
 	from := map[int32]kgo.Offset{}
@@ -238,17 +250,6 @@ func idsIn(p int32, partitions, n int) []string {
 		}
 	}
 	return out
-}
-
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
-	}
 }
 
 // processorFunc is a Processor made of a function, to wrap a consumer.

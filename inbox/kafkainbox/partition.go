@@ -121,7 +121,7 @@ func (p *partition) sleep(d time.Duration) bool {
 		return true
 	case <-p.quit:
 		return false
-	case <-p.s.hardCtx.Done():
+	case <-p.s.lc.Hard().Done():
 		return false
 	}
 }
@@ -167,7 +167,7 @@ func (s *Subscriber) handle(p *partition, rec *kgo.Record) bool {
 		case <-p.quit:
 			return false
 		}
-		ctx, cancel := context.WithTimeout(s.hardCtx, s.cfg.ProcessTimeout)
+		ctx, cancel := context.WithTimeout(s.lc.Hard(), s.cfg.ProcessTimeout)
 		o := s.proc.Process(ctx, d)
 		cancel()
 		<-s.sem
@@ -194,7 +194,7 @@ func (s *Subscriber) handle(p *partition, rec *kgo.Record) bool {
 			return false // revoked or stopping: the next owner processes it
 		default:
 		}
-		if s.hardCtx.Err() != nil {
+		if s.lc.Hard().Err() != nil {
 			return false // abandoned by a hard stop: the next owner processes it
 		}
 		if s.cfg.MaxAttempts > 0 && attempt >= s.cfg.MaxAttempts {

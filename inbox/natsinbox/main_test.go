@@ -36,14 +36,21 @@ type env struct {
 func newEnv(t testing.TB, maxConns int32) *env {
 	t.Helper()
 	pool, schema := pgtest.Migrated(t, maxConns)
-	e := &env{pool: pool, schema: schema, target: natstest.New(t, natstest.URL())}
+	e := &env{pool: pool, schema: schema, target: newStream(t)}
 	e.Effects = inboxtest.NewEffects(t, pool, schema)
+	return e
+}
+
+// newStream creates a stream of its own on the shared NATS server.
+func newStream(t testing.TB) natstest.Target {
+	t.Helper()
+	target := natstest.New(t, natstest.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := e.target.JS.CreateStream(ctx, jetstream.StreamConfig{
-		Name: e.target.Stream, Subjects: e.target.Subjects(), Storage: jetstream.MemoryStorage})
+	_, err := target.JS.CreateStream(ctx, jetstream.StreamConfig{
+		Name: target.Stream, Subjects: target.Subjects(), Storage: jetstream.MemoryStorage})
 	pgtest.Must(t, err, "create stream")
-	return e
+	return target
 }
 
 // connect opens a JetStream client of its own (an instance's connection).
@@ -93,12 +100,15 @@ func once(msgs ...broker.Message) []published {
 }
 
 // publish stores msgs on the env's stream, in order, as the relay would send them.
-func (e *env) publish(t testing.TB, msgs []published) {
+func (e *env) publish(t testing.TB, msgs []published) { publishTo(t, e.target, msgs) }
+
+// publishTo stores msgs on target's stream, in order.
+func publishTo(t testing.TB, target natstest.Target, msgs []published) {
 	t.Helper()
-	js := e.target.JS
+	js := target.JS
 	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
 	for _, p := range msgs {
-		nm := &natsgo.Msg{Subject: e.target.Prefix + "." + p.m.AggregateType + "." + p.m.EventType, Data: p.m.Payload, Header: natsgo.Header{}}
+		nm := &natsgo.Msg{Subject: target.Prefix + "." + p.m.AggregateType + "." + p.m.EventType, Data: p.m.Payload, Header: natsgo.Header{}}
 		for k, v := range p.m.WireHeaders() {
 			nm.Header.Set(k, v)
 		}
@@ -136,17 +146,6 @@ func (e *env) consumerInfo(t testing.TB, durable string) *jetstream.ConsumerInfo
 func (e *env) settled(t testing.TB, durable string) bool {
 	info := e.consumerInfo(t, durable)
 	return info.NumPending == 0 && info.NumAckPending == 0
-}
-
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
-	}
 }
 
 // processorFunc is a Processor made of a function, to wrap a consumer.

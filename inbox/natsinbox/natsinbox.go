@@ -27,36 +27,51 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/inbox"
-	"github.com/pgoutbox/pgoutbox/inbox/internal/lanes"
-	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
-// Config configures a Subscriber. The zero value is usable; each field documents its
-// default. Fields marked "when creating" shape the durable consumer only if the
+// pullRetry is the backoff between failed pull requests (the connection is down and
+// nats.go reconnects, or the consumer is gone): 100ms doubling to 5s.
+var pullRetry = retry.Exponential{Base: 100 * time.Millisecond, Max: 5 * time.Second}
+
+// The defaults of Config's fields.
+const (
+	DefaultStream        = "OUTBOX"
+	DefaultAckWait       = 30 * time.Second
+	DefaultMaxAckPending = 1000
+	DefaultMaxDeliver    = -1 // unlimited
+	DefaultConcurrency   = 4
+	DefaultMaxWait       = time.Second
+)
+
+// Config configures a Subscriber. A nil *Config means all defaults; each field
+// names its default. Fields marked "when creating" shape the durable consumer only if the
 // Subscriber creates it: an existing consumer is used as it is, never modified.
 type Config struct {
 	// Stream is the JetStream stream holding the events; it must exist (the relay
-	// creates it). Defaults to "OUTBOX".
+	// creates it). Zero means DefaultStream ("OUTBOX").
 	Stream string
 
 	// Durable is the name of the durable pull consumer, shared by every instance of
-	// the inbox consumer. Defaults to the processor's Name(), which must then be a
+	// the inbox consumer. Zero means the processor's Name(), which must then be a
 	// valid NATS consumer name (no '.', '*', '>', '/', '\' or whitespace).
 	Durable string
 
 	// FilterSubjects restricts the consumer to these subjects, when creating.
-	// Defaults to every subject of the stream.
+	// Zero means every subject of the stream.
 	FilterSubjects []string
 
-	// DeliverPolicy is where a new consumer starts, when creating. Defaults to
+	// DeliverPolicy is where a new consumer starts, when creating. Zero means
 	// jetstream.DeliverAllPolicy: the whole stream. A consumer that starts later
 	// than an aggregate's first event finds a gap under inbox.GapReject; seed its
 	// positions with inbox.Consumer.SetPosition.
@@ -64,27 +79,27 @@ type Config struct {
 
 	// AckWait is how long JetStream waits for an ack before redelivering, when
 	// creating: the delay before a crashed instance's messages go to another.
-	// Keep it above the slowest handler. Defaults to 30s.
+	// Keep it above the slowest handler. Zero means DefaultAckWait (30s).
 	AckWait time.Duration
 
 	// MaxAckPending bounds the messages delivered and not yet acked across all
-	// instances, when creating. Defaults to 1000.
+	// instances, when creating. Zero means DefaultMaxAckPending (1000).
 	MaxAckPending int
 
 	// MaxDeliver is how many times a message is delivered at most, when creating;
 	// -1 is unlimited. A message that reaches it is dropped by JetStream (an
 	// advisory is published): under inbox.GapReject its aggregate then waits for a
-	// reconciliation. Defaults to -1.
+	// reconciliation. Zero means DefaultMaxDeliver (-1).
 	MaxDeliver int
 
 	// Concurrency is how many messages this Subscriber processes at once, each in
 	// its own transaction (size the database pool for it). Messages of one
-	// aggregate never run at the same time. Defaults to 4.
+	// aggregate never run at the same time. Zero means DefaultConcurrency (4).
 	Concurrency int
 
 	// Prefetch is how many messages the Subscriber pulls ahead of processing; it
 	// holds at most about twice that many unprocessed. Each one's AckWait runs
-	// from its delivery, so keep it small next to AckWait × throughput. Defaults to
+	// from its delivery, so keep it small next to AckWait × throughput. Zero means
 	// 2 × Concurrency.
 	Prefetch int
 
@@ -92,16 +107,25 @@ type Config struct {
 	// Stop waits for the outstanding request to end before it hands unprocessed
 	// messages back (a request left open on the server could receive them and
 	// strand them until AckWait), so this bounds Stop's wait; an idle Subscriber
-	// sends one request per MaxWait. Defaults to 1s.
+	// sends one request per MaxWait. Zero means DefaultMaxWait (1s).
 	MaxWait time.Duration
 
 	// ProcessTimeout bounds one Process call (the consumer transaction with its
-	// handler). Defaults to the consumer's AckWait.
+	// handler). Zero means the consumer's AckWait.
 	ProcessTimeout time.Duration
 
-	// Logger receives terminated messages and settling errors. Defaults to
+	// Logger receives terminated messages and settling errors. Nil means
 	// slog.Default().
 	Logger *slog.Logger
+}
+
+// Validate reports what New would reject in c: the config as given, its zero
+// fields meaning their defaults. It is safe on a nil receiver (all defaults are
+// valid; the consumer name, from the processor, is checked by New). Several
+// problems are joined with errors.Join.
+func (c *Config) Validate() error {
+	_, err := c.withDefaults("")
+	return err
 }
 
 func (c *Config) withDefaults(name string) (Config, error) {
@@ -110,28 +134,28 @@ func (c *Config) withDefaults(name string) (Config, error) {
 		out = *c
 	}
 	if out.Stream == "" {
-		out.Stream = "OUTBOX"
+		out.Stream = DefaultStream
 	}
 	if out.Durable == "" {
 		out.Durable = name
 	}
 	if out.AckWait == 0 {
-		out.AckWait = 30 * time.Second
+		out.AckWait = DefaultAckWait
 	}
 	if out.MaxAckPending == 0 {
-		out.MaxAckPending = 1000
+		out.MaxAckPending = DefaultMaxAckPending
 	}
 	if out.MaxDeliver == 0 {
-		out.MaxDeliver = -1
+		out.MaxDeliver = DefaultMaxDeliver
 	}
 	if out.Concurrency == 0 {
-		out.Concurrency = 4
+		out.Concurrency = DefaultConcurrency
 	}
 	if out.Prefetch == 0 {
 		out.Prefetch = 2 * out.Concurrency
 	}
 	if out.MaxWait == 0 {
-		out.MaxWait = time.Second
+		out.MaxWait = DefaultMaxWait
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -143,10 +167,11 @@ func (c *Config) withDefaults(name string) (Config, error) {
 		}
 	}
 	check(validName(out.Stream), "Config.Stream %q: a stream name cannot contain '.', '*', '>', '/', '\\' or whitespace", out.Stream)
-	if c == nil || c.Durable == "" {
-		check(validName(out.Durable), "Config.Durable: the consumer name %q is not a valid NATS consumer name; set Config.Durable", out.Durable)
-	} else {
+	switch {
+	case c != nil && c.Durable != "":
 		check(validName(out.Durable), "Config.Durable %q: a consumer name cannot contain '.', '*', '>', '/', '\\' or whitespace", out.Durable)
+	case name != "": // without a processor (Validate), the name comes at New
+		check(validName(out.Durable), "Config.Durable: the consumer name %q is not a valid NATS consumer name; set Config.Durable", out.Durable)
 	}
 	check(out.AckWait > 0, "Config.AckWait %s: must be positive", out.AckWait)
 	check(out.MaxAckPending > 0, "Config.MaxAckPending %d: must be positive", out.MaxAckPending)
@@ -182,25 +207,15 @@ type Subscriber struct {
 	proc inbox.Processor
 	log  *slog.Logger
 
-	cons       jetstream.Consumer
-	hardCtx    context.Context // ends Process calls: Stop's deadline passed, or Start's ctx ended
-	hardCancel context.CancelFunc
-	loops      sync.WaitGroup // reader and workers
-	helpers    sync.WaitGroup // the watcher of Start's ctx
-
-	startOnce, stopOnce sync.Once
-	started             atomic.Bool
-
-	mu       sync.Mutex
-	wake     *sync.Cond // queue changed, or stopping
-	stopping bool
-	queue    lanes.Queue[jetstream.Msg] // pulled, not yet handled, one aggregate at a time
+	lc   lifecycle.Lifecycle
+	core subscriber.Core[jetstream.Msg] // the queue, the workers, the outcome mapping
+	cons jetstream.Consumer
 
 	acked, naked, terminated, released atomic.Int64
 }
 
 // New returns a Subscriber that reads with js and processes with proc. cfg may be
-// nil for all defaults; invalid settings are reported here.
+// nil for all defaults; it is copied, and invalid settings are reported here.
 func New(js jetstream.JetStream, proc inbox.Processor, cfg *Config) (*Subscriber, error) {
 	if js == nil || proc == nil {
 		return nil, errors.New("natsinbox: New needs a JetStream client and a processor")
@@ -215,7 +230,10 @@ func New(js jetstream.JetStream, proc inbox.Processor, cfg *Config) (*Subscriber
 		proc: proc,
 		log:  c.Logger.With(slog.String("consumer", proc.Name()), slog.String("durable", c.Durable)),
 	}
-	s.wake = sync.NewCond(&s.mu)
+	s.lc.Name = "natsinbox"
+	s.lc.Stopped = s.stopped
+	s.core.Broker = jsBroker{s}
+	s.core.Processor = proc
 	return s, nil
 }
 
@@ -226,12 +244,15 @@ func (s *Subscriber) Stats() Stats {
 
 // Start looks up the durable consumer, creating it if missing, and starts pulling
 // and processing; it returns once that is under way. ctx governs the lookup, and
-// its end later stops the Subscriber abruptly (in-flight transactions are
-// abandoned and rolled back); prefer Stop. Start may be called once.
+// its end later stops the Subscriber hard (in-flight transactions are abandoned
+// and rolled back); prefer Stop.
+//
+// Start follows the one rule of pgoutbox's services: a second Start returns an
+// error matching lifecycle.ErrAlreadyStarted, a Start after Stop (or after a
+// failed Start) one matching lifecycle.ErrStopped; a Subscriber is not
+// restartable.
 func (s *Subscriber) Start(ctx context.Context) error {
-	err := errors.New("natsinbox: already started")
-	s.startOnce.Do(func() { err = s.start(ctx) })
-	return err
+	return s.lc.Start(ctx, s.start)
 }
 
 func (s *Subscriber) start(ctx context.Context) error {
@@ -244,27 +265,11 @@ func (s *Subscriber) start(ctx context.Context) error {
 		s.cfg.ProcessTimeout = info.Config.AckWait
 	}
 	s.cons = cons
-	s.hardCtx, s.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
-	s.started.Store(true)
+	s.core.ProcessTimeout = s.cfg.ProcessTimeout
 	s.log.Info("subscriber starting", slog.String("stream", s.cfg.Stream), slog.Int("concurrency", s.cfg.Concurrency),
 		slog.Duration("ack_wait", info.Config.AckWait))
-
-	s.loops.Add(1 + s.cfg.Concurrency)
-	go s.read()
-	for range s.cfg.Concurrency {
-		go s.work()
-	}
-	// Start's ctx ending is a hard stop.
-	s.helpers.Add(1)
-	go func() {
-		defer s.helpers.Done()
-		select {
-		case <-ctx.Done():
-			s.signalStop()
-			s.hardCancel()
-		case <-s.hardCtx.Done():
-		}
-	}()
+	s.lc.Go(s.read)
+	s.core.Run(&s.lc, s.cfg.Concurrency)
 	return nil
 }
 
@@ -311,104 +316,44 @@ func (s *Subscriber) ensureConsumer(ctx context.Context) (jetstream.Consumer, er
 // read returns, so that no request of this Subscriber is left on the server when
 // Stop hands messages back.
 func (s *Subscriber) read() {
-	defer s.loops.Done()
-	defer func() { // wake workers waiting for messages that will not come
-		s.mu.Lock()
-		s.stopping = true
-		s.wake.Broadcast()
-		s.mu.Unlock()
-	}()
 	// Refill when the queue is down to half: fewer, larger requests.
 	low := s.cfg.Prefetch / 2
-	var pause time.Duration
+	backoff := retry.Backoff{Schedule: pullRetry}
 	for {
-		s.mu.Lock()
-		for s.queue.Len() > low && !s.stopping {
-			s.wake.Wait()
-		}
-		n, stopping := s.cfg.Prefetch-s.queue.Len(), s.stopping
-		s.mu.Unlock()
-		if stopping {
+		n, ok := s.core.WaitRoom(low, s.cfg.Prefetch)
+		if !ok {
 			return
 		}
 		batch, err := s.cons.Fetch(n, jetstream.FetchMaxWait(s.cfg.MaxWait))
 		if err == nil {
 			for msg := range batch.Messages() {
-				s.enqueue(msg)
+				s.core.Push(msg)
 			}
 			err = batch.Error()
 		}
 		if err == nil {
-			pause = 0
+			backoff.Reset()
 			continue
 		}
 		// The connection is down (nats.go reconnects), or the consumer is gone:
 		// try again, more slowly each time.
-		pause = min(max(2*pause, 100*time.Millisecond), 5*time.Second)
+		pause := backoff.Next()
 		s.log.Warn("pull request failed; retrying", slog.Duration("in", pause), slog.Any("error", err))
-		if !s.sleep(pause) {
+		if !subscriber.Pause(&s.lc, pause) {
 			return
 		}
 	}
 }
 
-// sleep waits d, or less when stopping; it reports whether to go on.
-func (s *Subscriber) sleep(d time.Duration) bool {
-	t := time.AfterFunc(d, func() {
-		s.mu.Lock()
-		s.wake.Broadcast()
-		s.mu.Unlock()
-	})
-	defer t.Stop()
-	deadline := time.Now().Add(d)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for !s.stopping && time.Now().Before(deadline) {
-		s.wake.Wait()
-	}
-	return !s.stopping
-}
+// jsBroker settles JetStream messages for the core.
+type jsBroker struct{ s *Subscriber }
 
-func (s *Subscriber) enqueue(msg jetstream.Msg) {
+func (b jsBroker) Lane(msg jetstream.Msg) pgoutbox.Lane {
 	h := msg.Headers()
-	key := h.Get(broker.HeaderAggregateType) + "\x00" + h.Get(broker.HeaderAggregateID)
-	s.mu.Lock()
-	if s.stopping {
-		s.mu.Unlock()
-		s.release(msg)
-		return
-	}
-	if s.queue.Push(key, msg) {
-		s.wake.Broadcast()
-	}
-	s.mu.Unlock()
+	return pgoutbox.LaneOf(h.Get(broker.HeaderAggregateType), h.Get(broker.HeaderAggregateID))
 }
 
-// work processes ready lanes, one message at a time per lane, until stopping.
-func (s *Subscriber) work() {
-	defer s.loops.Done()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for {
-		for !s.queue.Ready() && !s.stopping {
-			s.wake.Wait()
-		}
-		if s.stopping {
-			return
-		}
-		key, msg := s.queue.Take()
-		s.wake.Broadcast() // room for the reader
-
-		s.mu.Unlock()
-		s.handle(msg)
-		s.mu.Lock()
-
-		s.queue.Done(key) // a lane ready again is taken by this loop
-	}
-}
-
-// handle processes one message and settles it with the broker.
-func (s *Subscriber) handle(msg jetstream.Msg) {
+func (b jsBroker) Delivery(msg jetstream.Msg) (inbox.Delivery, bool) {
 	d := inbox.Delivery{Body: msg.Data(), Headers: make(map[string]string, len(msg.Headers())), Attempt: 1}
 	for k, vs := range msg.Headers() {
 		// Nats-* headers (Nats-Msg-Id, …) are the broker's, not the producer's.
@@ -419,93 +364,68 @@ func (s *Subscriber) handle(msg jetstream.Msg) {
 	if md, err := msg.Metadata(); err == nil {
 		d.Attempt = int(md.NumDelivered)
 	}
-	ctx, cancel := context.WithTimeout(s.hardCtx, s.cfg.ProcessTimeout)
-	o := s.proc.Process(ctx, d)
-	cancel()
+	return d, true
+}
 
-	var err error
-	switch o.Action() {
-	case inbox.ActionAck:
-		// The transaction has committed (or found the event applied): only now may
-		// the broker forget the message. A crash before this line means a
-		// redelivery, which the inbox recognises.
-		if o.Status == inbox.StatusApplied {
-			_ = failpoint.Inject(failpoint.ConsumerAfterCommit) // crash or delay: the commit is done
-		}
-		err = msg.Ack()
-		s.acked.Add(1)
-	case inbox.ActionTerm:
-		err = msg.Term()
-		s.terminated.Add(1)
-		attrs := []any{slog.String("subject", msg.Subject()), slog.Any("error", o.Err)}
-		if md, mdErr := msg.Metadata(); mdErr == nil {
-			attrs = append(attrs, slog.Uint64("stream_sequence", md.Sequence.Stream))
-		}
-		s.log.Error("terminated a message that is not an outbox event; it will not be redelivered", attrs...)
-	default:
-		delay := o.RetryAfter
-		if s.hardCtx.Err() != nil {
-			delay = 0 // abandoned by a hard stop: let another instance have it now
-		}
-		err = msg.NakWithDelay(delay)
-		s.naked.Add(1)
+func (b jsBroker) Ack(msg jetstream.Msg) {
+	b.s.acked.Add(1)
+	b.settled(msg, inbox.ActionAck, msg.Ack())
+}
+
+func (b jsBroker) Nak(msg jetstream.Msg, delay time.Duration) {
+	b.s.naked.Add(1)
+	b.settled(msg, inbox.ActionNak, msg.NakWithDelay(delay))
+}
+
+func (b jsBroker) Term(msg jetstream.Msg, o inbox.Outcome) {
+	err := msg.Term()
+	b.s.terminated.Add(1)
+	attrs := []any{slog.String("subject", msg.Subject()), slog.Any("error", o.Err)}
+	if md, mdErr := msg.Metadata(); mdErr == nil {
+		attrs = append(attrs, slog.Uint64("stream_sequence", md.Sequence.Stream))
 	}
+	b.s.log.Error("terminated a message that is not an outbox event; it will not be redelivered", attrs...)
+	b.settled(msg, inbox.ActionTerm, err)
+}
+
+func (b jsBroker) settled(msg jetstream.Msg, a inbox.Action, err error) {
 	if err != nil {
 		// The broker redelivers after AckWait anyway; the inbox makes that safe.
-		s.log.Warn("could not settle message", slog.String("action", o.Action().String()),
+		b.s.log.Warn("could not settle message", slog.String("action", a.String()),
 			slog.String("subject", msg.Subject()), slog.Any("error", err))
 	}
 }
 
-// release hands an unprocessed message back for immediate redelivery elsewhere.
-func (s *Subscriber) release(msg jetstream.Msg) {
+// Release hands an unprocessed message back for immediate redelivery elsewhere.
+func (b jsBroker) Release(msg jetstream.Msg) {
 	if err := msg.Nak(); err != nil {
-		s.log.Debug("could not release message; it is redelivered after AckWait", slog.Any("error", err))
+		b.s.log.Debug("could not release message; it is redelivered after AckWait", slog.Any("error", err))
 	}
-	s.released.Add(1)
+	b.s.released.Add(1)
 }
 
-func (s *Subscriber) signalStop() {
-	s.stopOnce.Do(func() {
-		s.mu.Lock()
-		s.stopping = true
-		s.wake.Broadcast()
-		s.mu.Unlock()
-	})
+// stopped is the lifecycle's Stopped hook: the reader and the workers have
+// returned; what was pulled but not started goes back to JetStream.
+func (s *Subscriber) stopped(bool) {
+	for _, m := range s.core.Drain() {
+		jsBroker{s}.Release(m)
+	}
+	st := s.Stats()
+	s.log.Info("subscriber stopped", slog.Int64("acked", st.Acked), slog.Int64("naked", st.Naked),
+		slog.Int64("terminated", st.Terminated), slog.Int64("released", st.Released))
 }
 
 // Stop shuts the Subscriber down gracefully: it stops pulling, lets the messages
 // being processed finish (commit and ack, or roll back and nak), and hands every
 // message pulled but not started back to JetStream for immediate redelivery to
-// another instance. If ctx ends first, in-flight transactions are abandoned (rolled
-// back, their messages nacked without delay) and ctx's error is returned. Stop is
-// safe to call more than once, and before Start.
+// another instance. If ctx ends first, the stop turns hard: in-flight
+// transactions are abandoned (rolled back, their messages nacked without delay)
+// and ctx's error is returned.
+//
+// Stop follows the one rule of pgoutbox's services (package internal/lifecycle):
+// it may be called any number of times, from any goroutine, each call waiting
+// for the same shutdown; before Start it returns nil and the Subscriber can no
+// longer start.
 func (s *Subscriber) Stop(ctx context.Context) error {
-	if !s.started.Load() {
-		s.startOnce.Do(func() {}) // a later Start fails
-		return nil
-	}
-	s.signalStop()
-	done := make(chan struct{})
-	go func() { s.loops.Wait(); close(done) }()
-	var err error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = fmt.Errorf("natsinbox: stop: %w", ctx.Err())
-		s.hardCancel()
-		<-done
-	}
-	s.hardCancel()
-	s.helpers.Wait()
-	s.mu.Lock()
-	left := s.queue.Drain()
-	s.mu.Unlock()
-	for _, m := range left {
-		s.release(m)
-	}
-	st := s.Stats()
-	s.log.Info("subscriber stopped", slog.Int64("acked", st.Acked), slog.Int64("naked", st.Naked),
-		slog.Int64("terminated", st.Terminated), slog.Int64("released", st.Released))
-	return err
+	return s.lc.Stop(ctx)
 }

@@ -2,7 +2,6 @@ package natsinbox_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -10,8 +9,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,119 +21,8 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
-
-// Acceptance: every message is on the stream three times (three Nats-Msg-Ids, so
-// JetStream delivers each copy); the business table changes once per event.
-func TestEveryMessageDeliveredThreeTimesAppliesOnce(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 6)
-	var msgs []published
-	var events int
-	for a := range 10 {
-		l := inboxtest.Lane(fmt.Sprint(a), 5)
-		events += len(l)
-		for copyNo := range 3 {
-			for _, m := range l {
-				msgs = append(msgs, published{m, fmt.Sprintf("%s-%d", m.EventID, copyNo)})
-			}
-		}
-	}
-	e.publish(t, msgs)
-	c := e.Consumer(t, inbox.Config{}, nil)
-	e.subscribe(t, connect(t), c, natsinbox.Config{})
-	waitFor(t, time.Minute, "every copy to be acked", func() bool { return e.settled(t, "billing") })
-	if n := e.Count(t, "effects", "true"); n != events {
-		t.Fatalf("%d effects, want %d", n, events)
-	}
-	if s := c.Stats(); s.Applied != int64(events) || s.Duplicates != int64(2*events) {
-		t.Fatalf("stats %+v, want %d applied and %d duplicates", s, events, 2*events)
-	}
-}
-
-// Acceptance (reject): sequence 3 is on the stream before 2. It is refused, nacked
-// with a delay, redelivered after 2 and applied in order.
-func TestGapRejectedThenAppliedInOrder(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 4)
-	l := inboxtest.Lane("42", 4)
-	e.publish(t, once(l[0], l[2], l[1], l[3]))
-	c := e.Consumer(t, inbox.Config{GapRetryDelay: 20 * time.Millisecond}, nil)
-	s := e.subscribe(t, connect(t), c, natsinbox.Config{Concurrency: 1})
-	waitFor(t, 30*time.Second, "all four to be applied", func() bool { return e.settled(t, "billing") })
-	if got := e.Sequences(t, "42"); !slices.Equal(got, []int64{1, 2, 3, 4}) {
-		t.Fatalf("applied %v, want [1 2 3 4]", got)
-	}
-	if st := c.Stats(); st.Gaps < 1 || st.Applied != 4 {
-		t.Fatalf("inbox stats %+v: want at least one rejected gap", st)
-	}
-	if st := s.Stats(); st.Naked < 1 || st.Acked != 4 {
-		t.Fatalf("subscriber stats %+v", st)
-	}
-}
-
-// Acceptance: a failing handler rolls back, leaves no processed_events row, and the
-// message is redelivered until it succeeds; the effect happens once.
-func TestHandlerErrorRedelivers(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 4)
-	m := inboxtest.Event("7", 1)
-	e.publish(t, once(m))
-	var calls atomic.Int32
-	var mu sync.Mutex
-	var rowsSeen []int // committed rows when each attempt runs: what failures left behind
-	c := e.Consumer(t, inbox.Config{RetryDelay: 20 * time.Millisecond}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		if err := e.Record(ctx, tx, ev); err != nil {
-			return err
-		}
-		var n int
-		err := e.pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+e.Table("processed_events")+
-			") + (SELECT count(*) FROM "+e.Table("effects")+")").Scan(&n)
-		mu.Lock()
-		rowsSeen = append(rowsSeen, n)
-		mu.Unlock()
-		if err != nil {
-			return err
-		}
-		if calls.Add(1) <= 2 {
-			return errors.New("payment service down")
-		}
-		return nil
-	})
-	e.subscribe(t, connect(t), c, natsinbox.Config{Concurrency: 1})
-	waitFor(t, 30*time.Second, "the message to be acked", func() bool { return e.settled(t, "billing") })
-	mu.Lock()
-	defer mu.Unlock()
-	if calls.Load() != 3 || !slices.Equal(rowsSeen, []int{0, 0, 0}) {
-		t.Fatalf("%d handler calls; committed rows seen at each: %v (want 3 calls, nothing left by the failures)", calls.Load(), rowsSeen)
-	}
-	if n := e.Count(t, "effects", "true"); n != 1 {
-		t.Fatalf("%d effects, want 1", n)
-	}
-	if st := c.Stats(); st.Failed != 2 || st.Applied != 1 {
-		t.Fatalf("stats %+v", st)
-	}
-}
-
-// A message that is not an outbox event is terminated, not redelivered forever.
-func TestUndecodableMessageIsTerminated(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 4)
-	_, err := e.target.JS.PublishMsg(context.Background(), &natsgo.Msg{
-		Subject: e.target.Prefix + ".order.updated", Data: []byte(`{"no":"headers"}`)})
-	pgtest.Must(t, err, "publish")
-	good := inboxtest.Event("1", 1)
-	e.publish(t, once(good))
-	c := e.Consumer(t, inbox.Config{}, nil)
-	s := e.subscribe(t, connect(t), c, natsinbox.Config{})
-	waitFor(t, 30*time.Second, "both messages to be settled", func() bool { return e.settled(t, "billing") })
-	if st := s.Stats(); st.Terminated != 1 || st.Acked != 1 {
-		t.Fatalf("subscriber stats %+v", st)
-	}
-	if info := e.consumerInfo(t, "billing"); info.NumRedelivered != 0 {
-		t.Fatalf("%d redeliveries", info.NumRedelivered)
-	}
-}
 
 // Acceptance: four instances, each its own subscriber and connection on one shared
 // durable consumer, consume 10,000 events over 200 aggregates, with 5% of the events
@@ -193,7 +79,7 @@ func TestFourInstancesApplyTenThousandEventsInOrder(t *testing.T) {
 		consumers = append(consumers, c)
 		subs = append(subs, e.subscribe(t, connect(t), c, natsinbox.Config{Concurrency: 2, MaxAckPending: 500}))
 	}
-	waitFor(t, 3*time.Minute, "every message to be applied and acked", func() bool {
+	wait.For(t, 3*time.Minute, "every message to be applied and acked", func() bool {
 		return e.Count(t, "effects", "true") == aggregates*perAggregate && e.settled(t, "billing")
 	})
 	elapsed := time.Since(start)
@@ -235,96 +121,6 @@ func TestFourInstancesApplyTenThousandEventsInOrder(t *testing.T) {
 		len(msgs), dups, elapsed.Round(time.Millisecond), float64(len(msgs))/elapsed.Seconds(), per, total.Gaps, naked)
 }
 
-// Graceful Stop lets the delivery in progress commit and ack, and hands the pulled
-// but unstarted messages back at once (another instance gets them without waiting
-// out AckWait).
-func TestStopFinishesInFlightAndReleasesTheRest(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 4)
-	var msgs []published
-	for a := range 5 {
-		msgs = append(msgs, once(inboxtest.Event(fmt.Sprint(a), 1))...)
-	}
-	e.publish(t, msgs)
-	entered := make(chan struct{}, 1)
-	release := make(chan struct{})
-	blocking := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		entered <- struct{}{}
-		<-release
-		return e.Record(ctx, tx, ev)
-	})
-	cfg := natsinbox.Config{Concurrency: 1, Prefetch: 5, AckWait: time.Minute}
-	cfg.Stream = e.target.Stream
-	cfg.Logger = quiet
-	s, err := natsinbox.New(connect(t), blocking, &cfg)
-	pgtest.Must(t, err, "New")
-	pgtest.Must(t, s.Start(context.Background()), "Start")
-	<-entered
-	waitFor(t, 10*time.Second, "the other messages to be pulled", func() bool {
-		return e.consumerInfo(t, "billing").NumAckPending == 5
-	})
-
-	stopped := make(chan error, 1)
-	go func() { stopped <- s.Stop(context.Background()) }()
-	select {
-	case err := <-stopped:
-		t.Fatalf("Stop returned (%v) while a delivery was in progress", err)
-	case <-entered:
-		t.Fatal("a second delivery started after Stop")
-	default:
-	}
-	close(release)
-	pgtest.Must(t, <-stopped, "Stop")
-	if st := s.Stats(); st.Acked != 1 || st.Released != 4 {
-		t.Fatalf("stats %+v, want 1 acked and 4 released", st)
-	}
-	if n := e.Count(t, "effects", "true"); n != 1 {
-		t.Fatalf("%d effects, want 1", n)
-	}
-	// Released, not abandoned: a new instance gets them well within AckWait.
-	e.subscribe(t, connect(t), e.Consumer(t, inbox.Config{}, nil), natsinbox.Config{})
-	waitFor(t, 20*time.Second, "the released messages to be processed", func() bool { return e.settled(t, "billing") })
-	if n := e.Count(t, "effects", "true"); n != 5 {
-		t.Fatalf("%d effects, want 5", n)
-	}
-	pgtest.Must(t, s.Stop(context.Background()), "second Stop")
-}
-
-// When Stop's deadline passes, the delivery in progress is abandoned: its
-// transaction rolls back and the message goes back to the stream.
-func TestStopDeadlineAbandonsInFlight(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 4)
-	e.publish(t, once(inboxtest.Event("1", 1)))
-	entered := make(chan struct{})
-	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		if err := e.Record(ctx, tx, ev); err != nil {
-			return err
-		}
-		close(entered)
-		<-ctx.Done()
-		return ctx.Err()
-	})
-	cfg := natsinbox.Config{Stream: e.target.Stream, Logger: quiet, AckWait: time.Minute}
-	s, err := natsinbox.New(connect(t), c, &cfg)
-	pgtest.Must(t, err, "New")
-	pgtest.Must(t, s.Start(context.Background()), "Start")
-	<-entered
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	if err := s.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Stop = %v, want the deadline", err)
-	}
-	if n := e.Count(t, "effects", "true") + e.Count(t, "processed_events", "true"); n != 0 {
-		t.Fatalf("%d rows left by an abandoned delivery", n)
-	}
-	e.subscribe(t, connect(t), e.Consumer(t, inbox.Config{}, nil), natsinbox.Config{})
-	waitFor(t, 20*time.Second, "the abandoned message to be redelivered", func() bool { return e.settled(t, "billing") })
-	if n := e.Count(t, "effects", "true"); n != 1 {
-		t.Fatalf("%d effects, want 1", n)
-	}
-}
-
 // Acceptance: a consumer process commits and dies (SIGKILL of itself) before it
 // acks. JetStream redelivers after AckWait; the next instance finds the event
 // applied and acks it: one effect.
@@ -350,7 +146,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 
 	c := e.Consumer(t, inbox.Config{}, nil)
 	e.subscribe(t, connect(t), c, natsinbox.Config{})
-	waitFor(t, 30*time.Second, "the redelivery to be acked", func() bool { return e.settled(t, "billing") })
+	wait.For(t, 30*time.Second, "the redelivery to be acked", func() bool { return e.settled(t, "billing") })
 	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects after the redelivery, want 1", n)
 	}
@@ -405,7 +201,7 @@ func TestExistingConsumer(t *testing.T) {
 
 	e.publish(t, once(inboxtest.Event("1", 1)))
 	e.subscribe(t, connect(t), c, natsinbox.Config{Durable: "custom", AckWait: time.Hour})
-	waitFor(t, 20*time.Second, "the message to be acked", func() bool { return e.settled(t, "custom") })
+	wait.For(t, 20*time.Second, "the message to be acked", func() bool { return e.settled(t, "custom") })
 	if info := e.consumerInfo(t, "custom"); info.Config.AckWait != 7*time.Second {
 		t.Fatalf("AckWait changed to %s", info.Config.AckWait)
 	}
@@ -448,28 +244,5 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if _, err := natsinbox.New(nil, proc, nil); err == nil {
 		t.Fatal("New without a client accepted")
-	}
-}
-
-// The handler sees the producer's headers, not the broker's (Nats-Msg-Id).
-func TestEventHeadersAreTheProducers(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 2)
-	m := inboxtest.Event("1", 1)
-	m.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tenant": "eu"}
-	e.publish(t, once(m))
-	got := make(chan map[string]string, 1)
-	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		got <- ev.Headers
-		return nil
-	})
-	e.subscribe(t, connect(t), c, natsinbox.Config{})
-	select {
-	case h := <-got:
-		if len(h) != 2 || h["traceparent"] != m.Headers["traceparent"] || h["tenant"] != "eu" {
-			t.Fatalf("handler saw headers %v, want the producer's %v", h, m.Headers)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("no delivery within 30s")
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 )
 
@@ -122,8 +123,8 @@ func header(h map[string]string, name string) string {
 // laneKey names the aggregate a message belongs to: its messages are processed one
 // at a time. Messages without the headers (not outbox events) share one lane; they
 // are rejected quickly.
-func laneKey(h map[string]string) string {
-	return header(h, broker.HeaderAggregateType) + "\x00" + header(h, broker.HeaderAggregateID)
+func laneKey(h map[string]string) pgoutbox.Lane {
+	return pgoutbox.LaneOf(header(h, broker.HeaderAggregateType), header(h, broker.HeaderAggregateID))
 }
 
 // attempt is the delivery count of d, for the inbox's retry backoff. Quorum queues

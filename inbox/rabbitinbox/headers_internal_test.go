@@ -97,7 +97,7 @@ func TestLaneKey(t *testing.T) {
 	b := laneKey(map[string]string{"outbox-aggregate-type": "order", "outbox-aggregate-id": "1"})
 	c := laneKey(map[string]string{"Outbox-Aggregate-Type": "order1", "Outbox-Aggregate-Id": ""})
 	if a != b || a == c {
-		t.Fatalf("lane keys %q, %q, %q: want the first two equal (names compared without case), the third distinct", a, b, c)
+		t.Fatalf("lane keys %v, %v, %v: want the first two equal (names compared without case), the third distinct", a, b, c)
 	}
 }
 

@@ -44,13 +44,18 @@ func uniqueName(prefix string) string {
 }
 
 // env is one test's world: a schema with the inbox tables and a business table
-// (effects: one row per application, numbered in application order), and on the
-// shared RabbitMQ server an exchange and a queue bound to it with "#", and the
-// relay's publisher on that exchange.
+// (effects: one row per application, numbered in application order), and a
+// queue of its own on the shared RabbitMQ server.
 type env struct {
 	*inboxtest.Effects
-	pool     *pgxpool.Pool
-	schema   string
+	*target
+	pool   *pgxpool.Pool
+	schema string
+}
+
+// target is an exchange and a queue bound to it with "#" on the shared RabbitMQ
+// server, and the relay's publisher on that exchange.
+type target struct {
 	admin    *amqp.Connection
 	exchange string
 	queue    string
@@ -66,9 +71,16 @@ func newEnvArgs(t testing.TB, maxConns int32, args amqp.Table) *env {
 	pool, schema := pgtest.Schema(t, maxConns)
 	_, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineInbox}})
 	pgtest.Must(t, err, "migrate")
-	e := &env{pool: pool, schema: schema}
+	e := &env{pool: pool, schema: schema, target: newTarget(t, args)}
 	e.Effects = inboxtest.NewEffects(t, pool, schema)
+	return e
+}
 
+// newTarget declares a fresh exchange and queue, deleted when the test ends.
+func newTarget(t testing.TB, args amqp.Table) *target {
+	t.Helper()
+	e := &target{}
+	var err error
 	e.admin, err = amqp.Dial(amqpURL)
 	pgtest.Must(t, err, "connect to the shared RabbitMQ server")
 	t.Cleanup(func() { _ = e.admin.Close() })
@@ -85,7 +97,7 @@ func newEnvArgs(t testing.TB, maxConns int32, args amqp.Table) *env {
 		return ch.QueueBind(e.queue, "#", e.exchange, false, nil)
 	})
 
-	e.pub, err = rabbitmq.Dial(ctx, amqpURL, rabbitmq.Config{Exchange: e.exchange, Logger: quiet})
+	e.pub, err = rabbitmq.Dial(context.Background(), amqpURL, rabbitmq.Config{Exchange: e.exchange, Logger: quiet})
 	pgtest.Must(t, err, "dial the publisher")
 	t.Cleanup(func() { _ = e.pub.Close() })
 	return e
@@ -94,7 +106,7 @@ func newEnvArgs(t testing.TB, maxConns int32, args amqp.Table) *env {
 // deleteAtEnd deletes the exchange and the queue when the test ends; "" skips one.
 // Cleanups run last-registered first: after the subscribers stopped, before the
 // admin connection closes.
-func (e *env) deleteAtEnd(t testing.TB, exchange, queue string) {
+func (e *target) deleteAtEnd(t testing.TB, exchange, queue string) {
 	t.Cleanup(func() {
 		ch, err := e.admin.Channel()
 		if err != nil {
@@ -116,7 +128,7 @@ func (e *env) deleteAtEnd(t testing.TB, exchange, queue string) {
 }
 
 // onChannel runs fn on a channel of the admin connection.
-func (e *env) onChannel(t testing.TB, fn func(ch *amqp.Channel) error) {
+func (e *target) onChannel(t testing.TB, fn func(ch *amqp.Channel) error) {
 	t.Helper()
 	ch, err := e.admin.Channel()
 	pgtest.Must(t, err, "open channel")
@@ -126,7 +138,7 @@ func (e *env) onChannel(t testing.TB, fn func(ch *amqp.Channel) error) {
 
 // ready returns how many messages of queue wait to be delivered (not those
 // delivered and unacknowledged).
-func (e *env) ready(t testing.TB, queue string) int {
+func (e *target) ready(t testing.TB, queue string) int {
 	t.Helper()
 	var n int
 	e.onChannel(t, func(ch *amqp.Channel) error {
@@ -140,7 +152,7 @@ func (e *env) ready(t testing.TB, queue string) int {
 // depth asks the server how many messages the queue holds, ready and
 // unacknowledged: after every subscriber has stopped (closing its connection
 // requeues what it did not ack), both must be 0 for nothing to be left behind.
-func (e *env) depth(t testing.TB) (ready, unacked int) {
+func (e *target) depth(t testing.TB) (ready, unacked int) {
 	t.Helper()
 	out, err := exec.Command("rabbitmqctl", "-q", "list_queues", "--no-table-headers",
 		"name", "messages_ready", "messages_unacknowledged").CombinedOutput()
@@ -210,31 +222,12 @@ func (e *env) subscribe(t testing.TB, proc inbox.Processor, cfg rabbitinbox.Conf
 
 // publish sends msgs through the relay's publisher, each of which must be
 // confirmed.
-func (e *env) publish(t testing.TB, msgs ...broker.Message) {
+func (e *target) publish(t testing.TB, msgs ...broker.Message) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for i, err := range e.pub.Publish(ctx, msgs) {
 		pgtest.Must(t, err, "publish %s/%s #%d", msgs[i].AggregateType, msgs[i].AggregateID, msgs[i].AggregateSequence)
-	}
-}
-
-// poll checks cond until it holds (true) or within has passed (false).
-func poll(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval, not synchronisation
-	}
-	return true
-}
-
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	if !poll(within, cond) {
-		t.Fatalf("timed out after %s waiting for %s", within, what)
 	}
 }
 

@@ -68,7 +68,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,17 +75,33 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/inbox"
-	"github.com/pgoutbox/pgoutbox/inbox/internal/lanes"
-	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // maxShortstr is the longest AMQP short string: queue and exchange names, routing
 // keys and consumer tags.
 const maxShortstr = 255
 
-// Config configures a Subscriber. Queue is required; every other field documents
-// its default.
+// The defaults of Config's fields.
+const (
+	DefaultBindingKey          = "#" // every event
+	DefaultPrefetch            = 64
+	DefaultConcurrency         = 4
+	DefaultConsumerTagPrefix   = "pgoutbox-inbox-" // followed by the processor's Name()
+	DefaultConnectionPrefix    = "pgoutbox inbox " // followed by the processor's Name()
+	DefaultProcessTimeout      = time.Minute
+	DefaultMaxRequeueDelay     = 10 * time.Second
+	DefaultConnectTimeout      = 10 * time.Second
+	DefaultReconnectBackoff    = 100 * time.Millisecond
+	DefaultMaxReconnectBackoff = 30 * time.Second
+)
+
+// Config configures a Subscriber. Queue is required; every other field names its
+// default.
 type Config struct {
 	// Queue is the queue to consume, shared by every instance of the inbox
 	// consumer. Required. Without Exchange it must exist.
@@ -101,7 +116,8 @@ type Config struct {
 
 	// BindingKeys are the routing keys Queue is bound to Exchange with; the relay
 	// publishes with "{aggregate_type}.{event_type}" by default, so "order.*"
-	// selects one aggregate type. Only with Exchange. Defaults to "#": every event.
+	// selects one aggregate type. Only with Exchange. Zero means
+	// DefaultBindingKey ("#": every event).
 	BindingKeys []string
 
 	// QueueArguments are the arguments Queue is declared with when the Subscriber
@@ -112,46 +128,49 @@ type Config struct {
 
 	// Prefetch is the channel's prefetch count (basic.qos): how many messages the
 	// server sends ahead of their acks. A message waiting out its retry delay
-	// counts too. Defaults to 64.
+	// counts too. Zero means DefaultPrefetch (64).
 	Prefetch int
 
 	// Concurrency is how many messages this Subscriber processes at once, each in
 	// its own transaction (size the database pool for it). Messages of one
-	// aggregate never run at the same time. Defaults to 4.
+	// aggregate never run at the same time. Zero means DefaultConcurrency (4).
 	Concurrency int
 
 	// ConsumerTag names the consumer on its channel, as the management UI shows
-	// it. Defaults to "pgoutbox-inbox-" followed by the processor's Name().
+	// it. Zero means DefaultConsumerTagPrefix ("pgoutbox-inbox-") followed by
+	// the processor's Name().
 	ConsumerTag string
 
 	// ProcessTimeout bounds one Process call (the consumer transaction with its
 	// handler). Keep it, plus MaxRequeueDelay, well below the server's
 	// consumer_timeout (30 minutes by default), after which the server closes a
-	// channel whose delivery is not acknowledged. Defaults to 1m.
+	// channel whose delivery is not acknowledged. Zero means
+	// DefaultProcessTimeout (1m).
 	ProcessTimeout time.Duration
 
 	// MaxRequeueDelay caps how long a message the inbox wants redelivered
 	// (gap-rejected, failed) is held before it is nacked with requeue; see the
-	// package doc. Defaults to 10s.
+	// package doc. Zero means DefaultMaxRequeueDelay (10s).
 	MaxRequeueDelay time.Duration
 
 	// ConnectionName is the connection's name on the server (the
 	// connection_name client property), shown by rabbitmqctl list_connections and
-	// the management UI. Defaults to "pgoutbox inbox " followed by the processor's
-	// Name().
+	// the management UI. Zero means DefaultConnectionPrefix ("pgoutbox inbox ")
+	// followed by the processor's Name().
 	ConnectionName string
 
 	// ConnectTimeout bounds each attempt to connect: TCP, TLS and AMQP handshakes,
-	// declaring, and starting the consumer. Defaults to 10s.
+	// declaring, and starting the consumer. Zero means DefaultConnectTimeout (10s).
 	ConnectTimeout time.Duration
 
 	// ReconnectBackoff is the wait after the first failed attempt to reconnect
 	// (the first attempt after a loss is immediate); it doubles after each further
-	// failure, with jitter, up to MaxReconnectBackoff. Defaults to 100ms.
+	// failure, with jitter, up to MaxReconnectBackoff (retry.Exponential). Zero
+	// means DefaultReconnectBackoff (100ms).
 	ReconnectBackoff time.Duration
 
-	// MaxReconnectBackoff caps the wait between attempts to reconnect. Defaults to
-	// 30s.
+	// MaxReconnectBackoff caps the wait between attempts to reconnect. Zero means
+	// DefaultMaxReconnectBackoff (30s), or ReconnectBackoff if that is longer.
 	MaxReconnectBackoff time.Duration
 
 	// TLSConfig is the TLS configuration for amqps:// URLs. Defaults to the one
@@ -164,40 +183,48 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Validate reports what Dial would reject in c: the config as given, its zero
+// fields meaning their defaults. It is safe on a nil receiver, which lacks the
+// required Queue. Several problems are joined with errors.Join.
+func (c *Config) Validate() error {
+	_, err := c.withDefaults("")
+	return err
+}
+
 func (c *Config) withDefaults(name string) (Config, error) {
 	var out Config
 	if c != nil {
 		out = *c
 	}
 	if out.Exchange != "" && len(out.BindingKeys) == 0 {
-		out.BindingKeys = []string{"#"}
+		out.BindingKeys = []string{DefaultBindingKey}
 	}
 	if out.Prefetch == 0 {
-		out.Prefetch = 64
+		out.Prefetch = DefaultPrefetch
 	}
 	if out.Concurrency == 0 {
-		out.Concurrency = 4
+		out.Concurrency = DefaultConcurrency
 	}
 	if out.ConsumerTag == "" {
-		out.ConsumerTag = "pgoutbox-inbox-" + name
+		out.ConsumerTag = DefaultConsumerTagPrefix + name
 	}
 	if out.ProcessTimeout == 0 {
-		out.ProcessTimeout = time.Minute
+		out.ProcessTimeout = DefaultProcessTimeout
 	}
 	if out.MaxRequeueDelay == 0 {
-		out.MaxRequeueDelay = 10 * time.Second
+		out.MaxRequeueDelay = DefaultMaxRequeueDelay
 	}
 	if out.ConnectionName == "" {
-		out.ConnectionName = "pgoutbox inbox " + name
+		out.ConnectionName = DefaultConnectionPrefix + name
 	}
 	if out.ConnectTimeout == 0 {
-		out.ConnectTimeout = 10 * time.Second
+		out.ConnectTimeout = DefaultConnectTimeout
 	}
 	if out.ReconnectBackoff == 0 {
-		out.ReconnectBackoff = 100 * time.Millisecond
+		out.ReconnectBackoff = DefaultReconnectBackoff
 	}
 	if out.MaxReconnectBackoff == 0 {
-		out.MaxReconnectBackoff = max(30*time.Second, out.ReconnectBackoff)
+		out.MaxReconnectBackoff = max(DefaultMaxReconnectBackoff, out.ReconnectBackoff)
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -251,25 +278,17 @@ type Subscriber struct {
 	proc    inbox.Processor
 	log     *slog.Logger
 
-	stopCh     chan struct{}   // closed when stopping
+	lc   lifecycle.Lifecycle
+	core subscriber.Core[*item] // the queue, the workers, the outcome mapping
+
 	stopCtx    context.Context // ends when stopping: bounds attempts to reconnect
 	stopCancel context.CancelFunc
-	hardCtx    context.Context // ends Process calls: Stop's deadline passed, or Start's ctx ended
-	hardCancel context.CancelFunc
-
-	loops    sync.WaitGroup // the supervisor and the workers
-	helpers  sync.WaitGroup // the watcher of Start's ctx
-	settling sync.WaitGroup // delayed requeues not yet sent or dropped
-
-	startOnce, signalOnce, stopOnce sync.Once
-	started                         atomic.Bool
-	stopped                         chan struct{} // closed when Stop has finished
+	settling   sync.WaitGroup // delayed requeues not yet sent or dropped
+	supervised atomic.Bool    // the supervisor has returned
 
 	mu       sync.Mutex
-	wake     *sync.Cond // a lane became ready, or stopping
-	stopping bool
+	draining bool                  // stopping: requeue at once, delay nothing
 	cur      *session              // nil while reconnecting
-	queue    lanes.Queue[*item]    // received, not yet handled, one aggregate at a time
 	delayed  map[*item]*time.Timer // messages waiting out their retry delay
 
 	acked, requeued, rejected, released, unsettled, reconnects atomic.Int64
@@ -314,11 +333,13 @@ func Dial(ctx context.Context, url string, proc inbox.Processor, cfg *Config) (*
 		display: display,
 		proc:    proc,
 		log:     c.Logger.With(slog.String("consumer", proc.Name()), slog.String("queue", c.Queue)),
-		stopCh:  make(chan struct{}),
-		stopped: make(chan struct{}),
 		delayed: map[*item]*time.Timer{},
 	}
-	s.wake = sync.NewCond(&s.mu)
+	s.lc.Name = "rabbitinbox"
+	s.lc.Stopped = s.stopped
+	s.core.Broker = amqpBroker{s}
+	s.core.Processor = proc
+	s.core.ProcessTimeout = c.ProcessTimeout
 	s.stopCtx, s.stopCancel = context.WithCancel(context.Background())
 	sess, err := s.open(ctx, false)
 	if err != nil {
@@ -340,14 +361,17 @@ func (s *Subscriber) Stats() Stats {
 
 // Start starts consuming and processing; it returns once the server has accepted
 // the consumer. ctx and Config.ConnectTimeout bound that. ctx's end later stops
-// the Subscriber abruptly: in-flight transactions are abandoned and rolled back,
-// and Stop must still be called to close the connection; prefer Stop. If the
-// connection Dial opened has been lost meanwhile, Start returns at once and the
-// Subscriber reconnects in the background. Start may be called once.
+// the Subscriber hard: in-flight transactions are abandoned and rolled back, and
+// the connection is closed; prefer Stop. If the connection Dial opened has been
+// lost meanwhile, Start returns at once and the Subscriber reconnects in the
+// background.
+//
+// Start follows the one rule of pgoutbox's services: a second Start returns an
+// error matching lifecycle.ErrAlreadyStarted, a Start after Stop (or after a
+// failed Start) one matching lifecycle.ErrStopped; a Subscriber is not
+// restartable.
 func (s *Subscriber) Start(ctx context.Context) error {
-	err := errors.New("rabbitinbox: already started or stopped")
-	s.startOnce.Do(func() { err = s.start(ctx) })
-	return err
+	return s.lc.Start(ctx, s.start)
 }
 
 func (s *Subscriber) start(ctx context.Context) error {
@@ -369,27 +393,20 @@ func (s *Subscriber) start(ctx context.Context) error {
 		s.mu.Unlock()
 		sess = nil
 	}
-	s.hardCtx, s.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
-	s.started.Store(true)
 	s.log.Info("subscriber starting", slog.Int("concurrency", s.cfg.Concurrency), slog.Int("prefetch", s.cfg.Prefetch),
 		slog.String("consumer_tag", s.cfg.ConsumerTag))
 
-	s.loops.Add(1 + s.cfg.Concurrency)
-	go s.supervise(sess)
-	for range s.cfg.Concurrency {
-		go s.work()
-	}
-	// Start's ctx ending is a hard stop.
-	s.helpers.Add(1)
-	go func() {
-		defer s.helpers.Done()
-		select {
-		case <-ctx.Done():
-			s.signalStop()
-			s.hardCancel()
-		case <-s.hardCtx.Done():
+	s.lc.Go(func() { defer s.supervised.Store(true); s.supervise(sess) })
+	s.lc.Go(s.drainOnStop)
+	s.core.Run(&s.lc, s.cfg.Concurrency)
+	// A hard stop also ends a basic.cancel the server does not answer. (Hard also
+	// ends after a graceful stop, the supervisor gone: the Stopped hook still
+	// needs the connection then.)
+	context.AfterFunc(s.lc.Hard(), func() {
+		if !s.supervised.Load() {
+			s.closeCurrent()
 		}
-	}()
+	})
 	return nil
 }
 
@@ -397,12 +414,12 @@ func (s *Subscriber) start(ctx context.Context) error {
 // deliveries of the current session, and when the session is lost, opens a new
 // one, with backoff while attempts fail.
 func (s *Subscriber) supervise(sess *session) {
-	defer s.loops.Done()
-	var backoff time.Duration // 0: the next attempt is immediate
-	failing := false          // a failing streak, logged once
+	backoff := retry.Backoff{Schedule: retry.Exponential{Base: s.cfg.ReconnectBackoff, Max: s.cfg.MaxReconnectBackoff}}
+	wait := false    // the first attempt after a loss is immediate
+	failing := false // a failing streak, logged once
 	for {
 		if sess == nil {
-			if backoff > 0 && !s.pause(backoff/2+rand.N(backoff/2+1)) {
+			if wait && !subscriber.Pause(&s.lc, backoff.Next()) {
 				return
 			}
 			var err error
@@ -416,10 +433,11 @@ func (s *Subscriber) supervise(sess *session) {
 				} else {
 					s.log.Debug("cannot reconnect", slog.Any("error", err))
 				}
-				backoff = min(max(2*backoff, s.cfg.ReconnectBackoff), s.cfg.MaxReconnectBackoff)
+				wait = true
 				continue
 			}
-			failing, backoff = false, 0
+			failing, wait = false, false
+			backoff.Reset()
 			s.reconnects.Add(1)
 			s.mu.Lock()
 			s.cur = sess
@@ -434,18 +452,6 @@ func (s *Subscriber) supervise(sess *session) {
 	}
 }
 
-// pause waits d; it reports false if the Subscriber stops first.
-func (s *Subscriber) pause(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-s.stopCh:
-		return false
-	}
-}
-
 // receive queues the session's deliveries by aggregate until the session is lost
 // (false) or the Subscriber stops (true). On stopping, it cancels the consumer and
 // hands back what arrives until the server confirms, so that nothing more comes.
@@ -456,8 +462,9 @@ func (s *Subscriber) receive(sess *session) (stopping bool) {
 			if !ok {
 				return false
 			}
-			s.enqueue(sess, d)
-		case <-s.stopCh:
+			it := &item{sess: sess, d: d, headers: deliveryHeaders(d.Headers)}
+			s.core.Push(it)
+		case <-s.lc.Stopping():
 			// basic.cancel: the server confirms after the deliveries already on
 			// their way, and amqp091-go then closes the deliveries channel. The
 			// channel stays open: the messages in progress are acked on it.
@@ -465,7 +472,7 @@ func (s *Subscriber) receive(sess *session) (stopping bool) {
 				s.log.Debug("could not cancel the consumer", slog.Any("error", err))
 			}
 			for d := range sess.deliveries {
-				s.release(&item{sess: sess, d: d})
+				amqpBroker{s}.Release(&item{sess: sess, d: d})
 			}
 			return true
 		}
@@ -480,9 +487,9 @@ func (s *Subscriber) lose(sess *session) {
 	sess.lost.Store(true)
 	reason := sess.reason()
 	var timers []*time.Timer
+	s.core.Drop(func(it *item) bool { return it.sess == sess })
 	s.mu.Lock()
 	s.cur = nil
-	s.queue.Drop(func(it *item) bool { return it.sess == sess })
 	for it, t := range s.delayed {
 		if it.sess == sess {
 			delete(s.delayed, it)
@@ -498,83 +505,47 @@ func (s *Subscriber) lose(sess *session) {
 	s.log.Warn("connection lost; reconnecting", slog.Any("error", reason))
 }
 
-func (s *Subscriber) enqueue(sess *session, d amqp.Delivery) {
-	it := &item{sess: sess, d: d, headers: deliveryHeaders(d.Headers)}
-	key := laneKey(it.headers)
-	s.mu.Lock()
-	if s.stopping {
-		s.mu.Unlock()
-		s.release(it)
-		return
-	}
-	if s.queue.Push(key, it) {
-		s.wake.Signal()
-	}
-	s.mu.Unlock()
+// amqpBroker settles RabbitMQ deliveries for the core.
+type amqpBroker struct{ s *Subscriber }
+
+func (b amqpBroker) Lane(it *item) pgoutbox.Lane {
+	return laneKey(it.headers)
 }
 
-// work processes ready lanes, one message at a time per lane, until stopping.
-func (s *Subscriber) work() {
-	defer s.loops.Done()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for {
-		for !s.queue.Ready() && !s.stopping {
-			s.wake.Wait()
-		}
-		if s.stopping {
-			return
-		}
-		key, it := s.queue.Take()
-
-		s.mu.Unlock()
-		s.handle(it)
-		s.mu.Lock()
-
-		if s.queue.Done(key) {
-			s.wake.Signal()
-		}
-	}
-}
-
-// handle processes one message and settles it with the broker.
-func (s *Subscriber) handle(it *item) {
+func (b amqpBroker) Delivery(it *item) (inbox.Delivery, bool) {
 	if it.sess.lost.Load() {
-		return // its channel is gone: the server redelivers it
+		return inbox.Delivery{}, false // its channel is gone: the server redelivers it
 	}
-	d := inbox.Delivery{Body: it.d.Body, Headers: it.headers, Attempt: attempt(&it.d)}
-	ctx, cancel := context.WithTimeout(s.hardCtx, s.cfg.ProcessTimeout)
-	o := s.proc.Process(ctx, d)
-	cancel()
+	return inbox.Delivery{Body: it.d.Body, Headers: it.headers, Attempt: attempt(&it.d)}, true
+}
 
-	switch o.Action() {
-	case inbox.ActionAck:
-		// The transaction has committed (or found the event applied): only now
-		// may the server forget the message. A crash or a lost connection before
-		// the ack reaches it means a redelivery, which the inbox recognises.
-		if o.Status == inbox.StatusApplied {
-			_ = failpoint.Inject(failpoint.ConsumerAfterCommit) // crash or delay: the commit is done
-		}
-		s.settle(it, "ack", &s.acked, func() error { return it.d.Ack(false) })
-	case inbox.ActionTerm:
-		s.settle(it, "reject", &s.rejected, func() error { return it.d.Nack(false, false) })
-		s.log.Error("rejected a message that is not an outbox event; it is not requeued (the queue's dead-letter exchange gets it, if there is one)",
-			slog.String("exchange", it.d.Exchange), slog.String("routing_key", it.d.RoutingKey),
-			slog.String("message_id", it.d.MessageId), slog.Bool("redelivered", it.d.Redelivered), slog.Any("error", o.Err))
-	default:
-		delay := min(o.RetryAfter, s.cfg.MaxRequeueDelay)
-		if s.hardCtx.Err() != nil {
-			delay = 0 // abandoned by a hard stop: let another instance have it now
-		}
-		s.requeueAfter(it, delay)
-	}
+func (b amqpBroker) Ack(it *item) {
+	b.s.settle(it, "ack", &b.s.acked, func() error { return it.d.Ack(false) })
+}
+
+func (b amqpBroker) Term(it *item, o inbox.Outcome) {
+	b.s.settle(it, "reject", &b.s.rejected, func() error { return it.d.Nack(false, false) })
+	b.s.log.Error("rejected a message that is not an outbox event; it is not requeued (the queue's dead-letter exchange gets it, if there is one)",
+		slog.String("exchange", it.d.Exchange), slog.String("routing_key", it.d.RoutingKey),
+		slog.String("message_id", it.d.MessageId), slog.Bool("redelivered", it.d.Redelivered), slog.Any("error", o.Err))
+}
+
+// Nak requeues after the delay, capped by Config.MaxRequeueDelay: RabbitMQ
+// cannot redeliver later (see the package doc).
+func (b amqpBroker) Nak(it *item, delay time.Duration) {
+	b.s.requeueAfter(it, min(delay, b.s.cfg.MaxRequeueDelay))
+}
+
+// Release hands a message that was not processed back to the queue at once.
+func (b amqpBroker) Release(it *item) {
+	b.s.settle(it, "release", &b.s.released, func() error { return it.d.Nack(false, true) })
 }
 
 // requeueAfter nacks it with requeue once delay has passed, or at once when
 // stopping. Neither the worker nor the aggregate's lane waits for it.
 func (s *Subscriber) requeueAfter(it *item, delay time.Duration) {
 	s.mu.Lock()
-	if delay <= 0 || s.stopping {
+	if delay <= 0 || s.draining {
 		s.mu.Unlock()
 		s.requeue(it)
 		return
@@ -598,11 +569,6 @@ func (s *Subscriber) requeue(it *item) {
 	s.settle(it, "requeue", &s.requeued, func() error { return it.d.Nack(false, true) })
 }
 
-// release hands a message that was not processed back to the queue at once.
-func (s *Subscriber) release(it *item) {
-	s.settle(it, "release", &s.released, func() error { return it.d.Nack(false, true) })
-}
-
 // settle sends an ack or a nack and counts it.
 func (s *Subscriber) settle(it *item, action string, counter *atomic.Int64, send func() error) {
 	if err := send(); err != nil {
@@ -617,25 +583,22 @@ func (s *Subscriber) settle(it *item, action string, counter *atomic.Int64, send
 	counter.Add(1)
 }
 
-// signalStop stops intake: the supervisor cancels the consumer, the workers end
-// after their current message, and the messages waiting out a retry delay are
-// requeued now.
-func (s *Subscriber) signalStop() {
-	s.signalOnce.Do(func() {
-		s.mu.Lock()
-		s.stopping = true
-		s.wake.Broadcast()
-		waiting := s.delayed
-		s.delayed = map[*item]*time.Timer{}
-		s.mu.Unlock()
-		close(s.stopCh)
-		s.stopCancel()
-		for it, t := range waiting {
-			t.Stop()
-			s.requeue(it)
-			s.settling.Done()
-		}
-	})
+// drainOnStop, once the Subscriber begins to stop, ends attempts to reconnect
+// and requeues at once the messages waiting out a retry delay. (The supervisor
+// cancels the consumer, the workers end after their current message.)
+func (s *Subscriber) drainOnStop() {
+	<-s.lc.Stopping()
+	s.stopCancel()
+	s.mu.Lock()
+	s.draining = true
+	waiting := s.delayed
+	s.delayed = map[*item]*time.Timer{}
+	s.mu.Unlock()
+	for it, t := range waiting {
+		t.Stop()
+		s.requeue(it)
+		s.settling.Done()
+	}
 }
 
 // closeCurrent closes the current session's connection, if any.
@@ -648,63 +611,40 @@ func (s *Subscriber) closeCurrent() {
 	}
 }
 
-// Stop shuts the Subscriber down gracefully: it cancels the consumer, so that the
-// server sends nothing more; requeues at once the messages received but not
-// started, and those waiting out a retry delay; lets the messages being processed
-// finish (commit and ack, or roll back and requeue); and closes the connection.
-// If ctx ends first, in-flight transactions are abandoned (rolled back), the
-// connection is closed — the server requeues whatever was not acknowledged — and
-// ctx's error is returned. Stop is safe to call more than once, and before Start.
-func (s *Subscriber) Stop(ctx context.Context) error {
-	s.startOnce.Do(func() {}) // a later Start fails
-	first := false
-	s.stopOnce.Do(func() { first = true })
-	if !first {
-		select {
-		case <-s.stopped:
-			return nil
-		case <-ctx.Done():
-			return fmt.Errorf("rabbitinbox: stop: %w", ctx.Err())
-		}
-	}
-	defer close(s.stopped)
-	if !s.started.Load() {
-		s.stopCancel()
-		s.closeCurrent()
-		return nil
-	}
-	return s.stop(ctx)
-}
-
-func (s *Subscriber) stop(ctx context.Context) error {
-	s.signalStop()
-	done := make(chan struct{})
-	go func() { s.loops.Wait(); close(done) }()
-	var err error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = fmt.Errorf("rabbitinbox: stop: %w", ctx.Err())
-		s.hardCancel()
-		// Also ends a basic.cancel the server does not answer.
-		s.closeCurrent()
-		<-done
-	}
+// stopped is the lifecycle's Stopped hook: the supervisor and the workers have
+// returned; the delayed requeues are sent, what was received but not started is
+// requeued, and the connection is closed.
+func (s *Subscriber) stopped(bool) {
+	s.stopCancel()
 	s.settling.Wait()
-	s.hardCancel()
-	s.helpers.Wait()
-
-	s.mu.Lock()
-	left := s.queue.Drain()
-	s.mu.Unlock()
-	for _, it := range left {
+	for _, it := range s.core.Drain() {
 		if !it.sess.lost.Load() {
-			s.release(it)
+			amqpBroker{s}.Release(it)
 		}
 	}
 	s.closeCurrent()
 	st := s.Stats()
 	s.log.Info("subscriber stopped", slog.Int64("acked", st.Acked), slog.Int64("requeued", st.Requeued),
 		slog.Int64("rejected", st.Rejected), slog.Int64("released", st.Released), slog.Int64("reconnects", st.Reconnects))
+}
+
+// Stop shuts the Subscriber down gracefully: it cancels the consumer, so that the
+// server sends nothing more; requeues at once the messages received but not
+// started, and those waiting out a retry delay; lets the messages being processed
+// finish (commit and ack, or roll back and requeue); and closes the connection.
+// If ctx ends first, the stop turns hard: in-flight transactions are abandoned
+// (rolled back), the connection is closed — the server requeues whatever was not
+// acknowledged — and ctx's error is returned.
+//
+// Stop follows the one rule of pgoutbox's services (package internal/lifecycle):
+// it may be called any number of times, from any goroutine, each call waiting
+// for the same shutdown; before Start it closes the connection Dial opened,
+// returns nil, and the Subscriber can no longer start.
+func (s *Subscriber) Stop(ctx context.Context) error {
+	err := s.lc.Stop(ctx)
+	if !s.lc.Started() { // stopped before Start: no hook ran
+		s.stopCancel()
+		s.closeCurrent()
+	}
 	return err
 }

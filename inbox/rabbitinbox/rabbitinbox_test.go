@@ -22,6 +22,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox/rabbitinbox"
 	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // Acceptance: three instances, each a subscriber with its own connection on one
@@ -82,7 +83,7 @@ func TestThreeInstancesApplyEveryAggregateInOrder(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, 3*time.Minute, "every message to be applied and acked", func() bool {
+	wait.For(t, 3*time.Minute, "every message to be applied and acked", func() bool {
 		return acked() == published && e.Count(t, "effects", "true") == aggregates*perAggregate && e.ready(t, e.queue) == 0
 	})
 	elapsed := time.Since(start)
@@ -165,7 +166,7 @@ func TestHandlerErrorRequeues(t *testing.T) {
 		return nil
 	})
 	s := e.subscribe(t, c, rabbitinbox.Config{Concurrency: 1, MaxRequeueDelay: maxDelay})
-	waitFor(t, 30*time.Second, "the message to be acked", func() bool { return s.Stats().Acked == 1 })
+	wait.For(t, 30*time.Second, "the message to be acked", func() bool { return s.Stats().Acked == 1 })
 	mu.Lock()
 	defer mu.Unlock()
 	if calls.Load() != 3 || !slices.Equal(rowsSeen, []int{0, 0, 0}) {
@@ -215,7 +216,7 @@ func TestQuorumQueueCountsAttempts(t *testing.T) {
 	s := e.subscribe(t, counting, rabbitinbox.Config{Queue: queue, Exchange: e.exchange,
 		QueueArguments: amqp.Table{"x-queue-type": "quorum"}, MaxRequeueDelay: 20 * time.Millisecond})
 	e.publish(t, inboxtest.Event("1", 1))
-	waitFor(t, 30*time.Second, "the message to be acked", func() bool { return s.Stats().Acked == 1 })
+	wait.For(t, 30*time.Second, "the message to be acked", func() bool { return s.Stats().Acked == 1 })
 	mu.Lock()
 	defer mu.Unlock()
 	if !slices.Equal(attempts, []int{1, 2, 3}) {
@@ -232,37 +233,14 @@ func TestStopRequeuesWaitingMessagesAtOnce(t *testing.T) {
 		return errors.New("payment service down")
 	})
 	s := e.subscribe(t, c, rabbitinbox.Config{MaxRequeueDelay: time.Hour})
-	waitFor(t, 30*time.Second, "the delivery to fail", func() bool { return c.Stats().Failed == 1 })
+	wait.For(t, 30*time.Second, "the delivery to fail", func() bool { return c.Stats().Failed == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pgtest.Must(t, s.Stop(ctx), "Stop")
 	if st := s.Stats(); st.Requeued != 1 {
 		t.Fatalf("stats %+v, want the waiting message requeued", st)
 	}
-	waitFor(t, 10*time.Second, "the message to be back in the queue", func() bool { return e.ready(t, e.queue) == 1 })
-}
-
-// Acceptance (reject): sequence 3 is in the queue before 2. It is refused,
-// requeued after its delay, and applied after 2.
-func TestGapRejectedThenAppliedInOrder(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 4)
-	l := inboxtest.Lane("42", 3)
-	e.publish(t, l[0])
-	e.publish(t, l[2])
-	e.publish(t, l[1])
-	c := e.Consumer(t, inbox.Config{GapRetryDelay: 20 * time.Millisecond}, nil)
-	s := e.subscribe(t, c, rabbitinbox.Config{Concurrency: 1})
-	waitFor(t, 30*time.Second, "all three to be acked", func() bool { return s.Stats().Acked == 3 })
-	if got := e.Sequences(t, "42"); !slices.Equal(got, []int64{1, 2, 3}) {
-		t.Fatalf("applied %v, want [1 2 3]", got)
-	}
-	if st := c.Stats(); st.Gaps < 1 || st.Applied != 3 {
-		t.Fatalf("inbox stats %+v: want at least one rejected gap", st)
-	}
-	if st := s.Stats(); st.Requeued < 1 {
-		t.Fatalf("subscriber stats %+v: want sequence 3 requeued", st)
-	}
+	wait.For(t, 10*time.Second, "the message to be back in the queue", func() bool { return e.ready(t, e.queue) == 1 })
 }
 
 // Acceptance: the server closes the subscriber's connection (as rabbitmqctl
@@ -303,10 +281,10 @@ func TestReconnectsAfterServerClosesConnection(t *testing.T) {
 		t.Fatal("no delivery held within a minute")
 	}
 	pgtest.Must(t, closeConnection(name), "close the subscriber's connection")
-	waitFor(t, 30*time.Second, "the subscriber to reconnect", func() bool { return s.Stats().Reconnects == 1 })
+	wait.For(t, 30*time.Second, "the subscriber to reconnect", func() bool { return s.Stats().Reconnects == 1 })
 	close(release)
 
-	waitFor(t, 2*time.Minute, "every event to be applied", func() bool {
+	wait.For(t, 2*time.Minute, "every event to be applied", func() bool {
 		return e.Count(t, "effects", "true") == aggregates*perAggregate && e.ready(t, e.queue) == 0
 	})
 	pgtest.Must(t, s.Stop(context.Background()), "Stop")
@@ -350,7 +328,7 @@ func TestConnectionLostAfterCommitBeforeAck(t *testing.T) {
 			// Committed. The server closes the connection, and the
 			// subscriber notices (it has reconnected) before it can ack.
 			err := closeConnection(name)
-			if err == nil && !poll(30*time.Second, func() bool { return sub.Load().Stats().Reconnects == 1 }) {
+			if err == nil && !wait.Until(30*time.Second, func() bool { return sub.Load().Stats().Reconnects == 1 }) {
 				err = errors.New("no reconnect within 30s")
 			}
 			crashErr <- err
@@ -367,7 +345,7 @@ func TestConnectionLostAfterCommitBeforeAck(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no delivery within 30s")
 	}
-	waitFor(t, 30*time.Second, "the redelivery to be acked", func() bool { return s.Stats().Acked == 1 })
+	wait.For(t, 30*time.Second, "the redelivery to be acked", func() bool { return s.Stats().Acked == 1 })
 	pgtest.Must(t, s.Stop(context.Background()), "Stop")
 	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
@@ -414,11 +392,11 @@ func TestUndecodableMessageIsRejected(t *testing.T) {
 	}), nil))
 	c := e.Consumer(t, inbox.Config{}, nil)
 	s := e.subscribe(t, c, rabbitinbox.Config{Logger: logger})
-	waitFor(t, 30*time.Second, "both messages to be settled", func() bool {
+	wait.For(t, 30*time.Second, "both messages to be settled", func() bool {
 		st := s.Stats()
 		return st.Acked == 1 && st.Rejected == 1
 	})
-	waitFor(t, 10*time.Second, "the rejected message to be dead-lettered", func() bool { return e.ready(t, dead) == 1 })
+	wait.For(t, 10*time.Second, "the rejected message to be dead-lettered", func() bool { return e.ready(t, dead) == 1 })
 	if st := c.Stats(); st.Undecodable != 1 || st.Applied != 1 {
 		t.Fatalf("inbox stats %+v", st)
 	}
@@ -437,86 +415,6 @@ func TestUndecodableMessageIsRejected(t *testing.T) {
 type writerFunc func(p []byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
-
-// Graceful Stop lets the delivery in progress commit and ack, and requeues the
-// received but unstarted messages at once (another instance gets them).
-func TestStopFinishesInFlightAndReleasesTheRest(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 4)
-	var msgs []broker.Message
-	for a := range 5 {
-		msgs = append(msgs, inboxtest.Event(fmt.Sprint(a), 1))
-	}
-	e.publish(t, msgs...)
-	entered := make(chan struct{}, 1)
-	release := make(chan struct{})
-	blocking := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		entered <- struct{}{}
-		<-release
-		return e.Record(ctx, tx, ev)
-	})
-	s := e.subscribe(t, blocking, rabbitinbox.Config{Concurrency: 1})
-	<-entered
-	waitFor(t, 10*time.Second, "the other messages to be delivered", func() bool { return e.ready(t, e.queue) == 0 })
-
-	stopped := make(chan error, 1)
-	go func() { stopped <- s.Stop(context.Background()) }()
-	select {
-	case err := <-stopped:
-		t.Fatalf("Stop returned (%v) while a delivery was in progress", err)
-	case <-entered:
-		t.Fatal("a second delivery started after Stop")
-	default:
-	}
-	close(release)
-	pgtest.Must(t, <-stopped, "Stop")
-	if st := s.Stats(); st.Acked != 1 || st.Released != 4 {
-		t.Fatalf("stats %+v, want 1 acked and 4 released", st)
-	}
-	if n := e.Count(t, "effects", "true"); n != 1 {
-		t.Fatalf("%d effects, want 1", n)
-	}
-	// Requeued at once: the queue has them again, for a new instance.
-	waitFor(t, 10*time.Second, "the released messages to be back in the queue", func() bool { return e.ready(t, e.queue) == 4 })
-	next := e.subscribe(t, e.Consumer(t, inbox.Config{}, nil), rabbitinbox.Config{})
-	waitFor(t, 20*time.Second, "the released messages to be processed", func() bool { return next.Stats().Acked == 4 })
-	if n := e.Count(t, "effects", "true"); n != 5 {
-		t.Fatalf("%d effects, want 5", n)
-	}
-	pgtest.Must(t, s.Stop(context.Background()), "second Stop")
-}
-
-// When Stop's deadline passes, the delivery in progress is abandoned: its
-// transaction rolls back and the message goes back to the queue.
-func TestStopDeadlineAbandonsInFlight(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 4)
-	e.publish(t, inboxtest.Event("1", 1))
-	entered := make(chan struct{})
-	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		if err := e.Record(ctx, tx, ev); err != nil {
-			return err
-		}
-		close(entered)
-		<-ctx.Done()
-		return ctx.Err()
-	})
-	s := e.subscribe(t, c, rabbitinbox.Config{})
-	<-entered
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	if err := s.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Stop = %v, want the deadline", err)
-	}
-	if n := e.Count(t, "effects", "true") + e.Count(t, "processed_events", "true"); n != 0 {
-		t.Fatalf("%d rows left by an abandoned delivery", n)
-	}
-	next := e.subscribe(t, e.Consumer(t, inbox.Config{}, nil), rabbitinbox.Config{})
-	waitFor(t, 20*time.Second, "the abandoned message to be redelivered", func() bool { return next.Stats().Acked == 1 })
-	if n := e.Count(t, "effects", "true"); n != 1 {
-		t.Fatalf("%d effects, want 1", n)
-	}
-}
 
 // With Config.Exchange, the subscriber declares a missing exchange and queue and
 // binds the queue with the binding keys only; an existing queue is used as it is.
@@ -544,7 +442,7 @@ func TestDeclaresAndBindsQueue(t *testing.T) {
 	if !errors.Is(results[1], rabbitmq.ErrUnroutable) {
 		t.Fatalf("publish an invoice event = %v, want unroutable: the queue is bound with order.* only", results[1])
 	}
-	waitFor(t, 20*time.Second, "the order event to be applied", func() bool { return s.Stats().Acked == 1 })
+	wait.For(t, 20*time.Second, "the order event to be applied", func() bool { return s.Stats().Acked == 1 })
 
 	// A second instance finds the queue and binds it again, harmlessly.
 	other := e.subscribe(t, c, rabbitinbox.Config{Queue: queue, Exchange: exchange, BindingKeys: []string{"order.*"}})
@@ -610,39 +508,5 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if _, err := rabbitinbox.Dial(context.Background(), amqpURL, nil, &rabbitinbox.Config{Queue: "q"}); err == nil {
 		t.Fatal("Dial without a processor accepted")
-	}
-}
-
-// Stop before Start closes the connection Dial opened; Start after Stop fails.
-func TestStopBeforeStart(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 2)
-	s := e.dial(t, e.Consumer(t, inbox.Config{}, nil), rabbitinbox.Config{})
-	pgtest.Must(t, s.Stop(context.Background()), "Stop")
-	if err := s.Start(context.Background()); err == nil {
-		t.Fatal("Start after Stop succeeded")
-	}
-}
-
-// The handler sees the producer's headers, not the Outbox-* ones nor RabbitMQ's.
-func TestEventHeadersAreTheProducers(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 2)
-	m := inboxtest.Event("1", 1)
-	m.Headers = map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "Tenant": "eu"}
-	e.publish(t, m)
-	got := make(chan map[string]string, 1)
-	c := e.Consumer(t, inbox.Config{}, func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-		got <- ev.Headers
-		return nil
-	})
-	e.subscribe(t, c, rabbitinbox.Config{})
-	select {
-	case h := <-got:
-		if len(h) != 2 || h["traceparent"] != m.Headers["traceparent"] || h["Tenant"] != "eu" {
-			t.Fatalf("handler saw headers %v, want the producer's %v", h, m.Headers)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("no delivery within 30s")
 	}
 }

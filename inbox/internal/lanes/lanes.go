@@ -3,13 +3,15 @@
 // aggregates are processed in parallel, in the order they became ready.
 package lanes
 
-// Queue holds items per key (an aggregate). It has no lock of its own: the
+import "github.com/pgoutbox/pgoutbox"
+
+// Queue holds items per key (an aggregate's lane). It has no lock of its own: the
 // subscriber guards it with the mutex that its workers' condition uses. The zero
 // value is ready to use.
 type Queue[T any] struct {
-	lanes map[string]*lane[T]
-	ready []string // keys with items and no worker, in turn
-	n     int      // items queued, not taken
+	lanes map[pgoutbox.Lane]*lane[T]
+	ready []pgoutbox.Lane // keys with items and no worker, in turn
+	n     int             // items queued, not taken
 }
 
 type lane[T any] struct {
@@ -19,9 +21,9 @@ type lane[T any] struct {
 
 // Push queues v under key and reports whether key just became ready, i.e. a
 // worker should be woken.
-func (q *Queue[T]) Push(key string, v T) bool {
+func (q *Queue[T]) Push(key pgoutbox.Lane, v T) bool {
 	if q.lanes == nil {
-		q.lanes = map[string]*lane[T]{}
+		q.lanes = map[pgoutbox.Lane]*lane[T]{}
 	}
 	l := q.lanes[key]
 	if l == nil {
@@ -45,9 +47,9 @@ func (q *Queue[T]) Len() int { return q.n }
 
 // Take hands out the oldest item of the first ready key, which stays busy (no
 // other item of it is handed out) until Done. Call it only when Ready.
-func (q *Queue[T]) Take() (key string, v T) {
+func (q *Queue[T]) Take() (key pgoutbox.Lane, v T) {
 	key = q.ready[0]
-	q.ready[0] = ""
+	q.ready[0] = pgoutbox.Lane{}
 	q.ready = q.ready[1:]
 	l := q.lanes[key]
 	v = l.items[0]
@@ -60,7 +62,7 @@ func (q *Queue[T]) Take() (key string, v T) {
 }
 
 // Done ends the work on key's taken item and reports whether key is ready again.
-func (q *Queue[T]) Done(key string) bool {
+func (q *Queue[T]) Done(key pgoutbox.Lane) bool {
 	l := q.lanes[key]
 	l.busy = false
 	if len(l.items) > 0 {
