@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -553,20 +552,3 @@ func header(r *kgo.Record, name string) string {
 	}
 	return ""
 }
-
-// onMessage is a slog handler that calls fn for the first record with message msg,
-// and discards everything.
-type onMessage struct {
-	msg string
-	fn  func()
-}
-
-func (h onMessage) Enabled(context.Context, slog.Level) bool { return true }
-func (h onMessage) Handle(_ context.Context, r slog.Record) error {
-	if r.Message == h.msg {
-		h.fn()
-	}
-	return nil
-}
-func (h onMessage) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h onMessage) WithGroup(string) slog.Handler      { return h }
