@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -312,6 +313,16 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if _, err := relay.New(o.pool, nil, nil); err == nil {
 		t.Error("nil publisher accepted")
+	}
+	var defaults *relay.Config
+	if err := defaults.Validate(); err != nil {
+		t.Errorf("nil config: %v", err)
+	}
+	err := (&relay.Config{BatchSize: -1, Workers: 100}).Validate()
+	for _, want := range []string{"relay: Config.BatchSize (-1)", "relay: Config.Workers (100)"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v, want an error naming %q", err, want)
+		}
 	}
 }
 
