@@ -181,6 +181,13 @@ func (rd *readiness) logChange(failed []string, errs []error) {
 }
 
 // Server serves the endpoints on an address of their own. Create it with Start.
+//
+// It is not a service of package internal/lifecycle, whose Start(ctx) runs a
+// made service: Start here listens and serves in one step, so that a bad or busy
+// address fails before anything else runs, and a Server cannot exist unstarted,
+// be started twice or after Stop. Its Stop has the same graceful-then-hard shape
+// (in-flight requests until ctx ends, then closed) and may be called any number
+// of times.
 type Server struct {
 	srv  *http.Server
 	ln   net.Listener
