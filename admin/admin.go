@@ -22,15 +22,46 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Config configures an Admin.
+// Config configures an Admin. A nil *Config and the zero value are ready to
+// use; each field names its default.
 type Config struct {
-	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to "public".
+	// Schema is the PostgreSQL schema holding the outbox tables. Empty means
+	// migrate.DefaultSchema ("public").
 	Schema string
 
 	// InboxSchema is the schema holding the consumer inbox's processed_events
 	// table, whose size Status reports (as absent when it does not exist there).
-	// Defaults to Schema.
+	// Empty means Schema.
 	InboxSchema string
+}
+
+// Validate reports what New would reject in c, zero fields meaning their
+// defaults: an error naming each bad field, joined. A nil c is valid.
+func (c *Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+// withDefaults returns a copy of c with its defaults filled in, and validates it.
+func (c *Config) withDefaults() (Config, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = migrate.DefaultSchema
+	}
+	if out.InboxSchema == "" {
+		out.InboxSchema = out.Schema
+	}
+	var errs []error
+	if err := migrate.ValidateSchema(out.Schema); err != nil {
+		errs = append(errs, fmt.Errorf("admin: Config.Schema: %w", err))
+	}
+	if err := migrate.ValidateSchema(out.InboxSchema); err != nil {
+		errs = append(errs, fmt.Errorf("admin: Config.InboxSchema: %w", err))
+	}
+	return out, errors.Join(errs...)
 }
 
 // Admin runs operator actions against one outbox.
@@ -43,29 +74,20 @@ type Admin struct {
 	channel     string
 }
 
-// New returns an Admin working through db.
+// New returns an Admin working through db. cfg may be nil for all defaults;
+// invalid settings are reported here.
 func New(db DB, cfg *Config) (*Admin, error) {
-	schema := migrate.DefaultSchema
-	if cfg != nil && cfg.Schema != "" {
-		schema = cfg.Schema
-	}
-	if err := migrate.ValidateSchema(schema); err != nil {
-		return nil, fmt.Errorf("admin: Config.Schema: %w", err)
-	}
-	inbox := schema
-	if cfg != nil && cfg.InboxSchema != "" {
-		inbox = cfg.InboxSchema
-	}
-	if err := migrate.ValidateSchema(inbox); err != nil {
-		return nil, fmt.Errorf("admin: Config.InboxSchema: %w", err)
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	return &Admin{
 		db:          db,
-		schema:      schema,
-		inboxSchema: inbox,
-		events:      pgx.Identifier{schema, "outbox_events"}.Sanitize(),
-		skipped:     pgx.Identifier{schema, "outbox_skipped_events"}.Sanitize(),
-		channel:     migrate.NotifyChannel(schema),
+		schema:      c.Schema,
+		inboxSchema: c.InboxSchema,
+		events:      pgx.Identifier{c.Schema, "outbox_events"}.Sanitize(),
+		skipped:     pgx.Identifier{c.Schema, "outbox_skipped_events"}.Sanitize(),
+		channel:     migrate.NotifyChannel(c.Schema),
 	}, nil
 }
 

@@ -6,29 +6,74 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 )
 
-// CleanerConfig configures a Cleaner.
+// DefaultCleanerInterval is the time between a Cleaner's runs when
+// CleanerConfig.Interval is zero.
+const DefaultCleanerInterval = time.Hour
+
+// unlockTimeout bounds giving the cleanup lock back after a run; past it the
+// connection is closed, which frees the lock too.
+const unlockTimeout = 5 * time.Second
+
+// CleanerConfig configures a Cleaner. A nil *CleanerConfig and the zero value
+// are ready to use; each field names its default.
 type CleanerConfig struct {
 	// Cleanup is what each run does (schema, retention, batch size, inbox);
-	// its Logger defaults to the Cleaner's.
+	// its fields default as CleanupConfig says, and its Logger to the Cleaner's.
 	Cleanup CleanupConfig
 
-	// Interval is the time between runs; the first run starts at once. Required.
+	// Interval is the time between runs; the first run starts at once. It must
+	// not be negative. Zero means DefaultCleanerInterval (1h).
 	Interval time.Duration
 
 	// Logger receives a line per run that deleted something, and errors.
-	// Defaults to slog.Default().
+	// Nil means slog.Default().
 	Logger *slog.Logger
 
 	// Done, when set, is called after each run this Cleaner made (not the rounds
 	// it skipped because another Cleaner held the lock), with what the run did,
 	// also when it failed part way: e.g. to feed a metric of deleted rows.
 	Done func(CleanupResult, error)
+}
+
+// Validate reports what NewCleaner would reject in c, zero fields meaning
+// their defaults: an error naming each bad field, joined. A nil c is valid.
+func (c *CleanerConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+// withDefaults returns a copy of c with its defaults filled in, and validates it.
+func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
+	var out CleanerConfig
+	if c != nil {
+		out = *c
+	}
+	var errs []error
+	if out.Interval < 0 {
+		errs = append(errs, fmt.Errorf("admin: CleanerConfig.Interval (%s) must not be negative", out.Interval))
+	}
+	if out.Interval == 0 {
+		out.Interval = DefaultCleanerInterval
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.Cleanup.Logger == nil {
+		out.Cleanup.Logger = out.Logger
+	}
+	cleanup, err := out.Cleanup.withDefaults()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	out.Cleanup = cleanup
+	return out, errors.Join(errs...)
 }
 
 // Cleaner runs Cleanup periodically, as the relay's cleanup job does. Any number
@@ -38,30 +83,23 @@ type Cleaner struct {
 	pool *pgxpool.Pool
 	cfg  CleanerConfig
 	key  int64
-
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	lc   lifecycle.Lifecycle // runs the loop; a run in flight uses its Hard context
 }
 
 // NewCleaner returns a Cleaner working through pool; each run holds one of its
-// connections.
-func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
-	if cfg.Interval <= 0 {
-		return nil, fmt.Errorf("admin: CleanerConfig.Interval %s: must be positive", cfg.Interval)
+// connections. cfg may be nil for all defaults; invalid settings are reported
+// here.
+func NewCleaner(pool *pgxpool.Pool, cfg *CleanerConfig) (*Cleaner, error) {
+	if pool == nil {
+		return nil, errors.New("admin: NewCleaner needs a pool")
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Cleanup.Logger == nil {
-		cfg.Cleanup.Logger = cfg.Logger
-	}
-	c, err := cfg.Cleanup.withDefaults()
+	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	cfg.Cleanup = c
-	return &Cleaner{pool: pool, cfg: cfg, key: cleanupLockKey(c.Schema)}, nil
+	cl := &Cleaner{pool: pool, cfg: c, key: cleanupLockKey(c.Cleanup.Schema)}
+	cl.lc.Name = "admin: cleaner"
+	return cl, nil
 }
 
 // cleanupLockKey is the advisory lock that lets one cleaner of a schema run at a time.
@@ -72,50 +110,38 @@ func cleanupLockKey(schema string) int64 {
 }
 
 // Start runs the first cleanup now and then one every Interval, in the
-// background, until Stop or until ctx ends. Starting a started Cleaner is an
-// error.
+// background, until Stop or until ctx ends.
+//
+// Start and Stop follow the one rule of pgoutbox's services (package
+// internal/lifecycle): a Cleaner starts once (a second Start is an error, and
+// so is a Start after Stop: make a new Cleaner); Stop is graceful until its ctx
+// ends, then hard, and may be called any number of times, also before Start.
+// Cancelling ctx is a hard stop.
 func (c *Cleaner) Start(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.done != nil {
-		return errors.New("admin: cleaner already started")
-	}
-	ctx, c.cancel = context.WithCancel(ctx)
-	c.done = make(chan struct{})
-	go c.loop(ctx, c.done)
-	return nil
+	return c.lc.Start(ctx, func(context.Context) error {
+		c.lc.Go(c.loop)
+		return nil
+	})
 }
 
-// Stop ends the periodic runs, cancelling a run in progress (the batches it
-// completed stay done), and waits for it to end or for ctx. It is safe to call
-// more than once, and on a Cleaner never started.
-func (c *Cleaner) Stop(ctx context.Context) error {
-	c.mu.Lock()
-	cancel, done := c.cancel, c.done
-	c.mu.Unlock()
-	if done == nil {
-		return nil
-	}
-	cancel()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+// Stop ends the periodic runs. A run in progress finishes the batch in flight
+// (one short statement) and stops before the next; what completed batches
+// deleted stays deleted. If ctx ends first, the statement in flight is
+// cancelled, and Stop returns ctx's error wrapped once the run has ended. See
+// Start for the rule of Start and Stop.
+func (c *Cleaner) Stop(ctx context.Context) error { return c.lc.Stop(ctx) }
 
-func (c *Cleaner) loop(ctx context.Context, done chan struct{}) {
-	defer close(done)
+func (c *Cleaner) loop() {
 	t := time.NewTicker(c.cfg.Interval)
 	defer t.Stop()
+	stopping := c.lc.Stopping()
 	for {
-		res, ran, err := c.RunOnce(ctx)
+		res, ran, err := c.runOnce(c.lc.Hard(), stopping)
 		if ran && c.cfg.Done != nil {
 			c.cfg.Done(res, err)
 		}
 		did := ran && (res.Deleted > 0 || len(res.DroppedPartitions) > 0 || len(res.CreatedPartitions) > 0 || res.InboxDeleted > 0)
-		stopped := ctx.Err() != nil
+		stopped := c.lc.IsStopping()
 		switch {
 		case err != nil && !stopped:
 			c.cfg.Logger.Error("cleanup failed; next try after the interval", slog.Any("error", err),
@@ -134,7 +160,7 @@ func (c *Cleaner) loop(ctx context.Context, done chan struct{}) {
 			return
 		}
 		select {
-		case <-ctx.Done():
+		case <-stopping:
 			return
 		case <-t.C:
 		}
@@ -144,6 +170,11 @@ func (c *Cleaner) loop(ctx context.Context, done chan struct{}) {
 // RunOnce runs one cleanup now if no other Cleaner of the schema is running one,
 // and reports whether it ran.
 func (c *Cleaner) RunOnce(ctx context.Context) (CleanupResult, bool, error) {
+	return c.runOnce(ctx, nil)
+}
+
+// runOnce is RunOnce that also ends between two batches once stop is closed.
+func (c *Cleaner) runOnce(ctx context.Context, stop <-chan struct{}) (CleanupResult, bool, error) {
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return CleanupResult{}, false, fmt.Errorf("admin: cleaner: %w", err)
@@ -157,13 +188,13 @@ func (c *Cleaner) RunOnce(ctx context.Context) (CleanupResult, bool, error) {
 		return CleanupResult{}, false, nil
 	}
 	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
 		defer cancel()
 		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", c.key); err != nil {
 			// The session still holds the lock: drop the connection, which frees it.
 			_ = conn.Conn().Close(uctx)
 		}
 	}()
-	res, err := Cleanup(ctx, conn, c.cfg.Cleanup)
+	res, err := cleanup(ctx, conn, c.cfg.Cleanup, stop)
 	return res, true, err
 }

@@ -26,42 +26,45 @@ type CleanupDB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Defaults of CleanupConfig.
+// Defaults of CleanupConfig, used for its zero fields.
 const (
 	DefaultRetention        = 7 * 24 * time.Hour
 	DefaultCleanupBatchSize = 5000
 )
 
-// CleanupConfig says what Cleanup deletes.
+// CleanupConfig says what Cleanup deletes. The zero value is ready to use; each
+// field names its default.
 type CleanupConfig struct {
-	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to
-	// "public".
+	// Schema is the PostgreSQL schema holding the outbox tables. Empty means
+	// migrate.DefaultSchema ("public").
 	Schema string
 
 	// Retention is how long a published event is kept after it was published
 	// (published_at); older ones are deleted. It is also how far back
-	// "pgoutbox replay" can reach. Defaults to 7 days.
+	// "pgoutbox replay" can reach. Zero means DefaultRetention (7 days).
 	Retention time.Duration
 
 	// BatchSize is how many rows one batch looks at and at most deletes; each
-	// batch is one short statement that commits on its own. Defaults to 5000.
+	// batch is one short statement that commits on its own. Zero means
+	// DefaultCleanupBatchSize (5000).
 	BatchSize int
 
 	// PartitionsAhead is, for a partitioned outbox, how many days of partitions
-	// after today Cleanup makes sure exist. Defaults to 7.
+	// after today Cleanup makes sure exist. Zero means
+	// migrate.DefaultPartitionsAhead (7).
 	PartitionsAhead int
 
 	// InboxRetention, when positive, also deletes the consumer inbox's dedup rows
 	// (processed_events) older than it, with inbox.Cleanup. It must be at least
-	// InboxReplayHorizon. Defaults to 0: the inbox is left alone.
+	// InboxReplayHorizon. Zero leaves the inbox alone.
 	InboxRetention time.Duration
 
-	// InboxSchema is the schema of the inbox tables. Defaults to Schema.
+	// InboxSchema is the schema of the inbox tables. Empty means Schema.
 	InboxSchema string
 
 	// InboxReplayHorizon is the longest time after which an event a consumer
 	// applied may reach it again (see inbox.CleanupConfig.ReplayHorizon).
-	// Defaults to Retention, the least it can be: a replay can re-send any event
+	// Zero means Retention, the least it can be: a replay can re-send any event
 	// still in the outbox.
 	InboxReplayHorizon time.Duration
 
@@ -76,8 +79,18 @@ type CleanupConfig struct {
 	Progress func(CleanupProgress)
 
 	// Logger receives a line per dropped partition and per partition kept for
-	// rows it still needs. Defaults to slog.Default().
+	// rows it still needs. Nil means slog.Default().
 	Logger *slog.Logger
+}
+
+// Validate reports what Cleanup would reject in c, zero fields meaning their
+// defaults: an error naming each bad field, joined. A nil c is valid.
+func (c *CleanupConfig) Validate() error {
+	if c == nil {
+		return nil
+	}
+	_, err := c.withDefaults()
+	return err
 }
 
 // CleanupProgress is reported while Cleanup runs.
@@ -134,26 +147,32 @@ func (c *CleanupConfig) withDefaults() (CleanupConfig, error) {
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
-	switch {
-	case migrate.ValidateSchema(out.Schema) != nil:
-		return out, fmt.Errorf("admin: CleanupConfig.Schema: %w", migrate.ValidateSchema(out.Schema))
-	case out.Retention < 0:
-		return out, fmt.Errorf("admin: CleanupConfig.Retention %s: must be positive", out.Retention)
-	case out.BatchSize < 1:
-		return out, fmt.Errorf("admin: CleanupConfig.BatchSize %d: must be positive", out.BatchSize)
-	case out.PartitionsAhead < 0:
-		return out, fmt.Errorf("admin: CleanupConfig.PartitionsAhead %d: must not be negative", out.PartitionsAhead)
-	case out.InboxRetention < 0:
-		return out, fmt.Errorf("admin: CleanupConfig.InboxRetention %s: must not be negative", out.InboxRetention)
-	case migrate.ValidateSchema(out.InboxSchema) != nil:
-		return out, fmt.Errorf("admin: CleanupConfig.InboxSchema: %w", migrate.ValidateSchema(out.InboxSchema))
-	case out.InboxRetention > 0 && out.InboxRetention < out.InboxReplayHorizon:
-		// Checked before anything is deleted, not when the inbox's turn comes.
-		return out, fmt.Errorf("admin: %w: CleanupConfig.InboxRetention %s is shorter than the replay horizon %s "+
-			"(CleanupConfig.InboxReplayHorizon, by default the outbox's Retention): a replayed event could be applied twice",
-			inbox.ErrRetentionTooShort, out.InboxRetention, out.InboxReplayHorizon)
+	var errs []error
+	if err := migrate.ValidateSchema(out.Schema); err != nil {
+		errs = append(errs, fmt.Errorf("admin: CleanupConfig.Schema: %w", err))
 	}
-	return out, nil
+	if out.Retention < 0 {
+		errs = append(errs, fmt.Errorf("admin: CleanupConfig.Retention (%s) must be positive", out.Retention))
+	}
+	if out.BatchSize < 1 {
+		errs = append(errs, fmt.Errorf("admin: CleanupConfig.BatchSize (%d) must be positive", out.BatchSize))
+	}
+	if out.PartitionsAhead < 0 {
+		errs = append(errs, fmt.Errorf("admin: CleanupConfig.PartitionsAhead (%d) must not be negative", out.PartitionsAhead))
+	}
+	if out.InboxRetention < 0 {
+		errs = append(errs, fmt.Errorf("admin: CleanupConfig.InboxRetention (%s) must not be negative", out.InboxRetention))
+	}
+	if err := migrate.ValidateSchema(out.InboxSchema); err != nil {
+		errs = append(errs, fmt.Errorf("admin: CleanupConfig.InboxSchema: %w", err))
+	}
+	if out.InboxRetention > 0 && out.InboxRetention < out.InboxReplayHorizon {
+		// Checked before anything is deleted, not when the inbox's turn comes.
+		errs = append(errs, fmt.Errorf("admin: %w: CleanupConfig.InboxRetention %s is shorter than the replay horizon %s "+
+			"(CleanupConfig.InboxReplayHorizon, by default the outbox's Retention): a replayed event could be applied twice",
+			inbox.ErrRetentionTooShort, out.InboxRetention, out.InboxReplayHorizon))
+	}
+	return out, errors.Join(errs...)
 }
 
 // Cleanup deletes published events older than the retention and, when asked, the
@@ -174,6 +193,15 @@ func (c *CleanupConfig) withDefaults() (CleanupConfig, error) {
 // ctx bounds the whole run; what completed batches deleted stays deleted when it
 // ends early, and the result counts it.
 func Cleanup(ctx context.Context, db CleanupDB, cfg CleanupConfig) (CleanupResult, error) {
+	return cleanup(ctx, db, cfg, nil)
+}
+
+// errStopping ends a Cleaner's run between two batches when the Cleaner stops.
+var errStopping = errors.New("the cleaner is stopping")
+
+// cleanup is Cleanup that also ends between two batches, with errStopping, once
+// stop is closed (a Cleaner stopping gracefully). stop may be nil.
+func cleanup(ctx context.Context, db CleanupDB, cfg CleanupConfig, stop <-chan struct{}) (CleanupResult, error) {
 	start := time.Now()
 	var res CleanupResult
 	c, err := cfg.withDefaults()
@@ -227,6 +255,10 @@ func Cleanup(ctx context.Context, db CleanupDB, cfg CleanupConfig) (CleanupResul
 				return res, fmt.Errorf("admin: cleanup: after batch %d: %w", res.Batches, err)
 			}
 		}
+		if isClosed(stop) {
+			res.Duration = time.Since(start)
+			return res, fmt.Errorf("admin: cleanup: after batch %d: %w", res.Batches, errStopping)
+		}
 		q := next
 		if res.Batches == 0 {
 			q = first
@@ -247,6 +279,10 @@ func Cleanup(ctx context.Context, db CleanupDB, cfg CleanupConfig) (CleanupResul
 	}
 
 	if c.InboxRetention > 0 {
+		if isClosed(stop) {
+			res.Duration = time.Since(start)
+			return res, fmt.Errorf("admin: cleanup: before the inbox: %w", errStopping)
+		}
 		ir, err := inbox.Cleanup(ctx, inbox.Pgx(db), inbox.CleanupConfig{
 			Schema: c.InboxSchema, Retention: c.InboxRetention, ReplayHorizon: c.InboxReplayHorizon, BatchSize: c.BatchSize,
 		})
@@ -330,3 +366,13 @@ WITH scanned AS (
     RETURNING 1
 )
 SELECT (SELECT event_id FROM scanned ORDER BY event_id DESC LIMIT 1), (SELECT count(*) FROM deleted)`
+
+// isClosed reports whether stop is closed; a nil stop never is.
+func isClosed(stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return true
+	default:
+		return false
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -236,19 +238,13 @@ SELECT gen_random_uuid(), 'stuck', 's' || i, 1, 'stuck.e', '{}', now() - interva
 
 	// Every event enqueued during the cleanup is published, none after a stall.
 	var maxWait time.Duration
-	waitDeadline := time.Now().Add(30 * time.Second)
 	for _, e := range live {
-		for {
-			at, ok := rec.publishedAt(e.id)
-			if ok {
-				maxWait = max(maxWait, at.Sub(e.at))
-				break
-			}
-			if time.Now().After(waitDeadline) {
-				t.Fatalf("event %s enqueued during the cleanup never published", e.id)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		wait.Forf(t, 30*time.Second, func() string { return fmt.Sprintf("event %s enqueued during the cleanup to be published", e.id) }, func() bool {
+			_, ok := rec.publishedAt(e.id)
+			return ok
+		})
+		at, _ := rec.publishedAt(e.id)
+		maxWait = max(maxWait, at.Sub(e.at))
 	}
 	// The longest gap between two publishes while the cleanup ran.
 	var times []time.Time
@@ -285,11 +281,11 @@ func TestCleanerOneAtATime(t *testing.T) {
 
 	inside, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	first, err := admin.NewCleaner(pool, admin.CleanerConfig{Interval: time.Hour, Logger: quietLog,
+	first, err := admin.NewCleaner(pool, &admin.CleanerConfig{Interval: time.Hour, Logger: quietLog,
 		Cleanup: admin.CleanupConfig{Schema: schema, Retention: time.Hour, BatchSize: 4,
 			Progress: func(admin.CleanupProgress) { once.Do(func() { close(inside); <-release }) }}})
 	pgtest.Must(t, err, "first cleaner")
-	second, err := admin.NewCleaner(pool, admin.CleanerConfig{Interval: time.Hour, Logger: quietLog,
+	second, err := admin.NewCleaner(pool, &admin.CleanerConfig{Interval: time.Hour, Logger: quietLog,
 		Cleanup: admin.CleanupConfig{Schema: schema, Retention: time.Hour}})
 	pgtest.Must(t, err, "second cleaner")
 
@@ -299,31 +295,37 @@ func TestCleanerOneAtATime(t *testing.T) {
 		t.Fatalf("second cleaner ran = %v, %v while the first was running", ran, err)
 	}
 	close(release)
-	deadline := time.Now().Add(30 * time.Second)
-	for countRows(t, pool, table, "true") != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the first cleaner did not finish")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, 30*time.Second, "the first cleaner to finish", func() bool { return countRows(t, pool, table, "true") == 0 })
 	pgtest.Must(t, first.Stop(ctx), "stop")
 	pgtest.Must(t, first.Stop(ctx), "stop again")
 	// The lock is free again. A run that Stop cancelled mid-query may have lost its
 	// connection, whose session (and lock) ends when its backend exits: soon after.
-	deadline = time.Now().Add(10 * time.Second)
-	for {
+	wait.For(t, 10*time.Second, "the lock to be free after the first cleaner stopped", func() bool {
 		_, ran, err := second.RunOnce(ctx)
 		pgtest.Must(t, err, "second cleaner after the first stopped")
-		if ran {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("second cleaner after the first stopped: the lock is still held")
-		}
-		time.Sleep(10 * time.Millisecond)
+		return ran
+	})
+}
+
+func TestCleanerConfigValidate(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Migrated(t, 1)
+	var nilCfg *admin.CleanerConfig
+	if err := nilCfg.Validate(); err != nil {
+		t.Fatalf("nil config: %v", err)
 	}
-	if _, err := admin.NewCleaner(pool, admin.CleanerConfig{}); err == nil {
-		t.Fatal("NewCleaner without an interval")
+	if _, err := admin.NewCleaner(pool, nil); err != nil {
+		t.Fatalf("NewCleaner with the defaults: %v", err)
+	}
+	bad := &admin.CleanerConfig{Interval: -time.Second, Cleanup: admin.CleanupConfig{BatchSize: -1}}
+	err := bad.Validate()
+	for _, field := range []string{"CleanerConfig.Interval", "CleanupConfig.BatchSize"} {
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("Validate of %+v: %v, want an error naming %s", bad, err, field)
+		}
+	}
+	if _, err := admin.NewCleaner(pool, bad); err == nil {
+		t.Fatal("NewCleaner accepted a negative interval")
 	}
 }
 

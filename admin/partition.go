@@ -82,6 +82,10 @@ func dropPartitions(ctx context.Context, db CleanupDB, c *CleanupConfig, res *Cl
 	return nil
 }
 
+// dropLockTimeout bounds the wait for the exclusive lock that dropping a
+// partition takes on the outbox (a PostgreSQL interval).
+const dropLockTimeout = "2s"
+
 // dropPartition drops table, a partition of events, unless it got an unpublished
 // row. It reports false, without error, when the lock was not granted within
 // the lock timeout.
@@ -93,7 +97,7 @@ func dropPartition(ctx context.Context, db CleanupDB, events, table string) (boo
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	// A waiting ACCESS EXCLUSIVE request queues every later query on the table
 	// behind it, so never wait long: try again next run instead.
-	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '2s'"); err != nil {
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+dropLockTimeout+"'"); err != nil {
 		return false, err
 	}
 	// The parent first, as DROP TABLE of a partition would: it keeps every query

@@ -14,6 +14,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
@@ -180,13 +181,7 @@ func TestRelayOverPartitionedOutbox(t *testing.T) {
 	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
 	waitUntil := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		wait.For(t, 60*time.Second, what, cond)
 	}
 	// Everything but a3 from its poison event on: quarantined, and its lane blocked.
 	waitUntil("all lanes but a3's to drain", func() bool {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -334,7 +335,7 @@ func queryRow(ctx context.Context, db DB, q string, args []any, dest ...any) err
 // publishBatch publishes msgs until the broker acknowledged every one, retrying
 // what failed (and what was not sent behind it) in order.
 func publishBatch(ctx context.Context, pub broker.Publisher, msgs []broker.Message, maxAttempts int, res *ReplayResult) error {
-	delay := 100 * time.Millisecond
+	var wait retry.Backoff // the reconnect schedule: 100ms doubling to 5s, jittered
 	plain := 0
 	for {
 		// The relay's rule (broker.CheckMessage): an event published before the
@@ -373,14 +374,9 @@ func publishBatch(ctx context.Context, pub broker.Publisher, msgs []broker.Messa
 					Err: fmt.Errorf("%d attempts: %w", plain, cause)}
 			}
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !retry.Sleep(ctx, wait.Next()) {
 			return &ReplayError{Published: res.Published, Total: res.Total, Event: failed, Err: fmt.Errorf("%w (last broker error: %v)", ctx.Err(), cause)}
-		case <-t.C:
 		}
-		delay = min(delay*2, 5*time.Second)
 		msgs = again
 	}
 }

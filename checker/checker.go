@@ -248,16 +248,14 @@ func (v *Verdict) Err() error {
 	return fmt.Errorf("%s", v.String())
 }
 
-type aggKey struct{ typ, id string }
-
 // Check compares the sources and returns the verdict.
 func Check(in Input) *Verdict {
 	c := &check{in: in, v: &Verdict{Applied: map[string]int{}}}
 	c.run()
 	slices.SortStableFunc(c.v.Problems, func(a, b Problem) int {
 		return cmp.Or(strings.Compare(string(a.Kind), string(b.Kind)), strings.Compare(a.Consumer, b.Consumer),
-			strings.Compare(a.AggregateType, b.AggregateType), strings.Compare(a.AggregateID, b.AggregateID),
-			cmp.Compare(a.Sequence, b.Sequence))
+			pgoutbox.CompareInLane(pgoutbox.LaneOf(a.AggregateType, a.AggregateID), a.Sequence,
+				pgoutbox.LaneOf(b.AggregateType, b.AggregateID), b.Sequence))
 	})
 	return c.v
 }
@@ -500,13 +498,13 @@ func (c *check) delivery() {
 func (c *check) order() {
 	firsts := func(kind Kind, consumer string, seq func(yield func(Message) bool)) {
 		seen := map[pgoutbox.UUID]bool{}
-		high := map[aggKey]Message{}
+		high := map[pgoutbox.Lane]Message{}
 		for m := range seq {
 			if seen[m.EventID] {
 				continue
 			}
 			seen[m.EventID] = true
-			k := aggKey{m.AggregateType, m.AggregateID}
+			k := pgoutbox.LaneOf(m.AggregateType, m.AggregateID)
 			h, ok := high[k]
 			if ok && m.Sequence <= h.Sequence {
 				c.v.Problems = append(c.v.Problems, Problem{Kind: kind, EventID: m.EventID, Consumer: consumer,

@@ -79,6 +79,13 @@ func ReadEffects(ctx context.Context, db Querier, query string, args ...any) ([]
 	return nonNil(out), nil
 }
 
+// fetchMaxWait bounds how long one fetch of ReadJetStream waits for messages;
+// near ctx's deadline it waits what is left, but at least fetchMinWait.
+const (
+	fetchMaxWait = 5 * time.Second
+	fetchMinWait = 100 * time.Millisecond
+)
+
 // ReadJetStream returns every message of a JetStream stream, in stream order,
 // decoded from the Outbox-* headers. A missing stream reads as empty; a message
 // that is not an outbox event is an error. ctx bounds the whole read.
@@ -104,9 +111,9 @@ func ReadJetStream(ctx context.Context, js jetstream.JetStream, stream string) (
 		return nil, fmt.Errorf("checker: stream %s: ordered consumer: %w", stream, err)
 	}
 	for {
-		wait := 5 * time.Second
+		wait := fetchMaxWait
 		if d, ok := ctx.Deadline(); ok {
-			wait = max(min(wait, time.Until(d)), 100*time.Millisecond)
+			wait = max(min(wait, time.Until(d)), fetchMinWait)
 		}
 		// Ask for no more than the stream holds: a fetch still waiting for
 		// messages that never come outlives this function by its MaxWait.

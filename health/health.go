@@ -43,37 +43,74 @@ func Status(f func() error) func(context.Context) error {
 	return func(context.Context) error { return f() }
 }
 
-// Config configures the endpoints. The zero value serves /healthz, an always-ready
-// /readyz and no /metrics.
+// DefaultCheckTimeout bounds each readiness check when Config.CheckTimeout is
+// zero.
+const DefaultCheckTimeout = 2 * time.Second
+
+// readHeaderTimeout bounds reading a request's headers, so that a client that
+// opens connections and sends nothing cannot hold them.
+const readHeaderTimeout = 10 * time.Second
+
+// Config configures the endpoints. A nil *Config and the zero value serve
+// /healthz, an always-ready /readyz and no /metrics; each field names its
+// default.
 type Config struct {
 	// Gatherer is what /metrics exposes, typically the *prometheus.Registry the
-	// process's collectors are registered on. Defaults to none: /metrics answers
+	// process's collectors are registered on. Nil means none: /metrics answers
 	// 404.
 	Gatherer prometheus.Gatherer
 
-	// Checks are run, concurrently, on every /readyz request. Defaults to none.
+	// Checks are run, concurrently, on every /readyz request; each needs a Name
+	// and a Func. Nil means none.
 	Checks []Check
 
-	// CheckTimeout bounds each check. Defaults to 2s.
+	// CheckTimeout bounds each check. It must not be negative. Zero means
+	// DefaultCheckTimeout (2s).
 	CheckTimeout time.Duration
 
 	// Logger receives readiness changes (ready → not ready and back) and server
-	// errors. Defaults to slog.Default().
+	// errors. Nil means slog.Default().
 	Logger *slog.Logger
 }
 
+// Validate reports what Handler would reject in c, zero fields meaning their
+// defaults: an error naming each bad field, joined. A nil c is valid.
+func (c *Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+// withDefaults returns a copy of c with its defaults filled in, and validates it.
+func (c *Config) withDefaults() (Config, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	var errs []error
+	if out.CheckTimeout < 0 {
+		errs = append(errs, fmt.Errorf("health: Config.CheckTimeout (%s) must not be negative", out.CheckTimeout))
+	}
+	if out.CheckTimeout == 0 {
+		out.CheckTimeout = DefaultCheckTimeout
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	for i, ch := range out.Checks {
+		if ch.Name == "" || ch.Func == nil {
+			errs = append(errs, fmt.Errorf("health: Config.Checks[%d] (%q) needs a Name and a Func", i, ch.Name))
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
 // Handler returns the endpoints as an http.Handler, to mount on a mux of your
-// own; Start serves them on an address of their own.
-func Handler(cfg *Config) http.Handler {
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.CheckTimeout <= 0 {
-		c.CheckTimeout = 2 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
+// own; Start serves them on an address of their own. cfg may be nil for all
+// defaults; invalid settings are reported here.
+func Handler(cfg *Config) (http.Handler, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	if c.Gatherer != nil {
@@ -88,7 +125,7 @@ func Handler(cfg *Config) http.Handler {
 	})
 	rd := &readiness{cfg: c}
 	mux.Handle("GET /readyz", rd)
-	return mux
+	return mux, nil
 }
 
 type readiness struct {
@@ -144,6 +181,13 @@ func (rd *readiness) logChange(failed []string, errs []error) {
 }
 
 // Server serves the endpoints on an address of their own. Create it with Start.
+//
+// It is not a service of package internal/lifecycle, whose Start(ctx) runs a
+// made service: Start here listens and serves in one step, so that a bad or busy
+// address fails before anything else runs, and a Server cannot exist unstarted,
+// be started twice or after Stop. Its Stop has the same graceful-then-hard shape
+// (in-flight requests until ctx ends, then closed) and may be called any number
+// of times.
 type Server struct {
 	srv  *http.Server
 	ln   net.Listener
@@ -169,7 +213,7 @@ func Start(addr string, h http.Handler, logger *slog.Logger) (*Server, error) {
 	s := &Server{
 		srv: &http.Server{
 			Handler:           h,
-			ReadHeaderTimeout: 10 * time.Second,
+			ReadHeaderTimeout: readHeaderTimeout,
 			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		},
 		ln:   ln,

@@ -22,6 +22,16 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// mustHandler is health.Handler for a valid config.
+func mustHandler(tb testing.TB, cfg *health.Config) http.Handler {
+	tb.Helper()
+	h, err := health.Handler(cfg)
+	if err != nil {
+		tb.Fatalf("Handler: %v", err)
+	}
+	return h
+}
+
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func get(t *testing.T, url string) (int, string) {
@@ -49,7 +59,7 @@ func TestProbesFollowChecks(t *testing.T) {
 	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "pgoutbox_test_things_total", Help: "Things."})
 	reg.MustRegister(c)
 	c.Add(3)
-	srv, err := health.Start("127.0.0.1:0", health.Handler(&health.Config{
+	srv, err := health.Start("127.0.0.1:0", mustHandler(t, &health.Config{
 		Gatherer: reg,
 		Checks: []health.Check{
 			{Name: "database", Func: pool.Ping},
@@ -107,7 +117,7 @@ func TestProbesFollowChecks(t *testing.T) {
 // A check that does not return within CheckTimeout fails with the deadline.
 func TestCheckTimeout(t *testing.T) {
 	t.Parallel()
-	srv, err := health.Start("127.0.0.1:0", health.Handler(&health.Config{
+	srv, err := health.Start("127.0.0.1:0", mustHandler(t, &health.Config{
 		Checks:       []health.Check{{Name: "stuck", Func: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }}},
 		CheckTimeout: 50 * time.Millisecond,
 		Logger:       quiet(),
@@ -121,7 +131,7 @@ func TestCheckTimeout(t *testing.T) {
 
 func TestNoGathererNoMetrics(t *testing.T) {
 	t.Parallel()
-	srv, err := health.Start("127.0.0.1:0", health.Handler(nil), quiet())
+	srv, err := health.Start("127.0.0.1:0", mustHandler(t, nil), quiet())
 	pgtest.Must(t, err, "start")
 	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
 	if code, _ := get(t, "http://"+srv.Addr()+"/metrics"); code != 404 {
@@ -139,7 +149,7 @@ func TestStartRejectsBadAddresses(t *testing.T) {
 	pgtest.Must(t, err, "listen")
 	defer busy.Close()
 	for _, addr := range []string{"9090", "localhost", "127.0.0.1:notaport", "127.0.0.1:70000", busy.Addr().String()} {
-		if srv, err := health.Start(addr, health.Handler(nil), quiet()); err == nil {
+		if srv, err := health.Start(addr, mustHandler(t, nil), quiet()); err == nil {
 			_ = srv.Stop(context.Background())
 			t.Errorf("Start(%q) succeeded", addr)
 		} else if !strings.HasPrefix(err.Error(), "health: ") {
@@ -153,12 +163,16 @@ func TestStartRejectsBadAddresses(t *testing.T) {
 func Example() {
 	reg := prometheus.NewRegistry()
 	// metrics, _ := inboxprom.New(reg); set as inbox.Config.Observer
-	srv, err := health.Start("127.0.0.1:0", health.Handler(&health.Config{
+	h, err := health.Handler(&health.Config{
 		Gatherer: reg,
 		Checks: []health.Check{
 			{Name: "database", Func: func(ctx context.Context) error { return nil }}, // pool.Ping
 		},
-	}), nil)
+	})
+	if err != nil {
+		panic(err)
+	}
+	srv, err := health.Start("127.0.0.1:0", h, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -171,4 +185,21 @@ func Example() {
 	body, _ := io.ReadAll(resp.Body)
 	fmt.Print(resp.StatusCode, " ", string(body))
 	// Output: 200 database: ok
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	var defaults *health.Config
+	if err := defaults.Validate(); err != nil {
+		t.Errorf("nil config: %v", err)
+	}
+	bad := &health.Config{CheckTimeout: -time.Second, Checks: []health.Check{{Name: "database"}}}
+	for _, field := range []string{"Config.CheckTimeout", "Config.Checks[0]"} {
+		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("Validate: %v, want an error naming %s", err, field)
+		}
+	}
+	if _, err := health.Handler(bad); err == nil {
+		t.Error("Handler accepted an invalid config")
+	}
 }

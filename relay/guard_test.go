@@ -11,6 +11,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -104,10 +105,10 @@ func TestRawInsertsBeyondTheRulesAreQuarantined(t *testing.T) {
 
 	pub := dialNATS(t, natstest.URL(), target)
 	startRelay(t, o, pub, relay.Config{MaxAttempts: 100})
-	waitFor(t, 30*time.Second, "the hostile rows to be quarantined", func() bool {
+	wait.For(t, 30*time.Second, "the hostile rows to be quarantined", func() bool {
 		return o.count(t, "quarantined_at IS NOT NULL") == len(rows)
 	})
-	waitFor(t, 30*time.Second, "the valid aggregates to be published", func() bool {
+	wait.For(t, 30*time.Second, "the valid aggregates to be published", func() bool {
 		return o.count(t, "published_at IS NOT NULL") == len(good)
 	})
 	var bad int

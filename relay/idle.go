@@ -32,6 +32,18 @@ const (
 	idleRelease   = 100 * time.Millisecond
 )
 
+// Timeouts of the guard's own connection.
+const (
+	// guardConnectTimeout bounds connecting the guard's session.
+	guardConnectTimeout = 10 * time.Second
+	// idleUnlockTimeout bounds releasing the idle lock when the relay gets
+	// busy; past it the session is closed, which releases the lock too.
+	idleUnlockTimeout = 5 * time.Second
+	// guardCloseTimeout bounds closing the guard's session (which ends the
+	// lock); a session not closed in time is dropped by the server.
+	guardCloseTimeout = 2 * time.Second
+)
+
 // setIdle records a worker's transition between waiting for work (idle) and having
 // work, and tells the guard when the whole relay changes state.
 func (r *Relay) setIdle(worker *bool, idle bool) {
@@ -45,10 +57,7 @@ func (r *Relay) setIdle(worker *bool, idle bool) {
 	}
 	n := r.idleWorkers.Add(delta)
 	if n == int32(r.cfg.Workers) || (!idle && n == int32(r.cfg.Workers)-1) {
-		select {
-		case r.idleChanged <- struct{}{}:
-		default:
-		}
+		r.idleChanged.Poke()
 	}
 }
 
@@ -56,7 +65,8 @@ func (r *Relay) allIdle() bool { return r.idleWorkers.Load() == int32(r.cfg.Work
 
 // guard holds the idle lock while the relay is idle.
 func (r *Relay) guard() {
-	defer r.helpers.Done()
+	ctx, cancel := r.helperContext()
+	defer cancel()
 	var (
 		conn    *pgx.Conn
 		held    bool
@@ -67,14 +77,14 @@ func (r *Relay) guard() {
 	defer func() {
 		release.Stop()
 		if conn != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), guardCloseTimeout)
 			defer cancel()
 			_ = conn.Close(ctx) // ends the session: the lock goes with it
 		}
 	}()
 	drop := func() {
 		if conn != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), guardCloseTimeout)
 			_ = conn.Close(ctx)
 			cancel()
 		}
@@ -86,15 +96,15 @@ func (r *Relay) guard() {
 			release.Stop()
 			if conn == nil {
 				var err error
-				if conn, err = r.guardConnect(); err != nil {
+				if conn, err = r.guardConnect(ctx); err != nil {
 					r.log.Debug("idle lock: connect failed; relying on polling", slog.Any("error", err))
-					if !sleepStop(r.stopping, wait.Next()) {
+					if !retry.Sleep(ctx, wait.Next()) {
 						return
 					}
 					continue
 				}
 			}
-			ok, err := r.lockIdle(conn)
+			ok, err := r.lockIdle(ctx, conn)
 			switch {
 			case err == nil && !ok:
 				// Got busy or stopping while waiting: the cancelled request may
@@ -103,7 +113,7 @@ func (r *Relay) guard() {
 			case err != nil:
 				r.log.Debug("idle lock: lock failed; relying on polling", slog.Any("error", err))
 				drop()
-				if !sleepStop(r.stopping, wait.Next()) {
+				if !retry.Sleep(ctx, wait.Next()) {
 					return
 				}
 				continue
@@ -117,12 +127,12 @@ func (r *Relay) guard() {
 			release.Reset(idleRelease)
 		}
 		select {
-		case <-r.stopping:
+		case <-ctx.Done():
 			return
 		case <-r.idleChanged:
 		case <-release.C:
 			if held && !r.allIdle() {
-				ctx, cancel := context.WithTimeout(r.hardCtx, 5*time.Second)
+				ctx, cancel := context.WithTimeout(ctx, idleUnlockTimeout)
 				_, err := conn.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1), hashtext($2))", idleLockClass, r.cfg.Schema)
 				cancel()
 				held = false
@@ -134,8 +144,8 @@ func (r *Relay) guard() {
 	}
 }
 
-func (r *Relay) guardConnect() (*pgx.Conn, error) {
-	ctx, cancel := context.WithTimeout(r.hardCtx, 10*time.Second)
+func (r *Relay) guardConnect(ctx context.Context) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, guardConnectTimeout)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
 	if err != nil {
@@ -146,8 +156,8 @@ func (r *Relay) guardConnect() (*pgx.Conn, error) {
 
 // lockIdle waits for the idle lock. It gives up, returning false, when the relay
 // gets busy or stops meanwhile (another relay may hold the lock for a long time).
-func (r *Relay) lockIdle(conn *pgx.Conn) (bool, error) {
-	ctx, cancel := context.WithCancel(r.hardCtx)
+func (r *Relay) lockIdle(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan struct{})
 	defer close(done)
@@ -156,8 +166,7 @@ func (r *Relay) lockIdle(conn *pgx.Conn) (bool, error) {
 			select {
 			case <-done:
 				return
-			case <-r.stopping:
-				cancel()
+			case <-ctx.Done():
 				return
 			case <-r.idleChanged:
 				if !r.allIdle() {

@@ -10,6 +10,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
@@ -67,16 +68,16 @@ func TestProducersNotifyOnlyWhenARelayIsIdle(t *testing.T) {
 
 	rec := &brokertest.Recorder{}
 	startRelay(t, o, rec, relay.Config{PollInterval: time.Hour})
-	waitFor(t, 10*time.Second, "the idle relay to hold the idle lock", func() bool { return idleLock(t, o, true) == 1 })
+	wait.For(t, 10*time.Second, "the idle relay to hold the idle lock", func() bool { return idleLock(t, o, true) == 1 })
 	// The relay claimed once more after taking the lock: the first events are out.
-	waitFor(t, 10*time.Second, "the first events", func() bool { return len(rec.Messages()) == 2 })
+	wait.For(t, 10*time.Second, "the first events", func() bool { return len(rec.Messages()) == 2 })
 
 	start := time.Now()
 	if !notifiedBy(t, o, enqueueIn(o, "2")) {
 		t.Fatal("a commit did not notify while the relay was idle")
 	}
-	waitFor(t, 10*time.Second, "the notified events", func() bool { return len(rec.Messages()) == 4 })
-	waitFor(t, 10*time.Second, "the relay to be idle again", func() bool { return idleLock(t, o, true) == 1 })
+	wait.For(t, 10*time.Second, "the notified events", func() bool { return len(rec.Messages()) == 4 })
+	wait.For(t, 10*time.Second, "the relay to be idle again", func() bool { return idleLock(t, o, true) == 1 })
 	sqlEnqueue := func(tx pgx.Tx) error {
 		_, err := tx.Exec(context.Background(), "SELECT "+pgx.Identifier{o.schema, "outbox_enqueue"}.Sanitize()+"('a', '3', 'e', '{}')")
 		return err
@@ -84,10 +85,10 @@ func TestProducersNotifyOnlyWhenARelayIsIdle(t *testing.T) {
 	if !notifiedBy(t, o, sqlEnqueue) {
 		t.Fatal("outbox_enqueue did not notify while the relay was idle")
 	}
-	waitFor(t, 10*time.Second, "the event from outbox_enqueue", func() bool { return len(rec.Messages()) == 5 })
+	wait.For(t, 10*time.Second, "the event from outbox_enqueue", func() bool { return len(rec.Messages()) == 5 })
 	t.Logf("published %s after the commit, with an hour's poll interval", time.Since(start))
 	// Busy, then idle again: it holds the lock again.
-	waitFor(t, 10*time.Second, "the relay to be idle again", func() bool { return idleLock(t, o, true) == 1 })
+	wait.For(t, 10*time.Second, "the relay to be idle again", func() bool { return idleLock(t, o, true) == 1 })
 }
 
 // The race the lock closes: a producer commits without notifying (no relay was
@@ -108,10 +109,10 @@ func TestRelayGoingIdleWaitsForCommitsThatDidNotNotify(t *testing.T) {
 
 	rec := &brokertest.Recorder{}
 	startRelay(t, o, rec, relay.Config{PollInterval: time.Hour})
-	waitFor(t, 10*time.Second, "the relay to wait for the idle lock", func() bool { return idleLock(t, o, false) == 1 })
+	wait.For(t, 10*time.Second, "the relay to wait for the idle lock", func() bool { return idleLock(t, o, false) == 1 })
 	pgtest.Must(t, tx.Commit(ctx), "commit")
-	waitFor(t, 10*time.Second, "the relay to hold the idle lock", func() bool { return idleLock(t, o, true) == 1 })
-	waitFor(t, 10*time.Second, "the events committed during the race", func() bool { return len(rec.Messages()) == 2 })
+	wait.For(t, 10*time.Second, "the relay to hold the idle lock", func() bool { return idleLock(t, o, true) == 1 })
+	wait.For(t, 10*time.Second, "the events committed during the race", func() bool { return len(rec.Messages()) == 2 })
 }
 
 // A relay with notifications disabled never takes the lock, so producers stop
@@ -122,7 +123,7 @@ func TestRelayWithoutNotifyTakesNoLock(t *testing.T) {
 	rec := &brokertest.Recorder{}
 	startRelay(t, o, rec, relay.Config{PollInterval: 50 * time.Millisecond, DisableNotify: true})
 	o.enqueue(t, 1, 1)
-	waitFor(t, 10*time.Second, "the polled event", func() bool { return len(rec.Messages()) == 1 })
+	wait.For(t, 10*time.Second, "the polled event", func() bool { return len(rec.Messages()) == 1 })
 	if n := idleLock(t, o, true) + idleLock(t, o, false); n != 0 {
 		t.Fatalf("%d idle locks held or awaited by a relay that does not listen", n)
 	}

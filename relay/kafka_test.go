@@ -15,6 +15,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -36,7 +37,7 @@ func TestRelaysToKafka(t *testing.T) {
 		t.Cleanup(func() { _ = pub.Close() })
 		startRelay(t, o, pub, relay.Config{BatchSize: 200})
 	}
-	waitFor(t, time.Minute, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, time.Minute, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
 
 	// Read every record back, partition by partition in offset order.
 	cons, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("outbox.acct"),

@@ -14,6 +14,7 @@ import (
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -50,7 +51,7 @@ func TestFourRelaysDrainToNATS(t *testing.T) {
 		pub := dialNATS(t, natstest.URL(), target)
 		relays = append(relays, startRelay(t, o, pub, relay.Config{ID: fmt.Sprintf("relay-%d", i)}))
 	}
-	waitFor(t, 3*time.Minute, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 3*time.Minute, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
 	elapsed := time.Since(start)
 	got := target.Read(t)
 	dups := brokertest.CheckStream(t, got, ids)
@@ -79,16 +80,16 @@ func TestBrokerOutageBacklogDrains(t *testing.T) {
 	r := startRelay(t, o, pub, relay.Config{MaxAttempts: 3, BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 		PollInterval: 100 * time.Millisecond, PublishTimeout: 3 * time.Second, Lease: 10 * time.Second})
 	first := o.enqueue(t, 20, 10)
-	waitFor(t, 30*time.Second, "the first events", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the first events", func() bool { return o.count(t, "published_at IS NULL") == 0 })
 
 	srv.Shutdown()
 	second := o.enqueue(t, 50, 10)
-	waitFor(t, 30*time.Second, "failed attempts to be recorded", func() bool {
+	wait.For(t, 30*time.Second, "failed attempts to be recorded", func() bool {
 		return o.count(t, "published_at IS NULL AND attempt_count > 0 AND last_error IS NOT NULL") >= 10
 	})
 	// The relay marks the broker down once a settle has committed: wait for that
 	// rather than race it.
-	waitFor(t, 30*time.Second, "the relay to report the broker down", func() bool {
+	wait.For(t, 30*time.Second, "the relay to report the broker down", func() bool {
 		return errors.Is(r.Healthy(), relay.ErrBrokerUnreachable)
 	})
 	if n := o.count(t, "quarantined_at IS NOT NULL"); n != 0 {
@@ -103,7 +104,7 @@ func TestBrokerOutageBacklogDrains(t *testing.T) {
 	srv2, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: dir, Port: port})
 	pgtest.Must(t, err, "restart NATS")
 	t.Cleanup(func() { srv2.Shutdown() })
-	waitFor(t, 60*time.Second, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 60*time.Second, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
 	dups := brokertest.CheckStream(t, target.Read(t), append(first, second...))
 	if err := r.Healthy(); err != nil {
 		t.Errorf("relay still unhealthy after the broker came back: %v", err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
@@ -75,6 +76,6 @@ func TestRelayReportsMissingPrivilege(t *testing.T) {
 	}
 
 	grant("GRANT UPDATE (" + "claimed_by, claim_until, published_at, attempt_count, last_error, available_at, quarantined_at" + ")")
-	waitFor(t, 20*time.Second, "the backlog drained", func() bool { return o.count(t, "published_at IS NULL") == 0 })
-	waitFor(t, 20*time.Second, "Healthy nil", func() bool { return r.Healthy() == nil })
+	wait.For(t, 20*time.Second, "the backlog drained", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 20*time.Second, "Healthy nil", func() bool { return r.Healthy() == nil })
 }

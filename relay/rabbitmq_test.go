@@ -17,6 +17,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -64,7 +65,7 @@ func TestRabbitMQConnectionKilledMidRun(t *testing.T) {
 		t.Fatalf("rabbitmqctl close_connection: %v: %s", err, out)
 	}
 	close(gate.open)
-	waitFor(t, 2*time.Minute, "the backlog to drain after the connection was closed", func() bool {
+	wait.For(t, 2*time.Minute, "the backlog to drain after the connection was closed", func() bool {
 		return o.count(t, "published_at IS NULL") == 0
 	})
 

@@ -15,14 +15,12 @@
 package relay
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +31,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
@@ -40,30 +39,26 @@ import (
 // Relay moves events from the outbox to a broker. Create it with New, then Start
 // it; Stop it to shut down gracefully. A Relay is not restartable.
 type Relay struct {
-	cfg  Config
-	pool *pgxpool.Pool
-	pub  broker.Publisher
-	q    queries
-	log  *slog.Logger
+	cfg    Config
+	pool   *pgxpool.Pool
+	pub    broker.Publisher
+	q      queries
+	log    *slog.Logger
+	policy retry.Policy // what becomes of a failed publish
 
-	wake     chan struct{}  // a token per pending reason to claim
-	retry    chan time.Time // when a backoff comes due
-	stopping chan struct{}  // closed by Stop: claim no more
-	// hardCtx is cancelled when Stop's deadline passes or Start's ctx ends: in-flight
-	// publishes are abandoned and their leases released.
-	hardCtx    context.Context
-	hardCancel context.CancelFunc
-	workers    sync.WaitGroup
-	helpers    sync.WaitGroup
-
-	startOnce, stopOnce sync.Once
-	started             atomic.Bool
+	// lc runs the workers and the helpers (poll, listen, guard). Its Stopping
+	// means "claim no more"; its Hard context is cancelled when Stop's deadline
+	// passes or Start's ctx ends: in-flight publishes are abandoned and their
+	// leases released. Its Stopped hook releases what is still leased.
+	lc    lifecycle.Lifecycle
+	wake  lifecycle.Wake // a token per pending reason to claim, up to one per worker
+	retry chan time.Time // when a backoff comes due
 
 	mu     sync.Mutex
 	leased map[pgoutbox.UUID]struct{} // leases taken and not yet settled
 
-	dbDown, brokerDown atomic.Bool
-	brokerRefused      atomic.Pointer[string] // why the broker refuses our configuration (broker.Misconfigured), or nil
+	dbDown atomic.Bool
+	broker retry.BrokerHealth // reachable or not, refusing our configuration or not
 	// denied holds, per statement kind (claim, settle), the last database
 	// error that was a missing privilege, nil once that kind succeeds again
 	// (dbFailed, dbOK): a role may be allowed to claim and not to settle.
@@ -74,10 +69,13 @@ type Relay struct {
 	// claimMu serialises the workers' claims, which share one cursor: each claim
 	// starts after the lanes of the one before, instead of every worker walking
 	// past the lanes its peers hold (claim).
-	claimMu     sync.Mutex
-	cur         cursor
-	hotPoller   atomic.Bool   // a worker polls quickly instead of waiting (work)
-	idleChanged chan struct{} // the relay became idle or busy
+	claimMu sync.Mutex
+	// cur is the lane after which the next claim's lane scan starts, so that
+	// successive claims sweep all lanes fairly instead of favouring the first
+	// ones in index order; the zero Lane starts from the first lanes.
+	cur         pgoutbox.Lane
+	hotPoller   atomic.Bool    // a worker polls quickly instead of waiting (work)
+	idleChanged lifecycle.Wake // the relay became idle or busy
 	stats       counters
 }
 
@@ -112,19 +110,22 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Relay, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{
-		cfg:      c,
-		pool:     pool,
-		pub:      pub,
-		q:        newQueries(c.Schema),
-		log:      c.Logger.With(slog.String("relay", c.ID)),
-		wake:     make(chan struct{}, c.Workers),
-		retry:    make(chan time.Time, 16),
-		stopping: make(chan struct{}),
-		leased:   map[pgoutbox.UUID]struct{}{},
+	r := &Relay{
+		cfg:    c,
+		pool:   pool,
+		pub:    pub,
+		q:      newQueries(c.Schema),
+		log:    c.Logger.With(slog.String("relay", c.ID)),
+		policy: retry.Policy{MaxAttempts: c.MaxAttempts, BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax},
+		wake:   make(lifecycle.Wake, c.Workers),
+		retry:  make(chan time.Time, 16),
+		leased: map[pgoutbox.UUID]struct{}{},
 
-		idleChanged: make(chan struct{}, 1),
-	}, nil
+		idleChanged: lifecycle.NewWake(),
+	}
+	r.lc.Name = "relay"
+	r.lc.Stopped = r.stopped
+	return r, nil
 }
 
 // ID returns the relay's id, as written in claimed_by.
@@ -166,100 +167,68 @@ func (r *Relay) Healthy() error {
 			errs = append(errs, fmt.Errorf("%w: %w", ErrPermissionDenied, *err))
 		}
 	}
-	if r.brokerDown.Load() {
-		errs = append(errs, ErrBrokerUnreachable)
-	}
-	if reason := r.brokerRefused.Load(); reason != nil {
-		errs = append(errs, fmt.Errorf("%w: %s", ErrBrokerMisconfigured, *reason))
-	}
+	errs = append(errs, r.broker.Errors(ErrBrokerUnreachable, ErrBrokerMisconfigured)...)
 	return errors.Join(errs...)
 }
 
-// brokerRefuses records that the broker refused the relay's configuration,
-// logging the change as the configuration error it is.
-func (r *Relay) brokerRefuses(reason string) {
-	r.brokerDown.Store(false) // it answers: not an outage
-	if r.brokerRefused.Swap(&reason) == nil {
-		r.log.Error("the broker refuses the relay's configuration (credentials, signing secret, permissions): "+
-			"fix the configuration; events are retried with backoff and none is quarantined", slog.String("error", reason))
-	}
-}
+// Timeouts of the relay's statements outside a claim (bounded by Lease/2) and
+// a publish (Config.PublishTimeout).
+const (
+	// settleTimeout bounds one attempt to record a batch's outcome (mark, fail
+	// and release in one round trip). A failed attempt is retried with backoff
+	// until the relay is hard-stopped.
+	settleTimeout = 10 * time.Second
+	// stopReleaseTimeout bounds the last try, once the relay has stopped, to
+	// release leases whose settling failed; past it they expire on their own
+	// after Config.Lease.
+	stopReleaseTimeout = 5 * time.Second
+	// announceTimeout bounds the notification that announces a backlog to the
+	// other relays (announceBacklog).
+	announceTimeout = 5 * time.Second
+)
 
-// brokerAccepts clears a configuration refusal; ok says the broker acknowledged.
-func (r *Relay) brokerAccepts(ok bool) {
-	if r.brokerRefused.Swap(nil) != nil && ok {
-		r.log.Info("the broker accepts the relay's configuration again")
-	}
-}
-
-// Start launches the workers and the notification listener and returns at once.
-// Cancelling ctx stops the relay abruptly: in-flight publishes are abandoned and
-// their leases released (best effort); prefer Stop. Start may be called once.
+// Start launches the workers, the poller and the notification listener, and
+// returns at once.
+//
+// Start and Stop follow the one rule of pgoutbox's services (package
+// internal/lifecycle): a Relay starts once (a second Start is an error, and so
+// is a Start after Stop: make a new Relay); Stop is graceful until its ctx ends,
+// then hard, and may be called any number of times, also before Start.
+// Cancelling ctx is a hard stop: in-flight publishes are abandoned and their
+// leases released (best effort); prefer Stop.
 func (r *Relay) Start(ctx context.Context) error {
-	err := errors.New("relay: already started")
-	r.startOnce.Do(func() {
-		err = nil
-		r.started.Store(true)
-		r.hardCtx, r.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
-		// Start's ctx ending is a hard stop.
-		r.helpers.Add(1)
-		go func() {
-			defer r.helpers.Done()
-			select {
-			case <-ctx.Done():
-				r.signalStop()
-				r.hardCancel()
-			case <-r.hardCtx.Done():
-			}
-		}()
+	return r.lc.Start(ctx, func(context.Context) error {
 		r.log.Info("relay starting", slog.String("schema", r.cfg.Schema), slog.Int("workers", r.cfg.Workers),
 			slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
 		for i := range r.cfg.Workers {
-			r.workers.Add(1)
-			go r.work(i)
+			r.lc.Go(func() { r.work(i) })
 		}
-		r.helpers.Add(1)
-		go r.poll()
+		r.lc.Go(r.poll)
 		if !r.cfg.DisableNotify {
-			r.helpers.Add(2)
-			go r.listen()
-			go r.guard()
+			r.lc.Go(r.listen)
+			r.lc.Go(r.guard)
 		}
+		return nil
 	})
-	return err
 }
-
-func (r *Relay) signalStop() { r.stopOnce.Do(func() { close(r.stopping) }) }
 
 // Stop shuts the relay down gracefully: it stops claiming, waits for in-flight
 // publishes to be acknowledged and marked, and releases the leases of events it
-// did not publish. If ctx ends first, in-flight publishes are abandoned (their
-// leases released, best effort) and ctx's error is returned. Stop is safe to call
-// more than once, and before Start.
-func (r *Relay) Stop(ctx context.Context) error {
-	r.signalStop()
-	if !r.started.Load() {
-		return nil
-	}
-	done := make(chan struct{})
-	go func() { r.workers.Wait(); close(done) }()
-	var err error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = fmt.Errorf("relay: stop: %w", ctx.Err())
-		r.hardCancel()
-		<-done
-	}
-	r.hardCancel()
-	r.helpers.Wait()
-	// Workers settle every batch; this only finds leases whose settling failed
-	// (database down), and tries once more.
+// did not publish. If ctx ends first, the stop turns hard: in-flight publishes
+// are abandoned (their leases released, best effort), Stop still waits for the
+// workers, and returns ctx's error wrapped. See Start for the rule of Start and
+// Stop.
+func (r *Relay) Stop(ctx context.Context) error { return r.lc.Stop(ctx) }
+
+// stopped runs once every goroutine of the relay has returned (the lifecycle's
+// Stopped hook). Workers settle every batch; this only finds leases whose
+// settling failed (database down), and tries once more to release them.
+func (r *Relay) stopped(bool) {
 	if ids := r.outstanding(); len(ids) > 0 {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), stopReleaseTimeout)
 		defer cancel()
-		if _, rerr := r.pool.Exec(sctx, r.q.release, uuids(ids), r.cfg.ID); rerr != nil {
-			r.log.Warn("could not release leases; they expire on their own", slog.Int("events", len(ids)), slog.Any("error", rerr))
+		if _, err := r.pool.Exec(ctx, r.q.release, uuids(ids), r.cfg.ID); err != nil {
+			r.log.Warn("could not release leases; they expire on their own", slog.Int("events", len(ids)), slog.Any("error", err))
 		} else {
 			r.forget(ids)
 		}
@@ -267,30 +236,39 @@ func (r *Relay) Stop(ctx context.Context) error {
 	s := r.Stats()
 	r.log.Info("relay stopped", slog.Int64("published", s.Published), slog.Int64("failed", s.Failed),
 		slog.Int64("quarantined", s.Quarantined))
-	return err
+}
+
+// helperContext returns the context of a helper's calls (listen, guard): it
+// ends when the relay begins to stop, since helpers hold no work in flight.
+func (r *Relay) helperContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(r.lc.Hard())
+	stopping := r.lc.Stopping()
+	go func() {
+		select {
+		case <-stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // poke asks one idle worker to claim.
-func (r *Relay) poke() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}
+func (r *Relay) poke() { r.wake.Poke() }
 
 // poll wakes a worker every PollInterval, and when the earliest backoff that a
 // worker reported comes due.
 func (r *Relay) poll() {
-	defer r.helpers.Done()
 	t := time.NewTicker(r.cfg.PollInterval)
 	defer t.Stop()
 	due := time.NewTimer(time.Hour)
 	due.Stop()
 	defer due.Stop()
 	var dueAt time.Time
+	stopping := r.lc.Stopping()
 	for {
 		select {
-		case <-r.stopping:
+		case <-stopping:
 			return
 		case <-t.C:
 			r.poke()
@@ -310,16 +288,8 @@ func (r *Relay) poll() {
 // notifications into wake-ups. After any reconnect it wakes a worker, since commits
 // may have gone unnoticed meanwhile.
 func (r *Relay) listen() {
-	defer r.helpers.Done()
-	ctx, cancel := context.WithCancel(r.hardCtx)
+	ctx, cancel := r.helperContext()
 	defer cancel()
-	go func() {
-		select {
-		case <-r.stopping:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	var wait retry.Backoff
 	failing := false
 	for ctx.Err() == nil {
@@ -364,23 +334,21 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 
 // work is one claim → publish → settle loop.
 func (r *Relay) work(id int) {
-	defer r.workers.Done()
 	var wait retry.Backoff
 	again := true // claim at once on start: there may be a backlog
 	idle := false
 	hot := time.NewTimer(time.Hour)
 	hot.Stop()
 	defer hot.Stop()
+	stopping := r.lc.Stopping()
 	for {
 		if !again {
 			if !r.waitForWork(&idle, hot) {
 				return
 			}
 		}
-		select {
-		case <-r.stopping:
+		if r.lc.IsStopping() {
 			return
-		default:
 		}
 		batch, err := r.claim()
 		if errors.Is(err, errStopping) {
@@ -389,7 +357,7 @@ func (r *Relay) work(id int) {
 		if err != nil {
 			r.dbFailed(stmtClaim, err)
 			again = true
-			if !sleepStop(r.stopping, wait.Next()) {
+			if !sleepStop(stopping, wait.Next()) {
 				return
 			}
 			continue
@@ -411,7 +379,7 @@ func (r *Relay) work(id int) {
 			// The broker is unreachable: hold off claiming instead of cycling every
 			// lane's head through failed attempts.
 			again = true
-			if !sleepStop(r.stopping, pause) {
+			if !sleepStop(stopping, pause) {
 				return
 			}
 		}
@@ -438,7 +406,7 @@ func (r *Relay) waitForWork(idle *bool, hot *time.Timer) bool {
 		hot.Reset(hotPoll)
 		defer hot.Stop()
 		select {
-		case <-r.stopping:
+		case <-r.lc.Stopping():
 			return false
 		case <-r.wake:
 		case <-hot.C:
@@ -447,7 +415,7 @@ func (r *Relay) waitForWork(idle *bool, hot *time.Timer) bool {
 	}
 	r.setIdle(idle, true)
 	select {
-	case <-r.stopping:
+	case <-r.lc.Stopping():
 		return false
 	case <-r.wake:
 	}
@@ -462,7 +430,7 @@ func (r *Relay) announceBacklog() {
 	if r.cfg.DisableNotify {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.hardCtx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(r.lc.Hard(), announceTimeout)
 	defer cancel()
 	if _, err := r.pool.Exec(ctx, "SELECT pg_notify($1, '')", r.q.channel); err != nil {
 		r.log.Debug("could not announce the backlog", slog.Any("error", err))
@@ -501,10 +469,6 @@ func (r *Relay) dbOK(kind int) {
 // errStopping is claim's answer once the relay is stopping.
 var errStopping = errors.New("relay: stopping")
 
-// cursor is where the relay's next lane scan starts, so successive claims sweep all
-// lanes fairly instead of favouring the first ones in index order.
-type cursor struct{ aggregateType, aggregateID string }
-
 // claimed is one leased event.
 type claimed struct {
 	msg            broker.Message
@@ -514,6 +478,10 @@ type claimed struct {
 	// undecodable is why the row cannot become a message (headers that are not a
 	// JSON object of strings, written by a raw INSERT): it is quarantined.
 	undecodable error
+}
+
+func (c *claimed) lane() pgoutbox.Lane {
+	return pgoutbox.LaneOf(c.msg.AggregateType, c.msg.AggregateID)
 }
 
 // claim leases the next batch, continuing the lane scan from the relay's cursor,
@@ -528,24 +496,22 @@ type claimed struct {
 func (r *Relay) claim() ([]claimed, error) {
 	r.claimMu.Lock()
 	defer r.claimMu.Unlock()
-	select {
-	case <-r.stopping:
+	if r.lc.IsStopping() {
 		// Stopped while a peer's claim ran (a slow one, if the database hangs):
 		// do not start another.
 		return nil, errStopping
-	default:
 	}
 	cur := &r.cur
-	ctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.Lease/2)
+	ctx, cancel := context.WithTimeout(r.lc.Hard(), r.cfg.Lease/2)
 	defer cancel()
 	start := time.Now()
 	batch, err := r.claimFrom(ctx, *cur, r.cfg.BatchSize)
 	if err != nil {
 		return nil, err
 	}
-	if len(batch) == 0 && *cur != (cursor{}) {
+	if len(batch) == 0 && *cur != (pgoutbox.Lane{}) {
 		// Nothing after the cursor: start over from the first lanes.
-		if batch, err = r.claimFrom(ctx, cursor{}, r.cfg.BatchSize); err != nil {
+		if batch, err = r.claimFrom(ctx, pgoutbox.Lane{}, r.cfg.BatchSize); err != nil {
 			return nil, err
 		}
 	}
@@ -561,25 +527,21 @@ func (r *Relay) claim() ([]claimed, error) {
 	// A full batch: the next claim goes on after its last lane, so that successive
 	// claims sweep all lanes. A short one scanned to the end of the pending lanes:
 	// the next claim starts from the first ones, in one statement.
-	*cur = cursor{}
+	*cur = pgoutbox.Lane{}
 	if len(batch) < r.cfg.BatchSize {
 		return batch, nil
 	}
-	for _, c := range batch {
-		if k := (cursor{c.msg.AggregateType, c.msg.AggregateID}); cmpCursor(k, *cur) > 0 {
-			*cur = k
+	for i := range batch {
+		if l := batch[i].lane(); l.Compare(*cur) > 0 {
+			*cur = l
 		}
 	}
 	return batch, nil
 }
 
-func cmpCursor(a, b cursor) int {
-	return cmp.Or(strings.Compare(a.aggregateType, b.aggregateType), strings.Compare(a.aggregateID, b.aggregateID))
-}
-
-func (r *Relay) claimFrom(ctx context.Context, from cursor, limit int) ([]claimed, error) {
+func (r *Relay) claimFrom(ctx context.Context, from pgoutbox.Lane, limit int) ([]claimed, error) {
 	rows, err := r.pool.Query(ctx, r.q.claim, r.cfg.ID, r.cfg.Lease.Milliseconds(),
-		from.aggregateType, from.aggregateID, limit, r.cfg.RunLength)
+		from.AggregateType, from.AggregateID, limit, r.cfg.RunLength)
 	if err != nil {
 		return nil, fmt.Errorf("claim batch: %w", err)
 	}
@@ -630,10 +592,15 @@ func (r *Relay) claimFrom(ctx context.Context, from cursor, limit int) ([]claime
 func (r *Relay) process(batch []claimed) time.Duration {
 	// Per aggregate, ascending sequence: what Publisher.Publish requires.
 	slices.SortFunc(batch, func(a, b claimed) int {
-		return cmp.Or(strings.Compare(a.msg.AggregateType, b.msg.AggregateType),
-			strings.Compare(a.msg.AggregateID, b.msg.AggregateID),
-			cmp.Compare(a.msg.AggregateSequence, b.msg.AggregateSequence))
+		return pgoutbox.CompareInLane(a.lane(), a.msg.AggregateSequence, b.lane(), b.msg.AggregateSequence)
 	})
+	start := time.Now()
+	results := r.publish(batch)
+	return r.settle(batch, results, time.Since(start))
+}
+
+// publish sends the batch and returns one result per event.
+func (r *Relay) publish(batch []claimed) []error {
 	msgs := make([]broker.Message, len(batch))
 	var refused []error
 	for i := range batch {
@@ -645,170 +612,193 @@ func (r *Relay) process(batch []claimed) time.Duration {
 			refused[i] = batch[i].undecodable
 		}
 	}
-	var results []error
-	start := time.Now()
 	if err := failpoint.Inject(failpoint.RelayBeforePublish); err != nil {
-		results = make([]error, len(msgs))
+		results := make([]error, len(msgs))
 		for i := range results {
 			results[i] = broker.Unavailable(err)
 		}
-	} else {
-		pctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.PublishTimeout)
-		// Rows written around the producer's checks (a raw INSERT) with reserved
-		// headers or sizes beyond the limits are quarantined here, never sent.
-		results = broker.PublishValid(pctx, r.pub, msgs, refused)
-		cancel()
-		_ = failpoint.Inject(failpoint.RelayAfterPublish) // crash or delay only: the broker has spoken
+		return results
 	}
-	published := time.Since(start)
-	if len(results) != len(msgs) {
-		r.log.Error("publisher returned the wrong number of results; releasing the batch",
+	ctx, cancel := context.WithTimeout(r.lc.Hard(), r.cfg.PublishTimeout)
+	// Rows written around the producer's checks (a raw INSERT) with reserved
+	// headers or sizes beyond the limits are quarantined here, never sent.
+	results := broker.PublishValid(ctx, r.pub, msgs, refused)
+	cancel()
+	_ = failpoint.Inject(failpoint.RelayAfterPublish) // crash or delay only: the broker has spoken
+	checked, ok := retry.CheckResults(results, len(msgs))
+	if !ok {
+		r.log.Error("publisher returned the wrong number of results; retrying the batch with backoff",
 			slog.Int("messages", len(msgs)), slog.Int("results", len(results)))
-		results = make([]error, len(msgs))
-		for i := range results {
-			results[i] = broker.ErrPredecessorFailed
-		}
 	}
-	return r.settle(batch, results, published)
+	return checked
+}
+
+// failure is one failed publish to record: the event, the head of its run
+// (which holds the lease), and the failure policy's verdict.
+type failure struct {
+	id, head pgoutbox.UUID
+	verdict  retry.Verdict
+}
+
+// outcome is what a publish did to a batch, sorted for the settle statements.
+type outcome struct {
+	acked    []pgoutbox.UUID // acknowledged: marked published
+	released []pgoutbox.UUID // not attempted: leases given back
+	failed   []failure       // retried after a backoff, or quarantined
+	// quarantined counts the failures quarantined; retryIn is the shortest
+	// backoff of the others (0 when none is retried).
+	quarantined int
+	retryIn     time.Duration
+	broker      retry.BatchOutcome // what the batch said about the broker
+	events      []EventOutcome     // one per event, for the Observer only
+}
+
+// note records event i's outcome for the Observer.
+func (o *outcome) note(c *claimed, i int, res Result, attempt int, err error) {
+	if o.events == nil {
+		return
+	}
+	e := &o.events[i]
+	e.EventID, e.AggregateType, e.EventType = c.msg.EventID, c.msg.AggregateType, c.msg.EventType
+	e.Result, e.Attempt, e.Err = res, attempt, err
+	if err != nil {
+		e.Reason = ClassifyFailure(err)
+	}
+}
+
+// failColumns returns the failures as the fail statement's column arrays.
+func (o *outcome) failColumns() (ids [][16]byte, errs []string, delaysMs []int64, quarantine []bool, heads [][16]byte) {
+	for _, f := range o.failed {
+		ids = append(ids, f.id)
+		errs = append(errs, f.verdict.Text)
+		delaysMs = append(delaysMs, f.verdict.Delay.Milliseconds())
+		quarantine = append(quarantine, f.verdict.Quarantine)
+		heads = append(heads, f.head)
+	}
+	return ids, errs, delaysMs, quarantine, heads
 }
 
 // settle records the outcome of a publish: acked events published, failed ones
 // retried later or quarantined, unattempted ones released. The three statements go
 // in one round trip and one implicit transaction. If the database is unreachable,
 // settling is retried until the relay is hard-stopped; the leases then simply expire
-// and the events are published again (a duplicate, never a loss).
+// and the events are published again (a duplicate, never a loss). It returns how
+// long the worker should pause before claiming again.
 func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Duration) time.Duration {
-	var (
-		acked, released           []pgoutbox.UUID
-		failIDs                   []pgoutbox.UUID
-		failErrs                  []string
-		failDelays                []int64
-		failQuarantine            []bool
-		failHeads                 []pgoutbox.UUID
-		anyAck, allUnavailable    = false, true
-		refusedErr                string // the first broker.Misconfigured failure
-		quarantined, firstRetryIn = 0, time.Duration(0)
-	)
-	hardStopped := r.hardCtx.Err() != nil
-	var outcomes []EventOutcome // only for the Observer
-	if r.cfg.Observer != nil {
-		outcomes = make([]EventOutcome, len(batch))
+	o := r.decide(batch, results)
+	start := time.Now()
+	if !r.record(&o) {
+		return 0 // leases stay with us; the stop tries once more, then they expire
 	}
-	note := func(i int, res Result, attempt int, err error) {
-		if outcomes != nil {
-			o := &outcomes[i]
-			o.EventID, o.AggregateType, o.EventType = batch[i].msg.EventID, batch[i].msg.AggregateType, batch[i].msg.EventType
-			o.Result, o.Attempt, o.Err = res, attempt, err
-			if err != nil {
-				o.Reason = ClassifyFailure(err)
-			}
+	settleDuration := time.Since(start)
+	r.forgetBatch(batch)
+	r.stats.published.Add(int64(len(o.acked)))
+	r.stats.failed.Add(int64(len(o.failed)))
+	r.stats.quarantined.Add(int64(o.quarantined))
+	r.stats.released.Add(int64(len(o.released)))
+	if o.events != nil {
+		r.cfg.Observer.BatchSettled(SettledBatch{Events: o.events, PublishDuration: publishDuration, SettleDuration: settleDuration})
+	}
+	if o.retryIn > 0 {
+		// Wake up when the first backoff ends rather than at the next poll.
+		select {
+		case r.retry <- time.Now().Add(o.retryIn):
+		default:
 		}
 	}
+	r.broker.Settled(r.log, o.broker)
+	if !o.broker.Acked && o.broker.AllUnavailable {
+		// The broker is unreachable or refuses us: hold off claiming.
+		return min(o.retryIn, r.cfg.PollInterval)
+	}
+	return 0
+}
+
+// decide sorts each event's result: acked, released (not attempted, or
+// abandoned by a hard stop: not the event's fault), or failed, with the failure
+// policy's verdict (retry.Policy.Decide) on retry or quarantine.
+func (r *Relay) decide(batch []claimed, results []error) outcome {
+	var o outcome
+	if r.cfg.Observer != nil {
+		o.events = make([]EventOutcome, len(batch))
+	}
+	hardStopped := r.lc.Hard().Err() != nil
+	allUnavailable := true
 	for i, err := range results {
 		c := &batch[i]
 		switch {
 		case err == nil:
-			acked = append(acked, c.msg.EventID)
-			anyAck = true
-			note(i, ResultPublished, c.attempts+1, nil)
+			o.acked = append(o.acked, c.msg.EventID)
+			o.note(c, i, ResultPublished, c.attempts+1, nil)
 		case errors.Is(err, broker.ErrPredecessorFailed),
 			hardStopped && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
-			// Not attempted, or abandoned by a hard stop: not the event's fault.
-			released = append(released, c.msg.EventID)
-			note(i, ResultReleased, 0, nil)
+			o.released = append(o.released, c.msg.EventID)
+			o.note(c, i, ResultReleased, 0, nil)
 		default:
-			unavailable := broker.IsUnavailable(err)
-			allUnavailable = allUnavailable && unavailable
-			if refusedErr == "" && broker.IsMisconfigured(err) {
-				refusedErr = retry.ErrorText(err)
+			v := r.policy.Decide(err, c.attempts+1)
+			o.failed = append(o.failed, failure{id: c.msg.EventID, head: c.head, verdict: v})
+			allUnavailable = allUnavailable && v.Unavailable
+			if v.Misconfigured && o.broker.Refused == "" {
+				o.broker.Refused = v.Text
 			}
-			attempt := c.attempts + 1
-			quarantine := broker.IsPermanent(err) || (!unavailable && attempt >= r.cfg.MaxAttempts)
-			delay := retry.AttemptDelay(attempt, r.cfg.BackoffBase, r.cfg.BackoffMax, unavailable)
-			if quarantine {
-				quarantined++
+			if v.Quarantine {
+				o.quarantined++
 				r.log.Warn("event quarantined", slog.String("event_id", c.msg.EventID.String()),
-					slog.String("aggregate", c.msg.AggregateType+"/"+c.msg.AggregateID),
-					slog.Int64("sequence", c.msg.AggregateSequence), slog.Int("attempts", attempt), slog.String("error", retry.ErrorText(err)))
-				note(i, ResultQuarantined, attempt, err)
-			} else {
-				if firstRetryIn == 0 || delay < firstRetryIn {
-					firstRetryIn = delay
-				}
-				note(i, ResultFailed, attempt, err)
+					slog.String("aggregate", c.lane().String()),
+					slog.Int64("sequence", c.msg.AggregateSequence), slog.Int("attempts", v.Attempt), slog.String("error", v.Text))
+				o.note(c, i, ResultQuarantined, v.Attempt, err)
+				continue
 			}
-			failIDs = append(failIDs, c.msg.EventID)
-			failErrs = append(failErrs, retry.ErrorText(err))
-			failDelays = append(failDelays, delay.Milliseconds())
-			failQuarantine = append(failQuarantine, quarantine)
-			failHeads = append(failHeads, c.head)
+			if o.retryIn == 0 || v.Delay < o.retryIn {
+				o.retryIn = v.Delay
+			}
+			o.note(c, i, ResultFailed, v.Attempt, err)
 		}
 	}
+	o.broker.Acked = len(o.acked) > 0
+	o.broker.AllUnavailable = len(o.failed) > 0 && allUnavailable
+	if len(o.failed) > 0 {
+		o.broker.FirstError = o.failed[0].verdict.Text
+	}
+	return o
+}
 
-	// A pgx.Batch cannot be sent twice: build a fresh one for every attempt.
-	newBatch := func() *pgx.Batch {
-		b := &pgx.Batch{}
-		if len(acked) > 0 {
-			b.Queue(r.q.mark, uuids(acked), r.cfg.ID)
-		}
-		if len(failIDs) > 0 {
-			b.Queue(r.q.fail, uuids(failIDs), failErrs, failDelays, failQuarantine, r.cfg.ID, uuids(failHeads))
-		}
-		if len(released) > 0 {
-			b.Queue(r.q.release, uuids(released), r.cfg.ID)
-		}
-		return b
-	}
+// record writes the outcome in one round trip, retrying with backoff while the
+// database fails. It reports false if the relay was hard-stopped first.
+func (r *Relay) record(o *outcome) bool {
 	var wait retry.Backoff
-	settleStart := time.Now()
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		br := r.pool.SendBatch(ctx, newBatch())
+		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		br := r.pool.SendBatch(ctx, r.settleStatements(o))
 		err := failpoint.Inject(failpoint.RelayMark)
 		err = errors.Join(err, br.Close())
 		cancel()
 		if err == nil {
 			r.dbOK(stmtSettle)
-			break
+			return true
 		}
 		r.dbFailed(stmtSettle, fmt.Errorf("settle batch: %w", err))
-		if r.hardCtx.Err() != nil || !retry.Sleep(r.hardCtx, wait.Next()) {
-			return 0 // leases stay with us; Stop tries once more, then they expire
+		if hard := r.lc.Hard(); hard.Err() != nil || !retry.Sleep(hard, wait.Next()) {
+			return false
 		}
 	}
-	all := make([]pgoutbox.UUID, len(batch))
-	for i := range batch {
-		all[i] = batch[i].msg.EventID
-	}
-	r.forget(all)
-	r.stats.published.Add(int64(len(acked)))
-	r.stats.failed.Add(int64(len(failIDs)))
-	r.stats.quarantined.Add(int64(quarantined))
-	r.stats.released.Add(int64(len(released)))
-	if outcomes != nil {
-		r.cfg.Observer.BatchSettled(SettledBatch{Events: outcomes, PublishDuration: publishDuration, SettleDuration: time.Since(settleStart)})
-	}
+}
 
-	if firstRetryIn > 0 {
-		// Wake up when the first backoff ends rather than at the next poll.
-		select {
-		case r.retry <- time.Now().Add(firstRetryIn):
-		default:
-		}
+// settleStatements returns the mark, fail and release statements of o. A
+// pgx.Batch cannot be sent twice: record builds a fresh one for every attempt.
+func (r *Relay) settleStatements(o *outcome) *pgx.Batch {
+	b := &pgx.Batch{}
+	if len(o.acked) > 0 {
+		b.Queue(r.q.mark, uuids(o.acked), r.cfg.ID)
 	}
-	switch {
-	case anyAck:
-		retry.MarkUp(&r.brokerDown, r.log, "broker")
-		r.brokerAccepts(true)
-	case len(failIDs) > 0 && allUnavailable && refusedErr != "":
-		r.brokerRefuses(refusedErr)
-		return min(firstRetryIn, r.cfg.PollInterval)
-	case len(failIDs) > 0 && allUnavailable:
-		r.brokerAccepts(false)
-		retry.MarkDown(&r.brokerDown, r.log, "broker", errors.New(failErrs[0]))
-		return min(firstRetryIn, r.cfg.PollInterval)
+	if len(o.failed) > 0 {
+		ids, errs, delays, quarantine, heads := o.failColumns()
+		b.Queue(r.q.fail, ids, errs, delays, quarantine, r.cfg.ID, heads)
 	}
-	return 0
+	if len(o.released) > 0 {
+		b.Queue(r.q.release, uuids(o.released), r.cfg.ID)
+	}
+	return b
 }
 
 // uuids converts ids for a uuid[] parameter: pgx encodes [16]byte natively, where
@@ -842,6 +832,15 @@ func (r *Relay) outstanding() []pgoutbox.UUID {
 		ids = append(ids, id)
 	}
 	return ids
+}
+
+// forgetBatch drops a settled batch's leases from those still held.
+func (r *Relay) forgetBatch(batch []claimed) {
+	r.mu.Lock()
+	for i := range batch {
+		delete(r.leased, batch[i].msg.EventID)
+	}
+	r.mu.Unlock()
 }
 
 func (r *Relay) forget(ids []pgoutbox.UUID) {

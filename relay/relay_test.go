@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -80,18 +82,6 @@ func (o *outbox) count(t testing.TB, where string) int {
 	return n
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // startRelay starts a relay and stops it (gracefully) when the test ends.
@@ -124,7 +114,7 @@ func TestRelaysRacingKeepLaneOrder(t *testing.T) {
 	for i := range 4 {
 		startRelay(t, o, rec, relay.Config{ID: fmt.Sprintf("r%d", i), BatchSize: 37, RunLength: 3})
 	}
-	waitFor(t, 60*time.Second, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 60*time.Second, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
 	dups := brokertest.CheckStream(t, rec.Messages(), ids)
 	t.Logf("%d events, %d duplicates", len(ids), dups)
 	if n := o.count(t, "claim_until IS NOT NULL OR attempt_count <> 1"); n != 0 {
@@ -156,10 +146,10 @@ func TestPoisonEventQuarantinedAndRetried(t *testing.T) {
 	r := startRelay(t, o, rec, relay.Config{MaxAttempts: 3, BackoffBase: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
 		PollInterval: 50 * time.Millisecond})
 
-	waitFor(t, 30*time.Second, "the poison event's quarantine", func() bool {
+	wait.For(t, 30*time.Second, "the poison event's quarantine", func() bool {
 		return o.count(t, "quarantined_at IS NOT NULL") == 1
 	})
-	waitFor(t, 30*time.Second, "the other aggregates to drain", func() bool {
+	wait.For(t, 30*time.Second, "the other aggregates to drain", func() bool {
 		return o.count(t, "published_at IS NULL") == 3 // the poison event and the two after it
 	})
 	var attempts int
@@ -186,7 +176,7 @@ func TestPoisonEventQuarantinedAndRetried(t *testing.T) {
 	if len(retried) != 1 || retried[0] != poisonID {
 		t.Fatalf("retried %v, want only the quarantined event", retried)
 	}
-	waitFor(t, 30*time.Second, "the lane to drain after the retry", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the lane to drain after the retry", func() bool { return o.count(t, "published_at IS NULL") == 0 })
 	brokertest.CheckStream(t, rec.Messages(), ids)
 }
 
@@ -204,7 +194,7 @@ func TestErrorClassesDecideQuarantine(t *testing.T) {
 	}}
 	startRelay(t, o, rec, relay.Config{MaxAttempts: 2, BackoffBase: time.Millisecond, BackoffMax: 2 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond})
-	waitFor(t, 30*time.Second, "several unavailable attempts", func() bool {
+	wait.For(t, 30*time.Second, "several unavailable attempts", func() bool {
 		return o.count(t, "aggregate_id = 'a0001' AND attempt_count >= 5") == 1
 	})
 	if n := o.count(t, "aggregate_id = 'a0000' AND quarantined_at IS NOT NULL AND attempt_count = 1"); n != 1 {
@@ -224,11 +214,11 @@ func TestNotifyWakesRelayAndPollingCatchesLostNotifications(t *testing.T) {
 	rec := &brokertest.Recorder{}
 	startRelay(t, o, rec, relay.Config{PollInterval: 30 * time.Second})
 	// Let the relay's first claim (at start) and LISTEN happen before enqueueing.
-	waitFor(t, 10*time.Second, "the relay to listen", func() bool { return listening(t, o) })
+	wait.For(t, 10*time.Second, "the relay to listen", func() bool { return listening(t, o) })
 
 	start := time.Now()
 	ids := o.enqueue(t, 1, 1)
-	waitFor(t, 5*time.Second, "the event to be published", func() bool { return len(rec.Messages()) == 1 })
+	wait.For(t, 5*time.Second, "the event to be published", func() bool { return len(rec.Messages()) == 1 })
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("published %s after commit with a 30s poll interval: NOTIFY did not wake the relay", d)
 	}
@@ -247,7 +237,7 @@ func TestNotifyWakesRelayAndPollingCatchesLostNotifications(t *testing.T) {
 		return err
 	})
 	pgtest.Must(t, err, "enqueue without notify")
-	waitFor(t, 5*time.Second, "the poll to find the event", func() bool { return len(rec2.Messages()) == 1 })
+	wait.For(t, 5*time.Second, "the poll to find the event", func() bool { return len(rec2.Messages()) == 1 })
 }
 
 // listening reports whether some session LISTENs on the schema's channel.
@@ -289,7 +279,7 @@ func TestGracefulStopLeavesNoLease(t *testing.T) {
 	}
 	// Another relay finishes the job.
 	startRelay(t, o, &brokertest.Recorder{}, relay.Config{})
-	waitFor(t, 30*time.Second, "the rest to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the rest to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
 }
 
 // A relay that died holding leases (here: one whose leases we forge as if it had
@@ -303,7 +293,7 @@ func TestExpiredLeasesAreTakenOver(t *testing.T) {
 	pgtest.Must(t, err, "forge leases")
 	rec := &brokertest.Recorder{}
 	r := startRelay(t, o, rec, relay.Config{PollInterval: 50 * time.Millisecond})
-	waitFor(t, 30*time.Second, "the takeover", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the takeover", func() bool { return o.count(t, "published_at IS NULL") == 0 })
 	brokertest.CheckStream(t, rec.Messages(), ids)
 	if s := r.Stats(); s.TakenOver != 10 {
 		t.Fatalf("stats %+v, want 10 leases taken over", s)
@@ -323,6 +313,16 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if _, err := relay.New(o.pool, nil, nil); err == nil {
 		t.Error("nil publisher accepted")
+	}
+	var defaults *relay.Config
+	if err := defaults.Validate(); err != nil {
+		t.Errorf("nil config: %v", err)
+	}
+	err := (&relay.Config{BatchSize: -1, Workers: 100}).Validate()
+	for _, want := range []string{"relay: Config.BatchSize (-1)", "relay: Config.Workers (100)"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v, want an error naming %q", err, want)
+		}
 	}
 }
 
@@ -364,10 +364,10 @@ func TestDatabaseConnectionsKilledMidRun(t *testing.T) {
 		pgtest.Must(t, r.Stop(ctx), "stop")
 	}()
 	<-killed
-	waitFor(t, time.Minute, "the backlog to drain after the connections were killed", func() bool {
+	wait.For(t, time.Minute, "the backlog to drain after the connections were killed", func() bool {
 		return o.count(t, "published_at IS NULL") == 0
 	})
 	dups := brokertest.CheckStream(t, rec.Messages(), ids)
-	waitFor(t, 10*time.Second, "the relay to report healthy", func() bool { return r.Healthy() == nil })
+	wait.For(t, 10*time.Second, "the relay to report healthy", func() bool { return r.Healthy() == nil })
 	t.Logf("%d events, %d duplicates after the connections were killed", len(ids), dups)
 }

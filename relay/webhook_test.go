@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -41,7 +42,7 @@ func TestWebhook400Quarantines(t *testing.T) {
 	o.enqueue(t, 3, 2)
 	startRelay(t, o, pub, relay.Config{PollInterval: 50 * time.Millisecond})
 
-	waitFor(t, 30*time.Second, "delivery and quarantine", func() bool {
+	wait.For(t, 30*time.Second, "delivery and quarantine", func() bool {
 		return o.count(t, "published_at IS NOT NULL") == 4 && o.count(t, "quarantined_at IS NOT NULL") == 1
 	})
 	var lastErr string
@@ -91,7 +92,7 @@ func TestWebhookRefusedCredentialsAreAConfigurationError(t *testing.T) {
 			r := startRelay(t, o, pub, relay.Config{PollInterval: 50 * time.Millisecond, BackoffBase: 10 * time.Millisecond,
 				MaxAttempts: 2, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 
-			waitFor(t, 30*time.Second, "the refusal reported", func() bool {
+			wait.For(t, 30*time.Second, "the refusal reported", func() bool {
 				return errors.Is(r.Healthy(), relay.ErrBrokerMisconfigured) && o.count(t, "attempt_count >= 3") >= 1
 			})
 			h := r.Healthy()
@@ -119,7 +120,7 @@ func TestWebhookRefusedCredentialsAreAConfigurationError(t *testing.T) {
 			}
 
 			accept.Store(true)
-			waitFor(t, 30*time.Second, "delivery once accepted", func() bool {
+			wait.For(t, 30*time.Second, "delivery once accepted", func() bool {
 				return o.count(t, "published_at IS NOT NULL") == 4 && r.Healthy() == nil
 			})
 		})

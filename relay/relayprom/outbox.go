@@ -16,30 +16,76 @@ import (
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
-// OutboxConfig configures an Outbox collector. The zero value is ready to use;
-// each field documents its default.
+// Defaults of OutboxConfig, used for its zero fields.
+const (
+	DefaultMaxAge       = 5 * time.Second
+	DefaultQueryTimeout = 2 * time.Second
+)
+
+// OutboxConfig configures an Outbox collector. A nil *OutboxConfig and the zero
+// value are ready to use; each field names its default.
 type OutboxConfig struct {
-	// Schema is the PostgreSQL schema holding outbox_events. Defaults to "public".
+	// Schema is the PostgreSQL schema holding outbox_events. Empty means
+	// migrate.DefaultSchema ("public").
 	Schema string
 
 	// MaxAge is how long figures read from the database are served before the
 	// next scrape reads them again, so that frequent or concurrent scrapes cost one
 	// query. The oldest pending age keeps growing between reads as long as events
-	// are pending. Defaults to 5s.
+	// are pending. It must not be negative. Zero means DefaultMaxAge (5s).
 	MaxAge time.Duration
 
-	// QueryTimeout bounds the query. Defaults to 2s.
+	// QueryTimeout bounds the query. It must not be negative. Zero means
+	// DefaultQueryTimeout (2s).
 	QueryTimeout time.Duration
 
 	// Health is the relay's health report (relay.Relay.Healthy). When set,
 	// pgoutbox_relay_up{dependency="broker"} is exported, and
 	// pgoutbox_relay_up{dependency="database"} also turns 0 when the relay lost
-	// the database. Defaults to none: up{database} reflects the query alone.
+	// the database. Nil means none: up{database} reflects the query alone.
 	Health func() error
 
 	// Logger receives query failures (once per change between failing and
-	// working). Defaults to slog.Default().
+	// working). Nil means slog.Default().
 	Logger *slog.Logger
+}
+
+// Validate reports what NewOutbox would reject in c, zero fields meaning their
+// defaults: an error naming each bad field, joined. A nil c is valid.
+func (c *OutboxConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+// withDefaults returns a copy of c with its defaults filled in, and validates it.
+func (c *OutboxConfig) withDefaults() (OutboxConfig, error) {
+	var out OutboxConfig
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = migrate.DefaultSchema
+	}
+	if out.MaxAge == 0 {
+		out.MaxAge = DefaultMaxAge
+	}
+	if out.QueryTimeout == 0 {
+		out.QueryTimeout = DefaultQueryTimeout
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	var errs []error
+	if err := migrate.ValidateSchema(out.Schema); err != nil {
+		errs = append(errs, fmt.Errorf("relayprom: OutboxConfig.Schema: %w", err))
+	}
+	if out.MaxAge < 0 {
+		errs = append(errs, fmt.Errorf("relayprom: OutboxConfig.MaxAge (%s) must not be negative", out.MaxAge))
+	}
+	if out.QueryTimeout < 0 {
+		errs = append(errs, fmt.Errorf("relayprom: OutboxConfig.QueryTimeout (%s) must not be negative", out.QueryTimeout))
+	}
+	return out, errors.Join(errs...)
 }
 
 // OutboxStats are the backlog figures of one read.
@@ -80,32 +126,14 @@ type Outbox struct {
 }
 
 // NewOutbox returns a collector reading the outbox through pool. cfg may be nil
-// for all defaults.
+// for all defaults; invalid settings are reported here.
 func NewOutbox(pool *pgxpool.Pool, cfg *OutboxConfig) (*Outbox, error) {
 	if pool == nil {
 		return nil, errors.New("relayprom: NewOutbox needs a pool")
 	}
-	var c OutboxConfig
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.Schema == "" {
-		c.Schema = migrate.DefaultSchema
-	}
-	if err := migrate.ValidateSchema(c.Schema); err != nil {
-		return nil, fmt.Errorf("relayprom: OutboxConfig.Schema: %w", err)
-	}
-	if c.MaxAge == 0 {
-		c.MaxAge = 5 * time.Second
-	}
-	if c.QueryTimeout == 0 {
-		c.QueryTimeout = 2 * time.Second
-	}
-	if c.MaxAge < 0 || c.QueryTimeout < 0 {
-		return nil, fmt.Errorf("relayprom: OutboxConfig.MaxAge (%s) and QueryTimeout (%s) must not be negative", c.MaxAge, c.QueryTimeout)
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(namespace, "relay", name), help, labels, nil)

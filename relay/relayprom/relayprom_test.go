@@ -366,3 +366,18 @@ func ExampleNewOutbox() {
 	fmt.Println("registered")
 	// Output: registered
 }
+
+func TestOutboxConfigValidate(t *testing.T) {
+	t.Parallel()
+	var defaults *relayprom.OutboxConfig
+	if err := defaults.Validate(); err != nil {
+		t.Errorf("nil config: %v", err)
+	}
+	bad := &relayprom.OutboxConfig{MaxAge: -time.Second, QueryTimeout: -time.Second, Schema: strings.Repeat("s", 64)}
+	err := bad.Validate()
+	for _, field := range []string{"OutboxConfig.MaxAge", "OutboxConfig.QueryTimeout", "OutboxConfig.Schema"} {
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("Validate: %v, want an error naming %s", err, field)
+		}
+	}
+}

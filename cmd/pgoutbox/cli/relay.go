@@ -236,7 +236,7 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 				ops.metrics.CleanupDeleted("processed_events", res.InboxDeleted)
 			}
 		}
-		cleaner, err := admin.NewCleaner(pool, cc)
+		cleaner, err := admin.NewCleaner(pool, &cc)
 		if err != nil {
 			return usageError{err}
 		}

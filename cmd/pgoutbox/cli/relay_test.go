@@ -320,12 +320,12 @@ func TestRelayFlagErrors(t *testing.T) {
 		{[]string{"--broker", "https://example.com/hook", "--topic-template", "x.{event_type}"}, "does not apply to webhooks"},
 		{[]string{"--broker", "ftp://host"}, `unknown scheme "ftp"`},
 		{[]string{"--batch-size", "0"}, "--batch-size must be positive"},
-		{[]string{"--batch-size", "20000"}, "--batch-size must be in 1..10000"},
+		{[]string{"--batch-size", "20000"}, "--batch-size (20000) must be in 1..10000"},
 		{[]string{"--lease", "0s"}, "--lease must be positive"},
 		{[]string{"--lease", "1s", "--publish-timeout", "2s"}, "--publish-timeout (2s) must be positive and shorter than --lease (1s)"},
 		{[]string{"--topic-template", "x.{nope}"}, "unknown placeholder {nope}"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
-		{[]string{"--max-attempts", "-1"}, "--max-attempts must be positive"},
+		{[]string{"--max-attempts", "-1"}, "--max-attempts (-1) must be positive"},
 	}
 	for _, tc := range cases {
 		if !slices.Contains(tc.args, "--broker") {

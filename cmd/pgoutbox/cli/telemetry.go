@@ -163,7 +163,7 @@ func (o *relayOps) serve(pool *pgxpool.Pool, r *relay.Relay, schema string, logg
 	if err := o.reg.Register(backlog); err != nil {
 		return nil, fmt.Errorf("register outbox metrics: %w", err)
 	}
-	h := health.Handler(&health.Config{
+	h, err := health.Handler(&health.Config{
 		Gatherer: o.reg,
 		Checks: []health.Check{
 			{Name: "database", Func: pool.Ping},
@@ -171,6 +171,9 @@ func (o *relayOps) serve(pool *pgxpool.Pool, r *relay.Relay, schema string, logg
 		},
 		Logger: logger,
 	})
+	if err != nil {
+		return nil, err
+	}
 	srv, err := health.Start(o.addr, h, logger)
 	if err != nil {
 		return nil, usagef("--metrics-addr: %v", err)
