@@ -384,6 +384,12 @@ type producerOpts struct {
 func (e *env) producer(name string, extraEnv []string, o producerOpts) *proc {
 	e.t.Helper()
 	journal := filepath.Join(e.dir, name+".journal")
+	// Created empty here, before the process starts: a producer killed before it
+	// opened its journal attempted nothing, and its journal says so, instead of
+	// being missing when the checker reads the journals.
+	f, err := os.OpenFile(journal, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	pgtest.Must(e.t, err, "create journal")
+	pgtest.Must(e.t, f.Close(), "create journal")
 	e.mu.Lock()
 	e.journals = append(e.journals, journal)
 	e.mu.Unlock()
