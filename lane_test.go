@@ -27,10 +27,3 @@ func TestLaneCompare(t *testing.T) {
 		t.Fatal("CompareInLane does not order by lane, then sequence")
 	}
 }
-
-func TestLifecycleErrorsAreExported(t *testing.T) {
-	// The services wrap the internal sentinels; users match the exported ones.
-	if pgoutbox.ErrAlreadyStarted == nil || pgoutbox.ErrStopped == nil || pgoutbox.ErrAlreadyStarted == pgoutbox.ErrStopped {
-		t.Fatal("lifecycle sentinels are not distinct exported errors")
-	}
-}

@@ -1,6 +1,7 @@
 // Package lifecycletest is the one lifecycle test table that every pgoutbox
 // service passes: the rules of package lifecycle, checked against the real
-// service with its real dependencies.
+// service with its real dependencies, and the errors users match
+// (pgoutbox.ErrAlreadyStarted, pgoutbox.ErrStopped).
 package lifecycletest
 
 import (
@@ -9,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox"
 )
 
 // Service is what the table drives.
@@ -65,7 +66,7 @@ func Run(t *testing.T, h Harness) {
 		mustStart(t, s)
 		defer stop(t, s)
 		err := s.Start(bg)
-		if !errors.Is(err, lifecycle.ErrAlreadyStarted) {
+		if !errors.Is(err, pgoutbox.ErrAlreadyStarted) {
 			t.Fatalf("second Start: got %v, want ErrAlreadyStarted", err)
 		}
 	})
@@ -98,7 +99,7 @@ func Run(t *testing.T, h Harness) {
 		if err := stop(t, s); err != nil {
 			t.Fatalf("Stop: %v", err)
 		}
-		if err := s.Start(bg); !errors.Is(err, lifecycle.ErrStopped) {
+		if err := s.Start(bg); !errors.Is(err, pgoutbox.ErrStopped) {
 			t.Fatalf("Start after Stop: got %v, want ErrStopped", err)
 		}
 	})
@@ -107,7 +108,7 @@ func Run(t *testing.T, h Harness) {
 		if err := stop(t, s); err != nil {
 			t.Fatalf("Stop before Start: %v", err)
 		}
-		if err := s.Start(bg); !errors.Is(err, lifecycle.ErrStopped) {
+		if err := s.Start(bg); !errors.Is(err, pgoutbox.ErrStopped) {
 			t.Fatalf("Start after Stop: got %v, want ErrStopped", err)
 		}
 		if err := stop(t, s); err != nil {
@@ -125,7 +126,7 @@ func Run(t *testing.T, h Harness) {
 		if err := stop(t, s); err != nil {
 			t.Fatalf("Stop after Start's context ended: %v", err)
 		}
-		if err := s.Start(bg); !errors.Is(err, lifecycle.ErrStopped) {
+		if err := s.Start(bg); !errors.Is(err, pgoutbox.ErrStopped) {
 			t.Fatalf("Start after a hard stop: got %v, want ErrStopped", err)
 		}
 	})
