@@ -21,14 +21,12 @@
 package cdc
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,10 +42,8 @@ import (
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
-// lane is one aggregate's ordered events.
-type lane struct{ typ, id string }
-
-func laneOf(m *broker.Message) lane { return lane{m.AggregateType, m.AggregateID} }
+// laneOf returns the lane of a message.
+func laneOf(m *broker.Message) pgoutbox.Lane { return pgoutbox.LaneOf(m.AggregateType, m.AggregateID) }
 
 // laneState is a lane the table path owns.
 type laneState struct {
@@ -85,7 +81,7 @@ type Source struct {
 	log  *slog.Logger
 
 	mu         sync.Mutex
-	blocked    map[lane]*laneState
+	blocked    map[pgoutbox.Lane]*laneState
 	queue      []*txn // received, not wholly settled, in commit order
 	buffered   int    // events of queue not settled
 	confirmed  pglogrepl.LSN
@@ -139,7 +135,7 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Source, error)
 	return &Source{
 		cfg: c, pool: pool, pub: pub, q: newQueries(c.Schema),
 		log:        c.Logger.With(slog.String("source", "cdc"), slog.String("slot", c.Slot)),
-		blocked:    map[lane]*laneState{},
+		blocked:    map[pgoutbox.Lane]*laneState{},
 		work:       make(chan struct{}, 1),
 		space:      make(chan struct{}, 1),
 		tableWake:  make(chan struct{}, 1),
@@ -353,8 +349,7 @@ func poke(c chan struct{}) {
 // are dropped by their end position.
 func (s *Source) push(t *txn) {
 	slices.SortFunc(t.events, func(a, b broker.Message) int {
-		return cmp.Or(strings.Compare(a.AggregateType, b.AggregateType), strings.Compare(a.AggregateID, b.AggregateID),
-			cmp.Compare(a.AggregateSequence, b.AggregateSequence))
+		return pgoutbox.CompareInLane(laneOf(&a), a.AggregateSequence, laneOf(&b), b.AggregateSequence)
 	})
 	s.mu.Lock()
 	if t.end <= s.lastPushed {
@@ -564,8 +559,7 @@ func (s *Source) process(batch []item) time.Duration {
 // publish sends items (sorted per lane by sequence) and returns one result each.
 func (s *Source) publish(items []item) []error {
 	slices.SortStableFunc(items, func(a, b item) int {
-		return cmp.Or(strings.Compare(a.msg.AggregateType, b.msg.AggregateType), strings.Compare(a.msg.AggregateID, b.msg.AggregateID),
-			cmp.Compare(a.msg.AggregateSequence, b.msg.AggregateSequence))
+		return pgoutbox.CompareInLane(laneOf(&a.msg), a.msg.AggregateSequence, laneOf(&b.msg), b.msg.AggregateSequence)
 	})
 	msgs := make([]broker.Message, len(items))
 	var refused []error
@@ -597,7 +591,7 @@ func (s *Source) publish(items []item) []error {
 // settled is what settle found.
 type settled struct {
 	acked          int
-	failedLanes    map[lane]time.Duration // lanes with a failed event → its backoff
+	failedLanes    map[pgoutbox.Lane]time.Duration // lanes with a failed event → its backoff
 	allUnavailable bool                   // failures only, all of them broker outages
 }
 
@@ -608,7 +602,7 @@ type settled struct {
 // the source was hard-stopped before the outcome was recorded.
 func (s *Source) settle(items []item, results []error) (settled, bool) {
 	var (
-		res                    = settled{failedLanes: map[lane]time.Duration{}, allUnavailable: true}
+		res                    = settled{failedLanes: map[pgoutbox.Lane]time.Duration{}, allUnavailable: true}
 		acked, failIDs         []pgoutbox.UUID
 		failErrs               []string
 		failDelays             []int64

@@ -1,13 +1,11 @@
 package cdc
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -77,7 +75,7 @@ func (s *Source) round() (progressed bool, next time.Time) {
 	now := time.Now()
 	next = now.Add(s.cfg.PollInterval)
 	limit := max(1, s.cfg.BatchSize/s.cfg.RunLength)
-	var picked []lane
+	var picked []pgoutbox.Lane
 	s.mu.Lock()
 	for l, st := range s.blocked {
 		if !st.due.After(now) {
@@ -91,14 +89,14 @@ func (s *Source) round() (progressed bool, next time.Time) {
 		return false, next
 	}
 	// Oldest-due first would be fairer; lane order keeps it simple and deterministic.
-	slices.SortFunc(picked, func(a, b lane) int { return cmp.Or(strings.Compare(a.typ, b.typ), strings.Compare(a.id, b.id)) })
+	slices.SortFunc(picked, pgoutbox.Lane.Compare)
 	if len(picked) > limit {
 		next = now
 		picked = picked[:limit]
 	}
 	types, ids := make([]string, len(picked)), make([]string, len(picked))
 	for i, l := range picked {
-		types[i], ids[i] = l.typ, l.id
+		types[i], ids[i] = l.AggregateType, l.AggregateID
 	}
 
 	var rows []tableRow
@@ -129,13 +127,13 @@ func (s *Source) round() (progressed bool, next time.Time) {
 		return false, next
 	}
 
-	due := map[lane]time.Time{}
-	empty := map[lane]bool{}
+	due := map[pgoutbox.Lane]time.Time{}
+	empty := map[pgoutbox.Lane]bool{}
 	for _, l := range picked {
 		empty[l] = true
 	}
 	var candidates []item
-	stopped := map[lane]bool{}
+	stopped := map[pgoutbox.Lane]bool{}
 	for i := range rows {
 		r := &rows[i]
 		l := laneOf(&r.msg)
@@ -179,7 +177,7 @@ func (s *Source) round() (progressed bool, next time.Time) {
 		for _, id := range got {
 			ok[id] = true
 		}
-		cut := map[lane]bool{}
+		cut := map[pgoutbox.Lane]bool{}
 		for _, c := range candidates {
 			l := laneOf(&c.msg)
 			if cut[l] || !ok[c.msg.EventID] {
@@ -209,7 +207,7 @@ func (s *Source) round() (progressed bool, next time.Time) {
 	}
 
 	// Lanes without unpublished events may go back to the stream.
-	var back []lane
+	var back []pgoutbox.Lane
 	for _, l := range picked {
 		if empty[l] {
 			back = append(back, l)
@@ -246,10 +244,10 @@ func (s *Source) round() (progressed bool, next time.Time) {
 // s.mu throughout, so the dispatcher cannot skip a further event of such a lane
 // between the check and the hand-back: events it sees afterwards are newer than
 // anything the table path published, and go out from the stream in order.
-func (s *Source) unblockLocked(lanes []lane) int {
+func (s *Source) unblockLocked(lanes []pgoutbox.Lane) int {
 	types, ids, seen := make([]string, len(lanes)), make([]string, len(lanes)), make([]int64, len(lanes))
 	for i, l := range lanes {
-		types[i], ids[i], seen[i] = l.typ, l.id, s.blocked[l].seen
+		types[i], ids[i], seen[i] = l.AggregateType, l.AggregateID, s.blocked[l].seen
 	}
 	ctx, cancel := context.WithTimeout(s.hardCtx, 10*time.Second)
 	defer cancel()
@@ -258,9 +256,9 @@ func (s *Source) unblockLocked(lanes []lane) int {
 		s.log.Debug("could not hand lanes back to the stream", slog.Any("error", err))
 		return 0
 	}
-	back, err := pgx.CollectRows(r, func(row pgx.CollectableRow) (lane, error) {
-		var l lane
-		return l, row.Scan(&l.typ, &l.id)
+	back, err := pgx.CollectRows(r, func(row pgx.CollectableRow) (pgoutbox.Lane, error) {
+		var l pgoutbox.Lane
+		return l, row.Scan(&l.AggregateType, &l.AggregateID)
 	})
 	if err != nil {
 		s.log.Debug("could not hand lanes back to the stream", slog.Any("error", err))
