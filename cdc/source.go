@@ -592,7 +592,7 @@ func (s *Source) publish(items []item) []error {
 type settled struct {
 	acked          int
 	failedLanes    map[pgoutbox.Lane]time.Duration // lanes with a failed event → its backoff
-	allUnavailable bool                   // failures only, all of them broker outages
+	allUnavailable bool                            // failures only, all of them broker outages
 }
 
 // settle records the outcome of a publish in the table: acked events published,
