@@ -265,7 +265,7 @@ func createSlot(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries) 
 			break
 		}
 		select {
-		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+		case <-time.After(time.Duration(attempt) * slotCreateBackoff):
 		case <-ctx.Done():
 			return 0, nil, fmt.Errorf("cdc: create replication slot %s: %w", c.Slot, ctx.Err())
 		}

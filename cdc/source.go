@@ -38,6 +38,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
@@ -88,13 +89,19 @@ type Source struct {
 	lastPushed pglogrepl.LSN
 	walEnd     pglogrepl.LSN // a keepalive's position, safe to confirm once queue is empty
 
-	work, space, tableWake, brokerBack chan struct{}
-	stopping                           chan struct{}
-	hardCtx                            context.Context
-	hardCancel                         context.CancelFunc
-	wg                                 sync.WaitGroup
-	startOnce, stopOnce                sync.Once
-	started                            atomic.Bool
+	// lc is the start/stop protocol (package lifecycle): the one rule for Start
+	// twice, Stop twice, Start after Stop, Stop before Start and Start's context
+	// ending.
+	lc lifecycle.Lifecycle
+	// stopping is lc.Stopping(); hardCtx is lc.Hard() once started (Recover's
+	// own context in Recover): the context of work in flight.
+	stopping <-chan struct{}
+	hardCtx  context.Context
+	// streamed is set once Start succeeded: the stream held the slot, and the
+	// stop waits for the server to release it.
+	streamed atomic.Bool
+
+	work, space, tableWake, brokerBack lifecycle.Wake
 
 	inFlight                       atomic.Bool // the dispatcher has a batch out
 	dbDown, brokerDown, streamDown atomic.Bool
@@ -132,16 +139,19 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Source, error)
 	if err != nil {
 		return nil, err
 	}
-	return &Source{
+	s := &Source{
 		cfg: c, pool: pool, pub: pub, q: newQueries(c.Schema),
 		log:        c.Logger.With(slog.String("source", "cdc"), slog.String("slot", c.Slot)),
 		blocked:    map[pgoutbox.Lane]*laneState{},
-		work:       make(chan struct{}, 1),
-		space:      make(chan struct{}, 1),
-		tableWake:  make(chan struct{}, 1),
-		brokerBack: make(chan struct{}, 1),
-		stopping:   make(chan struct{}),
-	}, nil
+		work:       lifecycle.NewWake(),
+		space:      lifecycle.NewWake(),
+		tableWake:  lifecycle.NewWake(),
+		brokerBack: lifecycle.NewWake(),
+	}
+	s.lc.Name = "cdc"
+	s.lc.Stopped = s.stopped
+	s.stopping = s.lc.Stopping()
+	return s, nil
 }
 
 // Config returns the source's configuration with its defaults applied.
@@ -192,17 +202,24 @@ func (s *Source) Healthy() error {
 }
 
 // Start runs the start-up checks and set-up (publication, slot, ownership of
-// unpublished events) and returns their error, if any; then it streams in the
-// background until Stop. Cancelling ctx stops the source abruptly (prefer Stop).
-// Start may be called once.
+// unpublished events), waits for the replication stream to be up (so that a
+// slot in use elsewhere is reported here rather than in the logs), and returns
+// their error, if any; then the source streams in the background until Stop.
+// The set-up is bounded by StartTimeout.
+//
+// Start follows package lifecycle's one rule: it runs once (a second Start
+// returns an error matching lifecycle.ErrAlreadyStarted); a source whose Start
+// failed, or that was stopped, cannot start again (lifecycle.ErrStopped): make a
+// new one. The end of ctx is a hard stop, as Stop with an expired context.
 func (s *Source) Start(ctx context.Context) error {
-	err := errors.New("cdc: already started")
-	s.startOnce.Do(func() { err = s.start(ctx) })
-	return err
+	return s.lc.Start(ctx, s.start)
 }
 
+// start is the set-up run inside Lifecycle.Start: if it fails, the goroutines
+// it launched are hard-stopped and waited for, and the source is stopped for
+// good.
 func (s *Source) start(ctx context.Context) error {
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	sctx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
 	lanes, lsn, err := prepare(sctx, s.pool, &s.cfg, &s.q, false)
 	if err != nil {
@@ -213,41 +230,22 @@ func (s *Source) start(ctx context.Context) error {
 	for _, l := range lanes {
 		s.blocked[l.key] = &laneState{seen: l.seen, due: now}
 	}
-	s.started.Store(true)
-	s.hardCtx, s.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
+	s.hardCtx = s.lc.Hard()
 	s.log.Info("cdc source starting", slog.String("schema", s.cfg.Schema), slog.String("publication", s.cfg.Publication),
 		slog.String("confirmed_lsn", lsn.String()), slog.Int("backfill_lanes", len(lanes)))
-	// Start's ctx ending is a hard stop. Not in wg: Stop cancels hardCtx after
-	// waiting for wg.
-	go func() {
-		select {
-		case <-ctx.Done():
-			s.signalStop()
-			s.hardCancel()
-		case <-s.hardCtx.Done():
-		}
-	}()
 	ready := make(chan error, 1)
-	s.wg.Add(3)
-	go s.stream(ready)
-	go s.dispatch()
-	go s.tablePath()
-	// Return once the stream is up, so that a slot in use elsewhere is reported
-	// here rather than in the logs.
+	s.lc.Go(func() { s.stream(ready) })
+	s.lc.Go(s.dispatch)
+	s.lc.Go(s.tablePath)
 	select {
 	case err := <-ready:
 		if err != nil {
-			s.signalStop()
-			s.hardCancel()
-			s.wg.Wait()
 			return err
 		}
 	case <-sctx.Done():
-		s.signalStop()
-		s.hardCancel()
-		s.wg.Wait()
 		return fmt.Errorf("cdc: start replication: %w", sctx.Err())
 	}
+	s.streamed.Store(true)
 	return nil
 }
 
@@ -297,51 +295,36 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries, rec
 	return lanes, lsn, nil
 }
 
-func (s *Source) signalStop() { s.stopOnce.Do(func() { close(s.stopping) }) }
-
 // Stop shuts the source down: no new batches, the batch in flight is published
 // and settled, and the confirmed position is reported to the server. If ctx ends
 // first, in-flight publishes are abandoned (the restart publishes them again)
-// and ctx's error is returned. Stop is safe to call more than once, and before
-// Start.
+// and ctx's error is returned. Stop may be called any number of times, and
+// before Start (the source then never starts); every call waits for the same
+// shutdown (package lifecycle's rule).
 func (s *Source) Stop(ctx context.Context) error {
-	s.signalStop()
-	if !s.started.Load() {
-		return nil
+	return s.lc.Stop(ctx)
+}
+
+// stopped is the Lifecycle's Stopped hook: it runs once every goroutine has
+// returned. The server releases the slot a moment after the connection closes;
+// it waits for that (at most SlotReleaseWait) so that a restart right away does
+// not find the slot in use, and logs the totals.
+func (s *Source) stopped(bool) {
+	if !s.streamed.Load() {
+		return // the start failed: the slot was not ours
 	}
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	var err error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = fmt.Errorf("cdc: stop: %w", ctx.Err())
-		s.hardCancel()
-		<-done
-	}
-	s.hardCancel()
-	// The server releases the slot a moment after the connection closes; wait
-	// for it (briefly) so that a restart right away does not find it in use.
-	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	wctx, wcancel := context.WithTimeout(context.Background(), SlotReleaseWait)
 	defer wcancel()
 	for {
 		var active bool
 		err := s.pool.QueryRow(wctx, "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1", s.cfg.Slot).Scan(&active)
-		if err != nil || !active || !retry.Sleep(wctx, 20*time.Millisecond) {
+		if err != nil || !active || !retry.Sleep(wctx, slotReleasePoll) {
 			break
 		}
 	}
 	st := s.Stats()
 	s.log.Info("cdc source stopped", slog.Int64("published", st.Published), slog.Int64("failed", st.Failed),
 		slog.Int64("quarantined", st.Quarantined))
-	return err
-}
-
-func poke(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
 }
 
 // push queues a transaction received from the slot. After a reconnect the server
@@ -362,7 +345,7 @@ func (s *Source) push(t *txn) {
 	s.lastPushed = t.end
 	s.advanceLocked()
 	s.mu.Unlock()
-	poke(s.work)
+	s.work.Poke()
 }
 
 func (s *Source) full() bool {
@@ -412,7 +395,6 @@ func (s *Source) oldestUnconfirmed() time.Time {
 // dispatch turns queued transactions into batches: one batch in flight at a time,
 // so that a lane whose event fails is blocked before its next event is looked at.
 func (s *Source) dispatch() {
-	defer s.wg.Done()
 	for {
 		select {
 		case <-s.stopping:
@@ -478,7 +460,7 @@ func (s *Source) assemble() []item {
 	if skipped > 0 {
 		s.stats.skipped.Add(int64(skipped))
 		s.advanceLocked()
-		poke(s.space)
+		s.space.Poke()
 	}
 	return out
 }
@@ -543,15 +525,15 @@ func (s *Source) process(batch []item) time.Duration {
 	}
 	s.advanceLocked()
 	s.mu.Unlock()
-	poke(s.space)
+	s.space.Poke()
 	if len(res.failedLanes) > 0 {
-		poke(s.tableWake)
+		s.tableWake.Poke()
 	}
 	if res.allUnavailable {
 		// Hold the stream (the slot's lag grows, the server keeps the WAL) rather
 		// than hand every lane to the table path one failure at a time; the table
 		// path's retries of the failed lanes tell when the broker is back.
-		return 10 * time.Second
+		return brokerOutagePause
 	}
 	return 0
 }
@@ -712,12 +694,12 @@ func (s *Source) markAll(ids []pgoutbox.UUID) bool {
 		if len(left) == 0 {
 			return true
 		}
-		if try >= 50 {
+		if try >= markRetries {
 			s.log.Warn("events acknowledged by the broker are not in the outbox table (deleted?)", slog.Int("events", len(left)),
 				slog.String("first", left[0].String()))
 			return true
 		}
-		if !retry.Sleep(s.hardCtx, 100*time.Millisecond) {
+		if !retry.Sleep(s.hardCtx, markRetryInterval) {
 			return false
 		}
 	}
@@ -740,13 +722,13 @@ func minus(a, b []pgoutbox.UUID) []pgoutbox.UUID {
 	return out
 }
 
-// retryDB runs f with a fresh 10s timeout until it succeeds, backing off while
+// retryDB runs f with a fresh StatementTimeout until it succeeds, backing off while
 // the database is unreachable or refuses f's statement for want of a privilege
 // (dbFailed). It returns false if the source was hard-stopped.
 func (s *Source) retryDB(what string, f func(ctx context.Context) error) bool {
 	var wait retry.Backoff
 	for {
-		ctx, cancel := context.WithTimeout(s.hardCtx, 10*time.Second)
+		ctx, cancel := context.WithTimeout(s.hardCtx, StatementTimeout)
 		err := f(ctx)
 		cancel()
 		if err == nil {

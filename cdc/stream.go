@@ -27,7 +27,6 @@ var ErrSlotMissing = errors.New("cdc: replication slot does not exist")
 // stream keeps a replication connection open, reconnecting with backoff, and
 // queues every committed transaction's outbox inserts.
 func (s *Source) stream(ready chan<- error) {
-	defer s.wg.Done()
 	var wait retry.Backoff
 	first := true
 	defer func() {
@@ -123,7 +122,7 @@ func (s *Source) streamOnce(up func()) error {
 		default:
 		}
 		since := time.Since(lastStatus)
-		if replyNow || since >= s.cfg.StatusInterval || (s.reportable() > reported && since >= 100*time.Millisecond) {
+		if replyNow || since >= s.cfg.StatusInterval || (s.reportable() > reported && since >= minStatusInterval) {
 			if err := sendStatus(); err != nil {
 				return err
 			}
@@ -131,7 +130,7 @@ func (s *Source) streamOnce(up func()) error {
 		if cur == nil && s.full() {
 			// Back-pressure: stop reading (the server buffers) but keep reporting,
 			// so the server does not time the connection out.
-			t := time.NewTimer(100 * time.Millisecond)
+			t := time.NewTimer(backPressurePoll)
 			select {
 			case <-s.space:
 			case <-t.C:
@@ -140,7 +139,7 @@ func (s *Source) streamOnce(up func()) error {
 			t.Stop()
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		rctx, cancel := context.WithTimeout(ctx, receiveWait)
 		raw, err := conn.ReceiveMessage(rctx)
 		cancel()
 		if err != nil {
@@ -220,9 +219,9 @@ func (s *Source) streamOnce(up func()) error {
 // waitDispatcherIdle gives the dispatcher a moment to settle its last batch so
 // that the final status report covers it.
 func (s *Source) waitDispatcherIdle() {
-	deadline := time.Now().Add(s.cfg.PublishTimeout + 10*time.Second)
+	deadline := time.Now().Add(s.cfg.PublishTimeout + settleGrace)
 	for s.inFlight.Load() && time.Now().Before(deadline) && s.hardCtx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(idlePoll)
 	}
 }
 

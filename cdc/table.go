@@ -18,7 +18,6 @@ import (
 // unpublished events the stream will not send), from the table, in sequence
 // order, and hands each lane back once it caught up.
 func (s *Source) tablePath() {
-	defer s.wg.Done()
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -38,7 +37,7 @@ func (s *Source) tablePath() {
 			default:
 			}
 		}
-		t.Reset(max(time.Until(next), time.Millisecond))
+		t.Reset(max(time.Until(next), minTableWait))
 	}
 }
 
@@ -198,7 +197,7 @@ func (s *Source) round() (progressed bool, next time.Time) {
 		}
 		s.stats.fromTable.Add(int64(res.acked))
 		if res.acked > 0 {
-			poke(s.brokerBack)
+			s.brokerBack.Poke()
 		}
 		for l, delay := range res.failedLanes {
 			due[l] = now.Add(delay)
@@ -249,7 +248,7 @@ func (s *Source) unblockLocked(lanes []pgoutbox.Lane) int {
 	for i, l := range lanes {
 		types[i], ids[i], seen[i] = l.AggregateType, l.AggregateID, s.blocked[l].seen
 	}
-	ctx, cancel := context.WithTimeout(s.hardCtx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(s.hardCtx, StatementTimeout)
 	defer cancel()
 	r, err := s.pool.Query(ctx, s.q.unblockable, types, ids, seen)
 	if err != nil {
