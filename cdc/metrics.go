@@ -94,12 +94,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 // LagSeconds is the age of the oldest transaction received from the slot and not
 // yet confirmed, 0 when everything received is confirmed.
-func (s *Source) LagSeconds() float64 {
+func (s *Source) LagSeconds() float64 { return s.lag().Seconds() }
+
+// lag is the age of the oldest transaction received and not yet confirmed.
+func (s *Source) lag() time.Duration {
 	t := s.oldestUnconfirmed()
 	if t.IsZero() {
 		return 0
 	}
-	return max(time.Since(t).Seconds(), 0)
+	return max(time.Since(t), 0)
 }
 
 func boolFloat(b bool) float64 {

@@ -103,9 +103,10 @@ type Source struct {
 
 	work, space, tableWake, brokerBack lifecycle.Wake
 
-	inFlight                       atomic.Bool // the dispatcher has a batch out
-	dbDown, brokerDown, streamDown atomic.Bool
-	brokerRefused                  atomic.Pointer[string] // why the broker refuses our configuration (broker.Misconfigured), or nil
+	inFlight   atomic.Bool // the dispatcher has a batch out
+	dbDown     atomic.Bool
+	broker     retry.BrokerHealth    // reachable or refusing, after each batch
+	streamDown atomic.Pointer[error] // why the replication stream is down (a redactedError), or nil
 	// denied holds, per statement (retryDB's what), the last database error
 	// that was a missing privilege, until that statement succeeds again: a role
 	// may be allowed to read and not to mark.
@@ -166,18 +167,30 @@ func (s *Source) Stats() Stats {
 
 // Errors of Healthy, matched with errors.Is.
 var (
+	// ErrDatabaseUnreachable: the last round trip to the database failed.
 	ErrDatabaseUnreachable = errors.New("cdc: database unreachable")
 	// ErrPermissionDenied: the database answers but refuses the source's
 	// statements for want of a privilege (SQLSTATE 42501). It also matches
 	// migrate.ErrPermissionDenied.
 	ErrPermissionDenied = fmt.Errorf("cdc: %w", migrate.ErrPermissionDenied)
+	// ErrBrokerUnreachable: the last batch failed with the broker unreachable.
+	ErrBrokerUnreachable = errors.New("cdc: broker unreachable")
+	// ErrBrokerMisconfigured: the broker answers but refuses the source's
+	// configuration (credentials, signing secret, permissions;
+	// broker.Misconfigured). Healthy adds the broker's answer.
+	ErrBrokerMisconfigured = errors.New("cdc: the broker refuses the relay's configuration (credentials, signing secret, permissions)")
+	// ErrStreamDown: the replication stream is down and reconnecting with
+	// backoff. Healthy adds why (which may match ErrSlotMissing or
+	// ErrSlotActive).
+	ErrStreamDown = errors.New("cdc: replication stream down")
 )
 
 // Healthy reports nil when the last contact with the database, the broker and
-// the replication stream succeeded, else what is wrong: ErrDatabaseUnreachable,
-// ErrPermissionDenied (with the database's message: which privilege on which
-// table, for each statement refused), the broker unreachable or refusing the
-// configuration, the replication stream down, or several (errors.Join).
+// the replication stream succeeded, else what is wrong, each matchable with
+// errors.Is: ErrDatabaseUnreachable, ErrPermissionDenied (with the database's
+// message: which privilege on which table, for each statement refused),
+// ErrBrokerUnreachable, ErrBrokerMisconfigured (with the broker's answer),
+// ErrStreamDown (with why), or several (errors.Join).
 func (s *Source) Healthy() error {
 	var errs []error
 	if s.dbDown.Load() {
@@ -189,14 +202,9 @@ func (s *Source) Healthy() error {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrPermissionDenied, s.denied[what]))
 	}
 	s.deniedMu.Unlock()
-	if s.brokerDown.Load() {
-		errs = append(errs, errors.New("cdc: broker unreachable"))
-	}
-	if s.streamDown.Load() {
-		errs = append(errs, errors.New("cdc: replication stream down"))
-	}
-	if reason := s.brokerRefused.Load(); reason != nil {
-		errs = append(errs, errors.New("cdc: the broker refuses the relay's configuration (credentials, signing secret, permissions): "+*reason))
+	errs = append(errs, s.broker.Errors(ErrBrokerUnreachable, ErrBrokerMisconfigured)...)
+	if why := s.streamDown.Load(); why != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrStreamDown, *why))
 	}
 	return errors.Join(errs...)
 }
@@ -501,10 +509,10 @@ func (s *Source) process(batch []item) time.Duration {
 	}
 	var res settled
 	if len(send) > 0 {
-		results := s.publish(send)
+		results, took := s.publish(send)
 		_ = failpoint.Inject(failpoint.CDCAfterPublish) // crash or delay only: the broker has spoken
 		var ok bool
-		if res, ok = s.settle(send, results); !ok {
+		if res, ok = s.settle(PathStream, send, results, took); !ok {
 			return 0
 		}
 	}
@@ -538,8 +546,9 @@ func (s *Source) process(batch []item) time.Duration {
 	return 0
 }
 
-// publish sends items (sorted per lane by sequence) and returns one result each.
-func (s *Source) publish(items []item) []error {
+// publish sends items (sorted per lane by sequence) and returns one result
+// each, and how long the broker took to answer for all of them.
+func (s *Source) publish(items []item) ([]error, time.Duration) {
 	slices.SortStableFunc(items, func(a, b item) int {
 		return pgoutbox.CompareInLane(laneOf(&a.msg), a.msg.AggregateSequence, laneOf(&b.msg), b.msg.AggregateSequence)
 	})
@@ -554,20 +563,18 @@ func (s *Source) publish(items []item) []error {
 			refused[i] = items[i].refused
 		}
 	}
+	start := time.Now()
 	pctx, cancel := context.WithTimeout(s.hardCtx, s.cfg.PublishTimeout)
 	// The same rule as the polling relay: rows of a raw INSERT that break the
 	// producer's limits or carry reserved headers are quarantined, never sent.
 	results := broker.PublishValid(pctx, s.pub, msgs, refused)
 	cancel()
-	if len(results) != len(msgs) {
-		s.log.Error("publisher returned the wrong number of results; retrying the batch",
-			slog.Int("messages", len(msgs)), slog.Int("results", len(results)))
-		results = make([]error, len(msgs))
-		for i := range results {
-			results[i] = broker.Unavailable(errors.New("cdc: publisher returned the wrong number of results"))
-		}
+	took := time.Since(start)
+	results, ok := retry.CheckResults(results, len(msgs))
+	if !ok {
+		s.log.Error("publisher returned the wrong number of results; retrying the batch", slog.Int("messages", len(msgs)))
 	}
-	return results
+	return results, took
 }
 
 // settled is what settle found.
@@ -577,90 +584,115 @@ type settled struct {
 	allUnavailable bool                            // failures only, all of them broker outages
 }
 
-// settle records the outcome of a publish in the table: acked events published,
-// failed ones retried later (attempt_count, last_error, available_at) or
-// quarantined, exactly as the polling relay does. Events not sent because an
-// earlier event of their lane failed are left as they are. It returns false if
-// the source was hard-stopped before the outcome was recorded.
-func (s *Source) settle(items []item, results []error) (settled, bool) {
-	var (
-		res                    = settled{failedLanes: map[pgoutbox.Lane]time.Duration{}, allUnavailable: true}
-		acked, failIDs         []pgoutbox.UUID
-		failErrs               []string
-		failDelays             []int64
-		failQuarantine         []bool
-		quarantined, anyFailed int
-		refusedErr             string // the first broker.Misconfigured failure
-	)
+// failure is a failed publish to record: retried after delay, or quarantined.
+type failure struct {
+	id    pgoutbox.UUID
+	v     retry.Verdict
+	delay time.Duration
+}
+
+// policy is the source's failure policy (retry.Policy, the polling relay's too).
+func (s *Source) policy() retry.Policy {
+	return retry.Policy{MaxAttempts: s.cfg.MaxAttempts, BackoffBase: s.cfg.BackoffBase, BackoffMax: s.cfg.BackoffMax}
+}
+
+// settle records the outcome of a publish from path in the table: acked events
+// published, failed ones retried later (attempt_count, last_error,
+// available_at) or quarantined, as retry.Policy decides, exactly as the polling
+// relay does. Events not sent because an earlier event of their lane failed are
+// left as they are. It returns false if the source was hard-stopped before the
+// outcome was recorded.
+func (s *Source) settle(path Path, items []item, results []error, took time.Duration) (settled, bool) {
+	res := settled{failedLanes: map[pgoutbox.Lane]time.Duration{}}
 	if s.hardCtx.Err() != nil {
 		return res, false // abandoned: leave everything for the restart
 	}
+	acked, failed, outcomes := s.judge(items, results, res.failedLanes)
+	start := time.Now()
+	if len(acked) > 0 && !s.markAll(acked) {
+		return res, false
+	}
+	if len(failed) > 0 && !s.recordFailures(failed) {
+		return res, false
+	}
+	allUnavailable, refused, quarantined := len(failed) > 0 && len(acked) == 0, "", 0
+	for _, f := range failed {
+		allUnavailable = allUnavailable && f.v.Unavailable
+		if refused == "" && f.v.Misconfigured {
+			refused = f.v.Text
+		}
+		if f.v.Quarantine {
+			quarantined++
+		}
+	}
+	res.acked, res.allUnavailable = len(acked), allUnavailable
+	s.stats.published.Add(int64(len(acked)))
+	s.stats.failed.Add(int64(len(failed)))
+	s.stats.quarantined.Add(int64(quarantined))
+	if outcomes != nil {
+		s.cfg.Observer.BatchSettled(SettledBatch{Path: path, Events: outcomes, PublishDuration: took, SettleDuration: time.Since(start)})
+	}
+	o := retry.BatchOutcome{Acked: len(acked) > 0, AllUnavailable: allUnavailable, Refused: refused}
+	if len(failed) > 0 {
+		o.FirstError = failed[0].v.Text
+	}
+	s.broker.Settled(s.log, o)
+	return res, true
+}
+
+// judge sorts a publish's results into acked events and failures (with the
+// Policy's verdict; a failed event's lane goes into failedLanes with its
+// backoff), logging quarantines. outcomes, one per item, is made only for an
+// Observer.
+func (s *Source) judge(items []item, results []error, failedLanes map[pgoutbox.Lane]time.Duration) (acked []pgoutbox.UUID, failed []failure, outcomes []EventOutcome) {
+	if s.cfg.Observer != nil {
+		outcomes = make([]EventOutcome, len(items))
+	}
+	policy := s.policy()
 	for i, err := range results {
 		it := &items[i]
+		o := EventOutcome{EventID: it.msg.EventID, AggregateType: it.msg.AggregateType, EventType: it.msg.EventType}
 		switch {
 		case err == nil:
 			acked = append(acked, it.msg.EventID)
+			o.Result, o.Attempt = ResultPublished, it.attempts+1
 		case errors.Is(err, broker.ErrPredecessorFailed):
 			// Its lane is in failedLanes through the failed predecessor.
+			o.Result = ResultHeld
 		default:
-			anyFailed++
-			unavailable := broker.IsUnavailable(err)
-			res.allUnavailable = res.allUnavailable && unavailable
-			if refusedErr == "" && broker.IsMisconfigured(err) {
-				refusedErr = retry.ErrorText(err)
-			}
-			attempt := it.attempts + 1
-			quarantine := broker.IsPermanent(err) || (!unavailable && attempt >= s.cfg.MaxAttempts)
-			delay := retry.AttemptDelay(attempt, s.cfg.BackoffBase, s.cfg.BackoffMax, unavailable)
-			if quarantine {
-				quarantined++
+			v := policy.Decide(err, it.attempts+1)
+			f := failure{id: it.msg.EventID, v: v, delay: v.Delay}
+			o.Result, o.Attempt, o.Reason, o.Err = ResultFailed, v.Attempt, ClassifyFailure(err), err
+			if v.Quarantine {
 				s.log.Warn("event quarantined", slog.String("event_id", it.msg.EventID.String()),
-					slog.String("aggregate", it.msg.AggregateType+"/"+it.msg.AggregateID),
-					slog.Int64("sequence", it.msg.AggregateSequence), slog.Int("attempts", attempt), slog.String("error", retry.ErrorText(err)))
-				delay = s.cfg.PollInterval
+					slog.String("aggregate", laneOf(&it.msg).String()),
+					slog.Int64("sequence", it.msg.AggregateSequence), slog.Int("attempts", v.Attempt), slog.String("error", v.Text))
+				f.delay = s.cfg.PollInterval // the lane is looked at again for an operator's retry
+				o.Result = ResultQuarantined
 			}
-			res.failedLanes[laneOf(&it.msg)] = delay
-			failIDs = append(failIDs, it.msg.EventID)
-			failErrs = append(failErrs, retry.ErrorText(err))
-			failDelays = append(failDelays, delay.Milliseconds())
-			failQuarantine = append(failQuarantine, quarantine)
+			failedLanes[laneOf(&it.msg)] = f.delay
+			failed = append(failed, f)
+		}
+		if outcomes != nil {
+			outcomes[i] = o
 		}
 	}
-	if len(acked) > 0 {
-		if !s.markAll(acked) {
-			return res, false
-		}
+	return acked, failed, outcomes
+}
+
+// recordFailures records failed attempts (attempt_count, last_error,
+// available_at) and quarantines. It returns false if the source was
+// hard-stopped first.
+func (s *Source) recordFailures(failed []failure) bool {
+	ids, texts, delays, quarantine := make([]pgoutbox.UUID, len(failed)), make([]string, len(failed)),
+		make([]int64, len(failed)), make([]bool, len(failed))
+	for i, f := range failed {
+		ids[i], texts[i], delays[i], quarantine[i] = f.id, f.v.Text, f.delay.Milliseconds(), f.v.Quarantine
 	}
-	if len(failIDs) > 0 {
-		if !s.retryDB("record failed attempts", func(ctx context.Context) error {
-			_, err := s.pool.Exec(ctx, s.q.fail, failIDs, failErrs, failDelays, failQuarantine, s.cfg.Owner())
-			return err
-		}) {
-			return res, false
-		}
-	}
-	res.acked = len(acked)
-	res.allUnavailable = res.allUnavailable && anyFailed > 0 && len(acked) == 0
-	s.stats.published.Add(int64(len(acked)))
-	s.stats.failed.Add(int64(len(failIDs)))
-	s.stats.quarantined.Add(int64(quarantined))
-	switch {
-	case len(acked) > 0:
-		retry.MarkUp(&s.brokerDown, s.log, "broker")
-		if s.brokerRefused.Swap(nil) != nil {
-			s.log.Info("the broker accepts the relay's configuration again")
-		}
-	case res.allUnavailable && refusedErr != "":
-		s.brokerDown.Store(false) // it answers: not an outage
-		if s.brokerRefused.Swap(&refusedErr) == nil {
-			s.log.Error("the broker refuses the relay's configuration (credentials, signing secret, permissions): "+
-				"fix the configuration; events are retried with backoff and none is quarantined", slog.String("error", refusedErr))
-		}
-	case res.allUnavailable:
-		s.brokerRefused.Store(nil)
-		retry.MarkDown(&s.brokerDown, s.log, "broker", errors.New(failErrs[0]))
-	}
-	return res, true
+	return s.retryDB("record failed attempts", func(ctx context.Context) error {
+		_, err := s.pool.Exec(ctx, s.q.fail, ids, texts, delays, quarantine, s.cfg.Owner())
+		return err
+	})
 }
 
 // markAll marks events published. A commit reaches logical decoding a moment

@@ -24,6 +24,16 @@ import (
 // disappeared while the source ran: run Recover.
 var ErrSlotMissing = errors.New("cdc: replication slot does not exist")
 
+// redactedError shows text (the error made fit for logs and Healthy by
+// retry.ErrorText) and unwraps to err, so that errors.Is still matches it.
+type redactedError struct {
+	text string
+	err  error
+}
+
+func (e redactedError) Error() string { return e.text }
+func (e redactedError) Unwrap() error { return e.err }
+
 // stream keeps a replication connection open, reconnecting with backoff, and
 // queues every committed transaction's outbox inserts.
 func (s *Source) stream(ready chan<- error) {
@@ -40,7 +50,7 @@ func (s *Source) stream(ready chan<- error) {
 				first = false
 				ready <- nil
 			}
-			if s.streamDown.CompareAndSwap(true, false) {
+			if s.streamDown.Swap(nil) != nil {
 				s.log.Info("replication stream up again")
 			}
 			wait.Reset()
@@ -58,7 +68,8 @@ func (s *Source) stream(ready chan<- error) {
 			ready <- err
 			return
 		}
-		if s.streamDown.CompareAndSwap(false, true) {
+		why := error(redactedError{text: retry.ErrorText(err), err: err})
+		if s.streamDown.Swap(&why) == nil {
 			s.log.Warn("replication stream down; reconnecting with backoff", slog.Any("error", err))
 		}
 		t := time.NewTimer(wait.Next())
@@ -109,6 +120,9 @@ func (s *Source) streamOnce(up func()) error {
 				return fmt.Errorf("cdc: send standby status: %w", err)
 			}
 			reported, lastStatus, replyNow = lsn, time.Now(), false
+			if s.cfg.Observer != nil {
+				s.cfg.Observer.PositionConfirmed(Position{LSN: lsn, Lag: s.lag()})
+			}
 			return nil
 		}
 	)

@@ -190,9 +190,9 @@ func (s *Source) round() (progressed bool, next time.Time) {
 
 	var res settled
 	if len(send) > 0 {
-		results := s.publish(send)
+		results, took := s.publish(send)
 		var done bool
-		if res, done = s.settle(send, results); !done {
+		if res, done = s.settle(PathTable, send, results, took); !done {
 			return false, next
 		}
 		s.stats.fromTable.Add(int64(res.acked))
