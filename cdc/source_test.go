@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -71,9 +72,9 @@ func TestStreamsTwentyThousandEventsInOrderToNATS(t *testing.T) {
 		t.Fatalf("enqueue: %v", err)
 	}
 	last := e.currentLSN(t)
-	waitFor(t, 3*time.Minute, "every event to be published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 3*time.Minute, "every event to be published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	elapsed := time.Since(start)
-	waitFor(t, 30*time.Second, "the slot to confirm the last commit", func() bool { return e.slotConfirmedAtLeast(t, last) })
+	wait.For(t, 30*time.Second, "the slot to confirm the last commit", func() bool { return e.slotConfirmedAtLeast(t, last) })
 	got := target.Read(t)
 	dups := brokertest.CheckStream(t, got, ids)
 	st := src.Stats()
@@ -111,8 +112,8 @@ func TestPoisonEventHoldsItsLane(t *testing.T) {
 	src := e.start(t, rec, cfg)
 	ids := e.enqueue(t, 5, 4, 5) // a0000..a0004, sequences 1..4, one sequence per transaction
 
-	waitFor(t, 30*time.Second, "the quarantine", func() bool { return e.count(t, "quarantined_at IS NOT NULL") == 1 })
-	waitFor(t, 30*time.Second, "the other lanes", func() bool { return e.count(t, "published_at IS NULL") == 3 })
+	wait.For(t, 30*time.Second, "the quarantine", func() bool { return e.count(t, "quarantined_at IS NOT NULL") == 1 })
+	wait.For(t, 30*time.Second, "the other lanes", func() bool { return e.count(t, "published_at IS NULL") == 3 })
 	var attempts int
 	var lastErr string
 	pgtest.Must(t, e.pool.QueryRow(context.Background(), "SELECT attempt_count, last_error FROM "+e.table()+
@@ -128,7 +129,7 @@ func TestPoisonEventHoldsItsLane(t *testing.T) {
 	}
 	// More events of the blocked lane and of others while it is quarantined.
 	more := e.enqueue(t, 5, 1, 5)
-	waitFor(t, 30*time.Second, "the other lanes' new events", func() bool { return e.count(t, "published_at IS NULL") == 4 })
+	wait.For(t, 30*time.Second, "the other lanes' new events", func() bool { return e.count(t, "published_at IS NULL") == 4 })
 
 	mu.Lock()
 	poisoned = false
@@ -137,11 +138,11 @@ func TestPoisonEventHoldsItsLane(t *testing.T) {
 	pgtest.Must(t, err, "admin")
 	_, err = a.Retry(context.Background(), poisonID)
 	pgtest.Must(t, err, "retry")
-	waitFor(t, 30*time.Second, "the lane to drain after the retry", func() bool { return e.count(t, "published_at IS NULL") == 0 })
-	waitFor(t, 30*time.Second, "the lane to go back to the stream", func() bool { return src.BlockedLanes() == 0 })
+	wait.For(t, 30*time.Second, "the lane to drain after the retry", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the lane to go back to the stream", func() bool { return src.BlockedLanes() == 0 })
 	// And the stream serves it again.
 	last := e.enqueue(t, 5, 1, 5)
-	waitFor(t, 30*time.Second, "events after the hand-back", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "events after the hand-back", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	brokertest.CheckStream(t, rec.Messages(), append(append(ids, more...), last...))
 	if st := src.Stats(); st.Quarantined != 1 || st.Failed != 3 || st.FromTable < 3 {
 		t.Fatalf("stats %+v: want 3 failures, 1 quarantine, the lane's events from the table", st)
@@ -159,16 +160,16 @@ func TestBrokerOutageLagGrowsThenDrains(t *testing.T) {
 	cfg.BackoffBase, cfg.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
 	src := e.start(t, rec, cfg)
 	first := e.enqueue(t, 20, 5, 20)
-	waitFor(t, 30*time.Second, "the first events", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the first events", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 
 	rec.Down.Store(true)
 	var second []pgoutbox.UUID
 	for range 10 {
 		second = append(second, e.enqueue(t, 30, 1, 30)...)
 	}
-	waitFor(t, 30*time.Second, "failed attempts", func() bool { return e.count(t, "attempt_count > 0 AND published_at IS NULL") > 0 })
+	wait.For(t, 30*time.Second, "failed attempts", func() bool { return e.count(t, "attempt_count > 0 AND published_at IS NULL") > 0 })
 	var peakBytes, peakSeconds float64
-	waitFor(t, 30*time.Second, "the lag to grow", func() bool {
+	wait.For(t, 30*time.Second, "the lag to grow", func() bool {
 		e.enqueue(t, 30, 1, 30) // WAL keeps coming while the broker is down
 		peakBytes, peakSeconds = metric(t, src, "pgoutbox_cdc_slot_lag_bytes"), metric(t, src, "pgoutbox_cdc_slot_lag_seconds")
 		return peakBytes > 100_000 && peakSeconds > 0.5
@@ -182,9 +183,9 @@ func TestBrokerOutageLagGrowsThenDrains(t *testing.T) {
 
 	rec.Down.Store(false)
 	last := e.currentLSN(t)
-	waitFor(t, 60*time.Second, "the backlog to drain", func() bool { return e.count(t, "published_at IS NULL") == 0 })
-	waitFor(t, 30*time.Second, "the slot to catch up", func() bool { return e.slotConfirmedAtLeast(t, last) })
-	waitFor(t, 30*time.Second, "the lag to fall", func() bool {
+	wait.For(t, 60*time.Second, "the backlog to drain", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the slot to catch up", func() bool { return e.slotConfirmedAtLeast(t, last) })
+	wait.For(t, 30*time.Second, "the lag to fall", func() bool {
 		return metric(t, src, "pgoutbox_cdc_slot_lag_seconds") == 0 && metric(t, src, "pgoutbox_cdc_slot_lag_bytes") < peakBytes
 	})
 	var all []pgoutbox.UUID
@@ -213,7 +214,7 @@ func TestRecoverAfterSlotDropped(t *testing.T) {
 	pgtest.Must(t, err, "new")
 	pgtest.Must(t, src.Start(context.Background()), "start")
 	first := e.enqueue(t, 10, 3, 10)
-	waitFor(t, 30*time.Second, "the first events", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the first events", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	pgtest.Must(t, src.Stop(context.Background()), "stop")
 
 	ctx := context.Background()
@@ -231,7 +232,7 @@ func TestRecoverAfterSlotDropped(t *testing.T) {
 	}
 	e.start(t, rec, e.cfg)
 	third := e.enqueue(t, 40, 2, 20)
-	waitFor(t, 30*time.Second, "events after the recovery", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "events after the recovery", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	dups := brokertest.CheckStream(t, rec.Messages(), append(append(first, second...), third...))
 	t.Logf("recover: %+v; %d duplicates", res, dups)
 }
@@ -246,11 +247,11 @@ func TestRestartResumesFromConfirmedPosition(t *testing.T) {
 	pgtest.Must(t, err, "new")
 	pgtest.Must(t, src.Start(context.Background()), "start")
 	ids := e.enqueue(t, 50, 40, 100)
-	waitFor(t, 30*time.Second, "publishing to begin", func() bool { return e.count(t, "published_at IS NOT NULL") > 0 })
+	wait.For(t, 30*time.Second, "publishing to begin", func() bool { return e.count(t, "published_at IS NOT NULL") > 0 })
 	pgtest.Must(t, src.Stop(context.Background()), "stop")
 	left := e.count(t, "published_at IS NULL")
 	src2 := e.start(t, rec, e.cfg)
-	waitFor(t, 60*time.Second, "the rest", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 60*time.Second, "the rest", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	dups := brokertest.CheckStream(t, rec.Messages(), ids)
 	if dups != 0 {
 		t.Fatalf("%d duplicates after a graceful stop", dups)
@@ -271,7 +272,7 @@ func TestPollingRelayFindsNothingToClaim(t *testing.T) {
 	pgtest.Must(t, r.Start(context.Background()), "start relay")
 	t.Cleanup(func() { _ = r.Stop(context.Background()) })
 	after := e.enqueue(t, 10, 20, 7)
-	waitFor(t, 30*time.Second, "everything published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "everything published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	if n := len(pollRec.Messages()); n != 0 || r.Stats().Claimed != 0 {
 		t.Fatalf("the polling relay published %d events (claimed %d)", n, r.Stats().Claimed)
 	}

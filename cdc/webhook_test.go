@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // The CDC source treats a webhook's 401 like the polling relay: a configuration
@@ -34,7 +35,7 @@ func TestWebhookRefusalIsAConfigurationError(t *testing.T) {
 	cfg.BackoffBase, cfg.BackoffMax, cfg.MaxAttempts = 10*time.Millisecond, 100*time.Millisecond, 2
 	src := e.start(t, pub, cfg)
 	e.enqueue(t, 3, 2, 6)
-	waitFor(t, 30*time.Second, "the refusal reported", func() bool {
+	wait.For(t, 30*time.Second, "the refusal reported", func() bool {
 		h := src.Healthy()
 		return h != nil && strings.Contains(h.Error(), "refuses the relay's configuration") && e.count(t, "attempt_count >= 3") > 0
 	})
@@ -45,7 +46,7 @@ func TestWebhookRefusalIsAConfigurationError(t *testing.T) {
 		t.Errorf("%d events quarantined past MaxAttempts 2", n)
 	}
 	accept.Store(true)
-	waitFor(t, 60*time.Second, "delivery once accepted", func() bool {
+	wait.For(t, 60*time.Second, "delivery once accepted", func() bool {
 		return e.count(t, "published_at IS NULL") == 0 && src.Healthy() == nil
 	})
 }
