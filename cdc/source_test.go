@@ -16,6 +16,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/cdc"
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
@@ -174,8 +175,8 @@ func TestBrokerOutageLagGrowsThenDrains(t *testing.T) {
 		peakBytes, peakSeconds = metric(t, src, "pgoutbox_cdc_slot_lag_bytes"), metric(t, src, "pgoutbox_cdc_slot_lag_seconds")
 		return peakBytes > 100_000 && peakSeconds > 0.5
 	})
-	if src.Healthy() == nil {
-		t.Error("source healthy while the broker is down")
+	if h := src.Healthy(); !errors.Is(h, cdc.ErrBrokerUnreachable) || errors.Is(h, cdc.ErrBrokerMisconfigured) {
+		t.Errorf("Healthy while the broker is down = %v, want ErrBrokerUnreachable", h)
 	}
 	if n := e.count(t, "quarantined_at IS NOT NULL"); n != 0 {
 		t.Fatalf("%d events quarantined because the broker was down", n)
@@ -291,6 +292,10 @@ func TestStartupChecks(t *testing.T) {
 	if err := second.Start(ctx); !errors.Is(err, cdc.ErrSlotActive) {
 		t.Fatalf("second source on one slot: %v, want ErrSlotActive", err)
 	}
+	// A failed Start is stopped for good (package lifecycle's rule).
+	if err := second.Start(ctx); !errors.Is(err, lifecycle.ErrStopped) {
+		t.Fatalf("Start after a failed Start: %v, want lifecycle.ErrStopped", err)
+	}
 
 	// A schema where a polling relay holds live leases.
 	e2 := newEnv(t)
@@ -313,5 +318,29 @@ func TestStartupChecks(t *testing.T) {
 	weak := pgtest.Pool(t, u.String(), 2)
 	if err := cdc.Check(ctx, weak, &e.cfg); !errors.Is(err, cdc.ErrReplicationPrivilege) {
 		t.Fatalf("Check as a role without REPLICATION: %v, want ErrReplicationPrivilege", err)
+	}
+}
+
+// Healthy reports a replication stream that cannot reconnect as ErrStreamDown,
+// with why: here the slot was dropped under the running source (ErrSlotMissing).
+func TestHealthyReportsTheStreamDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	src := e.start(t, &brokertest.Recorder{}, e.cfg)
+	if err := src.Healthy(); err != nil {
+		t.Fatalf("Healthy after start = %v", err)
+	}
+	ctx := context.Background()
+	wait.For(t, 30*time.Second, "the slot dropped under the source", func() bool {
+		_, _ = e.pool.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", e.cfg.Slot)
+		_, err := e.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", e.cfg.Slot)
+		return err == nil
+	})
+	wait.For(t, 30*time.Second, "Healthy to report the stream down for want of its slot", func() bool {
+		h := src.Healthy()
+		return errors.Is(h, cdc.ErrStreamDown) && errors.Is(h, cdc.ErrSlotMissing)
+	})
+	if h := src.Healthy(); errors.Is(h, cdc.ErrDatabaseUnreachable) || errors.Is(h, cdc.ErrBrokerUnreachable) {
+		t.Errorf("Healthy = %v: only the stream is down", h)
 	}
 }

@@ -1,6 +1,7 @@
 package cdc_test
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
+	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
@@ -39,7 +41,7 @@ func TestWebhookRefusalIsAConfigurationError(t *testing.T) {
 		h := src.Healthy()
 		return h != nil && strings.Contains(h.Error(), "refuses the relay's configuration") && e.count(t, "attempt_count >= 3") > 0
 	})
-	if h := src.Healthy(); strings.Contains(h.Error(), "broker unreachable") || !strings.Contains(h.Error(), "401") {
+	if h := src.Healthy(); !errors.Is(h, cdc.ErrBrokerMisconfigured) || errors.Is(h, cdc.ErrBrokerUnreachable) || !strings.Contains(h.Error(), "401") {
 		t.Errorf("Healthy = %v: want the configuration error with the answer, not unreachable", h)
 	}
 	if n := e.count(t, "quarantined_at IS NOT NULL"); n != 0 {
