@@ -137,17 +137,6 @@ func (e *env) start(t testing.TB, pub broker.Publisher, cfg cdc.Config) *cdc.Sou
 	return s
 }
 
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // metric reads one gauge or counter of the source's collector.
 func metric(t testing.TB, s *cdc.Source, name string) float64 {
 	t.Helper()

@@ -13,60 +13,99 @@ import (
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
-// Config configures a Source. The zero value is ready to use; each field documents
-// its default.
+// The defaults of Config's fields: a zero field means its default.
+const (
+	// DefaultBatchSize is Config.BatchSize's default.
+	DefaultBatchSize = 500
+	// DefaultRunLength is Config.RunLength's default.
+	DefaultRunLength = 10
+	// DefaultMaxBufferedBatches is how many batches Config.MaxBuffered holds by
+	// default: DefaultMaxBufferedBatches × BatchSize.
+	DefaultMaxBufferedBatches = 20
+	// DefaultPublishTimeout is Config.PublishTimeout's default.
+	DefaultPublishTimeout = 15 * time.Second
+	// DefaultPollInterval is Config.PollInterval's default.
+	DefaultPollInterval = time.Second
+	// DefaultStatusInterval is Config.StatusInterval's default.
+	DefaultStatusInterval = 5 * time.Second
+	// MaxStatusInterval is the longest Config.StatusInterval allowed: well
+	// below the server's wal_sender_timeout (60s by default).
+	MaxStatusInterval = 30 * time.Second
+	// DefaultMaxAttempts is Config.MaxAttempts's default.
+	DefaultMaxAttempts = 10
+	// DefaultBackoffBase is Config.BackoffBase's default.
+	DefaultBackoffBase = time.Second
+	// DefaultBackoffMax is Config.BackoffMax's default.
+	DefaultBackoffMax = 5 * time.Minute
+	// MaxBatchSize is the largest Config.BatchSize allowed.
+	MaxBatchSize = 10000
+)
+
+// Config configures a Source. The zero value (or a nil *Config) is ready to
+// use: a zero field means its default, which its doc names. New copies the
+// Config; Validate reports what New would reject.
 type Config struct {
-	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to "public".
+	// Schema is the PostgreSQL schema holding the outbox tables. Empty means
+	// migrate.DefaultSchema ("public").
 	Schema string
 
 	// Slot is the logical replication slot's name: lower-case letters, digits and
-	// underscores, at most 63 bytes. One slot per schema. Defaults to
-	// "pgoutbox_<schema>" (folded to the allowed characters; an md5 of the schema
-	// when too long).
+	// underscores, at most 63 bytes. One slot per schema. Empty means
+	// DefaultSlot(Schema): "pgoutbox_<schema>" (folded to the allowed
+	// characters; an md5 of the schema when too long).
 	Slot string
 
 	// Publication is the publication's name; it publishes the inserts into
-	// <Schema>.outbox_events and nothing else. Defaults to the slot's default name.
+	// <Schema>.outbox_events and nothing else. Empty means DefaultSlot(Schema).
 	Publication string
 
-	// BatchSize is the most events handed to the broker in one Publish call.
-	// Defaults to 500.
+	// BatchSize is the most events handed to the broker in one Publish call, at
+	// most MaxBatchSize. Zero means DefaultBatchSize (500).
 	BatchSize int
 
 	// RunLength is the most events of one aggregate the table path reads per round
-	// for a lane it owns (a failed, quarantined or backfilled lane). Defaults to 10.
+	// for a lane it owns (a failed, quarantined or backfilled lane). Zero means
+	// DefaultRunLength (10).
 	RunLength int
 
-	// MaxBuffered is the most events received from the slot and not yet settled.
-	// When it is reached the source stops reading the stream (it keeps the
-	// connection alive) until the broker catches up. Defaults to 20 × BatchSize.
+	// MaxBuffered is the most events received from the slot and not yet settled,
+	// at least BatchSize. When it is reached the source stops reading the stream
+	// (it keeps the connection alive) until the broker catches up. Zero means
+	// DefaultMaxBufferedBatches × BatchSize (20 × BatchSize).
 	MaxBuffered int
 
 	// PublishTimeout bounds one Publish call; events without an ack by then are
-	// retried. Defaults to 15s.
+	// retried. Zero means DefaultPublishTimeout (15s).
 	PublishTimeout time.Duration
 
 	// PollInterval is how often the table path looks at the lanes it owns when no
-	// backoff comes due sooner: it notices events an operator retried. Defaults to 1s.
+	// backoff comes due sooner: it notices events an operator retried. Zero
+	// means DefaultPollInterval (1s).
 	PollInterval time.Duration
 
 	// StatusInterval is how often the source reports its confirmed position to the
-	// server when nothing else prompts it. It must stay well below the server's
-	// wal_sender_timeout (60s by default). Defaults to 5s.
+	// server when nothing else prompts it, at most MaxStatusInterval. Zero means
+	// DefaultStatusInterval (5s).
 	StatusInterval time.Duration
 
 	// MaxAttempts is how many failed publishes quarantine an event; broker.Unavailable
-	// failures never count. Defaults to 10.
+	// failures never count. Zero means DefaultMaxAttempts (10).
 	MaxAttempts int
 
 	// BackoffBase and BackoffMax bound the delay before retrying a failed event:
-	// BackoffBase × 2^(attempts-1), capped at BackoffMax (at 10s while the broker is
-	// unreachable), with jitter. Default to 1s and 5m.
+	// BackoffBase × 2^(attempts-1), capped at BackoffMax (at retry.UnavailableCap,
+	// 10s, while the broker is unreachable), with jitter. Zero means
+	// DefaultBackoffBase (1s) and DefaultBackoffMax (5m).
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
 
-	// Logger receives the source's logs (state changes, not every event). Defaults
-	// to slog.Default().
+	// Observer, if set, is told of every settled batch and every position
+	// reported to the server, for metrics (package cdc/cdcprom implements it).
+	// Nil observes nothing.
+	Observer Observer
+
+	// Logger receives the source's logs (state changes, not every event). Nil
+	// means slog.Default().
 	Logger *slog.Logger
 }
 
@@ -97,7 +136,9 @@ func DefaultSlot(schema string) string {
 	return name
 }
 
-// Validate reports what New would reject in c, with its defaults applied.
+// Validate reports what New would reject in c: zero fields stand for their
+// defaults, and each error names its field (errors.Join of all of them). A nil
+// *Config is valid: all defaults.
 func (c *Config) Validate() error {
 	_, err := c.withDefaults()
 	return err
@@ -117,15 +158,15 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.Publication == "" {
 		out.Publication = DefaultSlot(out.Schema)
 	}
-	setDefault(&out.BatchSize, 500)
-	setDefault(&out.RunLength, 10)
-	setDefault(&out.MaxBuffered, 20*out.BatchSize)
-	setDefault(&out.PublishTimeout, 15*time.Second)
-	setDefault(&out.PollInterval, time.Second)
-	setDefault(&out.StatusInterval, 5*time.Second)
-	setDefault(&out.MaxAttempts, 10)
-	setDefault(&out.BackoffBase, time.Second)
-	setDefault(&out.BackoffMax, 5*time.Minute)
+	setDefault(&out.BatchSize, DefaultBatchSize)
+	setDefault(&out.RunLength, DefaultRunLength)
+	setDefault(&out.MaxBuffered, DefaultMaxBufferedBatches*out.BatchSize)
+	setDefault(&out.PublishTimeout, DefaultPublishTimeout)
+	setDefault(&out.PollInterval, DefaultPollInterval)
+	setDefault(&out.StatusInterval, DefaultStatusInterval)
+	setDefault(&out.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&out.BackoffBase, DefaultBackoffBase)
+	setDefault(&out.BackoffMax, DefaultBackoffMax)
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -148,12 +189,12 @@ func (c *Config) validate() error {
 	check(migrate.ValidateSchema(c.Schema) == nil, "Config.Schema %q is not a valid schema name", c.Schema)
 	check(slotName.MatchString(c.Slot), "Config.Slot %q: want 1-63 lower-case letters, digits or underscores", c.Slot)
 	check(slotName.MatchString(c.Publication), "Config.Publication %q: want 1-63 lower-case letters, digits or underscores", c.Publication)
-	check(c.BatchSize > 0 && c.BatchSize <= 10000, "Config.BatchSize must be in 1..10000, got %d", c.BatchSize)
+	check(c.BatchSize > 0 && c.BatchSize <= MaxBatchSize, "Config.BatchSize must be in 1..%d, got %d", MaxBatchSize, c.BatchSize)
 	check(c.RunLength > 0, "Config.RunLength must be positive, got %d", c.RunLength)
 	check(c.MaxBuffered >= c.BatchSize, "Config.MaxBuffered (%d) must be at least Config.BatchSize (%d)", c.MaxBuffered, c.BatchSize)
 	check(c.PublishTimeout > 0, "Config.PublishTimeout must be positive, got %s", c.PublishTimeout)
 	check(c.PollInterval > 0, "Config.PollInterval must be positive, got %s", c.PollInterval)
-	check(c.StatusInterval > 0 && c.StatusInterval <= 30*time.Second, "Config.StatusInterval must be in (0, 30s], got %s", c.StatusInterval)
+	check(c.StatusInterval > 0 && c.StatusInterval <= MaxStatusInterval, "Config.StatusInterval must be in (0, %s], got %s", MaxStatusInterval, c.StatusInterval)
 	check(c.MaxAttempts > 0, "Config.MaxAttempts must be positive, got %d", c.MaxAttempts)
 	check(c.BackoffBase > 0 && c.BackoffMax >= c.BackoffBase,
 		"Config.BackoffBase (%s) must be positive and at most Config.BackoffMax (%s)", c.BackoffBase, c.BackoffMax)

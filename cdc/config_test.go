@@ -37,3 +37,26 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 }
+
+// A nil *Config is all defaults, valid; New copies the caller's Config and
+// fills the defaults the field docs name.
+func TestConfigDefaults(t *testing.T) {
+	var nilCfg *cdc.Config
+	if err := nilCfg.Validate(); err != nil {
+		t.Fatalf("nil Config: %v", err)
+	}
+	for _, c := range []cdc.Config{{BatchSize: cdc.MaxBatchSize}, {StatusInterval: cdc.MaxStatusInterval}} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+	for _, c := range []cdc.Config{{BatchSize: cdc.MaxBatchSize + 1}, {StatusInterval: cdc.MaxStatusInterval + 1}} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v: valid, want an error", c)
+		}
+	}
+	err := (&cdc.Config{BatchSize: -1, RunLength: -1}).Validate()
+	if err == nil || !strings.Contains(err.Error(), "Config.BatchSize") || !strings.Contains(err.Error(), "Config.RunLength") {
+		t.Errorf("two invalid fields: %v, want both named", err)
+	}
+}

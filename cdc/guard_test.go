@@ -11,6 +11,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // Rows of a raw INSERT with reserved or invalid headers, or fields beyond the
@@ -58,10 +59,10 @@ func TestRawInsertsBeyondTheRulesAreQuarantined(t *testing.T) {
 	}
 	good := e.enqueue(t, 3, 2, 2)
 
-	waitFor(t, 60*time.Second, "the hostile rows to be quarantined", func() bool {
+	wait.For(t, 60*time.Second, "the hostile rows to be quarantined", func() bool {
 		return e.count(t, "quarantined_at IS NOT NULL") == len(hostile)+2
 	})
-	waitFor(t, 60*time.Second, "the valid events", func() bool { return e.count(t, "published_at IS NOT NULL") == len(good) })
+	wait.For(t, 60*time.Second, "the valid events", func() bool { return e.count(t, "published_at IS NOT NULL") == len(good) })
 	if n := e.count(t, "quarantined_at IS NOT NULL AND (attempt_count <> 1 OR last_error NOT LIKE '%refused before publishing%')"); n != 0 {
 		t.Fatalf("%d quarantined rows without one attempt and the reason", n)
 	}

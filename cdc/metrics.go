@@ -9,7 +9,7 @@ import (
 
 // Collector returns a Prometheus collector of the source's metrics, labelled
 // with the schema and the slot. Slot figures are read from pg_replication_slots
-// at each scrape (bounded by a 5s timeout); a failed read leaves them out.
+// at each scrape (bounded by CollectTimeout); a failed read leaves them out.
 //
 //	pgoutbox_cdc_slot_lag_bytes           WAL between the server's position and the slot's confirmed position
 //	pgoutbox_cdc_slot_lag_seconds         age of the oldest received transaction not yet confirmed (0 when caught up)
@@ -60,7 +60,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	d := c.descs()
 	s := c.s
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), CollectTimeout)
 	defer cancel()
 	var lag, retained *int64
 	var active bool
@@ -94,12 +94,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 // LagSeconds is the age of the oldest transaction received from the slot and not
 // yet confirmed, 0 when everything received is confirmed.
-func (s *Source) LagSeconds() float64 {
+func (s *Source) LagSeconds() float64 { return s.lag().Seconds() }
+
+// lag is the age of the oldest transaction received and not yet confirmed.
+func (s *Source) lag() time.Duration {
 	t := s.oldestUnconfirmed()
 	if t.IsZero() {
 		return 0
 	}
-	return max(time.Since(t).Seconds(), 0)
+	return max(time.Since(t), 0)
 }
 
 func boolFloat(b bool) float64 {

@@ -15,6 +15,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -109,7 +110,7 @@ func TestCDCSourceReportsMissingPrivilege(t *testing.T) {
 	}
 
 	grant("GRANT UPDATE (published_at)")
-	waitFor(t, 30*time.Second, "the events marked and Healthy nil", func() bool {
+	wait.For(t, 30*time.Second, "the events marked and Healthy nil", func() bool {
 		return e.count(t, "published_at IS NULL") == 0 && src.Healthy() == nil
 	})
 	if n := pub.Published(); n != events {

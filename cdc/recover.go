@@ -58,8 +58,11 @@ func Recover(ctx context.Context, pool *pgxpool.Pool, pub broker.Publisher, cfg 
 		return res, err
 	}
 	res.ConsistentPoint, res.Lanes = lsn.String(), len(lanes)
-	s.hardCtx, s.hardCancel = context.WithCancel(ctx)
-	defer s.hardCancel()
+	// Recover runs rounds of the table path itself, not the Source's goroutines:
+	// its ctx is the context of the work in flight.
+	hard, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.hardCtx = hard
 	now := time.Now()
 	for _, l := range lanes {
 		s.blocked[l.key] = &laneState{seen: l.seen, due: now}

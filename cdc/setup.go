@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -264,7 +265,7 @@ func createSlot(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries) 
 			break
 		}
 		select {
-		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+		case <-time.After(time.Duration(attempt) * slotCreateBackoff):
 		case <-ctx.Done():
 			return 0, nil, fmt.Errorf("cdc: create replication slot %s: %w", c.Slot, ctx.Err())
 		}
@@ -291,7 +292,7 @@ func createSlot(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries) 
 }
 
 type laneSeen struct {
-	key  lane
+	key  pgoutbox.Lane
 	seen int64
 }
 
@@ -304,7 +305,7 @@ func readPendingLanes(ctx context.Context, db interface {
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (laneSeen, error) {
 		var l laneSeen
-		return l, r.Scan(&l.key.typ, &l.key.id, &l.seen)
+		return l, r.Scan(&l.key.AggregateType, &l.key.AggregateID, &l.seen)
 	})
 }
 

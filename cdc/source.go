@@ -21,14 +21,12 @@
 package cdc
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,14 +38,13 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
-// lane is one aggregate's ordered events.
-type lane struct{ typ, id string }
-
-func laneOf(m *broker.Message) lane { return lane{m.AggregateType, m.AggregateID} }
+// laneOf returns the lane of a message.
+func laneOf(m *broker.Message) pgoutbox.Lane { return pgoutbox.LaneOf(m.AggregateType, m.AggregateID) }
 
 // laneState is a lane the table path owns.
 type laneState struct {
@@ -85,24 +82,31 @@ type Source struct {
 	log  *slog.Logger
 
 	mu         sync.Mutex
-	blocked    map[lane]*laneState
+	blocked    map[pgoutbox.Lane]*laneState
 	queue      []*txn // received, not wholly settled, in commit order
 	buffered   int    // events of queue not settled
 	confirmed  pglogrepl.LSN
 	lastPushed pglogrepl.LSN
 	walEnd     pglogrepl.LSN // a keepalive's position, safe to confirm once queue is empty
 
-	work, space, tableWake, brokerBack chan struct{}
-	stopping                           chan struct{}
-	hardCtx                            context.Context
-	hardCancel                         context.CancelFunc
-	wg                                 sync.WaitGroup
-	startOnce, stopOnce                sync.Once
-	started                            atomic.Bool
+	// lc is the start/stop protocol (package lifecycle): the one rule for Start
+	// twice, Stop twice, Start after Stop, Stop before Start and Start's context
+	// ending.
+	lc lifecycle.Lifecycle
+	// stopping is lc.Stopping(); hardCtx is lc.Hard() once started (Recover's
+	// own context in Recover): the context of work in flight.
+	stopping <-chan struct{}
+	hardCtx  context.Context
+	// streamed is set once Start succeeded: the stream held the slot, and the
+	// stop waits for the server to release it.
+	streamed atomic.Bool
 
-	inFlight                       atomic.Bool // the dispatcher has a batch out
-	dbDown, brokerDown, streamDown atomic.Bool
-	brokerRefused                  atomic.Pointer[string] // why the broker refuses our configuration (broker.Misconfigured), or nil
+	work, space, tableWake, brokerBack lifecycle.Wake
+
+	inFlight   atomic.Bool // the dispatcher has a batch out
+	dbDown     atomic.Bool
+	broker     retry.BrokerHealth    // reachable or refusing, after each batch
+	streamDown atomic.Pointer[error] // why the replication stream is down (a redactedError), or nil
 	// denied holds, per statement (retryDB's what), the last database error
 	// that was a missing privilege, until that statement succeeds again: a role
 	// may be allowed to read and not to mark.
@@ -136,16 +140,19 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Source, error)
 	if err != nil {
 		return nil, err
 	}
-	return &Source{
+	s := &Source{
 		cfg: c, pool: pool, pub: pub, q: newQueries(c.Schema),
 		log:        c.Logger.With(slog.String("source", "cdc"), slog.String("slot", c.Slot)),
-		blocked:    map[lane]*laneState{},
-		work:       make(chan struct{}, 1),
-		space:      make(chan struct{}, 1),
-		tableWake:  make(chan struct{}, 1),
-		brokerBack: make(chan struct{}, 1),
-		stopping:   make(chan struct{}),
-	}, nil
+		blocked:    map[pgoutbox.Lane]*laneState{},
+		work:       lifecycle.NewWake(),
+		space:      lifecycle.NewWake(),
+		tableWake:  lifecycle.NewWake(),
+		brokerBack: lifecycle.NewWake(),
+	}
+	s.lc.Name = "cdc"
+	s.lc.Stopped = s.stopped
+	s.stopping = s.lc.Stopping()
+	return s, nil
 }
 
 // Config returns the source's configuration with its defaults applied.
@@ -160,18 +167,30 @@ func (s *Source) Stats() Stats {
 
 // Errors of Healthy, matched with errors.Is.
 var (
+	// ErrDatabaseUnreachable: the last round trip to the database failed.
 	ErrDatabaseUnreachable = errors.New("cdc: database unreachable")
 	// ErrPermissionDenied: the database answers but refuses the source's
 	// statements for want of a privilege (SQLSTATE 42501). It also matches
 	// migrate.ErrPermissionDenied.
 	ErrPermissionDenied = fmt.Errorf("cdc: %w", migrate.ErrPermissionDenied)
+	// ErrBrokerUnreachable: the last batch failed with the broker unreachable.
+	ErrBrokerUnreachable = errors.New("cdc: broker unreachable")
+	// ErrBrokerMisconfigured: the broker answers but refuses the source's
+	// configuration (credentials, signing secret, permissions;
+	// broker.Misconfigured). Healthy adds the broker's answer.
+	ErrBrokerMisconfigured = errors.New("cdc: the broker refuses the relay's configuration (credentials, signing secret, permissions)")
+	// ErrStreamDown: the replication stream is down and reconnecting with
+	// backoff. Healthy adds why (which may match ErrSlotMissing or
+	// ErrSlotActive).
+	ErrStreamDown = errors.New("cdc: replication stream down")
 )
 
 // Healthy reports nil when the last contact with the database, the broker and
-// the replication stream succeeded, else what is wrong: ErrDatabaseUnreachable,
-// ErrPermissionDenied (with the database's message: which privilege on which
-// table, for each statement refused), the broker unreachable or refusing the
-// configuration, the replication stream down, or several (errors.Join).
+// the replication stream succeeded, else what is wrong, each matchable with
+// errors.Is: ErrDatabaseUnreachable, ErrPermissionDenied (with the database's
+// message: which privilege on which table, for each statement refused),
+// ErrBrokerUnreachable, ErrBrokerMisconfigured (with the broker's answer),
+// ErrStreamDown (with why), or several (errors.Join).
 func (s *Source) Healthy() error {
 	var errs []error
 	if s.dbDown.Load() {
@@ -183,30 +202,32 @@ func (s *Source) Healthy() error {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrPermissionDenied, s.denied[what]))
 	}
 	s.deniedMu.Unlock()
-	if s.brokerDown.Load() {
-		errs = append(errs, errors.New("cdc: broker unreachable"))
-	}
-	if s.streamDown.Load() {
-		errs = append(errs, errors.New("cdc: replication stream down"))
-	}
-	if reason := s.brokerRefused.Load(); reason != nil {
-		errs = append(errs, errors.New("cdc: the broker refuses the relay's configuration (credentials, signing secret, permissions): "+*reason))
+	errs = append(errs, s.broker.Errors(ErrBrokerUnreachable, ErrBrokerMisconfigured)...)
+	if why := s.streamDown.Load(); why != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrStreamDown, *why))
 	}
 	return errors.Join(errs...)
 }
 
 // Start runs the start-up checks and set-up (publication, slot, ownership of
-// unpublished events) and returns their error, if any; then it streams in the
-// background until Stop. Cancelling ctx stops the source abruptly (prefer Stop).
-// Start may be called once.
+// unpublished events), waits for the replication stream to be up (so that a
+// slot in use elsewhere is reported here rather than in the logs), and returns
+// their error, if any; then the source streams in the background until Stop.
+// The set-up is bounded by StartTimeout.
+//
+// Start follows package lifecycle's one rule: it runs once (a second Start
+// returns an error matching lifecycle.ErrAlreadyStarted); a source whose Start
+// failed, or that was stopped, cannot start again (lifecycle.ErrStopped): make a
+// new one. The end of ctx is a hard stop, as Stop with an expired context.
 func (s *Source) Start(ctx context.Context) error {
-	err := errors.New("cdc: already started")
-	s.startOnce.Do(func() { err = s.start(ctx) })
-	return err
+	return s.lc.Start(ctx, s.start)
 }
 
+// start is the set-up run inside Lifecycle.Start: if it fails, the goroutines
+// it launched are hard-stopped and waited for, and the source is stopped for
+// good.
 func (s *Source) start(ctx context.Context) error {
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	sctx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
 	lanes, lsn, err := prepare(sctx, s.pool, &s.cfg, &s.q, false)
 	if err != nil {
@@ -217,41 +238,22 @@ func (s *Source) start(ctx context.Context) error {
 	for _, l := range lanes {
 		s.blocked[l.key] = &laneState{seen: l.seen, due: now}
 	}
-	s.started.Store(true)
-	s.hardCtx, s.hardCancel = context.WithCancel(context.WithoutCancel(ctx))
+	s.hardCtx = s.lc.Hard()
 	s.log.Info("cdc source starting", slog.String("schema", s.cfg.Schema), slog.String("publication", s.cfg.Publication),
 		slog.String("confirmed_lsn", lsn.String()), slog.Int("backfill_lanes", len(lanes)))
-	// Start's ctx ending is a hard stop. Not in wg: Stop cancels hardCtx after
-	// waiting for wg.
-	go func() {
-		select {
-		case <-ctx.Done():
-			s.signalStop()
-			s.hardCancel()
-		case <-s.hardCtx.Done():
-		}
-	}()
 	ready := make(chan error, 1)
-	s.wg.Add(3)
-	go s.stream(ready)
-	go s.dispatch()
-	go s.tablePath()
-	// Return once the stream is up, so that a slot in use elsewhere is reported
-	// here rather than in the logs.
+	s.lc.Go(func() { s.stream(ready) })
+	s.lc.Go(s.dispatch)
+	s.lc.Go(s.tablePath)
 	select {
 	case err := <-ready:
 		if err != nil {
-			s.signalStop()
-			s.hardCancel()
-			s.wg.Wait()
 			return err
 		}
 	case <-sctx.Done():
-		s.signalStop()
-		s.hardCancel()
-		s.wg.Wait()
 		return fmt.Errorf("cdc: start replication: %w", sctx.Err())
 	}
+	s.streamed.Store(true)
 	return nil
 }
 
@@ -301,51 +303,36 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries, rec
 	return lanes, lsn, nil
 }
 
-func (s *Source) signalStop() { s.stopOnce.Do(func() { close(s.stopping) }) }
-
 // Stop shuts the source down: no new batches, the batch in flight is published
 // and settled, and the confirmed position is reported to the server. If ctx ends
 // first, in-flight publishes are abandoned (the restart publishes them again)
-// and ctx's error is returned. Stop is safe to call more than once, and before
-// Start.
+// and ctx's error is returned. Stop may be called any number of times, and
+// before Start (the source then never starts); every call waits for the same
+// shutdown (package lifecycle's rule).
 func (s *Source) Stop(ctx context.Context) error {
-	s.signalStop()
-	if !s.started.Load() {
-		return nil
+	return s.lc.Stop(ctx)
+}
+
+// stopped is the Lifecycle's Stopped hook: it runs once every goroutine has
+// returned. The server releases the slot a moment after the connection closes;
+// it waits for that (at most SlotReleaseWait) so that a restart right away does
+// not find the slot in use, and logs the totals.
+func (s *Source) stopped(bool) {
+	if !s.streamed.Load() {
+		return // the start failed: the slot was not ours
 	}
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	var err error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = fmt.Errorf("cdc: stop: %w", ctx.Err())
-		s.hardCancel()
-		<-done
-	}
-	s.hardCancel()
-	// The server releases the slot a moment after the connection closes; wait
-	// for it (briefly) so that a restart right away does not find it in use.
-	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	wctx, wcancel := context.WithTimeout(context.Background(), SlotReleaseWait)
 	defer wcancel()
 	for {
 		var active bool
 		err := s.pool.QueryRow(wctx, "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1", s.cfg.Slot).Scan(&active)
-		if err != nil || !active || !retry.Sleep(wctx, 20*time.Millisecond) {
+		if err != nil || !active || !retry.Sleep(wctx, slotReleasePoll) {
 			break
 		}
 	}
 	st := s.Stats()
 	s.log.Info("cdc source stopped", slog.Int64("published", st.Published), slog.Int64("failed", st.Failed),
 		slog.Int64("quarantined", st.Quarantined))
-	return err
-}
-
-func poke(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
 }
 
 // push queues a transaction received from the slot. After a reconnect the server
@@ -353,8 +340,7 @@ func poke(c chan struct{}) {
 // are dropped by their end position.
 func (s *Source) push(t *txn) {
 	slices.SortFunc(t.events, func(a, b broker.Message) int {
-		return cmp.Or(strings.Compare(a.AggregateType, b.AggregateType), strings.Compare(a.AggregateID, b.AggregateID),
-			cmp.Compare(a.AggregateSequence, b.AggregateSequence))
+		return pgoutbox.CompareInLane(laneOf(&a), a.AggregateSequence, laneOf(&b), b.AggregateSequence)
 	})
 	s.mu.Lock()
 	if t.end <= s.lastPushed {
@@ -367,7 +353,7 @@ func (s *Source) push(t *txn) {
 	s.lastPushed = t.end
 	s.advanceLocked()
 	s.mu.Unlock()
-	poke(s.work)
+	s.work.Poke()
 }
 
 func (s *Source) full() bool {
@@ -417,7 +403,6 @@ func (s *Source) oldestUnconfirmed() time.Time {
 // dispatch turns queued transactions into batches: one batch in flight at a time,
 // so that a lane whose event fails is blocked before its next event is looked at.
 func (s *Source) dispatch() {
-	defer s.wg.Done()
 	for {
 		select {
 		case <-s.stopping:
@@ -483,7 +468,7 @@ func (s *Source) assemble() []item {
 	if skipped > 0 {
 		s.stats.skipped.Add(int64(skipped))
 		s.advanceLocked()
-		poke(s.space)
+		s.space.Poke()
 	}
 	return out
 }
@@ -524,10 +509,10 @@ func (s *Source) process(batch []item) time.Duration {
 	}
 	var res settled
 	if len(send) > 0 {
-		results := s.publish(send)
+		results, took := s.publish(send)
 		_ = failpoint.Inject(failpoint.CDCAfterPublish) // crash or delay only: the broker has spoken
 		var ok bool
-		if res, ok = s.settle(send, results); !ok {
+		if res, ok = s.settle(PathStream, send, results, took); !ok {
 			return 0
 		}
 	}
@@ -548,24 +533,24 @@ func (s *Source) process(batch []item) time.Duration {
 	}
 	s.advanceLocked()
 	s.mu.Unlock()
-	poke(s.space)
+	s.space.Poke()
 	if len(res.failedLanes) > 0 {
-		poke(s.tableWake)
+		s.tableWake.Poke()
 	}
 	if res.allUnavailable {
 		// Hold the stream (the slot's lag grows, the server keeps the WAL) rather
 		// than hand every lane to the table path one failure at a time; the table
 		// path's retries of the failed lanes tell when the broker is back.
-		return 10 * time.Second
+		return brokerOutagePause
 	}
 	return 0
 }
 
-// publish sends items (sorted per lane by sequence) and returns one result each.
-func (s *Source) publish(items []item) []error {
+// publish sends items (sorted per lane by sequence) and returns one result
+// each, and how long the broker took to answer for all of them.
+func (s *Source) publish(items []item) ([]error, time.Duration) {
 	slices.SortStableFunc(items, func(a, b item) int {
-		return cmp.Or(strings.Compare(a.msg.AggregateType, b.msg.AggregateType), strings.Compare(a.msg.AggregateID, b.msg.AggregateID),
-			cmp.Compare(a.msg.AggregateSequence, b.msg.AggregateSequence))
+		return pgoutbox.CompareInLane(laneOf(&a.msg), a.msg.AggregateSequence, laneOf(&b.msg), b.msg.AggregateSequence)
 	})
 	msgs := make([]broker.Message, len(items))
 	var refused []error
@@ -578,113 +563,136 @@ func (s *Source) publish(items []item) []error {
 			refused[i] = items[i].refused
 		}
 	}
+	start := time.Now()
 	pctx, cancel := context.WithTimeout(s.hardCtx, s.cfg.PublishTimeout)
 	// The same rule as the polling relay: rows of a raw INSERT that break the
 	// producer's limits or carry reserved headers are quarantined, never sent.
 	results := broker.PublishValid(pctx, s.pub, msgs, refused)
 	cancel()
-	if len(results) != len(msgs) {
-		s.log.Error("publisher returned the wrong number of results; retrying the batch",
-			slog.Int("messages", len(msgs)), slog.Int("results", len(results)))
-		results = make([]error, len(msgs))
-		for i := range results {
-			results[i] = broker.Unavailable(errors.New("cdc: publisher returned the wrong number of results"))
-		}
+	took := time.Since(start)
+	results, ok := retry.CheckResults(results, len(msgs))
+	if !ok {
+		s.log.Error("publisher returned the wrong number of results; retrying the batch", slog.Int("messages", len(msgs)))
 	}
-	return results
+	return results, took
 }
 
 // settled is what settle found.
 type settled struct {
 	acked          int
-	failedLanes    map[lane]time.Duration // lanes with a failed event → its backoff
-	allUnavailable bool                   // failures only, all of them broker outages
+	failedLanes    map[pgoutbox.Lane]time.Duration // lanes with a failed event → its backoff
+	allUnavailable bool                            // failures only, all of them broker outages
 }
 
-// settle records the outcome of a publish in the table: acked events published,
-// failed ones retried later (attempt_count, last_error, available_at) or
-// quarantined, exactly as the polling relay does. Events not sent because an
-// earlier event of their lane failed are left as they are. It returns false if
-// the source was hard-stopped before the outcome was recorded.
-func (s *Source) settle(items []item, results []error) (settled, bool) {
-	var (
-		res                    = settled{failedLanes: map[lane]time.Duration{}, allUnavailable: true}
-		acked, failIDs         []pgoutbox.UUID
-		failErrs               []string
-		failDelays             []int64
-		failQuarantine         []bool
-		quarantined, anyFailed int
-		refusedErr             string // the first broker.Misconfigured failure
-	)
+// failure is a failed publish to record: retried after delay, or quarantined.
+type failure struct {
+	id    pgoutbox.UUID
+	v     retry.Verdict
+	delay time.Duration
+}
+
+// policy is the source's failure policy (retry.Policy, the polling relay's too).
+func (s *Source) policy() retry.Policy {
+	return retry.Policy{MaxAttempts: s.cfg.MaxAttempts, BackoffBase: s.cfg.BackoffBase, BackoffMax: s.cfg.BackoffMax}
+}
+
+// settle records the outcome of a publish from path in the table: acked events
+// published, failed ones retried later (attempt_count, last_error,
+// available_at) or quarantined, as retry.Policy decides, exactly as the polling
+// relay does. Events not sent because an earlier event of their lane failed are
+// left as they are. It returns false if the source was hard-stopped before the
+// outcome was recorded.
+func (s *Source) settle(path Path, items []item, results []error, took time.Duration) (settled, bool) {
+	res := settled{failedLanes: map[pgoutbox.Lane]time.Duration{}}
 	if s.hardCtx.Err() != nil {
 		return res, false // abandoned: leave everything for the restart
 	}
+	acked, failed, outcomes := s.judge(items, results, res.failedLanes)
+	start := time.Now()
+	if len(acked) > 0 && !s.markAll(acked) {
+		return res, false
+	}
+	if len(failed) > 0 && !s.recordFailures(failed) {
+		return res, false
+	}
+	allUnavailable, refused, quarantined := len(failed) > 0 && len(acked) == 0, "", 0
+	for _, f := range failed {
+		allUnavailable = allUnavailable && f.v.Unavailable
+		if refused == "" && f.v.Misconfigured {
+			refused = f.v.Text
+		}
+		if f.v.Quarantine {
+			quarantined++
+		}
+	}
+	res.acked, res.allUnavailable = len(acked), allUnavailable
+	s.stats.published.Add(int64(len(acked)))
+	s.stats.failed.Add(int64(len(failed)))
+	s.stats.quarantined.Add(int64(quarantined))
+	if outcomes != nil {
+		s.cfg.Observer.BatchSettled(SettledBatch{Path: path, Events: outcomes, PublishDuration: took, SettleDuration: time.Since(start)})
+	}
+	o := retry.BatchOutcome{Acked: len(acked) > 0, AllUnavailable: allUnavailable, Refused: refused}
+	if len(failed) > 0 {
+		o.FirstError = failed[0].v.Text
+	}
+	s.broker.Settled(s.log, o)
+	return res, true
+}
+
+// judge sorts a publish's results into acked events and failures (with the
+// Policy's verdict; a failed event's lane goes into failedLanes with its
+// backoff), logging quarantines. outcomes, one per item, is made only for an
+// Observer.
+func (s *Source) judge(items []item, results []error, failedLanes map[pgoutbox.Lane]time.Duration) (acked []pgoutbox.UUID, failed []failure, outcomes []EventOutcome) {
+	if s.cfg.Observer != nil {
+		outcomes = make([]EventOutcome, len(items))
+	}
+	policy := s.policy()
 	for i, err := range results {
 		it := &items[i]
+		o := EventOutcome{EventID: it.msg.EventID, AggregateType: it.msg.AggregateType, EventType: it.msg.EventType}
 		switch {
 		case err == nil:
 			acked = append(acked, it.msg.EventID)
+			o.Result, o.Attempt = ResultPublished, it.attempts+1
 		case errors.Is(err, broker.ErrPredecessorFailed):
 			// Its lane is in failedLanes through the failed predecessor.
+			o.Result = ResultHeld
 		default:
-			anyFailed++
-			unavailable := broker.IsUnavailable(err)
-			res.allUnavailable = res.allUnavailable && unavailable
-			if refusedErr == "" && broker.IsMisconfigured(err) {
-				refusedErr = retry.ErrorText(err)
-			}
-			attempt := it.attempts + 1
-			quarantine := broker.IsPermanent(err) || (!unavailable && attempt >= s.cfg.MaxAttempts)
-			delay := retry.AttemptDelay(attempt, s.cfg.BackoffBase, s.cfg.BackoffMax, unavailable)
-			if quarantine {
-				quarantined++
+			v := policy.Decide(err, it.attempts+1)
+			f := failure{id: it.msg.EventID, v: v, delay: v.Delay}
+			o.Result, o.Attempt, o.Reason, o.Err = ResultFailed, v.Attempt, ClassifyFailure(err), err
+			if v.Quarantine {
 				s.log.Warn("event quarantined", slog.String("event_id", it.msg.EventID.String()),
-					slog.String("aggregate", it.msg.AggregateType+"/"+it.msg.AggregateID),
-					slog.Int64("sequence", it.msg.AggregateSequence), slog.Int("attempts", attempt), slog.String("error", retry.ErrorText(err)))
-				delay = s.cfg.PollInterval
+					slog.String("aggregate", laneOf(&it.msg).String()),
+					slog.Int64("sequence", it.msg.AggregateSequence), slog.Int("attempts", v.Attempt), slog.String("error", v.Text))
+				f.delay = s.cfg.PollInterval // the lane is looked at again for an operator's retry
+				o.Result = ResultQuarantined
 			}
-			res.failedLanes[laneOf(&it.msg)] = delay
-			failIDs = append(failIDs, it.msg.EventID)
-			failErrs = append(failErrs, retry.ErrorText(err))
-			failDelays = append(failDelays, delay.Milliseconds())
-			failQuarantine = append(failQuarantine, quarantine)
+			failedLanes[laneOf(&it.msg)] = f.delay
+			failed = append(failed, f)
+		}
+		if outcomes != nil {
+			outcomes[i] = o
 		}
 	}
-	if len(acked) > 0 {
-		if !s.markAll(acked) {
-			return res, false
-		}
+	return acked, failed, outcomes
+}
+
+// recordFailures records failed attempts (attempt_count, last_error,
+// available_at) and quarantines. It returns false if the source was
+// hard-stopped first.
+func (s *Source) recordFailures(failed []failure) bool {
+	ids, texts, delays, quarantine := make([]pgoutbox.UUID, len(failed)), make([]string, len(failed)),
+		make([]int64, len(failed)), make([]bool, len(failed))
+	for i, f := range failed {
+		ids[i], texts[i], delays[i], quarantine[i] = f.id, f.v.Text, f.delay.Milliseconds(), f.v.Quarantine
 	}
-	if len(failIDs) > 0 {
-		if !s.retryDB("record failed attempts", func(ctx context.Context) error {
-			_, err := s.pool.Exec(ctx, s.q.fail, failIDs, failErrs, failDelays, failQuarantine, s.cfg.Owner())
-			return err
-		}) {
-			return res, false
-		}
-	}
-	res.acked = len(acked)
-	res.allUnavailable = res.allUnavailable && anyFailed > 0 && len(acked) == 0
-	s.stats.published.Add(int64(len(acked)))
-	s.stats.failed.Add(int64(len(failIDs)))
-	s.stats.quarantined.Add(int64(quarantined))
-	switch {
-	case len(acked) > 0:
-		retry.MarkUp(&s.brokerDown, s.log, "broker")
-		if s.brokerRefused.Swap(nil) != nil {
-			s.log.Info("the broker accepts the relay's configuration again")
-		}
-	case res.allUnavailable && refusedErr != "":
-		s.brokerDown.Store(false) // it answers: not an outage
-		if s.brokerRefused.Swap(&refusedErr) == nil {
-			s.log.Error("the broker refuses the relay's configuration (credentials, signing secret, permissions): "+
-				"fix the configuration; events are retried with backoff and none is quarantined", slog.String("error", refusedErr))
-		}
-	case res.allUnavailable:
-		s.brokerRefused.Store(nil)
-		retry.MarkDown(&s.brokerDown, s.log, "broker", errors.New(failErrs[0]))
-	}
-	return res, true
+	return s.retryDB("record failed attempts", func(ctx context.Context) error {
+		_, err := s.pool.Exec(ctx, s.q.fail, ids, texts, delays, quarantine, s.cfg.Owner())
+		return err
+	})
 }
 
 // markAll marks events published. A commit reaches logical decoding a moment
@@ -718,12 +726,12 @@ func (s *Source) markAll(ids []pgoutbox.UUID) bool {
 		if len(left) == 0 {
 			return true
 		}
-		if try >= 50 {
+		if try >= markRetries {
 			s.log.Warn("events acknowledged by the broker are not in the outbox table (deleted?)", slog.Int("events", len(left)),
 				slog.String("first", left[0].String()))
 			return true
 		}
-		if !retry.Sleep(s.hardCtx, 100*time.Millisecond) {
+		if !retry.Sleep(s.hardCtx, markRetryInterval) {
 			return false
 		}
 	}
@@ -746,13 +754,13 @@ func minus(a, b []pgoutbox.UUID) []pgoutbox.UUID {
 	return out
 }
 
-// retryDB runs f with a fresh 10s timeout until it succeeds, backing off while
+// retryDB runs f with a fresh StatementTimeout until it succeeds, backing off while
 // the database is unreachable or refuses f's statement for want of a privilege
 // (dbFailed). It returns false if the source was hard-stopped.
 func (s *Source) retryDB(what string, f func(ctx context.Context) error) bool {
 	var wait retry.Backoff
 	for {
-		ctx, cancel := context.WithTimeout(s.hardCtx, 10*time.Second)
+		ctx, cancel := context.WithTimeout(s.hardCtx, StatementTimeout)
 		err := f(ctx)
 		cancel()
 		if err == nil {

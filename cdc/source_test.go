@@ -16,8 +16,10 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/cdc"
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -71,9 +73,9 @@ func TestStreamsTwentyThousandEventsInOrderToNATS(t *testing.T) {
 		t.Fatalf("enqueue: %v", err)
 	}
 	last := e.currentLSN(t)
-	waitFor(t, 3*time.Minute, "every event to be published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 3*time.Minute, "every event to be published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	elapsed := time.Since(start)
-	waitFor(t, 30*time.Second, "the slot to confirm the last commit", func() bool { return e.slotConfirmedAtLeast(t, last) })
+	wait.For(t, 30*time.Second, "the slot to confirm the last commit", func() bool { return e.slotConfirmedAtLeast(t, last) })
 	got := target.Read(t)
 	dups := brokertest.CheckStream(t, got, ids)
 	st := src.Stats()
@@ -111,8 +113,8 @@ func TestPoisonEventHoldsItsLane(t *testing.T) {
 	src := e.start(t, rec, cfg)
 	ids := e.enqueue(t, 5, 4, 5) // a0000..a0004, sequences 1..4, one sequence per transaction
 
-	waitFor(t, 30*time.Second, "the quarantine", func() bool { return e.count(t, "quarantined_at IS NOT NULL") == 1 })
-	waitFor(t, 30*time.Second, "the other lanes", func() bool { return e.count(t, "published_at IS NULL") == 3 })
+	wait.For(t, 30*time.Second, "the quarantine", func() bool { return e.count(t, "quarantined_at IS NOT NULL") == 1 })
+	wait.For(t, 30*time.Second, "the other lanes", func() bool { return e.count(t, "published_at IS NULL") == 3 })
 	var attempts int
 	var lastErr string
 	pgtest.Must(t, e.pool.QueryRow(context.Background(), "SELECT attempt_count, last_error FROM "+e.table()+
@@ -128,7 +130,7 @@ func TestPoisonEventHoldsItsLane(t *testing.T) {
 	}
 	// More events of the blocked lane and of others while it is quarantined.
 	more := e.enqueue(t, 5, 1, 5)
-	waitFor(t, 30*time.Second, "the other lanes' new events", func() bool { return e.count(t, "published_at IS NULL") == 4 })
+	wait.For(t, 30*time.Second, "the other lanes' new events", func() bool { return e.count(t, "published_at IS NULL") == 4 })
 
 	mu.Lock()
 	poisoned = false
@@ -137,11 +139,11 @@ func TestPoisonEventHoldsItsLane(t *testing.T) {
 	pgtest.Must(t, err, "admin")
 	_, err = a.Retry(context.Background(), poisonID)
 	pgtest.Must(t, err, "retry")
-	waitFor(t, 30*time.Second, "the lane to drain after the retry", func() bool { return e.count(t, "published_at IS NULL") == 0 })
-	waitFor(t, 30*time.Second, "the lane to go back to the stream", func() bool { return src.BlockedLanes() == 0 })
+	wait.For(t, 30*time.Second, "the lane to drain after the retry", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the lane to go back to the stream", func() bool { return src.BlockedLanes() == 0 })
 	// And the stream serves it again.
 	last := e.enqueue(t, 5, 1, 5)
-	waitFor(t, 30*time.Second, "events after the hand-back", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "events after the hand-back", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	brokertest.CheckStream(t, rec.Messages(), append(append(ids, more...), last...))
 	if st := src.Stats(); st.Quarantined != 1 || st.Failed != 3 || st.FromTable < 3 {
 		t.Fatalf("stats %+v: want 3 failures, 1 quarantine, the lane's events from the table", st)
@@ -159,22 +161,22 @@ func TestBrokerOutageLagGrowsThenDrains(t *testing.T) {
 	cfg.BackoffBase, cfg.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
 	src := e.start(t, rec, cfg)
 	first := e.enqueue(t, 20, 5, 20)
-	waitFor(t, 30*time.Second, "the first events", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the first events", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 
 	rec.Down.Store(true)
 	var second []pgoutbox.UUID
 	for range 10 {
 		second = append(second, e.enqueue(t, 30, 1, 30)...)
 	}
-	waitFor(t, 30*time.Second, "failed attempts", func() bool { return e.count(t, "attempt_count > 0 AND published_at IS NULL") > 0 })
+	wait.For(t, 30*time.Second, "failed attempts", func() bool { return e.count(t, "attempt_count > 0 AND published_at IS NULL") > 0 })
 	var peakBytes, peakSeconds float64
-	waitFor(t, 30*time.Second, "the lag to grow", func() bool {
+	wait.For(t, 30*time.Second, "the lag to grow", func() bool {
 		e.enqueue(t, 30, 1, 30) // WAL keeps coming while the broker is down
 		peakBytes, peakSeconds = metric(t, src, "pgoutbox_cdc_slot_lag_bytes"), metric(t, src, "pgoutbox_cdc_slot_lag_seconds")
 		return peakBytes > 100_000 && peakSeconds > 0.5
 	})
-	if src.Healthy() == nil {
-		t.Error("source healthy while the broker is down")
+	if h := src.Healthy(); !errors.Is(h, cdc.ErrBrokerUnreachable) || errors.Is(h, cdc.ErrBrokerMisconfigured) {
+		t.Errorf("Healthy while the broker is down = %v, want ErrBrokerUnreachable", h)
 	}
 	if n := e.count(t, "quarantined_at IS NOT NULL"); n != 0 {
 		t.Fatalf("%d events quarantined because the broker was down", n)
@@ -182,9 +184,9 @@ func TestBrokerOutageLagGrowsThenDrains(t *testing.T) {
 
 	rec.Down.Store(false)
 	last := e.currentLSN(t)
-	waitFor(t, 60*time.Second, "the backlog to drain", func() bool { return e.count(t, "published_at IS NULL") == 0 })
-	waitFor(t, 30*time.Second, "the slot to catch up", func() bool { return e.slotConfirmedAtLeast(t, last) })
-	waitFor(t, 30*time.Second, "the lag to fall", func() bool {
+	wait.For(t, 60*time.Second, "the backlog to drain", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the slot to catch up", func() bool { return e.slotConfirmedAtLeast(t, last) })
+	wait.For(t, 30*time.Second, "the lag to fall", func() bool {
 		return metric(t, src, "pgoutbox_cdc_slot_lag_seconds") == 0 && metric(t, src, "pgoutbox_cdc_slot_lag_bytes") < peakBytes
 	})
 	var all []pgoutbox.UUID
@@ -213,7 +215,7 @@ func TestRecoverAfterSlotDropped(t *testing.T) {
 	pgtest.Must(t, err, "new")
 	pgtest.Must(t, src.Start(context.Background()), "start")
 	first := e.enqueue(t, 10, 3, 10)
-	waitFor(t, 30*time.Second, "the first events", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the first events", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	pgtest.Must(t, src.Stop(context.Background()), "stop")
 
 	ctx := context.Background()
@@ -231,7 +233,7 @@ func TestRecoverAfterSlotDropped(t *testing.T) {
 	}
 	e.start(t, rec, e.cfg)
 	third := e.enqueue(t, 40, 2, 20)
-	waitFor(t, 30*time.Second, "events after the recovery", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "events after the recovery", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	dups := brokertest.CheckStream(t, rec.Messages(), append(append(first, second...), third...))
 	t.Logf("recover: %+v; %d duplicates", res, dups)
 }
@@ -246,11 +248,11 @@ func TestRestartResumesFromConfirmedPosition(t *testing.T) {
 	pgtest.Must(t, err, "new")
 	pgtest.Must(t, src.Start(context.Background()), "start")
 	ids := e.enqueue(t, 50, 40, 100)
-	waitFor(t, 30*time.Second, "publishing to begin", func() bool { return e.count(t, "published_at IS NOT NULL") > 0 })
+	wait.For(t, 30*time.Second, "publishing to begin", func() bool { return e.count(t, "published_at IS NOT NULL") > 0 })
 	pgtest.Must(t, src.Stop(context.Background()), "stop")
 	left := e.count(t, "published_at IS NULL")
 	src2 := e.start(t, rec, e.cfg)
-	waitFor(t, 60*time.Second, "the rest", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 60*time.Second, "the rest", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	dups := brokertest.CheckStream(t, rec.Messages(), ids)
 	if dups != 0 {
 		t.Fatalf("%d duplicates after a graceful stop", dups)
@@ -271,7 +273,7 @@ func TestPollingRelayFindsNothingToClaim(t *testing.T) {
 	pgtest.Must(t, r.Start(context.Background()), "start relay")
 	t.Cleanup(func() { _ = r.Stop(context.Background()) })
 	after := e.enqueue(t, 10, 20, 7)
-	waitFor(t, 30*time.Second, "everything published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "everything published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
 	if n := len(pollRec.Messages()); n != 0 || r.Stats().Claimed != 0 {
 		t.Fatalf("the polling relay published %d events (claimed %d)", n, r.Stats().Claimed)
 	}
@@ -289,6 +291,10 @@ func TestStartupChecks(t *testing.T) {
 	pgtest.Must(t, err, "new")
 	if err := second.Start(ctx); !errors.Is(err, cdc.ErrSlotActive) {
 		t.Fatalf("second source on one slot: %v, want ErrSlotActive", err)
+	}
+	// A failed Start is stopped for good (package lifecycle's rule).
+	if err := second.Start(ctx); !errors.Is(err, lifecycle.ErrStopped) {
+		t.Fatalf("Start after a failed Start: %v, want lifecycle.ErrStopped", err)
 	}
 
 	// A schema where a polling relay holds live leases.
@@ -312,5 +318,29 @@ func TestStartupChecks(t *testing.T) {
 	weak := pgtest.Pool(t, u.String(), 2)
 	if err := cdc.Check(ctx, weak, &e.cfg); !errors.Is(err, cdc.ErrReplicationPrivilege) {
 		t.Fatalf("Check as a role without REPLICATION: %v, want ErrReplicationPrivilege", err)
+	}
+}
+
+// Healthy reports a replication stream that cannot reconnect as ErrStreamDown,
+// with why: here the slot was dropped under the running source (ErrSlotMissing).
+func TestHealthyReportsTheStreamDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	src := e.start(t, &brokertest.Recorder{}, e.cfg)
+	if err := src.Healthy(); err != nil {
+		t.Fatalf("Healthy after start = %v", err)
+	}
+	ctx := context.Background()
+	wait.For(t, 30*time.Second, "the slot dropped under the source", func() bool {
+		_, _ = e.pool.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", e.cfg.Slot)
+		_, err := e.pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", e.cfg.Slot)
+		return err == nil
+	})
+	wait.For(t, 30*time.Second, "Healthy to report the stream down for want of its slot", func() bool {
+		h := src.Healthy()
+		return errors.Is(h, cdc.ErrStreamDown) && errors.Is(h, cdc.ErrSlotMissing)
+	})
+	if h := src.Healthy(); errors.Is(h, cdc.ErrDatabaseUnreachable) || errors.Is(h, cdc.ErrBrokerUnreachable) {
+		t.Errorf("Healthy = %v: only the stream is down", h)
 	}
 }

@@ -24,10 +24,19 @@ import (
 // disappeared while the source ran: run Recover.
 var ErrSlotMissing = errors.New("cdc: replication slot does not exist")
 
+// redactedError shows text (the error made fit for logs and Healthy by
+// retry.ErrorText) and unwraps to err, so that errors.Is still matches it.
+type redactedError struct {
+	text string
+	err  error
+}
+
+func (e redactedError) Error() string { return e.text }
+func (e redactedError) Unwrap() error { return e.err }
+
 // stream keeps a replication connection open, reconnecting with backoff, and
 // queues every committed transaction's outbox inserts.
 func (s *Source) stream(ready chan<- error) {
-	defer s.wg.Done()
 	var wait retry.Backoff
 	first := true
 	defer func() {
@@ -41,7 +50,7 @@ func (s *Source) stream(ready chan<- error) {
 				first = false
 				ready <- nil
 			}
-			if s.streamDown.CompareAndSwap(true, false) {
+			if s.streamDown.Swap(nil) != nil {
 				s.log.Info("replication stream up again")
 			}
 			wait.Reset()
@@ -59,7 +68,8 @@ func (s *Source) stream(ready chan<- error) {
 			ready <- err
 			return
 		}
-		if s.streamDown.CompareAndSwap(false, true) {
+		why := error(redactedError{text: retry.ErrorText(err), err: err})
+		if s.streamDown.Swap(&why) == nil {
 			s.log.Warn("replication stream down; reconnecting with backoff", slog.Any("error", err))
 		}
 		t := time.NewTimer(wait.Next())
@@ -110,6 +120,9 @@ func (s *Source) streamOnce(up func()) error {
 				return fmt.Errorf("cdc: send standby status: %w", err)
 			}
 			reported, lastStatus, replyNow = lsn, time.Now(), false
+			if s.cfg.Observer != nil {
+				s.cfg.Observer.PositionConfirmed(Position{LSN: lsn, Lag: s.lag()})
+			}
 			return nil
 		}
 	)
@@ -123,7 +136,7 @@ func (s *Source) streamOnce(up func()) error {
 		default:
 		}
 		since := time.Since(lastStatus)
-		if replyNow || since >= s.cfg.StatusInterval || (s.reportable() > reported && since >= 100*time.Millisecond) {
+		if replyNow || since >= s.cfg.StatusInterval || (s.reportable() > reported && since >= minStatusInterval) {
 			if err := sendStatus(); err != nil {
 				return err
 			}
@@ -131,7 +144,7 @@ func (s *Source) streamOnce(up func()) error {
 		if cur == nil && s.full() {
 			// Back-pressure: stop reading (the server buffers) but keep reporting,
 			// so the server does not time the connection out.
-			t := time.NewTimer(100 * time.Millisecond)
+			t := time.NewTimer(backPressurePoll)
 			select {
 			case <-s.space:
 			case <-t.C:
@@ -140,7 +153,7 @@ func (s *Source) streamOnce(up func()) error {
 			t.Stop()
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		rctx, cancel := context.WithTimeout(ctx, receiveWait)
 		raw, err := conn.ReceiveMessage(rctx)
 		cancel()
 		if err != nil {
@@ -220,9 +233,9 @@ func (s *Source) streamOnce(up func()) error {
 // waitDispatcherIdle gives the dispatcher a moment to settle its last batch so
 // that the final status report covers it.
 func (s *Source) waitDispatcherIdle() {
-	deadline := time.Now().Add(s.cfg.PublishTimeout + 10*time.Second)
+	deadline := time.Now().Add(s.cfg.PublishTimeout + settleGrace)
 	for s.inFlight.Load() && time.Now().Before(deadline) && s.hardCtx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(idlePoll)
 	}
 }
 

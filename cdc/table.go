@@ -1,13 +1,11 @@
 package cdc
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,7 +18,6 @@ import (
 // unpublished events the stream will not send), from the table, in sequence
 // order, and hands each lane back once it caught up.
 func (s *Source) tablePath() {
-	defer s.wg.Done()
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -40,7 +37,7 @@ func (s *Source) tablePath() {
 			default:
 			}
 		}
-		t.Reset(max(time.Until(next), time.Millisecond))
+		t.Reset(max(time.Until(next), minTableWait))
 	}
 }
 
@@ -71,13 +68,45 @@ type tableRow struct {
 
 // round is one pass of the table path over the lanes due now: read each lane's
 // first RunLength unpublished events, publish the prefix that may go, record
-// the outcome, and hand back lanes that have caught up. It reports whether it did anything, and when the next
-// lane comes due.
+// the outcome, and hand back lanes that have caught up. It reports whether it
+// did anything, and when the next lane comes due.
 func (s *Source) round() (progressed bool, next time.Time) {
 	now := time.Now()
-	next = now.Add(s.cfg.PollInterval)
+	picked, next := s.pickDue(now)
+	if len(picked) == 0 {
+		return false, next
+	}
+	rows, ok := s.readLanes(picked)
+	if !ok {
+		return false, next
+	}
+	p, candidates := s.planRound(picked, rows, now)
+	send, ok := s.leaseCandidates(candidates, p, now)
+	if !ok {
+		return false, next
+	}
+	if len(send) > 0 {
+		if !s.publishFromTable(send, p, now) {
+			return false, next
+		}
+		progressed = true
+	}
+	return s.reschedule(picked, p, now, next, progressed)
+}
+
+// roundPlan is what a round found out about the lanes it picked.
+type roundPlan struct {
+	due   map[pgoutbox.Lane]time.Time // lanes to look at again at a set time
+	empty map[pgoutbox.Lane]bool      // lanes without unpublished events: back to the stream
+}
+
+// pickDue returns the lanes due at now (at most BatchSize/RunLength of them, in
+// lane order) and when the first lane not picked comes due (now if some due
+// lanes were left for the next round; at most PollInterval away).
+func (s *Source) pickDue(now time.Time) ([]pgoutbox.Lane, time.Time) {
+	next := now.Add(s.cfg.PollInterval)
 	limit := max(1, s.cfg.BatchSize/s.cfg.RunLength)
-	var picked []lane
+	var picked []pgoutbox.Lane
 	s.mu.Lock()
 	for l, st := range s.blocked {
 		if !st.due.After(now) {
@@ -87,143 +116,165 @@ func (s *Source) round() (progressed bool, next time.Time) {
 		}
 	}
 	s.mu.Unlock()
-	if len(picked) == 0 {
-		return false, next
-	}
 	// Oldest-due first would be fairer; lane order keeps it simple and deterministic.
-	slices.SortFunc(picked, func(a, b lane) int { return cmp.Or(strings.Compare(a.typ, b.typ), strings.Compare(a.id, b.id)) })
+	slices.SortFunc(picked, pgoutbox.Lane.Compare)
 	if len(picked) > limit {
 		next = now
 		picked = picked[:limit]
 	}
+	return picked, next
+}
+
+// readLanes reads the first RunLength unpublished events of each lane. It
+// returns false if the source was hard-stopped first.
+func (s *Source) readLanes(picked []pgoutbox.Lane) ([]tableRow, bool) {
 	types, ids := make([]string, len(picked)), make([]string, len(picked))
 	for i, l := range picked {
-		types[i], ids[i] = l.typ, l.id
+		types[i], ids[i] = l.AggregateType, l.AggregateID
 	}
-
 	var rows []tableRow
-	if !s.retryDB("read owned lanes", func(ctx context.Context) error {
+	ok := s.retryDB("read owned lanes", func(ctx context.Context) error {
 		r, err := s.pool.Query(ctx, s.q.laneRows, types, ids, s.cfg.Owner(), s.cfg.RunLength)
 		if err != nil {
 			return err
 		}
-		rows, err = pgx.CollectRows(r, func(row pgx.CollectableRow) (tableRow, error) {
-			var t tableRow
-			var headers []byte
-			var notBefore *time.Time
-			err := row.Scan(&t.msg.EventID, &t.msg.AggregateType, &t.msg.AggregateID, &t.msg.AggregateSequence,
-				&t.msg.EventType, &t.msg.SchemaVersion, &t.msg.Payload, &headers, &t.msg.OccurredAt,
-				&t.attempts, &t.quarantined, &notBefore, &t.dbNow)
-			if err == nil {
-				if herr := json.Unmarshal(headers, &t.msg.Headers); herr != nil {
-					t.refused = fmt.Errorf("cdc: event %s refused before publishing: headers are not a JSON object of strings: %w", t.msg.EventID, herr)
-				}
-			}
-			if notBefore != nil {
-				t.notBefore = *notBefore
-			}
-			return t, err
-		})
+		rows, err = pgx.CollectRows(r, scanTableRow)
 		return err
-	}) {
-		return false, next
-	}
+	})
+	return rows, ok
+}
 
-	due := map[lane]time.Time{}
-	empty := map[lane]bool{}
+func scanTableRow(row pgx.CollectableRow) (tableRow, error) {
+	var t tableRow
+	var headers []byte
+	var notBefore *time.Time
+	err := row.Scan(&t.msg.EventID, &t.msg.AggregateType, &t.msg.AggregateID, &t.msg.AggregateSequence,
+		&t.msg.EventType, &t.msg.SchemaVersion, &t.msg.Payload, &headers, &t.msg.OccurredAt,
+		&t.attempts, &t.quarantined, &notBefore, &t.dbNow)
+	if err == nil {
+		if herr := json.Unmarshal(headers, &t.msg.Headers); herr != nil {
+			t.refused = fmt.Errorf("cdc: event %s refused before publishing: headers are not a JSON object of strings: %w", t.msg.EventID, herr)
+		}
+	}
+	if notBefore != nil {
+		t.notBefore = *notBefore
+	}
+	return t, err
+}
+
+// planRound goes through each lane's rows in sequence order: the events that
+// may go now are candidates, up to the first quarantined one (which waits for
+// an operator, looked at every PollInterval) or the first still backing off
+// (looked at when its backoff ends).
+func (s *Source) planRound(picked []pgoutbox.Lane, rows []tableRow, now time.Time) (roundPlan, []item) {
+	p := roundPlan{due: map[pgoutbox.Lane]time.Time{}, empty: map[pgoutbox.Lane]bool{}}
 	for _, l := range picked {
-		empty[l] = true
+		p.empty[l] = true
 	}
 	var candidates []item
-	stopped := map[lane]bool{}
+	stopped := map[pgoutbox.Lane]bool{}
 	for i := range rows {
 		r := &rows[i]
 		l := laneOf(&r.msg)
-		empty[l] = false
+		p.empty[l] = false
 		if stopped[l] {
 			continue
 		}
 		switch {
 		case r.quarantined:
-			// Waits for an operator (dlq retry); looked at every PollInterval.
 			stopped[l] = true
-			due[l] = now.Add(s.cfg.PollInterval)
+			p.due[l] = now.Add(s.cfg.PollInterval)
 		case r.notBefore.After(r.dbNow):
 			stopped[l] = true
-			due[l] = now.Add(r.notBefore.Sub(r.dbNow))
+			p.due[l] = now.Add(r.notBefore.Sub(r.dbNow))
 		default:
 			candidates = append(candidates, item{msg: r.msg, attempts: r.attempts, refused: r.refused})
 		}
 	}
+	return p, candidates
+}
 
-	// Take the events (an operator's retry cleared their lease); keep per lane the
-	// prefix actually taken.
-	var send []item
-	if len(candidates) > 0 {
-		cids := make([]pgoutbox.UUID, len(candidates))
-		for i := range candidates {
-			cids[i] = candidates[i].msg.EventID
-		}
-		var got []pgoutbox.UUID
-		if !s.retryDB("lease owned events", func(ctx context.Context) error {
-			r, err := s.pool.Query(ctx, s.q.lease, cids, s.cfg.Owner())
-			if err != nil {
-				return err
-			}
-			got, err = pgx.CollectRows(r, pgx.RowTo[pgoutbox.UUID])
+// leaseCandidates takes the candidates' leases (an operator's retry cleared
+// them) and returns, per lane, the prefix actually taken; a lane cut short is
+// looked at again after PollInterval. It returns false if the source was
+// hard-stopped first.
+func (s *Source) leaseCandidates(candidates []item, p roundPlan, now time.Time) ([]item, bool) {
+	if len(candidates) == 0 {
+		return nil, true
+	}
+	cids := make([]pgoutbox.UUID, len(candidates))
+	for i := range candidates {
+		cids[i] = candidates[i].msg.EventID
+	}
+	var got []pgoutbox.UUID
+	if !s.retryDB("lease owned events", func(ctx context.Context) error {
+		r, err := s.pool.Query(ctx, s.q.lease, cids, s.cfg.Owner())
+		if err != nil {
 			return err
-		}) {
-			return false, next
 		}
-		ok := map[pgoutbox.UUID]bool{}
-		for _, id := range got {
-			ok[id] = true
-		}
-		cut := map[lane]bool{}
-		for _, c := range candidates {
-			l := laneOf(&c.msg)
-			if cut[l] || !ok[c.msg.EventID] {
-				cut[l] = true
-				due[l] = now.Add(s.cfg.PollInterval)
-				continue
-			}
-			send = append(send, c)
-		}
+		got, err = pgx.CollectRows(r, pgx.RowTo[pgoutbox.UUID])
+		return err
+	}) {
+		return nil, false
 	}
-
-	var res settled
-	if len(send) > 0 {
-		results := s.publish(send)
-		var done bool
-		if res, done = s.settle(send, results); !done {
-			return false, next
-		}
-		s.stats.fromTable.Add(int64(res.acked))
-		if res.acked > 0 {
-			poke(s.brokerBack)
-		}
-		for l, delay := range res.failedLanes {
-			due[l] = now.Add(delay)
-		}
-		progressed = true
+	ok := map[pgoutbox.UUID]bool{}
+	for _, id := range got {
+		ok[id] = true
 	}
+	var send []item
+	cut := map[pgoutbox.Lane]bool{}
+	for _, c := range candidates {
+		l := laneOf(&c.msg)
+		if cut[l] || !ok[c.msg.EventID] {
+			cut[l] = true
+			p.due[l] = now.Add(s.cfg.PollInterval)
+			continue
+		}
+		send = append(send, c)
+	}
+	return send, true
+}
 
-	// Lanes without unpublished events may go back to the stream.
-	var back []lane
+// publishFromTable publishes the leased events and settles them; a lane with a
+// failed event comes due when its backoff ends, and an ack wakes a dispatcher
+// pausing for a broker outage. It returns false if the source was hard-stopped
+// before the outcome was recorded.
+func (s *Source) publishFromTable(send []item, p roundPlan, now time.Time) bool {
+	results, took := s.publish(send)
+	res, done := s.settle(PathTable, send, results, took)
+	if !done {
+		return false
+	}
+	s.stats.fromTable.Add(int64(res.acked))
+	if res.acked > 0 {
+		s.brokerBack.Poke()
+	}
+	for l, delay := range res.failedLanes {
+		p.due[l] = now.Add(delay)
+	}
+	return true
+}
+
+// reschedule sets when each picked lane is looked at next (at once for a lane
+// that published a run and has more), hands lanes without unpublished events
+// back to the stream, and returns whether the round did anything and when the
+// next lane comes due.
+func (s *Source) reschedule(picked []pgoutbox.Lane, p roundPlan, now, next time.Time, progressed bool) (bool, time.Time) {
+	var back []pgoutbox.Lane
 	for _, l := range picked {
-		if empty[l] {
+		if p.empty[l] {
 			back = append(back, l)
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for l, at := range due {
+	for l, at := range p.due {
 		if st := s.blocked[l]; st != nil {
 			st.due = at
 		}
 	}
 	for _, l := range picked {
-		if _, set := due[l]; !set && !empty[l] {
+		if _, set := p.due[l]; !set && !p.empty[l] {
 			if st := s.blocked[l]; st != nil {
 				st.due = now // published a run: look for more at once
 			}
@@ -246,21 +297,21 @@ func (s *Source) round() (progressed bool, next time.Time) {
 // s.mu throughout, so the dispatcher cannot skip a further event of such a lane
 // between the check and the hand-back: events it sees afterwards are newer than
 // anything the table path published, and go out from the stream in order.
-func (s *Source) unblockLocked(lanes []lane) int {
+func (s *Source) unblockLocked(lanes []pgoutbox.Lane) int {
 	types, ids, seen := make([]string, len(lanes)), make([]string, len(lanes)), make([]int64, len(lanes))
 	for i, l := range lanes {
-		types[i], ids[i], seen[i] = l.typ, l.id, s.blocked[l].seen
+		types[i], ids[i], seen[i] = l.AggregateType, l.AggregateID, s.blocked[l].seen
 	}
-	ctx, cancel := context.WithTimeout(s.hardCtx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(s.hardCtx, StatementTimeout)
 	defer cancel()
 	r, err := s.pool.Query(ctx, s.q.unblockable, types, ids, seen)
 	if err != nil {
 		s.log.Debug("could not hand lanes back to the stream", slog.Any("error", err))
 		return 0
 	}
-	back, err := pgx.CollectRows(r, func(row pgx.CollectableRow) (lane, error) {
-		var l lane
-		return l, row.Scan(&l.typ, &l.id)
+	back, err := pgx.CollectRows(r, func(row pgx.CollectableRow) (pgoutbox.Lane, error) {
+		var l pgoutbox.Lane
+		return l, row.Scan(&l.AggregateType, &l.AggregateID)
 	})
 	if err != nil {
 		s.log.Debug("could not hand lanes back to the stream", slog.Any("error", err))

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/pgoutbox/cdc"
+	"github.com/pgoutbox/pgoutbox/cdc/cdcprom"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -89,12 +90,21 @@ func runRelayCDC(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 		return err
 	}
 	defer closeBroker()
+	var reg *prometheus.Registry
+	if f.metricsAddr != "" {
+		reg = prometheus.NewRegistry()
+		m, err := cdcprom.New(reg)
+		if err != nil {
+			return err
+		}
+		cfg.Observer = m
+	}
 	src, err := cdc.New(pool, pub, &cfg)
 	if err != nil {
 		return usageError{err}
 	}
 	if f.metricsAddr != "" {
-		stop, err := serveCDCMetrics(f.metricsAddr, src, logger)
+		stop, err := serveCDCMetrics(f.metricsAddr, reg, src, logger)
 		if err != nil {
 			return err
 		}
@@ -167,9 +177,9 @@ func openCDCPool(ctx context.Context, db *dbFlags) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// serveCDCMetrics serves /metrics (the CDC source's collector) and /healthz.
-func serveCDCMetrics(addr string, src *cdc.Source, logger *slog.Logger) (func(), error) {
-	reg := prometheus.NewRegistry()
+// serveCDCMetrics serves /metrics (reg, which holds cdcprom's metrics, and the
+// CDC source's collector) and /healthz.
+func serveCDCMetrics(addr string, reg *prometheus.Registry, src *cdc.Source, logger *slog.Logger) (func(), error) {
 	if err := reg.Register(src.Collector()); err != nil {
 		return nil, err
 	}

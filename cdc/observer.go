@@ -1,0 +1,150 @@
+package cdc
+
+import (
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+// Observer is told what a CDC source does, for metrics (package cdc/cdcprom
+// implements it for Prometheus). Set it as Config.Observer; nil observes nothing.
+//
+// Its methods are called on the source's hot path, from the dispatcher and the
+// table path concurrently, once per settled batch and once per status report to
+// the server. They must be safe for concurrent use, cheap, and must never block:
+// a slow observer slows publishing. They must not keep the slices they receive
+// after returning.
+type Observer interface {
+	// BatchSettled is called once the outcome of a published batch was
+	// recorded in the database: acked events are marked published, failed ones
+	// scheduled for retry or quarantined. A batch whose outcome could not be
+	// recorded (a hard stop came first) is not reported; the restart publishes
+	// it again.
+	BatchSettled(b SettledBatch)
+
+	// PositionConfirmed is called after each standby status report sent to the
+	// server: the slot's confirmed position moved to (or stayed at) p.LSN.
+	PositionConfirmed(p Position)
+}
+
+// Path is where a batch came from.
+type Path uint8
+
+const (
+	// PathStream: events received from the replication slot.
+	PathStream Path = iota + 1
+	// PathTable: events of lanes the table path owns (after a failure, or a
+	// backfill), read from the outbox table.
+	PathTable
+)
+
+// String returns "stream" or "table".
+func (p Path) String() string {
+	switch p {
+	case PathStream:
+		return "stream"
+	case PathTable:
+		return "table"
+	}
+	return "unknown"
+}
+
+// SettledBatch describes one published and settled batch.
+type SettledBatch struct {
+	// Path is where the batch's events came from.
+	Path Path
+	// Events holds one outcome per event handed to the broker.
+	Events []EventOutcome
+	// PublishDuration is how long the broker took to answer for the whole batch.
+	PublishDuration time.Duration
+	// SettleDuration is how long recording the outcomes took.
+	SettleDuration time.Duration
+}
+
+// Result is what became of one event of a batch.
+type Result uint8
+
+const (
+	// ResultPublished: the broker acknowledged the event; it is marked published.
+	ResultPublished Result = iota + 1
+	// ResultFailed: the publish failed; the event is retried after a backoff by
+	// the table path.
+	ResultFailed
+	// ResultQuarantined: the publish failed and the event is quarantined: its
+	// error is permanent or it reached Config.MaxAttempts.
+	ResultQuarantined
+	// ResultHeld: the event was not attempted because an earlier event of its
+	// aggregate failed; it is left as it is, and the table path publishes it
+	// after its predecessor.
+	ResultHeld
+)
+
+// String returns "published", "failed", "quarantined" or "held".
+func (r Result) String() string {
+	switch r {
+	case ResultPublished:
+		return "published"
+	case ResultFailed:
+		return "failed"
+	case ResultQuarantined:
+		return "quarantined"
+	case ResultHeld:
+		return "held"
+	}
+	return "unknown"
+}
+
+// FailureReason classifies a failed publish, as the broker adapter marked it.
+type FailureReason string
+
+const (
+	// ReasonPermanent: the broker refused the message and will refuse it again
+	// (broker.Permanent). The event is quarantined at once.
+	ReasonPermanent FailureReason = "permanent"
+	// ReasonUnavailable: the broker was unreachable, did not answer in time, or
+	// refused the source's configuration (broker.Unavailable). Never counts
+	// towards quarantine.
+	ReasonUnavailable FailureReason = "unavailable"
+	// ReasonError: any other error; quarantined after Config.MaxAttempts.
+	ReasonError FailureReason = "error"
+)
+
+// ClassifyFailure returns the reason class of a publish error.
+func ClassifyFailure(err error) FailureReason {
+	switch {
+	case broker.IsPermanent(err):
+		return ReasonPermanent
+	case broker.IsUnavailable(err):
+		return ReasonUnavailable
+	}
+	return ReasonError
+}
+
+// EventOutcome is the outcome of one event of a settled batch.
+type EventOutcome struct {
+	EventID       pgoutbox.UUID
+	AggregateType string
+	EventType     string
+	// Result is what became of the event.
+	Result Result
+	// Attempt is the number of this publish attempt, from 1 (attempt_count
+	// after it), for published, failed and quarantined events; 0 for held ones.
+	Attempt int
+	// Reason classifies Err, for failed and quarantined events.
+	Reason FailureReason
+	// Err is the publish error, for failed and quarantined events.
+	Err error
+}
+
+// Position is the slot's position as last reported to the server.
+type Position struct {
+	// LSN is the confirmed position: everything before it is settled, and the
+	// server may recycle the WAL before it.
+	LSN pglogrepl.LSN
+	// Lag is the age of the oldest transaction received from the slot and not
+	// yet settled (0 when everything received is settled).
+	Lag time.Duration
+}
