@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -253,17 +254,6 @@ func startRelay(t *testing.T, e *dlqEnv, pub broker.Publisher) {
 	})
 }
 
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func equal(a, b []int64) bool { return fmt.Sprint(a) == fmt.Sprint(b) }
 
 // Acceptance: skipping a quarantined event moves its lane on at once (the relay is
@@ -279,7 +269,7 @@ func TestSkipMovesTheLaneOnWithARelay(t *testing.T) {
 	rec.poison[bad] = true
 	startRelay(t, e, rec)
 
-	waitFor(t, 20*time.Second, "sequence 2 to be quarantined", func() bool {
+	wait.For(t, 20*time.Second, "sequence 2 to be quarantined", func() bool {
 		return e.count("outbox_events", "quarantined_at IS NOT NULL") == 1
 	})
 	if got := rec.sequences("o1"); !equal(got, []int64{1}) {
@@ -293,7 +283,7 @@ func TestSkipMovesTheLaneOnWithARelay(t *testing.T) {
 		skipped[0].AttemptCount != 1 || skipped[0].LastError != "refused: o1" {
 		t.Fatalf("skip returned %+v", skipped)
 	}
-	waitFor(t, 20*time.Second, "the lane's next event to be published", func() bool {
+	wait.For(t, 20*time.Second, "the lane's next event to be published", func() bool {
 		return e.count("outbox_events", "published_at IS NULL") == 0
 	})
 	if got := rec.sequences("o1"); !equal(got, []int64{1, 3}) {
@@ -328,7 +318,7 @@ func TestRetryReleasesLanesInOrder(t *testing.T) {
 	rec.poison[evs["o2"][0]] = true
 	startRelay(t, e, rec)
 
-	waitFor(t, 20*time.Second, "two lane heads quarantined and the third lane published", func() bool {
+	wait.For(t, 20*time.Second, "two lane heads quarantined and the third lane published", func() bool {
 		return e.count("outbox_events", "quarantined_at IS NOT NULL") == 2 && e.count("outbox_events", "published_at IS NOT NULL") == 4
 	})
 	if _, err := e.admin.RetryWhere(ctx, admin.Filter{Limit: 5}); !errors.Is(err, admin.ErrNoFilter) {
@@ -342,7 +332,7 @@ func TestRetryReleasesLanesInOrder(t *testing.T) {
 	if !sameIDs(got, evs["o1"][:1]) {
 		t.Fatalf("retried %v, want o1's head", got)
 	}
-	waitFor(t, 20*time.Second, "o1's lane to be published", func() bool {
+	wait.For(t, 20*time.Second, "o1's lane to be published", func() bool {
 		return e.count("outbox_events", "aggregate_id = 'o1' AND published_at IS NULL") == 0
 	})
 	if s := rec.sequences("o1"); !equal(s, []int64{1, 2, 3, 4}) {
@@ -357,7 +347,7 @@ func TestRetryReleasesLanesInOrder(t *testing.T) {
 	if !sameIDs(got, evs["o2"][:1]) {
 		t.Fatalf("RetryAll retried %v, want o2's head", got)
 	}
-	waitFor(t, 20*time.Second, "everything to be published", func() bool {
+	wait.For(t, 20*time.Second, "everything to be published", func() bool {
 		return e.count("outbox_events", "published_at IS NULL") == 0
 	})
 	if s := rec.sequences("o2"); !equal(s, []int64{1, 2, 3, 4}) {
