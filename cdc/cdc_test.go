@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -20,25 +19,14 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
-// TestMain gives the package a database of its own. Logical decoding reads every
-// change of its database, and a table that another package's test creates while a
-// slot here builds its snapshot can make that slot's decoding fail for good
-// ("could not map filenode ... to relation OID"); changes of other databases are
-// skipped before that lookup.
+// TestMain runs the package's tests on a throwaway cluster of their own with
+// wal_level = logical (the shared server may have PostgreSQL's defaults). Logical
+// decoding reads every change of its database, and a table that another package's
+// test creates while a slot here builds its snapshot can make that slot's
+// decoding fail for good ("could not map filenode ... to relation OID"): on a
+// cluster of its own no other package's test runs.
 func TestMain(m *testing.M) {
-	dbURL, drop, err := pgtest.CreateDatabase("pgoutbox_cdc_test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Setenv("PGOUTBOX_TEST_DATABASE_URL", dbURL)
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		if err := drop(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = max(code, 1)
-		}
-		os.Exit(code)
-	}))
+	goleak.VerifyTestMain(pgtest.MainLogical(m))
 }
 
 // env is a migrated schema with a slot and publication of its own; both are

@@ -14,7 +14,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(pgtest.Main(m)) }
 
 func TestUpTwiceIsNoOp(t *testing.T) {
 	t.Parallel()

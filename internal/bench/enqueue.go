@@ -117,209 +117,279 @@ func (sp enqueueSpec) label() string {
 	return l
 }
 
+// enqueue runs the enqueue scenario: the producers' cells in interleaved rounds,
+// then the two cells with a relay running.
 func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
-	c := r.cfg
 	s, err := r.newSchema(ctx, "enqueue")
 	if err != nil {
 		return nil, err
 	}
 	defer r.dropSchema(s)
-	orders := pgx.Identifier{s.name, "orders"}.Sanitize()
-	floor := pgx.Identifier{s.name, "floor_events"}.Sanitize()
-	if _, err := r.admin.Exec(ctx, "CREATE TABLE "+orders+" (id bigint PRIMARY KEY, customer text NOT NULL, total_cents int NOT NULL); "+
-		"CREATE TABLE "+floor+" (id bigint PRIMARY KEY, payload jsonb NOT NULL)"); err != nil {
-		return nil, fmt.Errorf("create business tables: %w", err)
-	}
-	prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: s.name})
+	e, err := r.newEnqueueBench(ctx, s)
 	if err != nil {
 		return nil, err
 	}
-	pools := map[bool]*pgxpool.Pool{}
-	for _, notify := range []bool{true, false} {
-		pc, err := pgxpool.ParseConfig(c.DatabaseURL)
-		if err != nil {
-			return nil, err
-		}
-		pc.MaxConns, pc.MinConns = 16, 16
-		if !notify {
-			pc.ConnConfig.RuntimeParams["pgoutbox.notify"] = "off"
-		}
-		p, err := pgxpool.NewWithConfig(ctx, pc)
-		if err != nil {
-			return nil, fmt.Errorf("connect producers: %w", err)
-		}
-		defer p.Close()
-		pools[notify] = p
+	defer e.close()
+	if err := e.phase(ctx, enqueueSpecs(), nil); err != nil {
+		return e.res, err
 	}
-	payload := map[string]any{"customer": "c-42", "total_cents": 1999, "pad": string(make([]byte, 0))}
-	if pad := c.PayloadBytes - 50; pad > 0 {
-		b := make([]byte, pad)
-		for i := range b {
-			b[i] = 'x'
-		}
-		payload["pad"] = string(b)
+	if err := e.relayPhase(ctx); err != nil {
+		return e.res, err
 	}
-	var next atomic.Int64
-	tx1 := func(pool *pgxpool.Pool, sp enqueueSpec) error {
-		id := next.Add(1)
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if sp.batched || sp.floor {
-				b := &pgx.Batch{}
-				b.Queue("INSERT INTO "+orders+" VALUES ($1, 'c-42', 1999)", id)
-				if sp.floor {
-					// Encoded per transaction, as the producer encodes each event.
-					doc, err := json.Marshal(payload)
-					if err != nil {
-						return err
-					}
-					b.Queue("INSERT INTO "+floor+" VALUES ($1, $2)", id, string(doc))
-				} else if _, err := prod.QueueTx(ctx, b, pgoutbox.Event{AggregateType: "order", AggregateID: strconv.FormatInt(id, 10),
-					EventType: "order.placed", Payload: payload}); err != nil {
-					return err
-				}
-				return tx.SendBatch(ctx, b).Close()
-			}
-			if _, err := tx.Exec(ctx, "INSERT INTO "+orders+" VALUES ($1, 'c-42', 1999)", id); err != nil {
-				return err
-			}
-			if sp.outbox {
-				_, err := prod.EnqueueTx(ctx, tx, pgoutbox.Event{AggregateType: "order", AggregateID: strconv.FormatInt(id, 10),
-					EventType: "order.placed", Payload: payload})
-				return err
-			}
-			return nil
-		})
-	}
-	// slice runs sp for d and adds what it measured to cell.
-	slice := func(sp enqueueSpec, d time.Duration, cell *EnqueueCell, hist *hdrhistogram.Histogram, round string, procs []*relayProc) error {
-		pool := pools[sp.notify]
-		label := sp.label()
-		r.prog.step("enqueue%s: %s", round, label)
-		// Warm every connection's statement cache before timing.
-		for range sp.producers {
-			if err := tx1(pool, sp); err != nil {
-				return fmt.Errorf("%s: warm-up: %w", label, err)
-			}
-		}
-		var commits atomic.Int64
-		hists := make([]*hdrhistogram.Histogram, sp.producers)
-		errs := make([]error, sp.producers)
-		start := time.Now()
-		stop := start.Add(d)
-		var wg sync.WaitGroup
-		for i := range sp.producers {
-			hists[i] = hdrhistogram.New(1, 60_000_000, 3)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for time.Now().Before(stop) && ctx.Err() == nil {
-					t := time.Now()
-					if err := tx1(pool, sp); err != nil {
-						errs[i] = err
-						return
-					}
-					_ = hists[i].RecordValue(time.Since(t).Microseconds())
-					commits.Add(1)
-				}
-			}()
-		}
-		for done := false; !done; {
-			select {
-			case <-time.After(250 * time.Millisecond):
-				el := time.Since(start)
-				r.prog.update("enqueue%s: %s: %.0f commits/s (%.0fs left)", round, label, float64(commits.Load())/el.Seconds(),
-					max(0, (d-el).Seconds()))
-				done = el >= d
-			case <-ctx.Done():
-				done = true
-			}
-		}
-		wg.Wait()
-		el := time.Since(start)
-		for _, err := range errs {
-			if err != nil {
-				return fmt.Errorf("%s: %w", label, err)
-			}
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err := sampleAll(procs); err != nil {
-			return err
-		}
-		for _, x := range hists {
-			hist.Merge(x)
-		}
-		n := commits.Load()
-		cell.Commits += n
-		cell.Seconds += el.Seconds()
-		cell.RoundCommitsPerSec = append(cell.RoundCommitsPerSec, round2(float64(n)/el.Seconds()))
-		return nil
-	}
-	// phase runs specs in c.EnqueueRounds interleaved rounds, each from empty tables.
-	res := &EnqueueResult{Method: enqueueMethod, DurationS: c.Duration.Seconds(), Rounds: c.EnqueueRounds}
-	phase := func(specs []enqueueSpec, procs []*relayProc) error {
-		cells := make([]EnqueueCell, len(specs))
-		hists := make([]*hdrhistogram.Histogram, len(specs))
-		for i, sp := range specs {
-			cells[i] = EnqueueCell{Producers: sp.producers, Outbox: sp.outbox, Batched: sp.batched, Floor: sp.floor, Notify: sp.notify, Relay: sp.relay}
-			hists[i] = hdrhistogram.New(1, 60_000_000, 3)
-		}
-		d := c.Duration / time.Duration(c.EnqueueRounds)
-		for round := range c.EnqueueRounds {
-			if _, err := r.admin.Exec(ctx, "TRUNCATE "+s.events+", "+s.seqs+", "+orders+", "+floor); err != nil {
-				return fmt.Errorf("empty the tables: %w", err)
-			}
-			tag := ""
-			if c.EnqueueRounds > 1 {
-				tag = fmt.Sprintf(" (round %d/%d)", round+1, c.EnqueueRounds)
-			}
-			for i, sp := range specs {
-				if err := slice(sp, d, &cells[i], hists[i], tag, procs); err != nil {
-					return err
-				}
-			}
-		}
-		for i := range cells {
-			cl := &cells[i]
-			cl.CommitsPerSec = round2(float64(cl.Commits) / cl.Seconds)
-			cl.Seconds = round3(cl.Seconds)
-			cl.P50Ms = round3(float64(hists[i].ValueAtQuantile(50)) / 1000)
-			cl.P99Ms = round3(float64(hists[i].ValueAtQuantile(99)) / 1000)
-		}
-		res.Cells = append(res.Cells, cells...)
-		return nil
-	}
+	e.res.Ratios = e.res.ratios()
+	return e.res, nil
+}
 
+// enqueueSpecs are the cells without a relay: for 1 and 16 producers, no
+// outbox, the outbox with NOTIFY on and off, batched, and the floor.
+func enqueueSpecs() []enqueueSpec {
 	var specs []enqueueSpec
 	for _, n := range []int{1, 16} {
 		specs = append(specs, enqueueSpec{producers: n, notify: true}, enqueueSpec{producers: n, outbox: true, notify: true},
 			enqueueSpec{producers: n, outbox: true}, enqueueSpec{producers: n, outbox: true, batched: true, notify: true},
 			enqueueSpec{producers: n, floor: true, notify: true})
 	}
-	if err := phase(specs, nil); err != nil {
-		return res, err
+	return specs
+}
+
+// enqueueBench is one run of the enqueue scenario: its schema's business
+// tables, the producer, and a pool of producer connections per NOTIFY setting.
+type enqueueBench struct {
+	r       *Runner
+	s       *outboxSchema
+	orders  string // the business table
+	floor   string // the floor cells' table: a primary key and the payload
+	prod    *pgoutbox.Producer
+	pools   map[bool]*pgxpool.Pool // by NOTIFY on
+	payload map[string]any
+	next    atomic.Int64 // the last business row's id
+	res     *EnqueueResult
+}
+
+// newEnqueueBench creates the business tables in s and connects the producers.
+func (r *Runner) newEnqueueBench(ctx context.Context, s *outboxSchema) (*enqueueBench, error) {
+	c := r.cfg
+	e := &enqueueBench{r: r, s: s, orders: pgx.Identifier{s.name, "orders"}.Sanitize(), floor: pgx.Identifier{s.name, "floor_events"}.Sanitize(),
+		pools: map[bool]*pgxpool.Pool{}, res: &EnqueueResult{Method: enqueueMethod, DurationS: c.Duration.Seconds(), Rounds: c.EnqueueRounds}}
+	if _, err := r.admin.Exec(ctx, "CREATE TABLE "+e.orders+" (id bigint PRIMARY KEY, customer text NOT NULL, total_cents int NOT NULL); "+
+		"CREATE TABLE "+e.floor+" (id bigint PRIMARY KEY, payload jsonb NOT NULL)"); err != nil {
+		return nil, fmt.Errorf("create business tables: %w", err)
 	}
-	null, err := r.broker(ctx, "null")
+	var err error
+	if e.prod, err = pgoutbox.NewProducer(&pgoutbox.Config{Schema: s.name}); err != nil {
+		return nil, err
+	}
+	for _, notify := range []bool{true, false} {
+		p, err := r.producerPool(ctx, 16, notify)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.pools[notify] = p
+	}
+	e.payload = map[string]any{"customer": "c-42", "total_cents": 1999, "pad": string(make([]byte, 0))}
+	if pad := c.PayloadBytes - 50; pad > 0 {
+		b := make([]byte, pad)
+		for i := range b {
+			b[i] = 'x'
+		}
+		e.payload["pad"] = string(b)
+	}
+	return e, nil
+}
+
+// producerPool opens conns producer connections, with pgoutbox.notify off
+// unless notify.
+func (r *Runner) producerPool(ctx context.Context, conns int, notify bool) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(r.cfg.DatabaseURL)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	procs, err := r.startRelays(ctx, 1, relayOpts{schema: s.name, broker: null})
+	pc.MaxConns, pc.MinConns = int32(conns), int32(conns)
+	if !notify {
+		pc.ConnConfig.RuntimeParams["pgoutbox.notify"] = "off"
+	}
+	p, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect producers: %w", err)
+	}
+	return p, nil
+}
+
+// close closes the producers' pools.
+func (e *enqueueBench) close() {
+	for _, notify := range []bool{false, true} {
+		if p := e.pools[notify]; p != nil {
+			p.Close()
+		}
+	}
+}
+
+// tx1 commits one business transaction as sp says: the business row, and the
+// event (EnqueueTx, or QueueTx in the INSERT's round trip) or the floor's row.
+func (e *enqueueBench) tx1(ctx context.Context, pool *pgxpool.Pool, sp enqueueSpec) error {
+	id := e.next.Add(1)
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if sp.batched || sp.floor {
+			b := &pgx.Batch{}
+			b.Queue("INSERT INTO "+e.orders+" VALUES ($1, 'c-42', 1999)", id)
+			if sp.floor {
+				// Encoded per transaction, as the producer encodes each event.
+				doc, err := json.Marshal(e.payload)
+				if err != nil {
+					return err
+				}
+				b.Queue("INSERT INTO "+e.floor+" VALUES ($1, $2)", id, string(doc))
+			} else if _, err := e.prod.QueueTx(ctx, b, pgoutbox.Event{AggregateType: "order", AggregateID: strconv.FormatInt(id, 10),
+				EventType: "order.placed", Payload: e.payload}); err != nil {
+				return err
+			}
+			return tx.SendBatch(ctx, b).Close()
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+e.orders+" VALUES ($1, 'c-42', 1999)", id); err != nil {
+			return err
+		}
+		if sp.outbox {
+			_, err := e.prod.EnqueueTx(ctx, tx, pgoutbox.Event{AggregateType: "order", AggregateID: strconv.FormatInt(id, 10),
+				EventType: "order.placed", Payload: e.payload})
+			return err
+		}
+		return nil
+	})
+}
+
+// slice runs sp for d and adds what it measured to cell and hist; procs are
+// the relays running meanwhile, sampled at the end.
+func (e *enqueueBench) slice(ctx context.Context, sp enqueueSpec, d time.Duration, cell *EnqueueCell, hist *hdrhistogram.Histogram, round string, procs []*relayProc) error {
+	pool := e.pools[sp.notify]
+	label := sp.label()
+	e.r.prog.step("enqueue%s: %s", round, label)
+	// Warm every connection's statement cache before timing.
+	for range sp.producers {
+		if err := e.tx1(ctx, pool, sp); err != nil {
+			return fmt.Errorf("%s: warm-up: %w", label, err)
+		}
+	}
+	var commits atomic.Int64
+	hists := make([]*hdrhistogram.Histogram, sp.producers)
+	errs := make([]error, sp.producers)
+	start := time.Now()
+	stop := start.Add(d)
+	var wg sync.WaitGroup
+	for i := range sp.producers {
+		hists[i] = hdrhistogram.New(1, 60_000_000, 3)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stop) && ctx.Err() == nil {
+				t := time.Now()
+				if err := e.tx1(ctx, pool, sp); err != nil {
+					errs[i] = err
+					return
+				}
+				_ = hists[i].RecordValue(time.Since(t).Microseconds())
+				commits.Add(1)
+			}
+		}()
+	}
+	e.showProgress(ctx, label, round, start, d, &commits)
+	wg.Wait()
+	el := time.Since(start)
+	for _, err := range errs {
+		if err != nil {
+			return fmt.Errorf("%s: %w", label, err)
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err := sampleAll(procs); err != nil {
+		return err
+	}
+	for _, x := range hists {
+		hist.Merge(x)
+	}
+	n := commits.Load()
+	cell.Commits += n
+	cell.Seconds += el.Seconds()
+	cell.RoundCommitsPerSec = append(cell.RoundCommitsPerSec, round2(float64(n)/el.Seconds()))
+	return nil
+}
+
+// showProgress reports the slice's commits/s every 250ms until d has passed
+// since start or ctx ends.
+func (e *enqueueBench) showProgress(ctx context.Context, label, round string, start time.Time, d time.Duration, commits *atomic.Int64) {
+	for done := false; !done; {
+		select {
+		case <-time.After(250 * time.Millisecond):
+			el := time.Since(start)
+			e.r.prog.update("enqueue%s: %s: %.0f commits/s (%.0fs left)", round, label, float64(commits.Load())/el.Seconds(),
+				max(0, (d-el).Seconds()))
+			done = el >= d
+		case <-ctx.Done():
+			done = true
+		}
+	}
+}
+
+// phase runs specs in EnqueueRounds interleaved rounds, each from empty tables,
+// and adds their cells to the result.
+func (e *enqueueBench) phase(ctx context.Context, specs []enqueueSpec, procs []*relayProc) error {
+	c := e.r.cfg
+	cells := make([]EnqueueCell, len(specs))
+	hists := make([]*hdrhistogram.Histogram, len(specs))
+	for i, sp := range specs {
+		cells[i] = EnqueueCell{Producers: sp.producers, Outbox: sp.outbox, Batched: sp.batched, Floor: sp.floor, Notify: sp.notify, Relay: sp.relay}
+		hists[i] = hdrhistogram.New(1, 60_000_000, 3)
+	}
+	d := c.Duration / time.Duration(c.EnqueueRounds)
+	for round := range c.EnqueueRounds {
+		if _, err := e.r.admin.Exec(ctx, "TRUNCATE "+e.s.events+", "+e.s.seqs+", "+e.orders+", "+e.floor); err != nil {
+			return fmt.Errorf("empty the tables: %w", err)
+		}
+		tag := ""
+		if c.EnqueueRounds > 1 {
+			tag = fmt.Sprintf(" (round %d/%d)", round+1, c.EnqueueRounds)
+		}
+		for i, sp := range specs {
+			if err := e.slice(ctx, sp, d, &cells[i], hists[i], tag, procs); err != nil {
+				return err
+			}
+		}
+	}
+	for i := range cells {
+		cl := &cells[i]
+		cl.CommitsPerSec = round2(float64(cl.Commits) / cl.Seconds)
+		cl.Seconds = round3(cl.Seconds)
+		cl.P50Ms = round3(float64(hists[i].ValueAtQuantile(50)) / 1000)
+		cl.P99Ms = round3(float64(hists[i].ValueAtQuantile(99)) / 1000)
+	}
+	e.res.Cells = append(e.res.Cells, cells...)
+	return nil
+}
+
+// relayPhase runs the two cells of 16 producers (NOTIFY on and off) while one
+// relay (null broker) drains the outbox, and records the relay's RSS.
+func (e *enqueueBench) relayPhase(ctx context.Context) error {
+	null, err := e.r.broker(ctx, "null")
+	if err != nil {
+		return err
+	}
+	procs, err := e.r.startRelays(ctx, 1, relayOpts{schema: e.s.name, broker: null})
 	defer func() { _ = stopRelays(procs) }()
 	if err != nil {
-		return res, err
+		return err
 	}
-	if err := phase([]enqueueSpec{{producers: 16, outbox: true, notify: true, relay: true}, {producers: 16, outbox: true, relay: true}}, procs); err != nil {
-		return res, err
+	if err := e.phase(ctx, []enqueueSpec{{producers: 16, outbox: true, notify: true, relay: true}, {producers: 16, outbox: true, relay: true}}, procs); err != nil {
+		return err
 	}
 	if err := stopRelays(procs); err != nil {
-		return res, err
+		return err
 	}
-	res.RelayRSS = rssOf(procs)
-	res.MaxRSSMiB = maxRSSMiB(res.RelayRSS)
+	e.res.RelayRSS = rssOf(procs)
+	e.res.MaxRSSMiB = maxRSSMiB(e.res.RelayRSS)
 	procs = nil
-	res.Ratios = res.ratios()
-	return res, nil
+	return nil
 }
 
 // ratios compares the cells round by round.

@@ -101,8 +101,10 @@ func (r *Runner) latency(ctx context.Context) (*LatencyResult, error) {
 	return res, nil
 }
 
+// latencyOnce measures one mode (notify, poll or cdc) in a schema of its own:
+// subscribe, start the relay, offer the rate on an open-loop schedule, wait
+// for every event to arrive, and fold the latencies into a run.
 func (r *Runner) latencyOnce(ctx context.Context, b *brokerEnv, mode string) (*LatencyRun, error) {
-	c := r.cfg
 	s, err := r.newSchema(ctx, "latency")
 	if err != nil {
 		return nil, err
@@ -111,20 +113,105 @@ func (r *Runner) latencyOnce(ctx context.Context, b *brokerEnv, mode string) (*L
 	if err := b.reset(ctx); err != nil {
 		return nil, err
 	}
-	poll, isCDC := mode == "poll", mode == SourceCDC
-	n := max(1, int(float64(c.Rate)*c.Duration.Seconds()))
-	ids := make([]pgoutbox.UUID, n)
-	index := make(map[pgoutbox.UUID]int, n)
-	for i := range ids {
-		ids[i] = pgoutbox.NewEventID()
-		index[ids[i]] = i
+	p, err := r.newLatencyProbe(s, b, mode)
+	if err != nil {
+		return nil, err
 	}
-	committed := make([]atomic.Int64, n) // unix ns when COMMIT returned
-	seen := make([]atomic.Int64, n)      // unix ns when the subscriber got it
-	var received atomic.Int64
-
 	// Subscribe before anything is published.
-	stream, err := b.js.Stream(ctx, b.stream)
+	cc, err := p.subscribe(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cc.Stop()
+
+	r.prog.step("latency (%s): starting a relay", mode)
+	if p.isCDC {
+		p.o.cdcSlot = newCDCSlot(s.name)
+		defer r.cleanupCDC(&p.procs, s.name, p.o.cdcSlot) // registered before the relay may create the slot
+	}
+	if p.procs, err = r.startRelays(ctx, 1, p.o); err != nil {
+		return nil, err
+	}
+	defer stopRelays(p.procs)
+	if p.isCDC {
+		if err := r.waitSlotActive(ctx, p.o.cdcSlot, p.procs); err != nil {
+			return nil, err
+		}
+	}
+
+	// Enough connections that slow commits (fsync on a busy disk) do not cap the
+	// offered rate: about 40 ms of commits in flight at the rate asked.
+	p.producers = min(64, max(8, r.cfg.Rate/25))
+	if p.pool, err = r.producerPool(ctx, p.producers, !p.poll && !p.isCDC); err != nil {
+		return nil, err
+	}
+	defer p.pool.Close()
+	if err := p.warmUp(ctx); err != nil {
+		return nil, err
+	}
+	produced, err := p.offer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.awaitAll(ctx); err != nil {
+		return nil, err
+	}
+	if err := stopRelays(p.procs); err != nil {
+		return nil, err
+	}
+	return p.result(produced), nil
+}
+
+// latencyProbe is one latency run: the events it offers, when each committed
+// and when each was seen on the stream.
+type latencyProbe struct {
+	r           *Runner
+	b           *brokerEnv
+	mode        string
+	poll, isCDC bool
+	o           relayOpts
+	procs       []*relayProc
+	producers   int
+	pool        *pgxpool.Pool
+	prod        *pgoutbox.Producer
+	payload     map[string]any
+
+	n         int
+	ids       []pgoutbox.UUID
+	index     map[pgoutbox.UUID]int
+	committed []atomic.Int64 // unix ns when COMMIT returned
+	seen      []atomic.Int64 // unix ns when the subscriber got it
+	received  atomic.Int64
+	lagMax    atomic.Int64 // ns: the worst commit behind its schedule
+}
+
+// newLatencyProbe makes the run's event ids, its producer and its payload.
+func (r *Runner) newLatencyProbe(s *outboxSchema, b *brokerEnv, mode string) (*latencyProbe, error) {
+	c := r.cfg
+	n := max(1, int(float64(c.Rate)*c.Duration.Seconds()))
+	p := &latencyProbe{r: r, b: b, mode: mode, poll: mode == "poll", isCDC: mode == SourceCDC, n: n,
+		ids: make([]pgoutbox.UUID, n), index: make(map[pgoutbox.UUID]int, n),
+		committed: make([]atomic.Int64, n), seen: make([]atomic.Int64, n)}
+	p.o = relayOpts{schema: s.name, broker: b, noNotify: p.poll}
+	for i := range p.ids {
+		p.ids[i] = pgoutbox.NewEventID()
+		p.index[p.ids[i]] = i
+	}
+	var err error
+	if p.prod, err = pgoutbox.NewProducer(&pgoutbox.Config{Schema: s.name}); err != nil {
+		return nil, err
+	}
+	pad := make([]byte, max(0, c.PayloadBytes-40))
+	for i := range pad {
+		pad[i] = 'x'
+	}
+	p.payload = map[string]any{"pad": string(pad)}
+	return p, nil
+}
+
+// subscribe records when each of the run's events arrives on the stream.
+func (p *latencyProbe) subscribe(ctx context.Context) (jetstream.ConsumeContext, error) {
+	stream, err := p.b.js.Stream(ctx, p.b.stream)
 	if err != nil {
 		return nil, fmt.Errorf("stream: %w", err)
 	}
@@ -138,77 +225,41 @@ func (r *Runner) latencyOnce(ctx context.Context, b *brokerEnv, mode string) (*L
 		if err != nil {
 			return
 		}
-		if i, ok := index[id]; ok && seen[i].CompareAndSwap(0, now) {
-			received.Add(1)
+		if i, ok := p.index[id]; ok && p.seen[i].CompareAndSwap(0, now) {
+			p.received.Add(1)
 		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("consume: %w", err)
 	}
-	defer cc.Stop()
+	return cc, nil
+}
 
-	r.prog.step("latency (%s): starting a relay", mode)
-	o := relayOpts{schema: s.name, broker: b, noNotify: poll}
-	var procs []*relayProc
-	if isCDC {
-		o.cdcSlot = newCDCSlot(s.name)
-		defer r.cleanupCDC(&procs, s.name, o.cdcSlot) // registered before the relay may create the slot
-	}
-	procs, err = r.startRelays(ctx, 1, o)
-	if err != nil {
-		return nil, err
-	}
-	defer stopRelays(procs)
-	if isCDC {
-		if err := r.waitSlotActive(ctx, o.cdcSlot, procs); err != nil {
-			return nil, err
-		}
-	}
-
-	// Enough connections that slow commits (fsync on a busy disk) do not cap the
-	// offered rate: about 40 ms of commits in flight at the rate asked.
-	producers := min(64, max(8, c.Rate/25))
-	pc, err := pgxpool.ParseConfig(c.DatabaseURL)
-	if err != nil {
-		return nil, err
-	}
-	pc.MaxConns, pc.MinConns = int32(producers), int32(producers)
-	if poll || isCDC {
-		pc.ConnConfig.RuntimeParams["pgoutbox.notify"] = "off"
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("connect producers: %w", err)
-	}
-	defer pool.Close()
-	prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: s.name})
-	if err != nil {
-		return nil, err
-	}
-	pad := make([]byte, max(0, c.PayloadBytes-40))
-	for i := range pad {
-		pad[i] = 'x'
-	}
-	payload := map[string]any{"pad": string(pad)}
-	// Warm the connections (their statement caches) on another aggregate type; those
-	// events are published too but not measured.
-	for i := range producers {
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := prod.EnqueueTx(ctx, tx, pgoutbox.Event{AggregateType: "warmup", AggregateID: strconv.Itoa(i), EventType: "warm", Payload: payload})
+// warmUp warms the connections (their statement caches) on another aggregate
+// type; those events are published too but not measured.
+func (p *latencyProbe) warmUp(ctx context.Context) error {
+	for i := range p.producers {
+		if err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+			_, err := p.prod.EnqueueTx(ctx, tx, pgoutbox.Event{AggregateType: "warmup", AggregateID: strconv.Itoa(i), EventType: "warm", Payload: p.payload})
 			return err
 		}); err != nil {
-			return nil, fmt.Errorf("warm-up: %w", err)
+			return fmt.Errorf("warm-up: %w", err)
 		}
 	}
+	return nil
+}
 
-	r.prog.step("latency (%s): offering %d events/s for %s", mode, c.Rate, c.Duration)
-	due := make(chan int, n)
+// offer commits the run's events on the open-loop schedule (event i due at
+// start + i/rate) and returns how long that took.
+func (p *latencyProbe) offer(ctx context.Context) (time.Duration, error) {
+	c := p.r.cfg
+	p.r.prog.step("latency (%s): offering %d events/s for %s", p.mode, c.Rate, c.Duration)
+	due := make(chan int, p.n)
 	period := time.Second / time.Duration(c.Rate)
 	start := time.Now()
-	var lagMax atomic.Int64
 	var wg sync.WaitGroup
-	errs := make([]error, producers)
-	for w := range producers {
+	errs := make([]error, p.producers)
+	for w := range p.producers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -216,22 +267,11 @@ func (r *Runner) latencyOnce(ctx context.Context, b *brokerEnv, mode string) (*L
 				if errs[w] != nil {
 					continue // drain the schedule
 				}
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					_, err := prod.EnqueueTx(ctx, tx, pgoutbox.Event{ID: ids[i], AggregateType: "order",
-						AggregateID: strconv.Itoa(i % 1000), EventType: "order.placed", Payload: payload})
-					return err
-				})
-				now := time.Now()
-				committed[i].Store(now.UnixNano())
-				lag := int64(now.Sub(start.Add(time.Duration(i) * period)))
-				for old := lagMax.Load(); lag > old && !lagMax.CompareAndSwap(old, lag); old = lagMax.Load() {
-				}
-				errs[w] = err
+				errs[w] = p.commit(ctx, i, start.Add(time.Duration(i)*period))
 			}
 		}()
 	}
-	// The schedule: event i is due at start + i·period, open loop.
-	for i := range n {
+	for i := range p.n {
 		if d := time.Until(start.Add(time.Duration(i) * period)); d > 0 {
 			select {
 			case <-time.After(d):
@@ -243,41 +283,66 @@ func (r *Runner) latencyOnce(ctx context.Context, b *brokerEnv, mode string) (*L
 		}
 		due <- i
 		if i%50 == 0 {
-			_ = sampleAll(procs)
-			r.prog.update("latency (%s): %d/%d committed-or-due, %d seen", mode, i, n, received.Load())
+			_ = sampleAll(p.procs)
+			p.r.prog.update("latency (%s): %d/%d committed-or-due, %d seen", p.mode, i, p.n, p.received.Load())
 		}
 	}
 	close(due)
 	wg.Wait()
 	produced := time.Since(start)
 	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("producer: %w", err)
+		return 0, fmt.Errorf("producer: %w", err)
 	}
 	if ctx.Err() != nil {
-		return nil, ctx.Err()
+		return 0, ctx.Err()
 	}
-	deadline := time.Now().Add(30*time.Second + 3*c.PollInterval)
-	for received.Load() < int64(n) {
-		if err := sampleAll(procs); err != nil {
-			return nil, err
+	return produced, nil
+}
+
+// commit commits event i, which was due at due, and records when the commit
+// returned and how late it was.
+func (p *latencyProbe) commit(ctx context.Context, i int, due time.Time) error {
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		_, err := p.prod.EnqueueTx(ctx, tx, pgoutbox.Event{ID: p.ids[i], AggregateType: "order",
+			AggregateID: strconv.Itoa(i % 1000), EventType: "order.placed", Payload: p.payload})
+		return err
+	})
+	now := time.Now()
+	p.committed[i].Store(now.UnixNano())
+	lag := int64(now.Sub(due))
+	for old := p.lagMax.Load(); lag > old && !p.lagMax.CompareAndSwap(old, lag); old = p.lagMax.Load() {
+	}
+	return err
+}
+
+// awaitAll waits until every event was seen on the stream (at most 30s plus
+// three poll intervals), sampling the relay meanwhile.
+func (p *latencyProbe) awaitAll(ctx context.Context) error {
+	deadline := time.Now().Add(30*time.Second + 3*p.r.cfg.PollInterval)
+	for p.received.Load() < int64(p.n) {
+		if err := sampleAll(p.procs); err != nil {
+			return err
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("only %d of %d events reached the subscriber", received.Load(), n)
+			return fmt.Errorf("only %d of %d events reached the subscriber", p.received.Load(), p.n)
 		}
-		r.prog.update("latency (%s): waiting for the last events: %d/%d seen", mode, received.Load(), n)
+		p.r.prog.update("latency (%s): waiting for the last events: %d/%d seen", p.mode, p.received.Load(), p.n)
 		select {
 		case <-time.After(20 * time.Millisecond):
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 	}
-	if err := stopRelays(procs); err != nil {
-		return nil, err
-	}
+	return nil
+}
+
+// result folds the latencies (arrival − commit) into the run's distribution.
+func (p *latencyProbe) result(produced time.Duration) *LatencyRun {
+	c := p.r.cfg
 	h := hdrhistogram.New(1, 600_000_000, 3) // µs, up to 10 min
 	early := 0
-	for i := range n {
-		d := seen[i].Load() - committed[i].Load()
+	for i := range p.n {
+		d := p.seen[i].Load() - p.committed[i].Load()
 		if d < 0 {
 			early++
 			d = 0
@@ -286,20 +351,20 @@ func (r *Runner) latencyOnce(ctx context.Context, b *brokerEnv, mode string) (*L
 	}
 	ms := func(q float64) float64 { return round3(float64(h.ValueAtQuantile(q)) / 1000) }
 	source := SourcePoll
-	if isCDC {
+	if p.isCDC {
 		source = SourceCDC
 	}
-	run := &LatencyRun{Source: source, CDCSlot: o.cdcSlot, Mode: mode, PollIntervalS: c.PollInterval.Seconds(), OfferedRate: c.Rate, Offered: n,
-		Received: int(received.Load()), Early: early, AchievedRate: round2(float64(n) / produced.Seconds()),
+	run := &LatencyRun{Source: source, CDCSlot: p.o.cdcSlot, Mode: p.mode, PollIntervalS: c.PollInterval.Seconds(), OfferedRate: c.Rate, Offered: p.n,
+		Received: int(p.received.Load()), Early: early, AchievedRate: round2(float64(p.n) / produced.Seconds()),
 		P50Ms: ms(50), P90Ms: ms(90), P99Ms: ms(99), P999Ms: ms(99.9), MaxMs: round3(float64(h.Max()) / 1000),
-		MeanMs: round3(h.Mean() / 1000), MaxScheduleLagMs: round3(float64(lagMax.Load()) / 1e6)}
+		MeanMs: round3(h.Mean() / 1000), MaxScheduleLagMs: round3(float64(p.lagMax.Load()) / 1e6)}
 	for _, q := range []float64{0, 10, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 99.99, 100} {
 		run.Percentiles = append(run.Percentiles, Percentile{Percentile: q, Ms: ms(q)})
 	}
 	run.Histogram = logBuckets(h)
-	run.RelayRSS = rssOf(procs)
+	run.RelayRSS = rssOf(p.procs)
 	run.MaxRSSMiB = maxRSSMiB(run.RelayRSS)
-	return run, nil
+	return run
 }
 
 // logBuckets folds an HDR histogram (µs) into power-of-two millisecond buckets

@@ -19,6 +19,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/checker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // fleet is a set of restartable relays and consumers; kill SIGKILLs one at random
@@ -169,7 +170,7 @@ func TestNATSRestart(t *testing.T) {
 	e := newEnv(t, envConfig{natsURL: fmt.Sprintf("nats://127.0.0.1:%d", port)})
 	f := newFleet(e, 2, 1)
 	prod := e.producer("p1", nil, producerOpts{txs: 200, aggregates: 15, rollbackPercent: 15, pause: 10 * time.Millisecond})
-	waitFor(t, 60*time.Second, is("events to be applied before the restart"), func() bool { return e.count("effects", "true") >= 40 })
+	wait.For(t, 60*time.Second, "events to be applied before the restart", func() bool { return e.count("effects", "true") >= 40 })
 
 	srv.Shutdown()
 	down := time.Now()
@@ -177,7 +178,7 @@ func TestNATSRestart(t *testing.T) {
 	// The first producer may be done by now (a slow consumer under load); this one
 	// makes sure the relays have events to fail during the outage.
 	during := e.producer("p2", nil, producerOpts{txs: 30, aggregates: 15, pause: 10 * time.Millisecond})
-	waitFor(t, 60*time.Second, is("the relays to notice the outage, fail a publish, and the producers to go on"), func() bool {
+	wait.For(t, 60*time.Second, "the relays to notice the outage, fail a publish, and the producers to go on", func() bool {
 		failed := false
 		for _, r := range f.relays {
 			if !strings.Contains(r.out.String(), "nats: disconnected") {
@@ -239,11 +240,11 @@ func staleLeaseHolder(t *testing.T, point string) {
 	ctx := context.Background()
 	e.consumer("c1", nil)
 	prod := e.producer("p1", nil, producerOpts{txs: 300, aggregates: 4, maxEvents: 2, rollbackPercent: 10, pause: 10 * time.Millisecond})
-	waitFor(t, 30*time.Second, is("a first backlog"), func() bool { return e.count("outbox_events", "true") >= 10 })
+	wait.For(t, 30*time.Second, "a first backlog", func() bool { return e.count("outbox_events", "true") >= 10 })
 	// The stale relay dawdles at the point on every batch, so that it is caught
 	// holding leases.
 	stale := e.relay("stale", failpointEnv(point, "delay(1500ms)"))
-	waitFor(t, 30*time.Second, is("the relay to hold leases"), func() bool {
+	wait.For(t, 30*time.Second, "the relay to hold leases", func() bool {
 		return e.count("outbox_events", "claimed_by = 'stale' AND claim_until > now() + interval '300 milliseconds' AND published_at IS NULL") > 0
 	})
 	stale.signal(t, syscall.SIGSTOP)
@@ -264,7 +265,7 @@ func staleLeaseHolder(t *testing.T, point string) {
 	}
 
 	e.relay("successor", nil)
-	waitFor(t, 60*time.Second, is("the successor to take over and publish beyond the paused relay's batch"), func() bool {
+	wait.For(t, 60*time.Second, "the successor to take over and publish beyond the paused relay's batch", func() bool {
 		for agg, seq := range top {
 			if e.count("outbox_events", "aggregate_id = $1 AND aggregate_sequence > $2 AND published_at IS NOT NULL", agg, seq) == 0 {
 				return false
@@ -287,7 +288,7 @@ func staleLeaseHolder(t *testing.T, point string) {
 	for i, h := range hs {
 		ids[i] = h.id
 	}
-	waitFor(t, 30*time.Second, is("the duplicate window to pass"), func() bool {
+	wait.For(t, 30*time.Second, "the duplicate window to pass", func() bool {
 		var past bool
 		err := e.pool.QueryRow(ctx, "SELECT max(published_at) < now() - interval '1500 milliseconds' FROM "+e.table("outbox_events")+
 			" WHERE event_id = ANY($1::uuid[])", ids).Scan(&past)

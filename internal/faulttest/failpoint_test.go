@@ -12,6 +12,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/checker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // crashCase is one crash boundary: which process dies there, at which hit, and
@@ -102,7 +103,7 @@ func runCrashCase(t *testing.T, c crashCase) {
 	cons := e.consumer("c1", envFor("consumer"))
 	prod := e.producer("p1", envFor("producer"), popts)
 	// Let a backlog build so that the relay's early claims find work.
-	waitFor(t, 30*time.Second, is("a first backlog"), func() bool { return prod.exited() || e.count("outbox_events", "true") >= 20 })
+	wait.For(t, 30*time.Second, "a first backlog", func() bool { return prod.exited() || e.count("outbox_events", "true") >= 20 })
 	relayID := "r1"
 	if c.victim == "relay" {
 		relayID = "victim"
@@ -167,7 +168,7 @@ func TestCrashAtCleanupMidBatch(t *testing.T) {
 	e.relay("r1", nil)
 	e.consumer("c1", nil)
 	prod := e.producer("p1", nil, producerOpts{txs: 200, rollbackPercent: 15, pause: 10 * time.Millisecond})
-	waitFor(t, 60*time.Second, is("published rows for cleanup"), func() bool {
+	wait.For(t, 60*time.Second, "published rows for cleanup", func() bool {
 		return e.count("outbox_events", "published_at IS NOT NULL") >= 100
 	})
 	cleanup := func(name string, env []string) *proc {

@@ -27,6 +27,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // The binaries the tests run, built once by TestMain.
@@ -35,11 +36,14 @@ var bin struct{ pgoutbox, producer, consumer string }
 func TestMain(m *testing.M) {
 	flagsParse()
 	// These tests mostly wait on processes they started: run more of them at once
-	// than there are cores, unless -parallel was given.
+	// than there are cores, unless -parallel was given. Not many more: each holds
+	// up to ~20 connections (relays, consumer, producer, its own pool), and the
+	// whole suite, with another package's tests beside it, fits in PostgreSQL's
+	// default 100 (alone, 12 at once peaked at 88 connections, 8 at 74, 6 at 53).
 	parallelSet := false
 	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
 	if !parallelSet {
-		_ = flag.Set("test.parallel", "12")
+		_ = flag.Set("test.parallel", "6")
 	}
 	started := time.Now()
 	dir, err := os.MkdirTemp("", "pgoutbox-faulttest")
@@ -108,7 +112,7 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 	if cfg.dedup == 0 {
 		cfg.dedup = time.Second
 	}
-	pool, schema := pgtest.Migrated(t, 8)
+	pool, schema := pgtest.Migrated(t, 4) // the test's own queries, one at a time
 	var target natstest.Target
 	if cfg.natsURL == natstest.URL() {
 		target = natstest.New(t, cfg.natsURL)
@@ -303,7 +307,7 @@ func (p *proc) wait(t *testing.T, within time.Duration) {
 // waitLine waits until the process printed a line containing s.
 func (p *proc) waitLine(t *testing.T, s string) {
 	t.Helper()
-	waitFor(t, 30*time.Second, func() string { return fmt.Sprintf("%s to print %q:\n%s", p.name, s, tail(p.out.String(), 20)) },
+	wait.Forf(t, 30*time.Second, func() string { return fmt.Sprintf("%s to print %q:\n%s", p.name, s, tail(p.out.String(), 20)) },
 		func() bool {
 			if p.exited() {
 				t.Fatalf("%s exited (%s) before printing %q:\n%s", p.name, p.status(), s, tail(p.out.String(), 20))
@@ -341,13 +345,8 @@ func (p *proc) term(t *testing.T) {
 	// Producers and consumers handle SIGTERM once they say "started"; a process
 	// restarted a moment ago by the chaos loop may not be there yet.
 	if strings.HasPrefix(p.name, "producer ") || strings.HasPrefix(p.name, "consumer ") {
-		deadline := time.Now().Add(30 * time.Second)
-		for !strings.Contains(p.out.String(), " started") && !p.exited() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s did not start within 30s:\n%s", p.name, tail(p.out.String(), 40))
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		wait.Forf(t, 30*time.Second, func() string { return fmt.Sprintf("%s to start:\n%s", p.name, tail(p.out.String(), 40)) },
+			func() bool { return strings.Contains(p.out.String(), " started") || p.exited() })
 		if p.exited() {
 			return
 		}
@@ -439,28 +438,26 @@ func (e *env) backlog() (unpublished, unapplied, unacked int, err error) {
 // durable has nothing pending; producers must have stopped.
 func (e *env) waitDrained(within time.Duration) {
 	e.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	var u, a, k int
+	var err error
+	if wait.Until(within, func() bool {
 		e.failOnCrash()
-		u, a, k, err := e.backlog()
-		if err == nil && u == 0 && a == 0 && k == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			// Say where it is stuck: what each process said last, and what the
-			// checker makes of the sources as they are.
-			e.mu.Lock()
-			procs := append([]*proc(nil), e.procs...)
-			e.mu.Unlock()
-			for _, p := range procs {
-				e.t.Logf("%s (%s), last lines:\n%s", p.name, p.status(), tail(p.out.String(), 15))
-			}
-			e.t.Logf("the checker, now:\n%s", e.verdict())
-			e.t.Fatalf("timed out after %s waiting for the pipeline to drain (unpublished %d, unapplied %d, unacked %d, err %v)",
-				within, u, a, k, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		u, a, k, err = e.backlog()
+		return err == nil && u == 0 && a == 0 && k == 0
+	}) {
+		return
 	}
+	// Say where it is stuck: what each process said last, and what the checker
+	// makes of the sources as they are.
+	e.mu.Lock()
+	procs := append([]*proc(nil), e.procs...)
+	e.mu.Unlock()
+	for _, p := range procs {
+		e.t.Logf("%s (%s), last lines:\n%s", p.name, p.status(), tail(p.out.String(), 15))
+	}
+	e.t.Logf("the checker, now:\n%s", e.verdict())
+	e.t.Fatalf("timed out after %s waiting for the pipeline to drain (unpublished %d, unapplied %d, unacked %d, err %v)",
+		within, u, a, k, err)
 }
 
 // failOnCrash fails the test at once if a process exited with an error of its
@@ -548,16 +545,3 @@ func tail(s string, lines int) string {
 	return strings.Join(all, "\n")
 }
 
-// waitFor polls cond every 20ms until it holds, failing the test after within.
-func waitFor(t *testing.T, within time.Duration, what func() string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func is(s string) func() string { return func() string { return s } }

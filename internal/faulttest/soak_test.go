@@ -16,6 +16,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/checker"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // kill is one SIGKILL of the soak and how long the system took to recover from it.
@@ -197,7 +198,7 @@ func TestBacklog(t *testing.T) {
 	started = time.Now()
 	r1 := e.relay("r1", nil, "--batch-size", "500", "--log-level", "warn")
 	r2 := e.relay("r2", nil, "--batch-size", "500", "--log-level", "warn")
-	waitFor(t, 4*time.Minute, func() string {
+	wait.Forf(t, 4*time.Minute, func() string {
 		return fmt.Sprintf("the backlog to drain (%d left)", e.count("outbox_events", "published_at IS NULL"))
 	}, func() bool { e.failOnCrash(); return e.count("outbox_events", "published_at IS NULL") == 0 })
 	drain := time.Since(started)

@@ -2,7 +2,11 @@
 // server, so tests run in parallel and leave nothing behind.
 //
 // The server is PGOUTBOX_TEST_DATABASE_URL, else DATABASE_URL, else
-// postgres://postgres@127.0.0.1:5432/test.
+// postgres://postgres@127.0.0.1:5432/test. Its settings may be PostgreSQL's
+// defaults (wal_level = replica, max_connections = 100): tests that need other
+// settings (logical replication) use a throwaway cluster of the test binary's
+// own (Logical, MainLogical, StartCluster), started with the PostgreSQL server
+// binaries (initdb, postgres), which the machine must have.
 package pgtest
 
 import (
@@ -57,7 +61,7 @@ func Pool(tb testing.TB, url string, maxConns int32) *pgxpool.Pool {
 		tb.Fatalf("pgtest: connect: %v", err)
 	}
 	if err := pool.Ping(ctx); err != nil {
-		tb.Fatalf("pgtest: connect to %s: %v (is PostgreSQL running? .ci/run starts it)", url, err)
+		tb.Fatalf("pgtest: connect to %s: %v (is PostgreSQL running? .ci/run starts it; PGOUTBOX_TEST_DATABASE_URL names another server)", url, err)
 	}
 	tb.Cleanup(pool.Close)
 	return pool
@@ -99,11 +103,18 @@ func Migrated(tb testing.TB, maxConns int32) (*pgxpool.Pool, string) {
 	return pool, schema
 }
 
-// Database creates an empty database with a unique name, dropped when the test ends,
-// and returns its connection string.
+// Database creates an empty database with a unique name on the test server
+// (URL), dropped when the test ends, and returns its connection string.
 func Database(tb testing.TB) string {
 	tb.Helper()
-	dbURL, drop, err := CreateDatabase("pgoutbox_test")
+	return DatabaseOn(tb, URL())
+}
+
+// DatabaseOn is Database on the server of the connection string server (e.g.
+// Logical's).
+func DatabaseOn(tb testing.TB, server string) string {
+	tb.Helper()
+	dbURL, drop, err := CreateDatabaseOn(server, "pgoutbox_test")
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
@@ -119,9 +130,15 @@ func Database(tb testing.TB) string {
 // and returns its connection string and a function that drops it; for a TestMain
 // that gives a whole package a database of its own.
 func CreateDatabase(prefix string) (dbURL string, drop func() error, err error) {
+	return CreateDatabaseOn(URL(), prefix)
+}
+
+// CreateDatabaseOn is CreateDatabase on the server of the connection string
+// server.
+func CreateDatabaseOn(server, prefix string) (dbURL string, drop func() error, err error) {
 	ctx := context.Background()
 	name := Name(prefix)
-	admin, err := pgx.Connect(ctx, URL())
+	admin, err := pgx.Connect(ctx, server)
 	if err != nil {
 		return "", nil, fmt.Errorf("create database: %w", err)
 	}
@@ -129,14 +146,13 @@ func CreateDatabase(prefix string) (dbURL string, drop func() error, err error) 
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", nil, fmt.Errorf("create database: %w", err)
 	}
-	u, err := url.Parse(URL())
+	u, err := url.Parse(server)
 	if err != nil {
-		return "", nil, fmt.Errorf("create database: test server URL: %w", err)
+		return "", nil, fmt.Errorf("create database: server URL: %w", err)
 	}
 	u.Path = "/" + name
-	base := URL()
 	return u.String(), func() error {
-		admin, err := pgx.Connect(ctx, base)
+		admin, err := pgx.Connect(ctx, server)
 		if err != nil {
 			return fmt.Errorf("drop database %s: %w", name, err)
 		}

@@ -29,15 +29,13 @@ import (
 // Every scenario at toy sizes through the real binary (relays as its subprocesses):
 // the JSON holds every figure, and the figures are consistent with what was asked
 // (all events published and on the stream, one latency sample per offered event).
-// On a server with wal_level = logical (CI's) the default sources include CDC: its
-// drain and latency rows pass the same checks, and no slot or publication of the
-// run is left behind.
+// It runs on the throwaway logical cluster, so the default sources include CDC:
+// its drain and latency rows pass the same checks, and no slot or publication of
+// the run is left behind.
 func TestBenchAllScenariosSmall(t *testing.T) {
 	t.Parallel()
-	admin := pgtest.Pool(t, pgtest.URL(), 2)
-	var walLevel string
-	pgtest.Must(t, admin.QueryRow(context.Background(), "SHOW wal_level").Scan(&walLevel), "wal_level")
-	withCDC := walLevel == "logical"
+	server := pgtest.Logical(t)
+	admin := pgtest.Pool(t, server, 2)
 	dir := t.TempDir()
 	jsonFile, report := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.html")
 	const events, offered = 2000, 100 // offered = rate × duration
@@ -45,7 +43,7 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 	// and a table that another package's test creates while a CDC run's slot builds
 	// its snapshot can make the slot's decoding fail for good ("could not map
 	// filenode"); changes of other databases are skipped before that lookup.
-	cmd := exec.Command(binary, "bench", "--database-url", pgtest.Database(t),
+	cmd := exec.Command(binary, "bench", "--database-url", pgtest.DatabaseOn(t, server),
 		"--scenario", "drain,enqueue,idle,history,latency", "--events", "2000", "--aggregates", "50",
 		"--relays", "1,2", "--broker", "null,"+natstest.URL(), "--duration", "500ms", "--rate", "200",
 		"--poll-interval", "500ms", "--idle-duration", "2s", "--history-rows", "20000", "--history-trials", "3",
@@ -97,21 +95,14 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 		}
 	}
 
-	if withCDC != slices.Contains(res.Settings.Sources, bench.SourceCDC) {
-		t.Errorf("wal_level %s, sources %v: want cdc exactly when logical", walLevel, res.Settings.Sources)
-	}
-	if !withCDC && !slices.ContainsFunc(res.Context.Notes, func(n string) bool { return strings.Contains(n, "no CDC rows") }) {
-		t.Errorf("wal_level %s: no note that CDC was left out: %v", walLevel, res.Context.Notes)
+	if !slices.Contains(res.Settings.Sources, bench.SourceCDC) {
+		t.Errorf("sources %v: want cdc by default on a logical server", res.Settings.Sources)
 	}
 	var slots []string // every slot the run created
 
 	d := res.Drain
-	wantRuns := 4
-	if withCDC {
-		wantRuns = 6
-	}
-	if d == nil || len(d.Runs) != wantRuns {
-		t.Fatalf("drain: want %d runs (2 brokers × 1, 2 polling relays, and 1 CDC relay if logical), got %+v", wantRuns, d)
+	if d == nil || len(d.Runs) != 6 {
+		t.Fatalf("drain: want 6 runs (2 brokers × 1, 2 polling relays, and 1 CDC relay), got %+v", d)
 	}
 	cdcDrains := 0
 	if d.CeilingEventsPerSec <= 0 || len(d.Ceiling) < 3 {
@@ -138,7 +129,7 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 			t.Errorf("drain run with source %q", r.Source)
 		}
 	}
-	if withCDC && cdcDrains != 2 {
+	if cdcDrains != 2 {
 		t.Errorf("%d CDC drain runs, want one per broker", cdcDrains)
 	}
 
@@ -177,14 +168,10 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 	if l == nil || len(l.Runs) < 2 || l.Runs[0].Mode != "notify" || l.Runs[1].Mode != "poll" {
 		t.Fatalf("latency: %+v", l)
 	}
-	if withCDC {
-		if len(l.Runs) != 3 || l.Runs[2].Mode != bench.SourceCDC || l.Runs[2].Source != bench.SourceCDC || l.Runs[2].CDCSlot == "" {
-			t.Fatalf("latency: want notify, poll and cdc runs, got %+v", l.Runs)
-		}
-		slots = append(slots, l.Runs[2].CDCSlot)
-	} else if len(l.Runs) != 2 {
-		t.Fatalf("latency: want notify and poll runs, got %+v", l.Runs)
+	if len(l.Runs) != 3 || l.Runs[2].Mode != bench.SourceCDC || l.Runs[2].Source != bench.SourceCDC || l.Runs[2].CDCSlot == "" {
+		t.Fatalf("latency: want notify, poll and cdc runs, got %+v", l.Runs)
 	}
+	slots = append(slots, l.Runs[2].CDCSlot)
 	for _, r := range l.Runs {
 		var n int64
 		for _, b := range r.Histogram {
@@ -237,11 +224,9 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 			t.Errorf("slot or publication %s left behind", slot)
 		}
 	}
-	if withCDC {
-		for _, want := range []string{"CDC stream", "cdc"} {
-			if !strings.Contains(stdout.String(), want) {
-				t.Errorf("stdout lacks %q", want)
-			}
+	for _, want := range []string{"CDC stream", "cdc"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("stdout lacks %q", want)
 		}
 	}
 
@@ -253,10 +238,8 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 
 	page, err := os.ReadFile(report)
 	pgtest.Must(t, err, "read report")
-	wantPage := []string{"<svg", "Throughput over time", "Latency histogram", "Business transactions", "At a glance"}
-	if withCDC {
-		wantPage = append(wantPage, "CDC stream", "CDC, 1 relay", "null CDC")
-	}
+	wantPage := []string{"<svg", "Throughput over time", "Latency histogram", "Business transactions", "At a glance",
+		"CDC stream", "CDC, 1 relay", "null CDC"}
 	for _, want := range wantPage {
 		if !bytes.Contains(page, []byte(want)) {
 			t.Errorf("report lacks %q", want)
@@ -311,7 +294,7 @@ func TestBenchKeepsSecrets(t *testing.T) {
 	t.Cleanup(hook.Close)
 	hookURL := strings.Replace(hook.URL, "http://", "http://hook:"+hookPass+"@", 1) + "/outbox?token=" + hookToken
 
-	u, err := url.Parse(pgtest.Database(t))
+	u, err := url.Parse(pgtest.DatabaseOn(t, pgtest.Logical(t))) // its sources include cdc
 	pgtest.Must(t, err, "parse database URL")
 	u.User = url.UserPassword(u.User.Username(), dbPass) // the server trusts: any password works
 	q := u.Query()
@@ -428,4 +411,52 @@ func childCmdlines(pid int) map[int]string {
 		}
 	}
 	return out
+}
+
+// On a server without logical decoding (PostgreSQL's default, wal_level =
+// replica) the bench leaves CDC out of its default sources with a note, asking
+// for it is an error, and the CDC relay refuses to start, naming the setting.
+func TestWithoutLogicalDecoding(t *testing.T) {
+	t.Parallel()
+	c, err := pgtest.StartCluster(&pgtest.ClusterConfig{MaxConnections: 30, Settings: map[string]string{"wal_level": "replica"}})
+	pgtest.Must(t, err, "start a cluster with wal_level = replica")
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	// The bench runs its relays as subprocesses of its own binary: run the real one.
+	drain := func(args ...string) (string, int) {
+		cmd := exec.Command(binary, append([]string{"bench", "--database-url", c.URL, "--scenario", "drain", "--events", "200",
+			"--aggregates", "5", "--relays", "1", "--broker", "null"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil && cmd.ProcessState == nil {
+			t.Fatalf("bench: %v", err)
+		}
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	jsonFile := filepath.Join(t.TempDir(), "bench.json")
+	if out, code := drain("--json", jsonFile); code != 0 {
+		t.Fatalf("bench: code %d\n%s", code, out)
+	}
+	raw, err := os.ReadFile(jsonFile)
+	pgtest.Must(t, err, "read JSON")
+	var res bench.Result
+	pgtest.Must(t, json.Unmarshal(raw, &res), "decode JSON")
+	if !slices.Equal(res.Settings.Sources, []string{bench.SourcePoll}) {
+		t.Errorf("sources %v, want poll alone", res.Settings.Sources)
+	}
+	if !slices.ContainsFunc(res.Context.Notes, func(n string) bool { return strings.Contains(n, "no CDC rows: the server has wal_level = replica") }) {
+		t.Errorf("no note that CDC was left out: %v", res.Context.Notes)
+	}
+	if out, code := drain("--sources", "poll,cdc"); code == 0 || !strings.Contains(out, "wal_level = replica") {
+		t.Errorf("bench --sources poll,cdc: code %d, output %q; want an error naming wal_level", code, out)
+	}
+
+	if out, errOut, code := run(t, "migrate", "--database-url", c.URL); code != 0 {
+		t.Fatalf("migrate: code %d\n%s%s", code, out, errOut)
+	}
+	if _, errOut, code := run(t, "relay", "--source", "cdc", "--database-url", c.URL, "--broker", "null://"); code == 0 || !strings.Contains(errOut, "wal_level is not logical") {
+		t.Errorf("relay --source cdc: code %d, stderr %q; want a refusal naming wal_level", code, errOut)
+	}
 }

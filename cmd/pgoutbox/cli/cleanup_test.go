@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // pgoutbox cleanup deletes old published events in batches and reports it, as
@@ -102,12 +103,12 @@ func TestRelayRunsCleanupJob(t *testing.T) {
 	pgtest.Must(t, err, "publish")
 	p := e.startRelay("cleaner", natstest.URL(), "--cleanup-interval", "200ms", "--retention", "1h")
 	fresh := e.enqueue(5, 4)
-	waitFor(t, 60*time.Second, "old events deleted and new ones published", func() bool {
+	wait.For(t, 60*time.Second, "old events deleted and new ones published", func() bool {
 		return e.count("true") == len(fresh) && e.count("published_at IS NULL") == 0
 	})
 	// The rows are gone once the last deleting batch commits; the run logs
 	// after its closing empty batch.
-	waitFor(t, 60*time.Second, "the relay to log its cleanup", func() bool {
+	wait.For(t, 60*time.Second, "the relay to log its cleanup", func() bool {
 		return strings.Contains(p.stderr.String(), "cleanup done")
 	})
 	if code := p.stop(t, syscall.SIGTERM); code != 0 {

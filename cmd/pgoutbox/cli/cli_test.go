@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build pgoutbox:", err)
 		os.Exit(1)
 	}
-	code := m.Run()
+	code := pgtest.Main(m).Run() // stops the throwaway clusters the tests started
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)

@@ -154,11 +154,63 @@ type demo struct {
 	natsURL string
 	pool    *pgxpool.Pool
 
-	procs []*demoProc
-	kills atomic.Int64
+	procs    []*demoProc
+	kills    atomic.Int64
+	cleanups []func() string // run by cleanUp, last first
 }
 
-func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) (err error) {
+// runDemo runs the demo in named steps: connect, make the schema, the broker
+// and the in-process services, start the child processes, run the load until the
+// pipeline drains, and give the verdict. Whatever happens after the schema is
+// made, what was created is removed (unless --keep) when it returns.
+func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) error {
+	d := newDemo(f, out, errOut)
+	dbf := f.db
+	dbf.schema = d.schema
+	connCfg, err := dbf.parse()
+	if err != nil {
+		return err
+	}
+	bg := context.WithoutCancel(ctx) // for set-up and clean-up that must finish after Ctrl-C
+	cctx, cancel := context.WithTimeout(ctx, f.db.connectTimeout)
+	defer cancel()
+	if err := d.connect(cctx, connCfg); err != nil {
+		return err
+	}
+	defer d.pool.Close()
+	if err := d.checkSchemaIsNew(cctx); err != nil {
+		return err
+	}
+	// From here on, whatever happens, remove what was created unless --keep.
+	defer d.cleanUp()
+	if err := d.createSchema(cctx, bg); err != nil {
+		return err
+	}
+	brokerDesc, err := d.startBroker(cctx, bg)
+	if err != nil {
+		return err
+	}
+	svcs, err := d.startServices()
+	if err != nil {
+		return err
+	}
+	defer svcs.stop()
+	d.printPlan(connCfg, brokerDesc, svcs)
+	stopProcs, err := d.startProcs(svcs.payURL)
+	if err != nil {
+		return err
+	}
+	defer stopProcs()
+	run := d.runLoad(ctx, svcs, stopProcs)
+	if run.interrupted {
+		fmt.Fprintf(out, "interrupted after %s: no verdict\n", time.Since(run.start).Round(time.Second))
+		return errors.New("demo interrupted before its verdict")
+	}
+	return d.verdict(bg, run, svcs)
+}
+
+// newDemo names the run's schema (unless --schema), stream and subjects.
+func newDemo(f *demoFlags, out, errOut io.Writer) *demo {
 	d := &demo{f: f, out: out, errOut: errOut, log: slog.New(slog.NewTextHandler(errOut, &slog.HandlerOptions{Level: slog.LevelError}))}
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
@@ -168,24 +220,19 @@ func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) (err erro
 		d.schema = "pgoutbox_demo_" + d.id
 	}
 	d.stream, d.prefix = "DEMO_"+strings.ToUpper(d.id), "demo_"+d.id
-	dbf := f.db
-	dbf.schema = d.schema
-	connCfg, err := dbf.parse()
-	if err != nil {
-		return err
-	}
-	bg := context.WithoutCancel(ctx) // for set-up and clean-up that must finish after Ctrl-C
+	return d
+}
 
+// connect opens the demo's pool (d.pool) on connCfg.
+func (d *demo) connect(ctx context.Context, connCfg *pgx.ConnConfig) error {
 	poolCfg, err := pgxpool.ParseConfig("")
 	if err != nil {
 		return err
 	}
 	poolCfg.ConnConfig = connCfg
 	poolCfg.MaxConns = 16
-	cctx, cancel := context.WithTimeout(ctx, f.db.connectTimeout)
-	defer cancel()
-	if d.pool, err = pgxpool.NewWithConfig(cctx, poolCfg); err == nil {
-		err = d.pool.Ping(cctx)
+	if d.pool, err = pgxpool.NewWithConfig(ctx, poolCfg); err == nil {
+		err = d.pool.Ping(ctx)
 	}
 	if err != nil {
 		if d.pool != nil {
@@ -193,116 +240,167 @@ func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) (err erro
 		}
 		return fmt.Errorf("connect to database: %w", err)
 	}
-	defer d.pool.Close()
+	return nil
+}
+
+// checkSchemaIsNew refuses a schema that exists: the demo drops what it made.
+func (d *demo) checkSchemaIsNew(ctx context.Context) error {
 	var exists bool
-	if err := d.pool.QueryRow(cctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", d.schema).Scan(&exists); err != nil {
+	if err := d.pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", d.schema).Scan(&exists); err != nil {
 		return fmt.Errorf("look up schema: %w", err)
 	}
 	if exists {
 		return usagef("schema %s exists; the demo only works in a schema it creates (leave out --schema for a fresh one)", d.schema)
 	}
-	// From here on, whatever happens, remove what was created unless --keep.
-	var cleanups []func() string
-	defer func() {
-		var kept []string
-		for i := len(cleanups) - 1; i >= 0; i-- {
-			if s := cleanups[i](); s != "" {
-				kept = append(kept, s)
-			}
+	return nil
+}
+
+// onCleanUp registers a clean-up step; it returns what it removed (or kept),
+// or "" to say nothing.
+func (d *demo) onCleanUp(fn func() string) { d.cleanups = append(d.cleanups, fn) }
+
+// cleanUp runs the clean-up steps, last first, and says what was removed or
+// kept.
+func (d *demo) cleanUp() {
+	var kept []string
+	for i := len(d.cleanups) - 1; i >= 0; i-- {
+		if s := d.cleanups[i](); s != "" {
+			kept = append(kept, s)
 		}
-		if len(kept) > 0 {
-			verb := "removed"
-			if f.keep {
-				verb = "kept (--keep)"
-			}
-			fmt.Fprintf(out, "%s %s\n", verb, strings.Join(kept, " and "))
+	}
+	if len(kept) > 0 {
+		verb := "removed"
+		if d.f.keep {
+			verb = "kept (--keep)"
 		}
-	}()
-	cleanups = append(cleanups, func() string {
-		if f.keep {
+		fmt.Fprintf(d.out, "%s %s\n", verb, strings.Join(kept, " and "))
+	}
+}
+
+// createSchema makes the example's schema (dropped on clean-up unless --keep).
+func (d *demo) createSchema(ctx, bg context.Context) error {
+	d.onCleanUp(func() string {
+		if d.f.keep {
 			return "schema " + d.schema
 		}
 		if _, err := d.pool.Exec(bg, "DROP SCHEMA IF EXISTS "+pgx.Identifier{d.schema}.Sanitize()+" CASCADE"); err != nil {
-			fmt.Fprintf(errOut, "pgoutbox: drop schema %s: %v\n", d.schema, err)
+			fmt.Fprintf(d.errOut, "pgoutbox: drop schema %s: %v\n", d.schema, err)
 			return ""
 		}
 		return "schema " + d.schema
 	})
-	if err := orders.Migrate(cctx, d.pool, d.schema); err != nil {
-		return err
-	}
+	return orders.Migrate(ctx, d.pool, d.schema)
+}
 
-	// The broker.
-	brokerDesc := redact.URL(f.natsURL)
-	d.natsURL = f.natsURL
-	if f.natsURL == "embedded" {
-		dir, err := os.MkdirTemp("", "pgoutbox-demo-nats-")
+// startBroker starts the embedded NATS server if asked, connects to the broker
+// (d.natsURL) and creates the run's stream; it returns the broker's description.
+func (d *demo) startBroker(ctx, bg context.Context) (string, error) {
+	brokerDesc := redact.URL(d.f.natsURL)
+	d.natsURL = d.f.natsURL
+	if d.f.natsURL == "embedded" {
+		url, err := d.startEmbeddedNATS()
 		if err != nil {
-			return err
+			return "", err
 		}
-		srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: dir, Port: -1})
-		if err != nil {
-			_ = os.RemoveAll(dir)
-			return fmt.Errorf("start embedded NATS: %w", err)
-		}
-		cleanups = append(cleanups, func() string {
-			srv.Shutdown()
-			if f.keep {
-				return "NATS store " + dir
-			}
-			_ = os.RemoveAll(dir)
-			return ""
-		})
-		d.natsURL = srv.URL()
+		d.natsURL = url
 		brokerDesc = "embedded NATS JetStream at " + d.natsURL
 	}
 	nc, err := natsgo.Connect(d.natsURL, natsgo.Name("pgoutbox demo"))
 	if err != nil {
-		return fmt.Errorf("connect to NATS %s: %w", redact.URL(d.natsURL), err)
+		return "", fmt.Errorf("connect to NATS %s: %w", redact.URL(d.natsURL), err)
 	}
-	cleanups = append(cleanups, func() string { nc.Close(); return "" })
+	d.onCleanUp(func() string { nc.Close(); return "" })
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if _, err := js.CreateStream(cctx, jetstream.StreamConfig{Name: d.stream, Subjects: []string{d.prefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
-		return fmt.Errorf("create stream %s: %w", d.stream, err)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: d.stream, Subjects: []string{d.prefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+		return "", fmt.Errorf("create stream %s: %w", d.stream, err)
 	}
-	cleanups = append(cleanups, func() string {
-		if f.keep {
+	d.onCleanUp(func() string {
+		if d.f.keep {
 			return "stream " + d.stream
 		}
 		dctx, cancel := context.WithTimeout(bg, 10*time.Second)
 		defer cancel()
 		if err := js.DeleteStream(dctx, d.stream); err != nil {
-			fmt.Fprintf(errOut, "pgoutbox: delete stream %s: %v\n", d.stream, err)
+			fmt.Fprintf(d.errOut, "pgoutbox: delete stream %s: %v\n", d.stream, err)
 			return ""
 		}
 		return "stream " + d.stream
 	})
+	return brokerDesc, nil
+}
 
-	// The in-process services: the fake payment API and the order service.
-	pay := fakepay.New(&fakepay.Config{TimeoutRate: f.timeoutRate, FailRate: f.failRate, Logger: d.log})
-	payURL, stopPay, err := serveDemo(pay)
+// startEmbeddedNATS starts a NATS server with JetStream in a temporary store
+// and returns its URL.
+func (d *demo) startEmbeddedNATS() (string, error) {
+	dir, err := os.MkdirTemp("", "pgoutbox-demo-nats-")
 	if err != nil {
-		return err
+		return "", err
 	}
-	defer stopPay()
-	svc, err := ordersvc.New(d.pool, &ordersvc.Config{Schema: d.schema, Logger: d.log})
+	srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: dir, Port: -1})
 	if err != nil {
-		return err
+		_ = os.RemoveAll(dir)
+		return "", fmt.Errorf("start embedded NATS: %w", err)
 	}
-	ordersURL, stopOrders, err := serveDemo(svc.Handler())
-	if err != nil {
-		return err
-	}
-	defer stopOrders()
+	d.onCleanUp(func() string {
+		srv.Shutdown()
+		if d.f.keep {
+			return "NATS store " + dir
+		}
+		_ = os.RemoveAll(dir)
+		return ""
+	})
+	return srv.URL(), nil
+}
 
+// demoServices are the in-process services: the fake payment API and the order
+// service, each on a local port.
+type demoServices struct {
+	pay       *fakepay.Server
+	svc       *ordersvc.Service
+	payURL    string
+	ordersURL string
+	stops     []func()
+}
+
+// stop shuts the services down, the last started first.
+func (s *demoServices) stop() {
+	for i := len(s.stops) - 1; i >= 0; i-- {
+		s.stops[i]()
+	}
+}
+
+// startServices starts the in-process services.
+func (d *demo) startServices() (*demoServices, error) {
+	s := &demoServices{pay: fakepay.New(&fakepay.Config{TimeoutRate: d.f.timeoutRate, FailRate: d.f.failRate, Logger: d.log})}
+	payURL, stopPay, err := serveDemo(s.pay)
+	if err != nil {
+		return nil, err
+	}
+	s.payURL, s.stops = payURL, append(s.stops, stopPay)
+	if s.svc, err = ordersvc.New(d.pool, &ordersvc.Config{Schema: d.schema, Logger: d.log}); err != nil {
+		s.stop()
+		return nil, err
+	}
+	ordersURL, stopOrders, err := serveDemo(s.svc.Handler())
+	if err != nil {
+		s.stop()
+		return nil, err
+	}
+	s.ordersURL, s.stops = ordersURL, append(s.stops, stopOrders)
+	return s, nil
+}
+
+// printPlan says what the demo is about to run.
+func (d *demo) printPlan(connCfg *pgx.ConnConfig, brokerDesc string, svcs *demoServices) {
+	f, out := d.f, d.out
 	fmt.Fprintf(out, "pgoutbox demo: the order example of examples/orders, end to end\n")
 	fmt.Fprintf(out, "  database  %s:%d/%s, schema %s (new)\n", connCfg.Host, connCfg.Port, connCfg.Database, d.schema)
 	fmt.Fprintf(out, "  broker    %s, stream %s\n", brokerDesc, d.stream)
 	fmt.Fprintf(out, "  services  order service %s, fake payment API %s (%.0f%% timeouts, %.0f%% failures)\n",
-		ordersURL, payURL, 100*f.timeoutRate, 100*f.failRate)
+		svcs.ordersURL, svcs.payURL, 100*f.timeoutRate, 100*f.failRate)
 	chaos := "off"
 	if f.chaos {
 		chaos = "SIGKILL at random, then restart"
@@ -310,23 +408,26 @@ func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) (err erro
 	fmt.Fprintf(out, "  processes %d relays, %d inventory consumers, %d payment workers; chaos: %s\n", f.replicas, f.replicas, f.replicas, chaos)
 	fmt.Fprintf(out, "  load      %g orders/s for %s; 10%% of requests sent twice with one Idempotency-Key, 20%% of orders cancelled\n\n",
 		f.rate, f.duration)
+}
 
-	// The relays and consumers, as child processes of this binary.
+// startProcs starts the relays and consumers as supervised child processes of
+// this binary; the function it returns stops them (it may be called again).
+func (d *demo) startProcs(payURL string) (stop func(), err error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("find the pgoutbox binary: %w", err)
+		return nil, fmt.Errorf("find the pgoutbox binary: %w", err)
 	}
 	for _, role := range []string{"relay", "inventory", "payments"} {
-		for i := range f.replicas {
+		for i := range d.f.replicas {
 			name := fmt.Sprintf("%s-%d", role, i+1)
 			// The URLs go in the environment: argv is visible to every local user (ps).
 			args := []string{"demo", "worker", "--role", role, "--id", name, "--schema", d.schema,
 				"--stream", d.stream, "--subject-prefix", d.prefix, "--payment-url", payURL}
-			if f.noKey {
+			if d.f.noKey {
 				args = append(args, "--no-idempotency-key")
 			}
 			d.procs = append(d.procs, &demoProc{name: name, role: role, exe: exe, args: args,
-				env: []string{"DATABASE_URL=" + f.db.url, "PGOUTBOX_DEMO_WORKER_NATS_URL=" + d.natsURL}})
+				env: []string{"DATABASE_URL=" + d.f.db.url, "PGOUTBOX_DEMO_WORKER_NATS_URL=" + d.natsURL}})
 		}
 	}
 	stopProcs := make(chan struct{})
@@ -335,80 +436,99 @@ func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) (err erro
 		procsDone.Add(1)
 		go func() { defer procsDone.Done(); p.supervise(stopProcs) }()
 	}
-	stopAll := sync.OnceFunc(func() { close(stopProcs); procsDone.Wait() })
-	defer stopAll()
+	return sync.OnceFunc(func() { close(stopProcs); procsDone.Wait() }), nil
+}
 
-	// Load, chaos and the live view.
-	gen := loadgen.New(loadgen.Config{BaseURL: ordersURL, Rate: f.rate, Logger: d.log})
-	loadCtx, stopLoad := context.WithTimeout(ctx, f.duration)
+// demoRun is what the load phase leaves for the verdict.
+type demoRun struct {
+	gen         *loadgen.Generator
+	view        *demoView
+	start       time.Time
+	drainStart  time.Time // when the load ended
+	drained     bool      // everything published and consumed
+	interrupted bool      // ctx ended first
+	prog        audit.Progress
+}
+
+// runLoad places orders for --duration (with chaos if asked), drawing the live
+// view every second, then waits for the pipeline to drain (at most
+// demoDrainMax), and stops the load and the processes.
+func (d *demo) runLoad(ctx context.Context, svcs *demoServices, stopProcs func()) *demoRun {
+	run := &demoRun{gen: loadgen.New(loadgen.Config{BaseURL: svcs.ordersURL, Rate: d.f.rate, Logger: d.log})}
+	loadCtx, stopLoad := context.WithTimeout(ctx, d.f.duration)
 	defer stopLoad()
 	loadDone := make(chan struct{})
-	go func() { defer close(loadDone); gen.Run(loadCtx) }()
+	go func() { defer close(loadDone); run.gen.Run(loadCtx) }()
 	chaosCtx, stopChaos := context.WithCancel(loadCtx)
 	defer stopChaos()
-	if f.chaos {
+	if d.f.chaos {
 		go d.chaos(chaosCtx)
 	}
-	v := newDemoView(out, d, svc, pay)
-	start := time.Now()
+	run.view = newDemoView(d.out, d, svcs.svc, svcs.pay)
+	run.start = time.Now()
+	loadDone = d.watch(ctx, run, loadDone)
+	run.view.finish()
+	stopLoad()
+	<-loadDoneOrClosed(loadDone)
+	stopProcs()
+	return run
+}
+
+// watch draws the live view every second until the pipeline has drained after
+// the load (loadDone closed), the drain takes longer than demoDrainMax, or ctx
+// ends. It returns loadDone, nil once it was seen closed.
+func (d *demo) watch(ctx context.Context, run *demoRun, loadDone chan struct{}) chan struct{} {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	phase := "placing orders"
-	interrupted := false
-	var drainStart time.Time
-	var drained bool
-	var prog audit.Progress
-	for !drained {
+	for !run.drained {
 		select {
 		case <-ctx.Done():
-			interrupted = true
+			run.interrupted = true
 		case <-loadDone:
-			if drainStart.IsZero() {
-				drainStart = time.Now()
+			if run.drainStart.IsZero() {
+				run.drainStart = time.Now()
 				phase = "draining"
 				loadDone = nil
 			}
 		case <-tick.C:
 		}
-		if interrupted {
+		if run.interrupted {
 			break
 		}
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		p, err := audit.ReadProgress(pctx, d.pool, d.schema)
 		cancel()
 		if err == nil {
-			prog = p
+			run.prog = p
 		} else if ctx.Err() == nil {
 			d.log.Error("read progress", slog.Any("error", err))
 		}
-		v.draw(phase, time.Since(start), prog)
-		if !drainStart.IsZero() {
-			drained = err == nil && prog.Drained(inventory.ConsumerName, payments.ConsumerName)
-			if !drained && time.Since(drainStart) > demoDrainMax {
+		run.view.draw(phase, time.Since(run.start), run.prog)
+		if !run.drainStart.IsZero() {
+			run.drained = err == nil && run.prog.Drained(inventory.ConsumerName, payments.ConsumerName)
+			if !run.drained && time.Since(run.drainStart) > demoDrainMax {
 				break
 			}
 		}
 	}
-	v.finish()
-	stopLoad()
-	<-loadDoneOrClosed(loadDone)
-	stopAll()
-	if interrupted {
-		fmt.Fprintf(out, "interrupted after %s: no verdict\n", time.Since(start).Round(time.Second))
-		return errors.New("demo interrupted before its verdict")
-	}
+	return loadDone
+}
 
-	st := gen.Stats()
+// verdict prints what the load did and the audit's verdict: nil on PASS.
+func (d *demo) verdict(bg context.Context, run *demoRun, svcs *demoServices) error {
+	out := d.out
+	st := run.gen.Stats()
 	fmt.Fprintf(out, "placed %d orders in %s (%d cancelled, %d requests retried with the same key); ",
-		st.Created, f.duration, st.Cancelled, st.Retries)
-	if drained {
-		fmt.Fprintf(out, "everything published and consumed %s later\n", time.Since(drainStart).Round(100*time.Millisecond))
+		st.Created, d.f.duration, st.Cancelled, st.Retries)
+	if run.drained {
+		fmt.Fprintf(out, "everything published and consumed %s later\n", time.Since(run.drainStart).Round(100*time.Millisecond))
 	} else {
-		fmt.Fprintf(out, "NOT drained after %s: %d events unpublished, processed %v of %d\n", demoDrainMax, prog.Unpublished, prog.Processed, prog.Events)
+		fmt.Fprintf(out, "NOT drained after %s: %d events unpublished, processed %v of %d\n", demoDrainMax, run.prog.Unpublished, run.prog.Processed, run.prog.Events)
 	}
 	actx, cancel := context.WithTimeout(bg, time.Minute)
 	defer cancel()
-	rep, err := audit.Check(actx, d.pool, d.schema, pay.Charges())
+	rep, err := audit.Check(actx, d.pool, d.schema, svcs.pay.Charges())
 	if err != nil {
 		return err
 	}
@@ -416,11 +536,11 @@ func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) (err erro
 		rep.ProblemCount++
 		rep.Problems = append(rep.Problems, fmt.Sprintf("%d retried order requests got a different order than the first", st.Mismatches))
 	}
-	if !drained {
+	if !run.drained {
 		rep.ProblemCount++
 		rep.Problems = append(rep.Problems, "the pipeline did not drain")
 	}
-	dups := v.duplicates()
+	dups := run.view.duplicates()
 	absorbed := fmt.Sprintf("duplicates absorbed: %d retried requests, %d redeliveries, %d repeated payment calls; %d processes killed",
 		dups.requests, dups.deliveries, dups.payments, d.kills.Load())
 	if rep.OK() {
@@ -432,8 +552,8 @@ func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) (err erro
 		fmt.Fprintf(out, "  - %s\n", p)
 	}
 	for _, p := range d.procs {
-		if t := p.tail(); t != "" && !drained {
-			fmt.Fprintf(errOut, "--- last log lines of %s ---\n%s", p.name, t)
+		if t := p.tail(); t != "" && !run.drained {
+			fmt.Fprintf(d.errOut, "--- last log lines of %s ---\n%s", p.name, t)
 		}
 	}
 	return errors.New("the verdict failed: not every order was reserved and charged exactly once")

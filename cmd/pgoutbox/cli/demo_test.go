@@ -16,6 +16,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/examples/orders/fakepay"
 	"github.com/pgoutbox/pgoutbox/examples/orders/ordersvc"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 var (
@@ -107,7 +108,7 @@ func TestDemoInterruptCleansUp(t *testing.T) {
 	pgtest.Must(t, cmd.Start(), "start demo")
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	waitFor(t, time.Minute, "the first progress lines", func() bool { return strings.Count(out.String(), "placing orders") >= 2 })
+	wait.For(t, time.Minute, "the first progress lines", func() bool { return strings.Count(out.String(), "placing orders") >= 2 })
 	// The workers get the URLs in their environment: none on a command line (ps).
 	workers := childCmdlines(cmd.Process.Pid)
 	for _, cl := range workers {

@@ -16,6 +16,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -196,7 +197,7 @@ func TestDLQSkipMovesTheLaneOn(t *testing.T) {
 	bad := evs["k1"][1]
 	rec.poison[bad] = true
 	e.startDLQRelay(rec)
-	waitFor(t, 20*time.Second, "sequence 2 to be quarantined", func() bool {
+	wait.For(t, 20*time.Second, "sequence 2 to be quarantined", func() bool {
 		return e.count("outbox_events", "quarantined_at IS NOT NULL") == 1
 	})
 
@@ -226,7 +227,7 @@ func TestDLQSkipMovesTheLaneOn(t *testing.T) {
 	if code != 0 || out != "skipped 1 event (order/k1 #2) as bob\n" {
 		t.Fatalf("dlq skip: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	waitFor(t, 20*time.Second, "the lane's next event to be published", func() bool {
+	wait.For(t, 20*time.Second, "the lane's next event to be published", func() bool {
 		return e.count("outbox_events", "published_at IS NULL") == 0
 	})
 	if got := rec.sequences("k1"); got != "[1 3]" {
@@ -276,7 +277,7 @@ func TestDLQRetryReleasesTheLaneInOrder(t *testing.T) {
 	evs := e.enqueue(4, "q1", "q2")
 	rec.poison[evs["q1"][0]] = true
 	e.startDLQRelay(rec)
-	waitFor(t, 20*time.Second, "q1's head to be quarantined and q2 published", func() bool {
+	wait.For(t, 20*time.Second, "q1's head to be quarantined and q2 published", func() bool {
 		return e.count("outbox_events", "quarantined_at IS NOT NULL") == 1 && e.count("outbox_events", "aggregate_id = 'q2' AND published_at IS NULL") == 0
 	})
 	if got := rec.sequences("q1"); got != "[]" {
@@ -287,7 +288,7 @@ func TestDLQRetryReleasesTheLaneInOrder(t *testing.T) {
 	if code != 0 || out != "retried 1 event\n" {
 		t.Fatalf("dlq retry: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	waitFor(t, 20*time.Second, "q1's lane to be published", func() bool {
+	wait.For(t, 20*time.Second, "q1's lane to be published", func() bool {
 		return e.count("outbox_events", "published_at IS NULL") == 0
 	})
 	if got := rec.sequences("q1"); got != "[1 2 3 4]" {

@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // Why the Kafka cluster of these tests answers through a control function.
@@ -283,7 +284,7 @@ func TestKafkaRefusedCredentialsExitTwo(t *testing.T) {
 					"--broker", fmt.Sprintf("kafka://relay:%s@%s?sasl=%s", c.pass, cl.addr, c.sasl),
 					"--topic-template", "auth-" + c.sasl + ".{aggregate_type}", "--ack-timeout", ackTimeout.String()}, &out, &errb)
 			}()
-			waitFor(t, 30*time.Second, "the relay to publish", func() bool {
+			wait.For(t, 30*time.Second, "the relay to publish", func() bool {
 				select {
 				case code := <-done:
 					t.Fatalf("relay exited %d: %s", code, errb.String())

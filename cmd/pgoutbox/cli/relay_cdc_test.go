@@ -19,6 +19,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -60,14 +61,14 @@ func (e *relayEnv) startCDCRelay(env []string, extra ...string) *relayProc {
 	return p
 }
 
-// newCDCRelayEnv is newRelayEnv in a database of its own. Logical decoding reads
-// every change of its database, and a table that a parallel test creates while
+// newCDCRelayEnv is newRelayEnv in a database of its own on the test binary's
+// throwaway logical cluster. Logical decoding reads every change of its database, and a table that a parallel test creates while
 // the slot builds its snapshot can make the slot's decoding fail for good ("could
 // not map filenode ... to relation OID"); changes of other databases are skipped
 // before that lookup.
 func newCDCRelayEnv(t *testing.T) *relayEnv {
 	t.Helper()
-	dbURL := pgtest.Database(t)
+	dbURL := pgtest.DatabaseOn(t, pgtest.Logical(t))
 	pool := pgtest.Pool(t, dbURL, 8)
 	schema := pgtest.SchemaName(t, pool, "t")
 	_, err := migrate.Up(context.Background(), pool, &migrate.Config{Schema: schema})
@@ -122,7 +123,7 @@ func TestCDCRelaySIGKILLAfterAckThenRecover(t *testing.T) {
 	}
 
 	p := e.startCDCRelay(nil, "--batch-size", "100")
-	waitFor(t, 60*time.Second, "the rest to be published", func() bool { return e.count("published_at IS NULL") == 0 })
+	wait.For(t, 60*time.Second, "the rest to be published", func() bool { return e.count("published_at IS NULL") == 0 })
 	if code := p.stop(t, syscall.SIGTERM); code != 0 {
 		t.Fatalf("exit status %d after SIGTERM:\n%s", code, p.stderr.String())
 	}

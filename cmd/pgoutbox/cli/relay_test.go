@@ -29,6 +29,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -145,17 +146,6 @@ type syncBuffer struct {
 func (s *syncBuffer) WriteLine(l string) { s.mu.Lock(); s.b.WriteString(l + "\n"); s.mu.Unlock() }
 func (s *syncBuffer) String() string     { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // Acceptance: four relay processes drain 20,000 events over 300 aggregates; SIGTERM
 // stops each with status 0.
 func TestRelayProcessesDrainInOrder(t *testing.T) {
@@ -166,7 +156,7 @@ func TestRelayProcessesDrainInOrder(t *testing.T) {
 	for i := range 4 {
 		procs = append(procs, e.startRelay(fmt.Sprintf("proc-%d", i), natstest.URL()))
 	}
-	waitFor(t, 3*time.Minute, "the backlog to drain", func() bool { return e.count("published_at IS NULL") == 0 })
+	wait.For(t, 3*time.Minute, "the backlog to drain", func() bool { return e.count("published_at IS NULL") == 0 })
 	for i, p := range procs {
 		if code := p.stop(t, syscall.SIGTERM); code != 0 {
 			t.Fatalf("relay %d exited %d after SIGTERM:\n%s", i, code, p.stderr.String())
@@ -188,7 +178,7 @@ func TestRelaySIGTERMWithEventsInFlight(t *testing.T) {
 	e := newRelayEnv(t)
 	ids := e.enqueue(200, 100)
 	p := e.startRelay("term", natstest.URL(), "--batch-size", "200")
-	waitFor(t, time.Minute, "publishing to begin", func() bool { return e.count("published_at IS NOT NULL") > 0 })
+	wait.For(t, time.Minute, "publishing to begin", func() bool { return e.count("published_at IS NOT NULL") > 0 })
 	if code := p.stop(t, syscall.SIGTERM); code != 0 {
 		t.Fatalf("exit status %d after SIGTERM:\n%s", code, p.stderr.String())
 	}
@@ -197,7 +187,7 @@ func TestRelaySIGTERMWithEventsInFlight(t *testing.T) {
 	}
 	left := e.count("published_at IS NULL")
 	p2 := e.startRelay("after-term", natstest.URL())
-	waitFor(t, time.Minute, "the rest to drain", func() bool { return e.count("published_at IS NULL") == 0 })
+	wait.For(t, time.Minute, "the rest to drain", func() bool { return e.count("published_at IS NULL") == 0 })
 	p2.stop(t, syscall.SIGTERM)
 	dups := brokertest.CheckStream(t, e.target.Read(t), ids)
 	t.Logf("%d of %d events were left after SIGTERM; %d duplicates", left, len(ids), dups)
@@ -213,7 +203,7 @@ func TestRelaySIGKILLHoldingLeases(t *testing.T) {
 	victim := e.startRelay("victim", "nats://"+proxy.addr(), "--lease", "2s", "--publish-timeout", "1500ms", "--ack-timeout", "10s")
 	proxy.holdAcks()
 	ids := e.enqueue(50, 4)
-	waitFor(t, 30*time.Second, "the victim to hold leases", func() bool {
+	wait.For(t, 30*time.Second, "the victim to hold leases", func() bool {
 		return e.count("claimed_by = 'victim' AND claim_until > now() AND published_at IS NULL") > 0
 	})
 	pgtest.Must(t, victim.cmd.Process.Kill(), "SIGKILL")
@@ -232,7 +222,7 @@ func TestRelaySIGKILLHoldingLeases(t *testing.T) {
 	pgtest.Must(t, err, "relay")
 	pgtest.Must(t, r.Start(context.Background()), "start")
 	defer r.Stop(context.Background()) //nolint:errcheck
-	waitFor(t, 30*time.Second, "the successor to publish everything", func() bool { return e.count("published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the successor to publish everything", func() bool { return e.count("published_at IS NULL") == 0 })
 	dups := brokertest.CheckStream(t, e.target.Read(t), ids)
 	if s := r.Stats(); s.TakenOver < int64(held) {
 		t.Fatalf("successor took over %d leases, the victim held %d", s.TakenOver, held)
@@ -381,7 +371,7 @@ func TestRelayToWebhook(t *testing.T) {
 	cmd.Stderr = writerFunc(func(b []byte) (int, error) { stderr.WriteLine(string(b)); return len(b), nil })
 	pgtest.Must(t, cmd.Start(), "start relay")
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	waitFor(t, 30*time.Second, "the events to be delivered", func() bool { return e.count("published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the events to be delivered", func() bool { return e.count("published_at IS NULL") == 0 })
 	pgtest.Must(t, cmd.Process.Signal(syscall.SIGTERM), "SIGTERM")
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("relay: %v\n%s", err, stderr.String())

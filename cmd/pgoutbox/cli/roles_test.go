@@ -16,6 +16,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -129,7 +130,7 @@ func TestCommandsRunAsLeastPrivilegeRoles(t *testing.T) {
 
 	relay := startOpsRelay(t, nil, "--database-url", e.urls[migrate.RoleRelay], "--schema", e.schema, "--broker", "null://",
 		"--metrics-addr", "127.0.0.1:0", "--poll-interval", "100ms", "--id", "least-relay")
-	waitFor(t, 30*time.Second, "the relay role drained the outbox", func() bool { return e.count("outbox_events", "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the relay role drained the outbox", func() bool { return e.count("outbox_events", "published_at IS NULL") == 0 })
 	if code, body := relay.get(t, "/readyz"); code != 200 {
 		t.Fatalf("/readyz: %d %s\n%s", code, body, relay.stderr.String())
 	}
@@ -215,11 +216,11 @@ func TestRelayReportsMissingPrivilegeAsSuch(t *testing.T) {
 
 	relay := startOpsRelay(t, nil, "--database-url", e.urls[migrate.RoleRelay], "--schema", e.schema, "--broker", "null://",
 		"--metrics-addr", "127.0.0.1:0", "--poll-interval", "50ms")
-	waitFor(t, 30*time.Second, "the first drain", func() bool { return e.count("outbox_events", "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the first drain", func() bool { return e.count("outbox_events", "published_at IS NULL") == 0 })
 	e.sql("REVOKE UPDATE ON " + e.table("outbox_events") + " FROM " + pgx.Identifier{e.roles[migrate.RoleRelay]}.Sanitize())
 	e.enqueue(1, "a3")
 	var body string
-	waitFor(t, 30*time.Second, "/readyz to report the permission error", func() bool {
+	wait.For(t, 30*time.Second, "/readyz to report the permission error", func() bool {
 		var code int
 		code, body = relay.get(t, "/readyz")
 		return code == 503 && strings.Contains(body, "permission denied for table outbox_events") && strings.Contains(body, "42501")
@@ -232,8 +233,8 @@ func TestRelayReportsMissingPrivilegeAsSuch(t *testing.T) {
 	}
 	e.sql("GRANT UPDATE (claimed_by, claim_until, published_at, attempt_count, last_error, available_at, quarantined_at) ON " +
 		e.table("outbox_events") + " TO " + pgx.Identifier{e.roles[migrate.RoleRelay]}.Sanitize())
-	waitFor(t, 30*time.Second, "the drain after the grant", func() bool { return e.count("outbox_events", "published_at IS NULL") == 0 })
-	waitFor(t, 30*time.Second, "/readyz 200", func() bool { code, _ := relay.get(t, "/readyz"); return code == 200 })
+	wait.For(t, 30*time.Second, "the drain after the grant", func() bool { return e.count("outbox_events", "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "/readyz 200", func() bool { code, _ := relay.get(t, "/readyz"); return code == 200 })
 	relay.sigterm(t)
 }
 
@@ -273,7 +274,7 @@ func TestPartitionedCleanupNeedsTheOwnerRole(t *testing.T) {
 func TestCDCRelayRunsAsTheCDCRole(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	main := pgtest.Pool(t, pgtest.URL(), 2)
+	main := pgtest.Pool(t, pgtest.Logical(t), 2)
 	roles := map[migrate.Role]string{}
 	for _, r := range migrate.Roles {
 		var attrs []string
@@ -283,7 +284,7 @@ func TestCDCRelayRunsAsTheCDCRole(t *testing.T) {
 		roles[r] = pgtest.Role(t, main, pgtest.Name(string(r)[:3])+`"x`, attrs...)
 	}
 	// Created after the roles, so dropped before them; the slot is dropped before it.
-	dbURL := pgtest.Database(t)
+	dbURL := pgtest.DatabaseOn(t, pgtest.Logical(t))
 	admin := pgtest.Pool(t, dbURL, 4)
 	schema := pgtest.SchemaName(t, admin, "cdc")
 	urls := map[migrate.Role]string{}
@@ -338,7 +339,7 @@ func TestCDCRelayRunsAsTheCDCRole(t *testing.T) {
 	enqueue(10) // a backlog: the table path's
 	relay := e.startCDCRelay(nil)
 	enqueue(20) // streamed
-	waitFor(t, 60*time.Second, "the CDC role to publish everything", func() bool { return e.count("published_at IS NULL") == 0 })
+	wait.For(t, 60*time.Second, "the CDC role to publish everything", func() bool { return e.count("published_at IS NULL") == 0 })
 	if code := relay.stop(t, syscall.SIGTERM); code != 0 {
 		t.Fatalf("exit status %d:\n%s", code, relay.stderr.String())
 	}

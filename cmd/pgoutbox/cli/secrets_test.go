@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // A relay process whose webhook refuses its signature with 401 and echoes the whole
@@ -57,12 +58,12 @@ func TestRelayWebhookRefusalKeepsSecrets(t *testing.T) {
 	pgtest.Must(t, err, "read the relay's command line")
 
 	var ready string
-	waitFor(t, 30*time.Second, "/readyz to report the configuration error", func() bool {
+	wait.For(t, 30*time.Second, "/readyz to report the configuration error", func() bool {
 		code, body := p.get(t, "/readyz")
 		ready = body
 		return code == 503 && strings.Contains(body, "refuses the relay's configuration") && strings.Contains(body, "401")
 	})
-	waitFor(t, 30*time.Second, "retries past --max-attempts", func() bool { return e.count("attempt_count >= 3") > 0 })
+	wait.For(t, 30*time.Second, "retries past --max-attempts", func() bool { return e.count("attempt_count >= 3") > 0 })
 	if strings.Contains(ready, "broker unreachable") {
 		t.Errorf("/readyz says unreachable: %q", ready)
 	}
@@ -90,7 +91,7 @@ func TestRelayWebhookRefusalKeepsSecrets(t *testing.T) {
 	}
 
 	accept.Store(true)
-	waitFor(t, 30*time.Second, "delivery once accepted", func() bool { return e.count("published_at IS NULL") == 0 })
-	waitFor(t, 30*time.Second, "/readyz 200", func() bool { code, _ := p.get(t, "/readyz"); return code == 200 })
+	wait.For(t, 30*time.Second, "delivery once accepted", func() bool { return e.count("published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "/readyz 200", func() bool { code, _ := p.get(t, "/readyz"); return code == 200 })
 	p.sigterm(t)
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // opsRelay is a `pgoutbox relay` process started with --metrics-addr.
@@ -134,7 +135,7 @@ func TestRelayMetricsFollowABrokerOutage(t *testing.T) {
 	p := startOpsRelay(t, []string{"PGOUTBOX_METRICS_ADDR=127.0.0.1:0"},
 		"--database-url", pgtest.URL(), "--schema", schema, "--broker", srv.URL+"/hook", "--webhook-unsigned",
 		"--poll-interval", "100ms", "--backoff-base", "50ms", "--backoff-max", "200ms", "--ack-timeout", "2s")
-	waitFor(t, 30*time.Second, "the first events to be published", func() bool { return e.count("published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the first events to be published", func() bool { return e.count("published_at IS NULL") == 0 })
 	if code, body := p.get(t, "/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("/healthz: %d %q", code, body)
 	}
@@ -153,7 +154,7 @@ func TestRelayMetricsFollowABrokerOutage(t *testing.T) {
 	// The broker goes down.
 	status.Store(http.StatusServiceUnavailable)
 	e.enqueue(2, 3)
-	waitFor(t, 30*time.Second, "/readyz to report the broker down", func() bool {
+	wait.For(t, 30*time.Second, "/readyz to report the broker down", func() bool {
 		code, body := p.get(t, "/readyz")
 		return code == 503 && strings.Contains(body, "broker unreachable")
 	})
@@ -161,11 +162,11 @@ func TestRelayMetricsFollowABrokerOutage(t *testing.T) {
 		t.Errorf("up{broker} %v with the broker down", up)
 	}
 	var age float64
-	waitFor(t, 30*time.Second, "the pending events to be seen", func() bool {
+	wait.For(t, 30*time.Second, "the pending events to be seen", func() bool {
 		age = p.metric(t, "pgoutbox_relay_oldest_pending_age_seconds")
 		return p.metric(t, "pgoutbox_relay_pending_events") == 6 && age > 0
 	})
-	waitFor(t, 30*time.Second, "the oldest pending age to rise", func() bool {
+	wait.For(t, 30*time.Second, "the oldest pending age to rise", func() bool {
 		return p.metric(t, "pgoutbox_relay_oldest_pending_age_seconds") > age+0.2
 	})
 	if f := p.metric(t, `pgoutbox_relay_publish_failures_total{reason="unavailable"}`); f < 1 {
@@ -177,11 +178,11 @@ func TestRelayMetricsFollowABrokerOutage(t *testing.T) {
 
 	// The broker is back.
 	status.Store(http.StatusOK)
-	waitFor(t, 30*time.Second, "the backlog to drain", func() bool { return e.count("published_at IS NULL") == 0 })
-	waitFor(t, 30*time.Second, "the oldest pending age to fall to 0", func() bool {
+	wait.For(t, 30*time.Second, "the backlog to drain", func() bool { return e.count("published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the oldest pending age to fall to 0", func() bool {
 		return p.metric(t, "pgoutbox_relay_oldest_pending_age_seconds") == 0 && p.metric(t, "pgoutbox_relay_pending_events") == 0
 	})
-	waitFor(t, 30*time.Second, "/readyz to report ready", func() bool { code, _ := p.get(t, "/readyz"); return code == 200 })
+	wait.For(t, 30*time.Second, "/readyz to report ready", func() bool { code, _ := p.get(t, "/readyz"); return code == 200 })
 	if got := p.metric(t, "pgoutbox_relay_published_total"); got != 36 {
 		t.Errorf("published_total %v after the outage, want 36", got)
 	}
@@ -253,7 +254,7 @@ func TestRelayConsoleTraces(t *testing.T) {
 	pgtest.Must(t, cmd.Start(), "start relay")
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) })
-	waitFor(t, 30*time.Second, "the event to be published", func() bool { return e.count("published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the event to be published", func() bool { return e.count("published_at IS NULL") == 0 })
 	pgtest.Must(t, cmd.Process.Signal(syscall.SIGTERM), "SIGTERM")
 	var werr error
 	once.Do(func() { werr = cmd.Wait() })
@@ -280,7 +281,7 @@ func TestRelayCleanupJobFeedsMetrics(t *testing.T) {
 		"--database-url", pgtest.URL(), "--schema", schema, "--broker", "null://",
 		"--cleanup-interval", "100ms", "--retention", "1h")
 	sample := `pgoutbox_cleanup_deleted_rows_total{table="outbox_events"}`
-	waitFor(t, 30*time.Second, "the cleanup counter", func() bool { return p.metric(t, sample) == float64(len(old)) })
+	wait.For(t, 30*time.Second, "the cleanup counter", func() bool { return p.metric(t, sample) == float64(len(old)) })
 	if n := e.count("true"); n != 0 {
 		t.Fatalf("%d rows left after cleanup", n)
 	}
