@@ -544,4 +544,3 @@ func tail(s string, lines int) string {
 	}
 	return strings.Join(all, "\n")
 }
-
