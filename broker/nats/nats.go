@@ -11,8 +11,12 @@
 // are awaited oldest first, with no goroutine per message).
 //
 // [New] wraps a JetStream client the caller configured; [Dial] owns its
-// connection and reconnects forever. [StartEmbedded] runs an in-process server for
-// demos and tests.
+// connection and reconnects forever. Package natsembed runs an in-process server
+// for demos and tests.
+//
+// Imports nats.go (with nkeys, nuid, klauspost/compress and golang.org/x/crypto)
+// and golang.org/x/sync, besides the root package's pgx and OpenTelemetry API; no
+// server code.
 package nats
 
 import (

@@ -21,6 +21,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -327,9 +328,9 @@ func TestDialBeforeServerStarts(t *testing.T) {
 		t.Fatalf("before the server starts: %v, want unavailable", err)
 	}
 
-	srv, err := nats.StartEmbedded(nats.EmbeddedConfig{StoreDir: t.TempDir(), Port: port})
+	srv, err := natsembed.New(&natsembed.Config{StoreDir: t.TempDir(), Port: port})
 	if err != nil {
-		t.Fatalf("StartEmbedded: %v", err)
+		t.Fatalf("natsembed.New: %v", err)
 	}
 	defer srv.Shutdown()
 	select {
@@ -385,13 +386,6 @@ func TestClosedPublisherFails(t *testing.T) {
 	}
 	if !js.Conn().IsConnected() {
 		t.Error("Close closed a connection the publisher does not own")
-	}
-}
-
-func TestStartEmbeddedNeedsStoreDir(t *testing.T) {
-	t.Parallel()
-	if _, err := nats.StartEmbedded(nats.EmbeddedConfig{Port: -1}); err == nil || !strings.Contains(err.Error(), "StoreDir") {
-		t.Errorf("StartEmbedded without a store: %v", err)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
@@ -268,14 +269,14 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		cfg.Subject = *t.template
 	}
 	serverURL := t.flags.url
-	var embedded *natsbroker.Embedded
+	var embedded *natsembed.Server
 	if t.kind == "embedded" {
 		var err error
 		var serverLog *slog.Logger // the server's own chatter only at --log-level debug
 		if log.Enabled(ctx, slog.LevelDebug) {
 			serverLog = log.With(slog.String("component", "embedded-nats"))
 		}
-		embedded, err = natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{
+		embedded, err = natsembed.New(&natsembed.Config{
 			StoreDir: t.flags.embeddedDir, Port: t.flags.embeddedPort, Logger: serverLog,
 		})
 		if err != nil {

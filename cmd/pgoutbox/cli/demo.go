@@ -27,7 +27,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
-	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/examples/orders"
 	"github.com/pgoutbox/pgoutbox/examples/orders/audit"
 	"github.com/pgoutbox/pgoutbox/examples/orders/fakepay"
@@ -240,7 +240,7 @@ func runDemo(ctx context.Context, f *demoFlags, out, errOut io.Writer) (err erro
 		if err != nil {
 			return err
 		}
-		srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: dir, Port: -1})
+		srv, err := natsembed.New(&natsembed.Config{StoreDir: dir, Port: -1})
 		if err != nil {
 			_ = os.RemoveAll(dir)
 			return fmt.Errorf("start embedded NATS: %w", err)
