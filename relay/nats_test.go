@@ -28,7 +28,7 @@ func mustTemplate(t *testing.T, s string) broker.Template {
 // dialNATS connects a publisher for target at serverURL, closed when the test ends.
 func dialNATS(t *testing.T, serverURL string, target natstest.Target) *natsbroker.Publisher {
 	t.Helper()
-	pub, err := natsbroker.Dial(context.Background(), serverURL, natsbroker.Config{
+	pub, err := natsbroker.Dial(context.Background(), serverURL, &natsbroker.Config{
 		Stream: target.Stream, StreamSubjects: target.Subjects(), Subject: mustTemplate(t, target.Template),
 		AckTimeout: 2 * time.Second, Logger: quietLogger(),
 	})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -100,8 +101,9 @@ func TestPublishSpanJoinsTheProducersTrace(t *testing.T) {
 	}
 
 	inner := &capture{}
-	pub := brokerotel.New(inner, &brokerotel.Config{TracerProvider: tp, System: "test",
+	pub, err := brokerotel.New(inner, &brokerotel.Config{TracerProvider: tp, System: "test",
 		Destination: broker.MustParseTemplate("outbox.{aggregate_type}").Expand})
+	pgtest.Must(t, err, "brokerotel.New")
 	if _, ok := pub.(broker.Pinger); ok {
 		t.Fatal("wrapper of a publisher without Ping implements broker.Pinger")
 	}
@@ -205,7 +207,10 @@ func TestLinkOnly(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	inner := &pinging{}
-	pub := brokerotel.New(inner, &brokerotel.Config{TracerProvider: tp, LinkOnly: true})
+	pub, err := brokerotel.New(inner, &brokerotel.Config{TracerProvider: tp, LinkOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if p, ok := pub.(broker.Pinger); !ok || p.Ping(context.Background()).Error() != "pong" {
 		t.Fatal("Ping does not pass through")
 	}
@@ -228,5 +233,22 @@ func TestLinkOnly(t *testing.T) {
 	}
 	if s.Name() != "publish order" {
 		t.Fatalf("default destination: span %q", s.Name())
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	var nilCfg *brokerotel.Config
+	if err := nilCfg.Validate(); err != nil {
+		t.Errorf("nil Config: %v", err)
+	}
+	if err := (&brokerotel.Config{System: "nats"}).Validate(); err != nil {
+		t.Errorf("System nats: %v", err)
+	}
+	if _, err := brokerotel.New(&capture{}, &brokerotel.Config{System: "na\x00ts"}); err == nil || !strings.Contains(err.Error(), "Config.System") {
+		t.Errorf("System with a NUL: %v", err)
+	}
+	if _, err := brokerotel.New(nil, nil); err == nil {
+		t.Error("New(nil publisher): no error")
 	}
 }

@@ -57,7 +57,7 @@ func openEmbedded(t *testing.T, opts brokertest.Options) *brokertest.Instance {
 	if opts.WrapConn != nil {
 		cfg.DialOptions = append(cfg.DialOptions, natsgo.SetCustomDialer(wrapDialer{opts.WrapConn}))
 	}
-	pub, err := nats.Dial(t.Context(), first.URL(), cfg)
+	pub, err := nats.Dial(t.Context(), first.URL(), &cfg)
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}

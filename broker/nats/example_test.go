@@ -32,7 +32,7 @@ func Example() {
 	}
 	defer srv.Shutdown()
 
-	pub, err := nats.Dial(ctx, srv.URL(), nats.Config{})
+	pub, err := nats.Dial(ctx, srv.URL(), &nats.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -73,7 +73,7 @@ func isolated(t *testing.T, js jetstream.JetStream) nats.Config {
 
 func newPublisher(t *testing.T, js jetstream.JetStream, cfg nats.Config) *nats.Publisher {
 	t.Helper()
-	p, err := nats.New(t.Context(), js, cfg)
+	p, err := nats.New(t.Context(), js, &cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -285,7 +285,7 @@ func TestRefusedMessagesArePermanent(t *testing.T) {
 func TestDialUnreachableIsUnavailable(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	p, err := nats.Dial(t.Context(), "nats://127.0.0.1:1", nats.Config{Logger: quiet})
+	p, err := nats.Dial(t.Context(), "nats://127.0.0.1:1", &nats.Config{Logger: quiet})
 	if err != nil {
 		t.Fatalf("Dial: %v; an unreachable server must not be fatal", err)
 	}
@@ -313,7 +313,7 @@ func TestDialBeforeServerStarts(t *testing.T) {
 	l.Close()
 
 	connected := make(chan struct{})
-	p, err := nats.Dial(t.Context(), "nats://127.0.0.1:"+strconv.Itoa(port), nats.Config{
+	p, err := nats.Dial(t.Context(), "nats://127.0.0.1:"+strconv.Itoa(port), &nats.Config{
 		Logger: quiet,
 		DialOptions: []natsgo.Option{
 			natsgo.ReconnectWait(20 * time.Millisecond),
@@ -347,7 +347,7 @@ func TestDialBeforeServerStarts(t *testing.T) {
 func TestDialMalformedURL(t *testing.T) {
 	t.Parallel()
 	for _, url := range []string{"", "nats://127.0.0.1:notaport", "http://127.0.0.1:4222", "nats://127.0.0.1:99999", "nats://[::1"} {
-		if p, err := nats.Dial(t.Context(), url, nats.Config{Logger: quiet}); err == nil {
+		if p, err := nats.Dial(t.Context(), url, &nats.Config{Logger: quiet}); err == nil {
 			p.Close()
 			t.Errorf("Dial(%q): no error", url)
 		}
@@ -362,11 +362,25 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"Config.AckTimeout":     {AckTimeout: -time.Second},
 		"Config.MaxPending":     {MaxPending: -1},
 	} {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: Validate: %v does not name the field", field, err)
+		}
 		cfg.Logger = quiet
-		_, err := nats.Dial(t.Context(), "nats://127.0.0.1:1", cfg)
+		_, err := nats.Dial(t.Context(), "nats://127.0.0.1:1", &cfg)
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: error %v does not name the field", field, err)
 		}
+	}
+	var nilCfg *nats.Config
+	if err := nilCfg.Validate(); err != nil {
+		t.Errorf("nil Config: %v", err)
+	}
+	if err := (&nats.Config{}).Validate(); err != nil {
+		t.Errorf("zero Config: %v", err)
+	}
+	err := (&nats.Config{AckTimeout: -1, MaxPending: -1}).Validate()
+	if err == nil || !strings.Contains(err.Error(), "Config.AckTimeout") || !strings.Contains(err.Error(), "Config.MaxPending") {
+		t.Errorf("two invalid fields: %v, want both named", err)
 	}
 }
 

@@ -161,7 +161,7 @@ func isolated(t *testing.T) (rabbitmq.Config, *admin, string) {
 
 func dial(t *testing.T, url string, cfg rabbitmq.Config) *rabbitmq.Publisher {
 	t.Helper()
-	p, err := rabbitmq.Dial(t.Context(), url, cfg)
+	p, err := rabbitmq.Dial(t.Context(), url, &cfg)
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}

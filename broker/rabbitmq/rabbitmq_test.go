@@ -265,7 +265,7 @@ func TestConcurrentPublish(t *testing.T) {
 func TestDialUnreachableIsUnavailable(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	p, err := rabbitmq.Dial(t.Context(), "amqp://guest:guest@127.0.0.1:1/", rabbitmq.Config{Logger: quiet})
+	p, err := rabbitmq.Dial(t.Context(), "amqp://guest:guest@127.0.0.1:1/", &rabbitmq.Config{Logger: quiet})
 	if err != nil {
 		t.Fatalf("Dial: %v; an unreachable server must not be fatal", err)
 	}
@@ -498,7 +498,7 @@ func TestDialMalformedURL(t *testing.T) {
 		"amqps://guest:" + secret + "@127.0.0.1/?cacertfile=/nonexistent/ca.pem",
 		"amqp://gu%zzest:" + secret + "@127.0.0.1/",
 	} {
-		p, err := rabbitmq.Dial(t.Context(), url, rabbitmq.Config{Logger: quiet})
+		p, err := rabbitmq.Dial(t.Context(), url, &rabbitmq.Config{Logger: quiet})
 		if err == nil {
 			p.Close()
 			t.Errorf("Dial(%q): no error", url)
@@ -518,7 +518,7 @@ func TestDialRefused(t *testing.T) {
 		"amqp://guest:" + secret + "@" + sharedAddr(t) + "/":                      "username or password",
 		"amqp://guest:guest@" + sharedAddr(t) + "/" + uniqueName("no-such-vhost"): "not found",
 	} {
-		p, err := rabbitmq.Dial(t.Context(), url, rabbitmq.Config{Logger: quiet})
+		p, err := rabbitmq.Dial(t.Context(), url, &rabbitmq.Config{Logger: quiet})
 		if err == nil {
 			p.Close()
 			t.Errorf("Dial(%s): no error", url)
@@ -542,11 +542,30 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"Config.MaxReconnectBackoff": {ReconnectBackoff: time.Minute, MaxReconnectBackoff: time.Second},
 		"Config.ConnectionName":      {ConnectionName: strings.Repeat("n", 300)},
 	} {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: Validate: %v does not name the field", field, err)
+		}
 		cfg.Logger = quiet
-		_, err := rabbitmq.Dial(t.Context(), "amqp://127.0.0.1:1/", cfg)
+		_, err := rabbitmq.Dial(t.Context(), "amqp://127.0.0.1:1/", &cfg)
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: error %v does not name the field", field, err)
 		}
+	}
+	var nilCfg *rabbitmq.Config
+	if err := nilCfg.Validate(); err != nil {
+		t.Errorf("nil Config: %v", err)
+	}
+	// Zero fields stand for their defaults: a cap below the default first
+	// backoff is refused, one above a zero ReconnectBackoff's default is not.
+	if err := (&rabbitmq.Config{MaxReconnectBackoff: time.Second}).Validate(); err != nil {
+		t.Errorf("MaxReconnectBackoff above the default ReconnectBackoff: %v", err)
+	}
+	if err := (&rabbitmq.Config{MaxReconnectBackoff: time.Millisecond}).Validate(); err == nil {
+		t.Error("MaxReconnectBackoff below the default ReconnectBackoff: no error")
+	}
+	err := (&rabbitmq.Config{ConfirmTimeout: -1, MaxPending: -1}).Validate()
+	if err == nil || !strings.Contains(err.Error(), "Config.ConfirmTimeout") || !strings.Contains(err.Error(), "Config.MaxPending") {
+		t.Errorf("two invalid fields: %v, want both named", err)
 	}
 }
 

@@ -63,7 +63,7 @@ func newEnv(t testing.TB, maxConns int32, partitions int32) *env {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	e.pub, err = kafka.Dial(ctx, "kafka://"+strings.Join(e.addrs, ","), kafka.Config{Logger: quiet})
+	e.pub, err = kafka.Dial(ctx, "kafka://"+strings.Join(e.addrs, ","), &kafka.Config{Logger: quiet})
 	pgtest.Must(t, err, "kafka.Dial")
 	t.Cleanup(func() { _ = e.pub.Close() })
 	admCl, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...))

@@ -39,7 +39,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer srv.Shutdown()
-	pub, err := natsbroker.Dial(ctx, srv.URL(), natsbroker.Config{})
+	pub, err := natsbroker.Dial(ctx, srv.URL(), &natsbroker.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -85,7 +85,7 @@ func newEnvArgs(t testing.TB, maxConns int32, args amqp.Table) *env {
 		return ch.QueueBind(e.queue, "#", e.exchange, false, nil)
 	})
 
-	e.pub, err = rabbitmq.Dial(ctx, amqpURL, rabbitmq.Config{Exchange: e.exchange, Logger: quiet})
+	e.pub, err = rabbitmq.Dial(ctx, amqpURL, &rabbitmq.Config{Exchange: e.exchange, Logger: quiet})
 	pgtest.Must(t, err, "dial the publisher")
 	t.Cleanup(func() { _ = e.pub.Close() })
 	return e

@@ -228,7 +228,7 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		if t.template != nil {
 			cfg.Topic = *t.template
 		}
-		pub, err := kafka.Dial(ctx, t.flags.url, cfg)
+		pub, err := kafka.Dial(ctx, t.flags.url, &cfg)
 		if err != nil {
 			return nil, nil, usageError{err}
 		}
@@ -248,7 +248,7 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		if t.template != nil {
 			cfg.RoutingKey = *t.template
 		}
-		pub, err := rabbitmq.Dial(ctx, t.flags.url, cfg)
+		pub, err := rabbitmq.Dial(ctx, t.flags.url, &cfg)
 		if err != nil {
 			// A malformed URL or a server that turned us away (403
 			// ACCESS_REFUSED, an unknown vhost): Dial waits out an unreachable
@@ -257,7 +257,7 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		}
 		return pub, func() { _ = pub.Close() }, nil
 	case "webhook":
-		pub, err := webhook.New(webhook.Config{URL: t.flags.url, Secret: t.secret, AllowUnsigned: t.flags.unsigned,
+		pub, err := webhook.New(&webhook.Config{URL: t.flags.url, Secret: t.secret, AllowUnsigned: t.flags.unsigned,
 			Timeout: t.flags.ackTimeout, Logger: log})
 		if err != nil {
 			return nil, nil, usageError{err}
@@ -286,7 +286,7 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		log.Warn("--broker embedded: events go to a NATS server inside this process; consumers elsewhere never see them, and they are lost with its data directory",
 			slog.String("url", serverURL), slog.String("dir", t.flags.embeddedDir))
 	}
-	pub, err := natsbroker.Dial(ctx, serverURL, cfg)
+	pub, err := natsbroker.Dial(ctx, serverURL, &cfg)
 	if err != nil {
 		if embedded != nil {
 			embedded.Shutdown()
