@@ -3,6 +3,7 @@ package brokerotel_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/brokerotel"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -110,13 +112,10 @@ func TestPublishSpanJoinsTheProducersTrace(t *testing.T) {
 	r, err := relay.New(pool, pub, &relay.Config{Schema: schema, Workers: 1, PollInterval: 50 * time.Millisecond, Logger: quiet()})
 	pgtest.Must(t, err, "relay")
 	pgtest.Must(t, r.Start(context.Background()), "start")
-	deadline := time.Now().Add(30 * time.Second)
-	for s := r.Stats(); s.Published < 3 || s.Quarantined < 1; s = r.Stats() {
-		if time.Now().After(deadline) {
-			t.Fatalf("relay stats %+v", s)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.Forf(t, 30*time.Second, func() string { return fmt.Sprintf("3 published and 1 quarantined (relay stats %+v)", r.Stats()) }, func() bool {
+		s := r.Stats()
+		return s.Published >= 3 && s.Quarantined >= 1
+	})
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pgtest.Must(t, r.Stop(sctx), "stop")

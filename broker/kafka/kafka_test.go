@@ -27,6 +27,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // fastRetries make the client retry at once in tests where the cluster fails
@@ -301,16 +302,16 @@ func TestTransientErrorsAreUnavailable(t *testing.T) {
 	// fail: the client fails the records buffered behind a batch that timed
 	// out, and the first call's batch may time out only now.
 	fault.Remove()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		results := publish(t, p, msgs...)
+	wait.Forf(t, 30*time.Second, func() string { return fmt.Sprintf("a publish after the replicas came back (last: %v)", results) }, func() bool {
+		results = publish(t, p, msgs...)
 		if results[0] == nil && results[1] == nil {
-			break
+			return true
 		}
-		if !broker.IsUnavailable(results[0]) || time.Now().After(deadline) {
+		if !broker.IsUnavailable(results[0]) {
 			t.Fatalf("after the replicas came back: %v", results)
 		}
-	}
+		return false
+	})
 	// The records the first call gave up on may have been stored late: first
 	// appearances must still be in order.
 	var first []string
@@ -397,16 +398,14 @@ func TestDialBeforeClusterStarts(t *testing.T) {
 		t.Fatalf("start the cluster: %v", err)
 	}
 	defer kc.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := publish(t, p, message("order", "a", 1))[0]
-		if err == nil {
-			break
+	var last error
+	wait.Forf(t, 30*time.Second, func() string { return fmt.Sprintf("a publish after the cluster started (last: %v)", last) }, func() bool {
+		last = publish(t, p, message("order", "a", 1))[0]
+		if last != nil && !broker.IsUnavailable(last) {
+			t.Fatalf("after the cluster started: %v", last)
 		}
-		if !broker.IsUnavailable(err) || time.Now().After(deadline) {
-			t.Fatalf("after the cluster started: %v", err)
-		}
-	}
+		return last == nil
+	})
 	if err := p.Ping(t.Context()); err != nil {
 		t.Errorf("Ping: %v", err)
 	}

@@ -178,21 +178,6 @@ func publish(t *testing.T, p broker.Publisher, msgs ...broker.Message) []error {
 	return brokertest.Publish(t, p, msgs...)
 }
 
-// eventually calls ok every few milliseconds until it returns true, and fails
-// the test if it has not within d.
-func eventually(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		<-tick.C
-	}
-}
-
 // proxy forwards TCP connections to the shared server. Stop cuts every
 // connection and stops listening, as a server that went down would; Start
 // listens again on the same address. The server itself, shared with other

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -294,7 +295,7 @@ func TestDialBeforeServerStarts(t *testing.T) {
 	if err := prx.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "connect once the server is reachable", func() bool { return p.Ping(t.Context()) == nil })
+	wait.For(t, 10*time.Second, "connect once the server is reachable", func() bool { return p.Ping(t.Context()) == nil })
 	if err := publish(t, p, message("order", "1", 1))[0]; err != nil {
 		t.Fatalf("once the server is reachable: %v", err)
 	}
@@ -372,7 +373,7 @@ func TestServerClosesConnection(t *testing.T) {
 
 	// The publisher reconnects by itself; later publishes succeed.
 	after := message("order", "d", 1)
-	eventually(t, 15*time.Second, "publish after the connection was closed", func() bool {
+	wait.For(t, 15*time.Second, "publish after the connection was closed", func() bool {
 		return publish(t, p, after)[0] == nil
 	})
 	acked[after.EventID.String()] = true
@@ -430,7 +431,7 @@ func TestChannelLossReopensChannel(t *testing.T) {
 		t.Fatalf("exchange deleted: %v, want unavailable, NOT_FOUND", err)
 	}
 	// The publisher reopens a channel, which declares the exchange again.
-	eventually(t, 10*time.Second, "exchange declared again", func() bool { return p.Ping(t.Context()) == nil })
+	wait.For(t, 10*time.Second, "exchange declared again", func() bool { return p.Ping(t.Context()) == nil })
 	if err := a.ch.QueueBind(q, "#", cfg.Exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -471,7 +472,7 @@ func TestConfirmTimeout(t *testing.T) {
 	// a new one.
 	g.release()
 	m := message("order", "1", 2)
-	eventually(t, 15*time.Second, "publish after the partition", func() bool { return publish(t, p, m)[0] == nil })
+	wait.For(t, 15*time.Second, "publish after the partition", func() bool { return publish(t, p, m)[0] == nil })
 	if n := len(a.get(q)); n < 2 || n > 3 {
 		t.Errorf("queue holds %d messages, want 2 or 3 (the unconfirmed one may be stored)", n)
 	}
