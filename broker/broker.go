@@ -16,6 +16,9 @@
 //     max-attempts.
 //
 // The package brokertest holds the conformance suite every adapter must pass.
+//
+// Imports nothing beyond the standard library and the root package's pgx and
+// OpenTelemetry API: no broker client.
 package broker
 
 import (

@@ -17,6 +17,9 @@
 // kafka:// URL ([ParseURL]) and reconnects forever: a cluster that is unreachable
 // at start-up is not an error, publishes fail as [broker.Unavailable] until it is
 // reachable.
+//
+// Imports franz-go (with klauspost/compress and pierrec/lz4), besides the root
+// package's pgx and OpenTelemetry API.
 package kafka
 
 import (

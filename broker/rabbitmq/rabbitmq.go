@@ -17,6 +17,8 @@
 // [Dial] owns its connection and reconnects forever, in the background, with
 // exponential backoff: a server that is unreachable makes publishes fail as
 // [broker.Unavailable] until it is back.
+//
+// Imports amqp091-go, besides the root package's pgx and OpenTelemetry API.
 package rabbitmq
 
 import (

@@ -75,6 +75,9 @@
 //
 // [Verifier] checks signatures on the receiving side, as a function or as
 // net/http middleware, with several secrets for rotation.
+//
+// Imports nothing beyond the standard library (net/http) and the root package's
+// pgx and OpenTelemetry API.
 package webhook
 
 import (
