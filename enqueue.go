@@ -18,23 +18,27 @@ import (
 // still get consecutive sequences because the first one took the aggregates' locks.
 const maxEventsPerStatement = 1000
 
-// Config configures a Producer. The zero value is ready to use.
+// DefaultSchema is the schema of the outbox tables when Config.Schema is empty,
+// the same as migrate's.
+const DefaultSchema = migrate.DefaultSchema
+
+// Config configures a Producer. A nil *Config means all defaults.
 type Config struct {
 	// Schema is the PostgreSQL schema holding the outbox tables (see package
-	// migrate). Defaults to "public".
+	// migrate). Empty means DefaultSchema ("public").
 	Schema string
 
 	// MaxPayloadBytes is the largest payload accepted, in bytes of the text jsonb
 	// stores (what the relay publishes; see JSONBTextLength). Larger payloads fail
-	// with ErrPayloadTooLarge before any SQL runs. Defaults to
-	// DefaultMaxPayloadBytes; a negative value means HardMaxPayloadBytes, and a
-	// larger value is an error. Keep it in step with the database setting
+	// with ErrPayloadTooLarge before any SQL runs. Zero means
+	// DefaultMaxPayloadBytes (1 MiB - 32 KiB); a negative value means
+	// HardMaxPayloadBytes, and a larger value is an error. Keep it in step with the database setting
 	// pgoutbox.max_payload_bytes, which bounds the SQL function outbox_enqueue.
 	MaxPayloadBytes int
 
 	// Propagator writes the trace context of the ctx passed to Enqueue into each
 	// event's headers, so the relay and consumers can link their spans to the
-	// producer's trace. Defaults to W3C Trace Context (traceparent, tracestate).
+	// producer's trace. Nil means W3C Trace Context (traceparent, tracestate).
 	// It writes nothing when ctx carries no valid span.
 	Propagator propagation.TextMapPropagator
 }
@@ -48,25 +52,41 @@ type Producer struct {
 	stmt1      string // the INSERT for one event, the common case
 }
 
+// Validate reports every invalid field of c, each error naming its field; zero
+// fields stand for their defaults, and a nil c (all defaults) is valid.
+func (c *Config) Validate() error {
+	if c == nil {
+		return nil
+	}
+	var errs []error
+	if c.Schema != "" {
+		if err := migrate.ValidateSchema(c.Schema); err != nil {
+			errs = append(errs, fmt.Errorf("pgoutbox: Config.Schema: %w", err))
+		}
+	}
+	if c.MaxPayloadBytes > HardMaxPayloadBytes {
+		errs = append(errs, fmt.Errorf("pgoutbox: Config.MaxPayloadBytes (%d) is above the hard maximum of %d (HardMaxPayloadBytes)", c.MaxPayloadBytes, HardMaxPayloadBytes))
+	}
+	return errors.Join(errs...)
+}
+
 // NewProducer returns a Producer for cfg (nil means all defaults).
 func NewProducer(cfg *Config) (*Producer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	var c Config
 	if cfg != nil {
 		c = *cfg
 	}
 	if c.Schema == "" {
-		c.Schema = "public"
-	}
-	if err := migrate.ValidateSchema(c.Schema); err != nil {
-		return nil, fmt.Errorf("pgoutbox: Config.Schema: %w", err)
+		c.Schema = DefaultSchema
 	}
 	switch {
 	case c.MaxPayloadBytes == 0:
 		c.MaxPayloadBytes = DefaultMaxPayloadBytes
 	case c.MaxPayloadBytes < 0:
 		c.MaxPayloadBytes = HardMaxPayloadBytes
-	case c.MaxPayloadBytes > HardMaxPayloadBytes:
-		return nil, fmt.Errorf("pgoutbox: Config.MaxPayloadBytes %d: above the hard maximum of %d (HardMaxPayloadBytes)", c.MaxPayloadBytes, HardMaxPayloadBytes)
 	}
 	if c.Propagator == nil {
 		c.Propagator = propagation.TraceContext{}

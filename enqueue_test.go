@@ -569,6 +569,24 @@ func TestNewProducerRejectsBadSchema(t *testing.T) {
 	}
 }
 
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	var nilCfg *pgoutbox.Config
+	if err := nilCfg.Validate(); err != nil {
+		t.Errorf("nil Config: %v", err)
+	}
+	if err := (&pgoutbox.Config{MaxPayloadBytes: -1}).Validate(); err != nil {
+		t.Errorf("negative MaxPayloadBytes (the hard maximum): %v", err)
+	}
+	err := (&pgoutbox.Config{Schema: "a\x00", MaxPayloadBytes: pgoutbox.HardMaxPayloadBytes + 1}).Validate()
+	if err == nil || !strings.Contains(err.Error(), "Config.Schema") || !strings.Contains(err.Error(), "Config.MaxPayloadBytes") {
+		t.Errorf("two invalid fields: %v, want both named", err)
+	}
+	if _, err := pgoutbox.NewProducer(&pgoutbox.Config{MaxPayloadBytes: pgoutbox.HardMaxPayloadBytes + 1}); err == nil {
+		t.Error("NewProducer accepted a limit above HardMaxPayloadBytes")
+	}
+}
+
 func TestSQLFunctionValidation(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 2)

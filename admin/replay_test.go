@@ -128,7 +128,7 @@ func TestReplayToNATS(t *testing.T) {
 	before := rowState(t, pool, schema)
 
 	target := natstest.New(t, natstest.URL())
-	pub, err := natsbroker.New(ctx, target.JS, natsbroker.Config{Stream: target.Stream, StreamSubjects: target.Subjects(),
+	pub, err := natsbroker.New(ctx, target.JS, &natsbroker.Config{Stream: target.Stream, StreamSubjects: target.Subjects(),
 		Subject: broker.MustParseTemplate(target.Template)})
 	pgtest.Must(t, err, "nats publisher")
 	defer pub.Close()

@@ -16,6 +16,9 @@
 //     max-attempts.
 //
 // The package brokertest holds the conformance suite every adapter must pass.
+//
+// Imports nothing beyond the standard library and the root package's pgx and
+// OpenTelemetry API: no broker client.
 package broker
 
 import (
@@ -66,6 +69,10 @@ type Message struct {
 	// on, stays the event id. Adapters without such a feature ignore it.
 	DedupID string
 }
+
+// Lane returns the message's lane: its aggregate, within which messages are
+// published in AggregateSequence order.
+func (m *Message) Lane() pgoutbox.Lane { return pgoutbox.LaneOf(m.AggregateType, m.AggregateID) }
 
 // BrokerDedupID returns the id a broker's publish-side deduplication should use:
 // DedupID, or the event id when DedupID is empty.
@@ -203,13 +210,12 @@ func CheckMessage(m *Message) error {
 // refused may be nil. It returns one result per message, like Publisher.Publish.
 func PublishValid(ctx context.Context, pub Publisher, msgs []Message, refused []error) []error {
 	results := make([]error, len(msgs))
-	type laneKey struct{ typ, id string }
-	var failed map[laneKey]bool
+	var failed map[pgoutbox.Lane]bool
 	send := make([]Message, 0, len(msgs))
 	index := make([]int, 0, len(msgs))
 	for i := range msgs {
 		m := &msgs[i]
-		k := laneKey{m.AggregateType, m.AggregateID}
+		k := m.Lane()
 		if failed[k] {
 			results[i] = ErrPredecessorFailed
 			continue
@@ -223,7 +229,7 @@ func PublishValid(ctx context.Context, pub Publisher, msgs []Message, refused []
 		if err != nil {
 			results[i] = err
 			if failed == nil {
-				failed = map[laneKey]bool{}
+				failed = map[pgoutbox.Lane]bool{}
 			}
 			failed[k] = true
 			continue
@@ -473,11 +479,10 @@ func PublishLanesInOrder(ctx context.Context, msgs []Message, maxInFlight int, s
 // laneIndexes groups the indexes of msgs by aggregate, lanes in first-appearance
 // order and each lane in msgs' order.
 func laneIndexes(msgs []Message) [][]int {
-	type laneKey struct{ typ, id string }
-	index := map[laneKey]int{}
+	index := map[pgoutbox.Lane]int{}
 	var lanes [][]int
 	for i := range msgs {
-		k := laneKey{msgs[i].AggregateType, msgs[i].AggregateID}
+		k := msgs[i].Lane()
 		li, ok := index[k]
 		if !ok {
 			li = len(lanes)

@@ -31,7 +31,7 @@ func TestStreamsTwentyThousandEventsInOrderToNATS(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	target := natstest.New(t, natstest.URL())
-	pub, err := natsbroker.Dial(context.Background(), natstest.URL(), natsbroker.Config{
+	pub, err := natsbroker.Dial(context.Background(), natstest.URL(), &natsbroker.Config{
 		Stream: target.Stream, StreamSubjects: target.Subjects(), Subject: broker.MustParseTemplate(target.Template),
 		AckTimeout: 5 * time.Second, Logger: quietLogger()})
 	pgtest.Must(t, err, "dial NATS")

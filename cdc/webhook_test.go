@@ -30,7 +30,7 @@ func TestWebhookRefusalIsAConfigurationError(t *testing.T) {
 		http.Error(w, "bad signature", http.StatusUnauthorized)
 	}))
 	t.Cleanup(srv.Close)
-	pub, err := webhook.New(webhook.Config{URL: srv.URL, AllowUnsigned: true, Logger: quietLogger()})
+	pub, err := webhook.New(&webhook.Config{URL: srv.URL, AllowUnsigned: true, Logger: quietLogger()})
 	pgtest.Must(t, err, "webhook")
 	t.Cleanup(func() { _ = pub.Close() })
 	cfg := e.cfg

@@ -15,6 +15,9 @@
 // The schema may have any name PostgreSQL accepts: the files name it only through
 // placeholders that are quoted for the context they land in (expand.go). A database
 // migrated by a newer pgoutbox is refused ([CheckCompatible]).
+//
+// Imports pgx only (with pgpassfile, pgservicefile and golang.org/x/text); no
+// broker client and no other pgoutbox package.
 package migrate
 
 import (
@@ -135,15 +138,15 @@ func (m Migration) fileName() string { return fmt.Sprintf("%s/%04d_%s.sql", m.Li
 
 func lineList() string { return joinLines(Lines) }
 
-// Config selects what Up applies and where. The zero value migrates every line into
-// the public schema.
+// Config selects what Up applies and where. A nil *Config migrates every line
+// into the public schema.
 type Config struct {
 	// Schema is the PostgreSQL schema that holds pgoutbox's objects; it is created if
-	// missing. Defaults to "public".
+	// missing. Empty means DefaultSchema ("public").
 	Schema string
 
-	// Lines restricts the migration to these lines. Defaults to all of them
-	// (outbox, then inbox).
+	// Lines restricts the migration to these lines. Empty means all of them
+	// ([Lines]: outbox, then inbox).
 	Lines []Line
 
 	// Partitioned creates outbox_events partitioned by RANGE (occurred_at), one
@@ -151,11 +154,36 @@ type Config struct {
 	// instead of deleting rows; see [CreatePartitions] and docs/design.md for the
 	// trade-offs. It only matters when the outbox line is first applied: an
 	// existing table keeps its kind, and Up refuses to turn a plain table into a
-	// partitioned one (that takes a data migration). Defaults to false.
+	// partitioned one (that takes a data migration). False means a plain table.
 	Partitioned bool
 }
 
+// Validate reports every invalid field of c, each error naming its field; zero
+// fields stand for their defaults, and a nil c (all defaults) is valid.
+func (c *Config) Validate() error {
+	if c == nil {
+		return nil
+	}
+	var errs []error
+	if c.Schema != "" {
+		if err := ValidateSchema(c.Schema); err != nil {
+			errs = append(errs, fmt.Errorf("migrate: Config.Schema: %w", err))
+		}
+	}
+	for _, l := range c.Lines {
+		if !slices.Contains(Lines, l) {
+			errs = append(errs, fmt.Errorf("migrate: Config.Lines: unknown line %q (want one of %s)", l, lineList()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// withDefaults returns a copy of c with defaults applied, or the errors of
+// Validate.
 func (c *Config) withDefaults() (Config, error) {
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
 	var out Config
 	if c != nil {
 		out = *c
@@ -163,11 +191,10 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.Schema == "" {
 		out.Schema = DefaultSchema
 	}
-	if err := ValidateSchema(out.Schema); err != nil {
-		return out, err
-	}
 	if len(out.Lines) == 0 {
 		out.Lines = Lines
+	} else {
+		out.Lines = slices.Clone(out.Lines)
 	}
 	return out, nil
 }

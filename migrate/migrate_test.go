@@ -186,6 +186,14 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := migrate.Up(ctx, nil, &migrate.Config{Lines: []migrate.Line{"outbox", "nope"}}); err == nil || !strings.Contains(err.Error(), `unknown line "nope"`) {
 		t.Errorf("unknown line: %v", err)
 	}
+	var nilCfg *migrate.Config
+	if err := nilCfg.Validate(); err != nil {
+		t.Errorf("nil Config: %v", err)
+	}
+	err := (&migrate.Config{Schema: strings.Repeat("x", 64), Lines: []migrate.Line{"nope"}}).Validate()
+	if err == nil || !strings.Contains(err.Error(), "Config.Schema") || !strings.Contains(err.Error(), "Config.Lines") {
+		t.Errorf("two invalid fields: %v, want both named", err)
+	}
 	if _, err := migrate.ParseLines("outbox,bogus"); err == nil {
 		t.Error("ParseLines accepted bogus")
 	}

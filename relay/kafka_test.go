@@ -32,7 +32,7 @@ func TestRelaysToKafka(t *testing.T) {
 	o := newOutbox(t, 8)
 	ids := o.enqueue(t, 50, 40)
 	for range 2 {
-		pub, err := kafka.Dial(context.Background(), url, kafka.Config{Logger: quietLogger(), ProduceTimeout: 10 * time.Second})
+		pub, err := kafka.Dial(context.Background(), url, &kafka.Config{Logger: quietLogger(), ProduceTimeout: 10 * time.Second})
 		pgtest.Must(t, err, "dial")
 		t.Cleanup(func() { _ = pub.Close() })
 		startRelay(t, o, pub, relay.Config{BatchSize: 200})

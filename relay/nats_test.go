@@ -12,6 +12,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
@@ -28,7 +29,7 @@ func mustTemplate(t *testing.T, s string) broker.Template {
 // dialNATS connects a publisher for target at serverURL, closed when the test ends.
 func dialNATS(t *testing.T, serverURL string, target natstest.Target) *natsbroker.Publisher {
 	t.Helper()
-	pub, err := natsbroker.Dial(context.Background(), serverURL, natsbroker.Config{
+	pub, err := natsbroker.Dial(context.Background(), serverURL, &natsbroker.Config{
 		Stream: target.Stream, StreamSubjects: target.Subjects(), Subject: mustTemplate(t, target.Template),
 		AckTimeout: 2 * time.Second, Logger: quietLogger(),
 	})
@@ -70,7 +71,7 @@ func TestBrokerOutageBacklogDrains(t *testing.T) {
 	t.Parallel()
 	o := newOutbox(t, 8)
 	dir := t.TempDir()
-	srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: dir, Port: -1})
+	srv, err := natsembed.New(&natsembed.Config{StoreDir: dir, Port: -1})
 	pgtest.Must(t, err, "start NATS")
 	serverURL := srv.URL()
 	t.Cleanup(func() { srv.Shutdown() })
@@ -101,7 +102,7 @@ func TestBrokerOutageBacklogDrains(t *testing.T) {
 
 	u, _ := url.Parse(serverURL)
 	port, _ := strconv.Atoi(u.Port())
-	srv2, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: dir, Port: port})
+	srv2, err := natsembed.New(&natsembed.Config{StoreDir: dir, Port: port})
 	pgtest.Must(t, err, "restart NATS")
 	t.Cleanup(func() { srv2.Shutdown() })
 	wait.For(t, 60*time.Second, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })

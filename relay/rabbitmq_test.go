@@ -48,7 +48,7 @@ func TestRabbitMQConnectionKilledMidRun(t *testing.T) {
 		_ = ch.ExchangeDelete(name, false, false)
 	})
 
-	pub, err := rabbitmq.Dial(context.Background(), rabbitURL, rabbitmq.Config{Exchange: name, ConnectionName: name, Logger: quietLogger()})
+	pub, err := rabbitmq.Dial(context.Background(), rabbitURL, &rabbitmq.Config{Exchange: name, ConnectionName: name, Logger: quietLogger()})
 	pgtest.Must(t, err, "dial")
 	t.Cleanup(func() { _ = pub.Close() })
 	pid := rabbitConnectionPID(t, ctl, name)

@@ -36,7 +36,7 @@ func TestWebhook400Quarantines(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	t.Cleanup(srv.Close)
-	pub, err := webhook.New(webhook.Config{URL: srv.URL, AllowUnsigned: true, Logger: quietLogger()})
+	pub, err := webhook.New(&webhook.Config{URL: srv.URL, AllowUnsigned: true, Logger: quietLogger()})
 	pgtest.Must(t, err, "webhook")
 	t.Cleanup(func() { _ = pub.Close() })
 	o.enqueue(t, 3, 2)
@@ -85,7 +85,7 @@ func TestWebhookRefusedCredentialsAreAConfigurationError(t *testing.T) {
 			u, _ := url.Parse(srv.URL)
 			u.User = url.UserPassword("hook", pass)
 			var logs syncBuffer
-			pub, err := webhook.New(webhook.Config{URL: u.String() + "/in?token=" + token, Secret: []byte(sign), Logger: quietLogger()})
+			pub, err := webhook.New(&webhook.Config{URL: u.String() + "/in?token=" + token, Secret: []byte(sign), Logger: quietLogger()})
 			pgtest.Must(t, err, "webhook")
 			t.Cleanup(func() { _ = pub.Close() })
 			o.enqueue(t, 2, 2)

@@ -13,13 +13,21 @@
 // link to the producer's span, and the message keeps the producer's headers.
 //
 // Messages without a trace context get a root span (subject to the sampler).
+//
+// Imports the OpenTelemetry API (otel with its global provider, which brings
+// go-logr and go.opentelemetry.io/auto/sdk) beside the root package's pgx; no
+// SDK and no exporter: the caller brings its TracerProvider.
 package brokerotel
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -33,34 +41,54 @@ import (
 // ScopeName is the instrumentation scope of the spans.
 const ScopeName = "github.com/pgoutbox/pgoutbox/broker/brokerotel"
 
-// Config configures the wrapper. The zero value is ready to use; each field
-// documents its default.
+// Config configures the wrapper. A nil *Config means all defaults; each field
+// documents its own.
 type Config struct {
-	// TracerProvider creates the tracer. Defaults to otel.GetTracerProvider().
+	// TracerProvider creates the tracer. Nil means otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 
 	// Propagator reads the producer's trace context from the event headers and
-	// writes the publish span's into the message. Defaults to W3C Trace Context
+	// writes the publish span's into the message. Nil means W3C Trace Context
 	// (traceparent, tracestate), what the producer writes by default.
 	Propagator propagation.TextMapPropagator
 
 	// System is the messaging.system attribute: "nats", "kafka", "rabbitmq",
-	// "webhook". Defaults to none.
+	// "webhook". Empty means none.
 	System string
 
 	// Destination names where a message goes (a subject, a topic), for the span
-	// name and the messaging.destination.name attribute. Defaults to the
+	// name and the messaging.destination.name attribute. Nil means the
 	// aggregate type.
 	Destination func(m *broker.Message) string
 
 	// LinkOnly makes each publish span the root of a new trace, linked to the
 	// producer's span, and leaves the message's trace headers as the producer
-	// wrote them. Defaults to false: publish spans join the producer's trace.
+	// wrote them. False means publish spans join the producer's trace.
 	LinkOnly bool
 }
 
-// New wraps pub. The result implements broker.Pinger when pub does.
-func New(pub broker.Publisher, cfg *Config) broker.Publisher {
+// Validate reports an invalid field of c, naming it. Every field has a usable
+// zero value, so only a System that could not be an attribute value (not
+// printable UTF-8) is refused; a nil c is valid.
+func (c *Config) Validate() error {
+	if c == nil {
+		return nil
+	}
+	if !utf8.ValidString(c.System) || strings.ContainsFunc(c.System, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return fmt.Errorf("brokerotel: Config.System (%q) must be printable UTF-8", c.System)
+	}
+	return nil
+}
+
+// New wraps pub, configured by cfg (nil means all defaults). The result
+// implements broker.Pinger when pub does.
+func New(pub broker.Publisher, cfg *Config) (broker.Publisher, error) {
+	if pub == nil {
+		return nil, errors.New("brokerotel: New: nil publisher")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	var c Config
 	if cfg != nil {
 		c = *cfg
@@ -76,9 +104,9 @@ func New(pub broker.Publisher, cfg *Config) broker.Publisher {
 	}
 	p := &publisher{inner: pub, cfg: c, tracer: c.TracerProvider.Tracer(ScopeName)}
 	if pinger, ok := pub.(broker.Pinger); ok {
-		return &pingingPublisher{publisher: p, pinger: pinger}
+		return &pingingPublisher{publisher: p, pinger: pinger}, nil
 	}
-	return p
+	return p, nil
 }
 
 type publisher struct {

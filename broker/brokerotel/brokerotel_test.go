@@ -3,8 +3,10 @@ package brokerotel_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/brokerotel"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -100,21 +103,19 @@ func TestPublishSpanJoinsTheProducersTrace(t *testing.T) {
 	}
 
 	inner := &capture{}
-	pub := brokerotel.New(inner, &brokerotel.Config{TracerProvider: tp, System: "test",
+	pub, err := brokerotel.New(inner, &brokerotel.Config{TracerProvider: tp, System: "test",
 		Destination: broker.MustParseTemplate("outbox.{aggregate_type}").Expand})
+	pgtest.Must(t, err, "brokerotel.New")
 	if _, ok := pub.(broker.Pinger); ok {
 		t.Fatal("wrapper of a publisher without Ping implements broker.Pinger")
 	}
 	r, err := relay.New(pool, pub, &relay.Config{Schema: schema, Workers: 1, PollInterval: 50 * time.Millisecond, Logger: quiet()})
 	pgtest.Must(t, err, "relay")
 	pgtest.Must(t, r.Start(context.Background()), "start")
-	deadline := time.Now().Add(30 * time.Second)
-	for s := r.Stats(); s.Published < 3 || s.Quarantined < 1; s = r.Stats() {
-		if time.Now().After(deadline) {
-			t.Fatalf("relay stats %+v", s)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.Forf(t, 30*time.Second, func() string { return fmt.Sprintf("3 published and 1 quarantined (relay stats %+v)", r.Stats()) }, func() bool {
+		s := r.Stats()
+		return s.Published >= 3 && s.Quarantined >= 1
+	})
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pgtest.Must(t, r.Stop(sctx), "stop")
@@ -205,7 +206,10 @@ func TestLinkOnly(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	inner := &pinging{}
-	pub := brokerotel.New(inner, &brokerotel.Config{TracerProvider: tp, LinkOnly: true})
+	pub, err := brokerotel.New(inner, &brokerotel.Config{TracerProvider: tp, LinkOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if p, ok := pub.(broker.Pinger); !ok || p.Ping(context.Background()).Error() != "pong" {
 		t.Fatal("Ping does not pass through")
 	}
@@ -228,5 +232,22 @@ func TestLinkOnly(t *testing.T) {
 	}
 	if s.Name() != "publish order" {
 		t.Fatalf("default destination: span %q", s.Name())
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	var nilCfg *brokerotel.Config
+	if err := nilCfg.Validate(); err != nil {
+		t.Errorf("nil Config: %v", err)
+	}
+	if err := (&brokerotel.Config{System: "nats"}).Validate(); err != nil {
+		t.Errorf("System nats: %v", err)
+	}
+	if _, err := brokerotel.New(&capture{}, &brokerotel.Config{System: "na\x00ts"}); err == nil || !strings.Contains(err.Error(), "Config.System") {
+		t.Errorf("System with a NUL: %v", err)
+	}
+	if _, err := brokerotel.New(nil, nil); err == nil {
+		t.Error("New(nil publisher): no error")
 	}
 }

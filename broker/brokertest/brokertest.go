@@ -5,6 +5,9 @@
 // message, per-aggregate order, refusals classified as permanent, no message
 // reported acknowledged that the broker did not store (also across a broker
 // restart), and the wire headers (docs/design.md, "Wire headers").
+//
+// Imports nothing beyond the standard library (testing) and the root package's
+// pgx and OpenTelemetry API; each adapter's test brings its own broker.
 package brokertest
 
 import (

@@ -69,14 +69,14 @@ func (r *Recorder) Messages() []broker.Message {
 func CheckStream(t testing.TB, got []broker.Message, want []pgoutbox.UUID) (duplicates int) {
 	t.Helper()
 	seen := map[pgoutbox.UUID]bool{}
-	next := map[string]int64{}
+	next := map[pgoutbox.Lane]int64{}
 	for _, m := range got {
 		if seen[m.EventID] {
 			duplicates++
 			continue
 		}
 		seen[m.EventID] = true
-		lane := m.AggregateType + "/" + m.AggregateID
+		lane := m.Lane()
 		if m.AggregateSequence != next[lane]+1 {
 			t.Fatalf("order violated on %s: sequence %d first appeared after %d", lane, m.AggregateSequence, next[lane])
 		}

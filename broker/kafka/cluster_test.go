@@ -139,7 +139,7 @@ func (c *cluster) dial(cfg kafka.Config) *kafka.Publisher {
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
 	}
-	p, err := kafka.Dial(c.t.Context(), c.url(), cfg)
+	p, err := kafka.Dial(c.t.Context(), c.url(), &cfg)
 	if err != nil {
 		c.t.Fatalf("Dial: %v", err)
 	}

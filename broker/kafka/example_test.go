@@ -29,7 +29,7 @@ func Example() {
 	defer cluster.Close()
 	url := "kafka://" + strings.Join(cluster.ListenAddrs(), ",")
 
-	pub, err := kafka.Dial(ctx, url, kafka.Config{
+	pub, err := kafka.Dial(ctx, url, &kafka.Config{
 		Logger: slog.New(slog.DiscardHandler), // the default is slog.Default()
 	})
 	if err != nil {

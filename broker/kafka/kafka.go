@@ -17,6 +17,9 @@
 // kafka:// URL ([ParseURL]) and reconnects forever: a cluster that is unreachable
 // at start-up is not an error, publishes fail as [broker.Unavailable] until it is
 // reachable.
+//
+// Imports franz-go (with klauspost/compress and pierrec/lz4), besides the root
+// package's pgx and OpenTelemetry API.
 package kafka
 
 import (
@@ -38,39 +41,50 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 )
 
-// Config configures a Publisher. The zero value is usable.
+// Defaults of Config.
+const (
+	// DefaultTopic is the topic template when Config.Topic is unset.
+	DefaultTopic = "outbox.{aggregate_type}"
+	// DefaultProduceTimeout is the wait for one record's ack when
+	// Config.ProduceTimeout is zero.
+	DefaultProduceTimeout = 30 * time.Second
+)
+
+// Config configures a Publisher. A nil *Config means all defaults.
 type Config struct {
 	// Topic is the template of each event's topic. A topic that is not a legal
 	// Kafka topic name (for instance, an aggregate type with a space) fails the
-	// event as a permanent refusal. Defaults to "outbox.{aggregate_type}".
+	// event as a permanent refusal. Unset means DefaultTopic
+	// ("outbox.{aggregate_type}").
 	Topic broker.Template
 
 	// ProduceTimeout bounds the wait for the ack of one record; a record without
 	// an ack by then fails as unavailable (it may still be stored, and a retry is
 	// then a duplicate). Dial also makes it the client's record delivery timeout
 	// (kgo.RecordDeliveryTimeout), after which the client stops retrying a record
-	// it has not sent, or whose fate the broker has told it. Defaults to 30s.
+	// it has not sent, or whose fate the broker has told it. Zero means
+	// DefaultProduceTimeout (30s).
 	ProduceTimeout time.Duration
 
 	// Logger receives the publisher's warnings and, for Dial, the client's
 	// warnings and errors (and its informational lines when the handler is
-	// enabled for debug). Defaults to slog.Default().
+	// enabled for debug). Nil means slog.Default().
 	Logger *slog.Logger
 
 	// TLS, when set, makes Dial connect with TLS using this configuration,
 	// whatever the URL says; tls=true in the URL without it uses the system's
-	// root certificates. New ignores it. Defaults to no TLS.
+	// root certificates. New ignores it. Nil means no TLS.
 	TLS *tls.Config
 
 	// SASL, when its Mechanism is set, makes Dial authenticate with it. Setting
 	// it and also giving credentials in the URL is an error. New ignores it.
-	// Defaults to no authentication.
+	// The zero value means no authentication.
 	SASL SASL
 
 	// DialOptions are extra client options for Dial (a custom dialer, hooks,
 	// kgo.ProducerBatchMaxBytes, …); they are applied after the publisher's own,
 	// so they win. They must keep the producer idempotent with acks=all. New
-	// ignores them. Defaults to none.
+	// ignores them. Empty means none.
 	DialOptions []kgo.Opt
 }
 
@@ -142,41 +156,51 @@ func normalizeMechanism(m string) string {
 	return m
 }
 
-const (
-	defaultTopic          = "outbox.{aggregate_type}"
-	defaultProduceTimeout = 30 * time.Second
-)
-
-// withDefaults returns a copy of c with defaults applied, or an error naming the
-// first invalid field.
-func (c Config) withDefaults() (Config, error) {
+// withDefaults returns a copy of cfg (nil means all defaults) with defaults
+// applied, or the errors of Validate.
+func withDefaults(cfg *Config) (Config, error) {
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
 	if c.Topic.String() == "" {
-		c.Topic = broker.MustParseTemplate(defaultTopic)
+		c.Topic = broker.MustParseTemplate(DefaultTopic)
 	}
 	if c.ProduceTimeout == 0 {
-		c.ProduceTimeout = defaultProduceTimeout
+		c.ProduceTimeout = DefaultProduceTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	c.DialOptions = slices.Clone(c.DialOptions)
-	return c, c.validate()
+	return c, nil
 }
 
-func (c *Config) validate() error {
-	// The template's literal text must be legal in a topic name; placeholders
-	// are checked per event. A sample expansion finds bad literals at start-up.
-	sample := broker.Message{AggregateType: "a", AggregateID: "a", EventType: "a", SchemaVersion: 1}
-	if err := validateTopic(c.Topic.Expand(&sample)); err != nil {
-		return fmt.Errorf("kafka: Config.Topic %q: %w", c.Topic.String(), err)
+// Validate reports every invalid field of c, each error naming its field; zero
+// fields stand for their defaults, and a nil c (all defaults) is valid.
+func (c *Config) Validate() error {
+	if c == nil {
+		return nil
+	}
+	var errs []error
+	if c.Topic.String() != "" {
+		// The template's literal text must be legal in a topic name; placeholders
+		// are checked per event. A sample expansion finds bad literals at start-up.
+		sample := broker.Message{AggregateType: "a", AggregateID: "a", EventType: "a", SchemaVersion: 1}
+		if err := validateTopic(c.Topic.Expand(&sample)); err != nil {
+			errs = append(errs, fmt.Errorf("kafka: Config.Topic (%q): %w", c.Topic.String(), err))
+		}
 	}
 	if c.ProduceTimeout < 0 {
-		return fmt.Errorf("kafka: Config.ProduceTimeout %s: must be positive", c.ProduceTimeout)
+		errs = append(errs, fmt.Errorf("kafka: Config.ProduceTimeout (%s) must be positive", c.ProduceTimeout))
 	}
 	if _, err := c.SASL.mechanism(); err != nil {
-		return err
+		errs = append(errs, err)
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Publisher publishes outbox events to Kafka. It implements [broker.Publisher]
@@ -196,9 +220,10 @@ type Publisher struct {
 
 var errClosed = errors.New("kafka: publisher closed")
 
-// New returns a publisher on client, which the caller configured and keeps
-// owning: Close does not close it. The publisher sets each record's topic, key
-// and headers, so client's default topic is not used.
+// New returns a publisher on client, configured by cfg (nil means all
+// defaults). The caller configured client and keeps owning it: Close does not
+// close it. The publisher sets each record's topic, key and headers, so
+// client's default topic is not used.
 //
 // client must be an idempotent producer with acks=all, franz-go's defaults: New
 // returns an error if it was built with kgo.DisableIdempotentWrite,
@@ -211,18 +236,18 @@ var errClosed = errors.New("kafka: publisher closed")
 // the publisher gave up on do not stay buffered for ever, and
 // kgo.ProducerLinger(0): lingering delays every step of an aggregate's lane (see
 // [Publisher.Publish]).
-func New(client *kgo.Client, cfg Config) (*Publisher, error) {
+func New(client *kgo.Client, cfg *Config) (*Publisher, error) {
 	if client == nil {
 		return nil, errors.New("kafka: New: nil client")
 	}
-	cfg, err := cfg.withDefaults()
+	c, err := withDefaults(cfg)
 	if err != nil {
 		return nil, err
 	}
 	if err := checkClient(client); err != nil {
 		return nil, fmt.Errorf("kafka: New: %w", err)
 	}
-	return newPublisher(client, cfg, false), nil
+	return newPublisher(client, c, false), nil
 }
 
 // checkClient refuses a client that would break the ordering or ack guarantees.
@@ -260,10 +285,14 @@ func checkClient(cl *kgo.Client) error {
 // the same topics agree on an aggregate's partition), retries without limit
 // within Config.ProduceTimeout, does not linger, and asks the broker to create
 // missing topics (the broker's auto.create.topics.enable decides).
-func Dial(ctx context.Context, url string, cfg Config) (*Publisher, error) {
+func Dial(ctx context.Context, url string, config *Config) (*Publisher, error) {
 	u, err := ParseURL(url)
 	if err != nil {
 		return nil, err
+	}
+	var cfg Config // what the caller asked for, then what the URL adds
+	if config != nil {
+		cfg = *config
 	}
 	if u.SASL.Mechanism != "" {
 		if cfg.SASL.Mechanism != "" || cfg.SASL.User != "" || cfg.SASL.Password != "" {
@@ -274,7 +303,7 @@ func Dial(ctx context.Context, url string, cfg Config) (*Publisher, error) {
 	if u.TLS && cfg.TLS == nil {
 		cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	cfg, err = cfg.withDefaults()
+	cfg, err = withDefaults(&cfg)
 	if err != nil {
 		return nil, err
 	}

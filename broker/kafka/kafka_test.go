@@ -27,6 +27,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // fastRetries make the client retry at once in tests where the cluster fails
@@ -301,16 +302,16 @@ func TestTransientErrorsAreUnavailable(t *testing.T) {
 	// fail: the client fails the records buffered behind a batch that timed
 	// out, and the first call's batch may time out only now.
 	fault.Remove()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		results := publish(t, p, msgs...)
+	wait.Forf(t, 30*time.Second, func() string { return fmt.Sprintf("a publish after the replicas came back (last: %v)", results) }, func() bool {
+		results = publish(t, p, msgs...)
 		if results[0] == nil && results[1] == nil {
-			break
+			return true
 		}
-		if !broker.IsUnavailable(results[0]) || time.Now().After(deadline) {
+		if !broker.IsUnavailable(results[0]) {
 			t.Fatalf("after the replicas came back: %v", results)
 		}
-	}
+		return false
+	})
 	// The records the first call gave up on may have been stored late: first
 	// appearances must still be in order.
 	var first []string
@@ -352,7 +353,7 @@ func TestMissingTopicIsUnavailable(t *testing.T) {
 func TestDialUnreachableIsUnavailable(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	p, err := kafka.Dial(t.Context(), "kafka://127.0.0.1:1", kafka.Config{Logger: quiet, ProduceTimeout: time.Second})
+	p, err := kafka.Dial(t.Context(), "kafka://127.0.0.1:1", &kafka.Config{Logger: quiet, ProduceTimeout: time.Second})
 	if err != nil {
 		t.Fatalf("Dial: %v; an unreachable cluster must not be fatal", err)
 	}
@@ -381,7 +382,7 @@ func TestDialBeforeClusterStarts(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 
-	p, err := kafka.Dial(t.Context(), "kafka://127.0.0.1:"+strconv.Itoa(port), kafka.Config{
+	p, err := kafka.Dial(t.Context(), "kafka://127.0.0.1:"+strconv.Itoa(port), &kafka.Config{
 		Logger: quiet, ProduceTimeout: time.Second, DialOptions: fastRetries,
 	})
 	if err != nil {
@@ -397,16 +398,14 @@ func TestDialBeforeClusterStarts(t *testing.T) {
 		t.Fatalf("start the cluster: %v", err)
 	}
 	defer kc.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := publish(t, p, message("order", "a", 1))[0]
-		if err == nil {
-			break
+	var last error
+	wait.Forf(t, 30*time.Second, func() string { return fmt.Sprintf("a publish after the cluster started (last: %v)", last) }, func() bool {
+		last = publish(t, p, message("order", "a", 1))[0]
+		if last != nil && !broker.IsUnavailable(last) {
+			t.Fatalf("after the cluster started: %v", last)
 		}
-		if !broker.IsUnavailable(err) || time.Now().After(deadline) {
-			t.Fatalf("after the cluster started: %v", err)
-		}
-	}
+		return last == nil
+	})
 	if err := p.Ping(t.Context()); err != nil {
 		t.Errorf("Ping: %v", err)
 	}
@@ -436,7 +435,7 @@ func TestDialMalformedURL(t *testing.T) {
 		"relay:" + password + "://a:9092",
 		"kafka://a:9092?sasl=plain",
 	} {
-		p, err := kafka.Dial(t.Context(), url, kafka.Config{Logger: quiet})
+		p, err := kafka.Dial(t.Context(), url, &kafka.Config{Logger: quiet})
 		if err == nil {
 			p.Close()
 			t.Errorf("Dial(%q): no error", url)
@@ -460,8 +459,11 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"Config.SASL.User":      {SASL: kafka.SASL{Mechanism: "scram-sha-512"}},
 		"Config.SASL":           {SASL: kafka.SASL{User: "relay", Password: "x"}},
 	} {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: Validate: %v does not name the field", field, err)
+		}
 		cfg.Logger = quiet
-		p, err := kafka.Dial(t.Context(), "kafka://127.0.0.1:1", cfg)
+		p, err := kafka.Dial(t.Context(), "kafka://127.0.0.1:1", &cfg)
 		if err == nil {
 			p.Close()
 			t.Errorf("%s: no error", field)
@@ -469,11 +471,22 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 			t.Errorf("%s: error %v does not name the field", field, err)
 		}
 	}
-	_, err := kafka.Dial(t.Context(), "kafka://relay:x@127.0.0.1:1?sasl=plain", kafka.Config{
+	_, err := kafka.Dial(t.Context(), "kafka://relay:x@127.0.0.1:1?sasl=plain", &kafka.Config{
 		Logger: quiet, SASL: kafka.SASL{Mechanism: kafka.SASLPlain, User: "other", Password: "y"},
 	})
 	if err == nil || !strings.Contains(err.Error(), "Config.SASL") {
 		t.Errorf("credentials in both the URL and Config.SASL: %v", err)
+	}
+	var nilCfg *kafka.Config
+	if err := nilCfg.Validate(); err != nil {
+		t.Errorf("nil Config: %v", err)
+	}
+	if err := (&kafka.Config{}).Validate(); err != nil {
+		t.Errorf("zero Config: %v", err)
+	}
+	err = (&kafka.Config{ProduceTimeout: -1, SASL: kafka.SASL{Mechanism: "GSSAPI"}}).Validate()
+	if err == nil || !strings.Contains(err.Error(), "Config.ProduceTimeout") || !strings.Contains(err.Error(), "Config.SASL") {
+		t.Errorf("two invalid fields: %v, want both named", err)
 	}
 }
 
@@ -495,17 +508,17 @@ func TestNewRefusesUnsafeClients(t *testing.T) {
 		"ManualFlushing":                     client(kgo.ManualFlushing()),
 		"TransactionalID":                    client(kgo.TransactionalID("relay")),
 	} {
-		if _, err := kafka.New(cl, kafka.Config{Logger: quiet}); err == nil || !strings.Contains(err.Error(), name) {
+		if _, err := kafka.New(cl, &kafka.Config{Logger: quiet}); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("client with %s: %v, want an error naming it", name, err)
 		}
 	}
-	if _, err := kafka.Dial(t.Context(), c.url(), kafka.Config{Logger: quiet, DialOptions: []kgo.Opt{kgo.DisableIdempotentWrite()}}); err == nil || !strings.Contains(err.Error(), "Config.DialOptions") {
+	if _, err := kafka.Dial(t.Context(), c.url(), &kafka.Config{Logger: quiet, DialOptions: []kgo.Opt{kgo.DisableIdempotentWrite()}}); err == nil || !strings.Contains(err.Error(), "Config.DialOptions") {
 		t.Errorf("Dial with kgo.DisableIdempotentWrite in Config.DialOptions: %v, want an error naming the field", err)
 	}
 
 	// A client with franz-go's defaults is fine, and stays the caller's.
 	cl := client(kgo.ProducerLinger(0), kgo.AllowAutoTopicCreation())
-	p, err := kafka.New(cl, kafka.Config{Logger: quiet})
+	p, err := kafka.New(cl, &kafka.Config{Logger: quiet})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -589,7 +602,7 @@ func TestTLSAndSASL(t *testing.T) {
 			t.Parallel()
 			cfg := tc.cfg
 			cfg.Logger, cfg.TLS, cfg.ProduceTimeout = quiet, clientTLS, 5*time.Second
-			p, err := kafka.Dial(t.Context(), tc.url, cfg)
+			p, err := kafka.Dial(t.Context(), tc.url, &cfg)
 			if err != nil {
 				t.Fatalf("Dial: %v", err)
 			}

@@ -43,7 +43,7 @@ func TestSASLHangUpIsNotAuthError(t *testing.T) {
 		"kafka://relay:right-pw@" + addr + "?sasl=plain", // control
 		"kafka://relay:right-pw@" + addr + "?sasl=scram-sha-512",
 	} {
-		p, err := kafka.Dial(t.Context(), u, kafka.Config{})
+		p, err := kafka.Dial(t.Context(), u, &kafka.Config{})
 		if err != nil {
 			t.Fatalf("Dial: %v", err)
 		}

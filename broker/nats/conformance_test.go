@@ -16,6 +16,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 )
 
 func TestConformance(t *testing.T) {
@@ -32,9 +33,9 @@ func TestConformance(t *testing.T) {
 // start again on the same port and store.
 func openEmbedded(t *testing.T, opts brokertest.Options) *brokertest.Instance {
 	dir := t.TempDir()
-	first, err := nats.StartEmbedded(nats.EmbeddedConfig{StoreDir: dir, Port: -1})
+	first, err := natsembed.New(&natsembed.Config{StoreDir: dir, Port: -1})
 	if err != nil {
-		t.Fatalf("StartEmbedded: %v", err)
+		t.Fatalf("natsembed.New: %v", err)
 	}
 	u, err := url.Parse(first.URL())
 	if err != nil {
@@ -56,7 +57,7 @@ func openEmbedded(t *testing.T, opts brokertest.Options) *brokertest.Instance {
 	if opts.WrapConn != nil {
 		cfg.DialOptions = append(cfg.DialOptions, natsgo.SetCustomDialer(wrapDialer{opts.WrapConn}))
 	}
-	pub, err := nats.Dial(t.Context(), first.URL(), cfg)
+	pub, err := nats.Dial(t.Context(), first.URL(), &cfg)
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}
@@ -77,7 +78,7 @@ func openEmbedded(t *testing.T, opts brokertest.Options) *brokertest.Instance {
 			return nil
 		},
 		Start: func(context.Context) error {
-			s, err := nats.StartEmbedded(nats.EmbeddedConfig{StoreDir: dir, Port: port})
+			s, err := natsembed.New(&natsembed.Config{StoreDir: dir, Port: port})
 			if err != nil {
 				return err
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 )
 
 // Publish an event to an embedded NATS server, the zero-setup default, and read
@@ -25,13 +26,13 @@ func Example() {
 	}
 	defer os.RemoveAll(dir)
 
-	srv, err := nats.StartEmbedded(nats.EmbeddedConfig{StoreDir: dir, Port: -1})
+	srv, err := natsembed.New(&natsembed.Config{StoreDir: dir, Port: -1})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer srv.Shutdown()
 
-	pub, err := nats.Dial(ctx, srv.URL(), nats.Config{})
+	pub, err := nats.Dial(ctx, srv.URL(), &nats.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

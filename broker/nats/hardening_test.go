@@ -47,7 +47,7 @@ func TestDialRefusedCredentials(t *testing.T) {
 		"nats://" + tokenAddr,
 		"nats://u:wrong-pw@" + userAddr + ",nats://u:wrong-pw@" + userAddr,
 	} {
-		p, err := nats.Dial(context.Background(), url, nats.Config{Logger: quiet})
+		p, err := nats.Dial(context.Background(), url, &nats.Config{Logger: quiet})
 		if err == nil {
 			_ = p.Close()
 			t.Errorf("Dial(%s) accepted refused credentials", url)
@@ -58,7 +58,7 @@ func TestDialRefusedCredentials(t *testing.T) {
 		}
 	}
 	// The right ones connect.
-	p, err := nats.Dial(context.Background(), "nats://u:right-pw@"+userAddr, nats.Config{Logger: quiet})
+	p, err := nats.Dial(context.Background(), "nats://u:right-pw@"+userAddr, &nats.Config{Logger: quiet})
 	if err != nil {
 		t.Fatalf("right credentials: %v", err)
 	}
@@ -94,7 +94,7 @@ func TestStreamSubjectsThatCannotHoldTheTemplate(t *testing.T) {
 		}
 		cfg.StreamSubjects = c.subjects
 		cfg.Subject = broker.MustParseTemplate(prefix + "." + c.template)
-		p, err := nats.New(t.Context(), js, cfg)
+		p, err := nats.New(t.Context(), js, &cfg)
 		var se *nats.SubjectsError
 		switch {
 		case c.ok && err != nil:

@@ -11,8 +11,12 @@
 // are awaited oldest first, with no goroutine per message).
 //
 // [New] wraps a JetStream client the caller configured; [Dial] owns its
-// connection and reconnects forever. [StartEmbedded] runs an in-process server for
-// demos and tests.
+// connection and reconnects forever. Package natsembed runs an in-process server
+// for demos and tests.
+//
+// Imports nats.go (with nkeys, nuid, klauspost/compress and golang.org/x/crypto)
+// and golang.org/x/sync, besides the root package's pgx and OpenTelemetry API; no
+// server code.
 package nats
 
 import (
@@ -22,6 +26,7 @@ import (
 	"log/slog"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,90 +39,115 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 )
 
-// Config configures a Publisher. The zero value is usable.
+// Defaults of Config.
+const (
+	// DefaultStream is the stream name when Config.Stream is empty.
+	DefaultStream = "OUTBOX"
+	// DefaultStreamSubject is the one subject of the stream when
+	// Config.StreamSubjects is empty: it covers DefaultSubject.
+	DefaultStreamSubject = "outbox.>"
+	// DefaultSubject is the subject template when Config.Subject is unset.
+	DefaultSubject = "outbox.{aggregate_type}.{event_type}"
+	// DefaultAckTimeout is the wait for one message's ack when
+	// Config.AckTimeout is zero.
+	DefaultAckTimeout = 5 * time.Second
+	// DefaultMaxPending is the number of messages that may await their ack
+	// when Config.MaxPending is zero.
+	DefaultMaxPending = 4000
+)
+
+// Config configures a Publisher. A nil *Config means all defaults.
 type Config struct {
 	// Stream is the JetStream stream the events are stored in. It is created if
-	// missing; an existing stream is used as is, never modified. Defaults to
-	// "OUTBOX".
+	// missing; an existing stream is used as is, never modified. Empty means
+	// DefaultStream ("OUTBOX").
 	Stream string
 
 	// StreamSubjects are the subjects of the stream, used only when creating it.
-	// They must cover every subject Subject expands to. Defaults to ["outbox.>"].
+	// They must cover every subject Subject expands to. Empty means
+	// [DefaultStreamSubject] ("outbox.>").
 	StreamSubjects []string
 
-	// Subject is the template of each event's subject. Defaults to
-	// "outbox.{aggregate_type}.{event_type}".
+	// Subject is the template of each event's subject. Unset means
+	// DefaultSubject ("outbox.{aggregate_type}.{event_type}").
 	Subject broker.Template
 
 	// AckTimeout bounds the wait for the server's ack of one message; a message
 	// without an ack by then fails as unavailable (it may still be stored: the
-	// retry is then dropped as a duplicate). Defaults to 5s.
+	// retry is then dropped as a duplicate). Zero means DefaultAckTimeout (5s).
 	AckTimeout time.Duration
 
 	// MaxPending is how many messages may await their ack at once, across all
 	// concurrent Publish calls of this publisher: each call reserves a share of
 	// it (up to its number of messages) and waits until the share is free.
-	// Defaults to 4000.
+	// Zero means DefaultMaxPending (4000).
 	MaxPending int
 
-	// Logger receives connection and stream events. Defaults to slog.Default().
+	// Logger receives connection and stream events. Nil means slog.Default().
 	Logger *slog.Logger
 
 	// DialOptions are extra connection options for Dial (credentials, TLS, a
 	// custom dialer); they are applied after the publisher's own, so they win.
-	// New ignores them. Defaults to none.
+	// New ignores them. Empty means none.
 	DialOptions []natsgo.Option
 }
 
-const (
-	defaultStream     = "OUTBOX"
-	defaultSubject    = "outbox.{aggregate_type}.{event_type}"
-	defaultAckTimeout = 5 * time.Second
-	defaultMaxPending = 4000
-)
-
-// withDefaults returns a copy of c with defaults applied, or an error naming the
-// first invalid field.
-func (c Config) withDefaults() (Config, error) {
+// withDefaults returns a copy of cfg (nil means all defaults) with defaults
+// applied, or the errors of Validate.
+func withDefaults(cfg *Config) (Config, error) {
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
 	if c.Stream == "" {
-		c.Stream = defaultStream
+		c.Stream = DefaultStream
 	}
 	if len(c.StreamSubjects) == 0 {
-		c.StreamSubjects = []string{"outbox.>"}
+		c.StreamSubjects = []string{DefaultStreamSubject}
 	} else {
-		c.StreamSubjects = append([]string(nil), c.StreamSubjects...)
+		c.StreamSubjects = slices.Clone(c.StreamSubjects)
 	}
 	if c.Subject.String() == "" {
-		c.Subject = broker.MustParseTemplate(defaultSubject)
+		c.Subject = broker.MustParseTemplate(DefaultSubject)
 	}
 	if c.AckTimeout == 0 {
-		c.AckTimeout = defaultAckTimeout
+		c.AckTimeout = DefaultAckTimeout
 	}
 	if c.MaxPending == 0 {
-		c.MaxPending = defaultMaxPending
+		c.MaxPending = DefaultMaxPending
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return c, c.validate()
+	c.DialOptions = slices.Clone(c.DialOptions)
+	return c, nil
 }
 
-func (c *Config) validate() error {
+// Validate reports every invalid field of c, each error naming its field; zero
+// fields stand for their defaults, and a nil c (all defaults) is valid.
+func (c *Config) Validate() error {
+	if c == nil {
+		return nil
+	}
+	var errs []error
 	if strings.ContainsAny(c.Stream, ".*> \t\r\n/\\") {
-		return fmt.Errorf("nats: Config.Stream %q: a stream name cannot contain '.', '*', '>', '/', '\\' or whitespace", c.Stream)
+		errs = append(errs, fmt.Errorf("nats: Config.Stream (%q): a stream name cannot contain '.', '*', '>', '/', '\\' or whitespace", c.Stream))
 	}
 	for _, s := range c.StreamSubjects {
 		if s == "" || strings.ContainsAny(s, " \t\r\n") || strings.Contains(s, "..") || strings.HasPrefix(s, ".") || strings.HasSuffix(s, ".") {
-			return fmt.Errorf("nats: Config.StreamSubjects: invalid subject %q", s)
+			errs = append(errs, fmt.Errorf("nats: Config.StreamSubjects: invalid subject %q", s))
 		}
 	}
 	if c.AckTimeout < 0 {
-		return fmt.Errorf("nats: Config.AckTimeout %s: must be positive", c.AckTimeout)
+		errs = append(errs, fmt.Errorf("nats: Config.AckTimeout (%s) must be positive", c.AckTimeout))
 	}
 	if c.MaxPending < 0 {
-		return fmt.Errorf("nats: Config.MaxPending %d: must be positive", c.MaxPending)
+		errs = append(errs, fmt.Errorf("nats: Config.MaxPending (%d) must be positive", c.MaxPending))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Publisher publishes outbox events to a JetStream stream. It implements
@@ -153,7 +183,7 @@ func (s *streamState) covers(subject string) bool {
 
 var errClosed = errors.New("nats: publisher closed")
 
-// New returns a publisher on js, a client the caller configured and keeps owning:
+// New returns a publisher on js, configured by cfg (nil means all defaults), a client the caller configured and keeps owning:
 // Close does not close its connection. If js is connected, New ensures the
 // stream now, governed by ctx, and returns an error if the server refuses to
 // create it (for instance, its subjects overlap another stream's); if js is not
@@ -163,12 +193,12 @@ var errClosed = errors.New("nats: publisher closed")
 // WithPublishAsyncMaxPending) still apply beneath Config.AckTimeout and
 // Config.MaxPending; set WithPublishAsyncTimeout so that acks the server never
 // sends are dropped from the client's table.
-func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Publisher, error) {
-	cfg, err := cfg.withDefaults()
+func New(ctx context.Context, js jetstream.JetStream, cfg *Config) (*Publisher, error) {
+	c, err := withDefaults(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return newPublisher(ctx, js, cfg, false)
+	return newPublisher(ctx, js, c, false)
 }
 
 // Dial connects to the NATS servers at url (comma-separated nats://, tls://,
@@ -177,8 +207,8 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Publisher, e
 // publishes fail as [broker.Unavailable] until the server is reachable, and the
 // stream is ensured once it is. A malformed url is an error. ctx governs the
 // first attempt to ensure the stream, if the server is reachable at once.
-func Dial(ctx context.Context, url string, cfg Config) (*Publisher, error) {
-	cfg, err := cfg.withDefaults()
+func Dial(ctx context.Context, url string, config *Config) (*Publisher, error) {
+	cfg, err := withDefaults(config)
 	if err != nil {
 		return nil, err
 	}

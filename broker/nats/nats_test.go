@@ -21,6 +21,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -72,7 +73,7 @@ func isolated(t *testing.T, js jetstream.JetStream) nats.Config {
 
 func newPublisher(t *testing.T, js jetstream.JetStream, cfg nats.Config) *nats.Publisher {
 	t.Helper()
-	p, err := nats.New(t.Context(), js, cfg)
+	p, err := nats.New(t.Context(), js, &cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -284,7 +285,7 @@ func TestRefusedMessagesArePermanent(t *testing.T) {
 func TestDialUnreachableIsUnavailable(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	p, err := nats.Dial(t.Context(), "nats://127.0.0.1:1", nats.Config{Logger: quiet})
+	p, err := nats.Dial(t.Context(), "nats://127.0.0.1:1", &nats.Config{Logger: quiet})
 	if err != nil {
 		t.Fatalf("Dial: %v; an unreachable server must not be fatal", err)
 	}
@@ -312,7 +313,7 @@ func TestDialBeforeServerStarts(t *testing.T) {
 	l.Close()
 
 	connected := make(chan struct{})
-	p, err := nats.Dial(t.Context(), "nats://127.0.0.1:"+strconv.Itoa(port), nats.Config{
+	p, err := nats.Dial(t.Context(), "nats://127.0.0.1:"+strconv.Itoa(port), &nats.Config{
 		Logger: quiet,
 		DialOptions: []natsgo.Option{
 			natsgo.ReconnectWait(20 * time.Millisecond),
@@ -327,9 +328,9 @@ func TestDialBeforeServerStarts(t *testing.T) {
 		t.Fatalf("before the server starts: %v, want unavailable", err)
 	}
 
-	srv, err := nats.StartEmbedded(nats.EmbeddedConfig{StoreDir: t.TempDir(), Port: port})
+	srv, err := natsembed.New(&natsembed.Config{StoreDir: t.TempDir(), Port: port})
 	if err != nil {
-		t.Fatalf("StartEmbedded: %v", err)
+		t.Fatalf("natsembed.New: %v", err)
 	}
 	defer srv.Shutdown()
 	select {
@@ -346,7 +347,7 @@ func TestDialBeforeServerStarts(t *testing.T) {
 func TestDialMalformedURL(t *testing.T) {
 	t.Parallel()
 	for _, url := range []string{"", "nats://127.0.0.1:notaport", "http://127.0.0.1:4222", "nats://127.0.0.1:99999", "nats://[::1"} {
-		if p, err := nats.Dial(t.Context(), url, nats.Config{Logger: quiet}); err == nil {
+		if p, err := nats.Dial(t.Context(), url, &nats.Config{Logger: quiet}); err == nil {
 			p.Close()
 			t.Errorf("Dial(%q): no error", url)
 		}
@@ -361,11 +362,25 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"Config.AckTimeout":     {AckTimeout: -time.Second},
 		"Config.MaxPending":     {MaxPending: -1},
 	} {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: Validate: %v does not name the field", field, err)
+		}
 		cfg.Logger = quiet
-		_, err := nats.Dial(t.Context(), "nats://127.0.0.1:1", cfg)
+		_, err := nats.Dial(t.Context(), "nats://127.0.0.1:1", &cfg)
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: error %v does not name the field", field, err)
 		}
+	}
+	var nilCfg *nats.Config
+	if err := nilCfg.Validate(); err != nil {
+		t.Errorf("nil Config: %v", err)
+	}
+	if err := (&nats.Config{}).Validate(); err != nil {
+		t.Errorf("zero Config: %v", err)
+	}
+	err := (&nats.Config{AckTimeout: -1, MaxPending: -1}).Validate()
+	if err == nil || !strings.Contains(err.Error(), "Config.AckTimeout") || !strings.Contains(err.Error(), "Config.MaxPending") {
+		t.Errorf("two invalid fields: %v, want both named", err)
 	}
 }
 
@@ -385,13 +400,6 @@ func TestClosedPublisherFails(t *testing.T) {
 	}
 	if !js.Conn().IsConnected() {
 		t.Error("Close closed a connection the publisher does not own")
-	}
-}
-
-func TestStartEmbeddedNeedsStoreDir(t *testing.T) {
-	t.Parallel()
-	if _, err := nats.StartEmbedded(nats.EmbeddedConfig{Port: -1}); err == nil || !strings.Contains(err.Error(), "StoreDir") {
-		t.Errorf("StartEmbedded without a store: %v", err)
 	}
 }
 

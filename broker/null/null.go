@@ -1,6 +1,9 @@
 // Package null is a broker that acknowledges every message at once and keeps
 // nothing: the ceiling of what the relay can do without a network, for benchmarks
 // and for dry runs of a relay's database side ("--broker null://").
+//
+// Imports nothing beyond the standard library and the root package's pgx and
+// OpenTelemetry API.
 package null
 
 import (

@@ -44,7 +44,7 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	pub, err := rabbitmq.Dial(ctx, url, rabbitmq.Config{Exchange: exchange})
+	pub, err := rabbitmq.Dial(ctx, url, &rabbitmq.Config{Exchange: exchange})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -161,7 +161,7 @@ func isolated(t *testing.T) (rabbitmq.Config, *admin, string) {
 
 func dial(t *testing.T, url string, cfg rabbitmq.Config) *rabbitmq.Publisher {
 	t.Helper()
-	p, err := rabbitmq.Dial(t.Context(), url, cfg)
+	p, err := rabbitmq.Dial(t.Context(), url, &cfg)
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}
@@ -176,21 +176,6 @@ func message(aggType, aggID string, seq int64) broker.Message {
 func publish(t *testing.T, p broker.Publisher, msgs ...broker.Message) []error {
 	t.Helper()
 	return brokertest.Publish(t, p, msgs...)
-}
-
-// eventually calls ok every few milliseconds until it returns true, and fails
-// the test if it has not within d.
-func eventually(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		<-tick.C
-	}
 }
 
 // proxy forwards TCP connections to the shared server. Stop cuts every

@@ -80,7 +80,7 @@ func FuzzRoutingKey(f *testing.F) {
 	for _, s := range [][2]string{{"order", "created"}, {"", ""}, {"a.b", "*"}, {strings.Repeat("x", 250), "created"}, {"\xff", "é"}, {"order", strings.Repeat("t", 256)}} {
 		f.Add(s[0], s[1])
 	}
-	tmpl := broker.MustParseTemplate(defaultRoutingKey)
+	tmpl := broker.MustParseTemplate(DefaultRoutingKey)
 	f.Fuzz(func(t *testing.T, aggType, eventType string) {
 		m := testMessage()
 		m.AggregateType, m.EventType = aggType, eventType
@@ -224,7 +224,7 @@ func TestHeaderFrameSizeOnTheWire(t *testing.T) {
 	}
 
 	var written atomic.Int64
-	p, err := Dial(t.Context(), url, Config{
+	p, err := Dial(t.Context(), url, &Config{
 		Exchange: ex,
 		Logger:   slog.New(slog.DiscardHandler),
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -18,6 +18,8 @@
 // [Dial] owns its connection and reconnects forever, in the background, with
 // exponential backoff: a server that is unreachable makes publishes fail as
 // [broker.Unavailable] until it is back.
+//
+// Imports amqp091-go, besides the root package's pgx and OpenTelemetry API.
 package rabbitmq
 
 import (
@@ -40,105 +42,131 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/amqpconn"
 )
 
-// Config configures a Publisher. The zero value is usable.
+// Defaults of Config.
+const (
+	// DefaultExchange is the exchange when Config.Exchange is empty.
+	DefaultExchange = "outbox"
+	// DefaultRoutingKey is the routing key template when Config.RoutingKey is
+	// unset.
+	DefaultRoutingKey = "{aggregate_type}.{event_type}"
+	// DefaultConfirmTimeout is the wait for one message's confirm when
+	// Config.ConfirmTimeout is zero.
+	DefaultConfirmTimeout = 10 * time.Second
+	// DefaultMaxPending is the number of messages that may await their
+	// confirm when Config.MaxPending is zero.
+	DefaultMaxPending = 4000
+	// DefaultConnectTimeout bounds each attempt to connect when
+	// Config.ConnectTimeout is zero.
+	DefaultConnectTimeout = 10 * time.Second
+	// DefaultReconnectBackoff is the first wait between attempts to reconnect
+	// when Config.ReconnectBackoff is zero.
+	DefaultReconnectBackoff = 100 * time.Millisecond
+	// DefaultMaxReconnectBackoff caps the wait between attempts to reconnect
+	// when Config.MaxReconnectBackoff is zero (or ReconnectBackoff, if larger).
+	DefaultMaxReconnectBackoff = 30 * time.Second
+	// DefaultConnectionName is the connection's name on the server when
+	// Config.ConnectionName is empty.
+	DefaultConnectionName = "pgoutbox relay"
+)
+
+// closeTimeout bounds the close handshake of a connection the publisher gives
+// up on.
+const closeTimeout = 5 * time.Second
+
+// Config configures a Publisher. A nil *Config means all defaults.
 type Config struct {
 	// Exchange is the exchange the events are published to. If missing, it is
 	// declared as a durable topic exchange; an existing exchange is used as is,
-	// whatever its type, never modified. Defaults to "outbox".
+	// whatever its type, never modified. Empty means DefaultExchange ("outbox").
 	Exchange string
 
-	// RoutingKey is the template of each event's routing key. Defaults to
-	// "{aggregate_type}.{event_type}".
+	// RoutingKey is the template of each event's routing key. Unset means
+	// DefaultRoutingKey ("{aggregate_type}.{event_type}").
 	RoutingKey broker.Template
 
 	// ConfirmTimeout bounds the wait for the server's confirm of one message. A
 	// message without a confirm by then fails as unavailable (it may still be
 	// stored), and the connection is replaced: a server that leaves a message
-	// unconfirmed that long is unreachable or stuck. Defaults to 10s.
+	// unconfirmed that long is unreachable or stuck. Zero means
+	// DefaultConfirmTimeout (10s).
 	ConfirmTimeout time.Duration
 
 	// MaxPending is how many messages may await their confirm at once, across
 	// all concurrent Publish calls of this publisher; a publish beyond it waits
-	// for a slot. Defaults to 4000.
+	// for a slot. Zero means DefaultMaxPending (4000).
 	MaxPending int
 
 	// ConnectTimeout bounds each attempt to connect: TCP connect, TLS and AMQP
 	// handshakes, declaring the exchange. The URL's connection_timeout
-	// parameter, if set, overrides it. Defaults to 10s.
+	// parameter, if set, overrides it. Zero means DefaultConnectTimeout (10s).
 	ConnectTimeout time.Duration
 
 	// ReconnectBackoff is the wait after the first failed attempt to
 	// reconnect (the first attempt after a loss is immediate); it doubles after
-	// each further failure, with jitter, up to MaxReconnectBackoff. Defaults to
-	// 100ms.
+	// each further failure, with jitter, up to MaxReconnectBackoff. Zero means
+	// DefaultReconnectBackoff (100ms).
 	ReconnectBackoff time.Duration
 
-	// MaxReconnectBackoff caps the wait between attempts to reconnect. Defaults
-	// to 30s.
+	// MaxReconnectBackoff caps the wait between attempts to reconnect. Zero
+	// means DefaultMaxReconnectBackoff (30s), or ReconnectBackoff if that is
+	// larger.
 	MaxReconnectBackoff time.Duration
 
 	// ConnectionName is the connection's name on the server (the
 	// connection_name client property), shown by rabbitmqctl list_connections
-	// and the management UI. Defaults to "pgoutbox relay".
+	// and the management UI. Empty means DefaultConnectionName ("pgoutbox
+	// relay").
 	ConnectionName string
 
-	// TLSConfig is the TLS configuration for amqps:// URLs. Defaults to one
+	// TLSConfig is the TLS configuration for amqps:// URLs. Nil means one
 	// built from the URL's cacertfile, certfile, keyfile and
 	// server_name_indication parameters, with the system's roots when
 	// cacertfile is not given, and TLS 1.2 at least.
 	TLSConfig *tls.Config
 
 	// DialContext opens the TCP connection to the server: a SOCKS dialer, a
-	// test's wrapper. Defaults to a net.Dialer's.
+	// test's wrapper. Nil means a net.Dialer's.
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 
 	// Logger receives connection events: connected, lost, reconnected,
-	// blocked; each once per change of state, not per attempt. Defaults to
+	// blocked; each once per change of state, not per attempt. Nil means
 	// slog.Default().
 	Logger *slog.Logger
 }
 
-const (
-	defaultExchange            = "outbox"
-	defaultRoutingKey          = "{aggregate_type}.{event_type}"
-	defaultConfirmTimeout      = 10 * time.Second
-	defaultMaxPending          = 4000
-	defaultConnectTimeout      = 10 * time.Second
-	defaultReconnectBackoff    = 100 * time.Millisecond
-	defaultMaxReconnectBackoff = 30 * time.Second
-	defaultConnectionName      = "pgoutbox relay"
-
-	// closeTimeout bounds the close handshake of a connection the publisher
-	// gives up on.
-	closeTimeout = 5 * time.Second
-)
-
-// withDefaults returns a copy of c with defaults applied, or an error naming the
-// first invalid field.
-func (c Config) withDefaults() (Config, error) {
+// withDefaults returns a copy of cfg (nil means all defaults) with defaults
+// applied, or the errors of Validate.
+func withDefaults(cfg *Config) (Config, error) {
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
 	if c.Exchange == "" {
-		c.Exchange = defaultExchange
+		c.Exchange = DefaultExchange
 	}
 	if c.RoutingKey.String() == "" {
-		c.RoutingKey = broker.MustParseTemplate(defaultRoutingKey)
+		c.RoutingKey = broker.MustParseTemplate(DefaultRoutingKey)
 	}
 	if c.ConfirmTimeout == 0 {
-		c.ConfirmTimeout = defaultConfirmTimeout
+		c.ConfirmTimeout = DefaultConfirmTimeout
 	}
 	if c.MaxPending == 0 {
-		c.MaxPending = defaultMaxPending
+		c.MaxPending = DefaultMaxPending
 	}
 	if c.ConnectTimeout == 0 {
-		c.ConnectTimeout = defaultConnectTimeout
+		c.ConnectTimeout = DefaultConnectTimeout
 	}
 	if c.ReconnectBackoff == 0 {
-		c.ReconnectBackoff = defaultReconnectBackoff
+		c.ReconnectBackoff = DefaultReconnectBackoff
 	}
 	if c.MaxReconnectBackoff == 0 {
-		c.MaxReconnectBackoff = max(defaultMaxReconnectBackoff, c.ReconnectBackoff)
+		c.MaxReconnectBackoff = max(DefaultMaxReconnectBackoff, c.ReconnectBackoff)
 	}
 	if c.ConnectionName == "" {
-		c.ConnectionName = defaultConnectionName
+		c.ConnectionName = DefaultConnectionName
 	}
 	if c.DialContext == nil {
 		var d net.Dialer
@@ -147,33 +175,42 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return c, c.validate()
+	return c, nil
 }
 
-func (c *Config) validate() error {
+// Validate reports every invalid field of c, each error naming its field; zero
+// fields stand for their defaults, and a nil c (all defaults) is valid.
+func (c *Config) Validate() error {
+	if c == nil {
+		return nil
+	}
+	var errs []error
 	if len(c.Exchange) > maxShortstr || !utf8.ValidString(c.Exchange) ||
 		strings.IndexFunc(c.Exchange, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
-		return fmt.Errorf("rabbitmq: Config.Exchange %q: want at most %d bytes of UTF-8 without whitespace", c.Exchange, maxShortstr)
+		errs = append(errs, fmt.Errorf("rabbitmq: Config.Exchange (%q): want at most %d bytes of UTF-8 without whitespace", c.Exchange, maxShortstr))
 	}
 	if c.ConfirmTimeout < 0 {
-		return fmt.Errorf("rabbitmq: Config.ConfirmTimeout %s: must be positive", c.ConfirmTimeout)
+		errs = append(errs, fmt.Errorf("rabbitmq: Config.ConfirmTimeout (%s) must be positive", c.ConfirmTimeout))
 	}
 	if c.MaxPending < 0 {
-		return fmt.Errorf("rabbitmq: Config.MaxPending %d: must be positive", c.MaxPending)
+		errs = append(errs, fmt.Errorf("rabbitmq: Config.MaxPending (%d) must be positive", c.MaxPending))
 	}
 	if c.ConnectTimeout < 0 {
-		return fmt.Errorf("rabbitmq: Config.ConnectTimeout %s: must be positive", c.ConnectTimeout)
+		errs = append(errs, fmt.Errorf("rabbitmq: Config.ConnectTimeout (%s) must be positive", c.ConnectTimeout))
 	}
-	if c.ReconnectBackoff < 0 {
-		return fmt.Errorf("rabbitmq: Config.ReconnectBackoff %s: must be positive", c.ReconnectBackoff)
+	backoff := c.ReconnectBackoff
+	if backoff < 0 {
+		errs = append(errs, fmt.Errorf("rabbitmq: Config.ReconnectBackoff (%s) must be positive", c.ReconnectBackoff))
+	} else if backoff == 0 {
+		backoff = DefaultReconnectBackoff
 	}
-	if c.MaxReconnectBackoff < c.ReconnectBackoff {
-		return fmt.Errorf("rabbitmq: Config.MaxReconnectBackoff %s: must be at least ReconnectBackoff (%s)", c.MaxReconnectBackoff, c.ReconnectBackoff)
+	if c.MaxReconnectBackoff != 0 && c.MaxReconnectBackoff < backoff {
+		errs = append(errs, fmt.Errorf("rabbitmq: Config.MaxReconnectBackoff (%s) must be at least ReconnectBackoff (%s)", c.MaxReconnectBackoff, backoff))
 	}
 	if len(c.ConnectionName) > maxShortstr {
-		return fmt.Errorf("rabbitmq: Config.ConnectionName: %d bytes, want at most %d", len(c.ConnectionName), maxShortstr)
+		errs = append(errs, fmt.Errorf("rabbitmq: Config.ConnectionName: %d bytes, want at most %d", len(c.ConnectionName), maxShortstr))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Publisher publishes outbox events to a RabbitMQ exchange. It implements
@@ -198,7 +235,7 @@ type Publisher struct {
 var errClosed = errors.New("rabbitmq: publisher closed")
 
 // Dial connects to the RabbitMQ server at url and returns a publisher that owns
-// the connection.
+// the connection, configured by config (nil means all defaults).
 //
 // url is amqp://[user:password@]host[:port][/vhost][?params] or amqps://…
 // (port 5672 or 5671 by default; user and password guest; vhost "/", written
@@ -216,8 +253,8 @@ var errClosed = errors.New("rabbitmq: publisher closed")
 // reconnects in the background, for as long as it takes, and succeed once it
 // can. It reconnects in the same way whenever the connection or the channel is
 // lost.
-func Dial(ctx context.Context, url string, cfg Config) (*Publisher, error) {
-	cfg, err := cfg.withDefaults()
+func Dial(ctx context.Context, url string, config *Config) (*Publisher, error) {
+	cfg, err := withDefaults(config)
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -265,7 +266,7 @@ func TestConcurrentPublish(t *testing.T) {
 func TestDialUnreachableIsUnavailable(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	p, err := rabbitmq.Dial(t.Context(), "amqp://guest:guest@127.0.0.1:1/", rabbitmq.Config{Logger: quiet})
+	p, err := rabbitmq.Dial(t.Context(), "amqp://guest:guest@127.0.0.1:1/", &rabbitmq.Config{Logger: quiet})
 	if err != nil {
 		t.Fatalf("Dial: %v; an unreachable server must not be fatal", err)
 	}
@@ -294,7 +295,7 @@ func TestDialBeforeServerStarts(t *testing.T) {
 	if err := prx.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "connect once the server is reachable", func() bool { return p.Ping(t.Context()) == nil })
+	wait.For(t, 10*time.Second, "connect once the server is reachable", func() bool { return p.Ping(t.Context()) == nil })
 	if err := publish(t, p, message("order", "1", 1))[0]; err != nil {
 		t.Fatalf("once the server is reachable: %v", err)
 	}
@@ -372,7 +373,7 @@ func TestServerClosesConnection(t *testing.T) {
 
 	// The publisher reconnects by itself; later publishes succeed.
 	after := message("order", "d", 1)
-	eventually(t, 15*time.Second, "publish after the connection was closed", func() bool {
+	wait.For(t, 15*time.Second, "publish after the connection was closed", func() bool {
 		return publish(t, p, after)[0] == nil
 	})
 	acked[after.EventID.String()] = true
@@ -430,7 +431,7 @@ func TestChannelLossReopensChannel(t *testing.T) {
 		t.Fatalf("exchange deleted: %v, want unavailable, NOT_FOUND", err)
 	}
 	// The publisher reopens a channel, which declares the exchange again.
-	eventually(t, 10*time.Second, "exchange declared again", func() bool { return p.Ping(t.Context()) == nil })
+	wait.For(t, 10*time.Second, "exchange declared again", func() bool { return p.Ping(t.Context()) == nil })
 	if err := a.ch.QueueBind(q, "#", cfg.Exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -471,7 +472,7 @@ func TestConfirmTimeout(t *testing.T) {
 	// a new one.
 	g.release()
 	m := message("order", "1", 2)
-	eventually(t, 15*time.Second, "publish after the partition", func() bool { return publish(t, p, m)[0] == nil })
+	wait.For(t, 15*time.Second, "publish after the partition", func() bool { return publish(t, p, m)[0] == nil })
 	if n := len(a.get(q)); n < 2 || n > 3 {
 		t.Errorf("queue holds %d messages, want 2 or 3 (the unconfirmed one may be stored)", n)
 	}
@@ -498,7 +499,7 @@ func TestDialMalformedURL(t *testing.T) {
 		"amqps://guest:" + secret + "@127.0.0.1/?cacertfile=/nonexistent/ca.pem",
 		"amqp://gu%zzest:" + secret + "@127.0.0.1/",
 	} {
-		p, err := rabbitmq.Dial(t.Context(), url, rabbitmq.Config{Logger: quiet})
+		p, err := rabbitmq.Dial(t.Context(), url, &rabbitmq.Config{Logger: quiet})
 		if err == nil {
 			p.Close()
 			t.Errorf("Dial(%q): no error", url)
@@ -518,7 +519,7 @@ func TestDialRefused(t *testing.T) {
 		"amqp://guest:" + secret + "@" + sharedAddr(t) + "/":                      "username or password",
 		"amqp://guest:guest@" + sharedAddr(t) + "/" + uniqueName("no-such-vhost"): "not found",
 	} {
-		p, err := rabbitmq.Dial(t.Context(), url, rabbitmq.Config{Logger: quiet})
+		p, err := rabbitmq.Dial(t.Context(), url, &rabbitmq.Config{Logger: quiet})
 		if err == nil {
 			p.Close()
 			t.Errorf("Dial(%s): no error", url)
@@ -542,11 +543,30 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"Config.MaxReconnectBackoff": {ReconnectBackoff: time.Minute, MaxReconnectBackoff: time.Second},
 		"Config.ConnectionName":      {ConnectionName: strings.Repeat("n", 300)},
 	} {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: Validate: %v does not name the field", field, err)
+		}
 		cfg.Logger = quiet
-		_, err := rabbitmq.Dial(t.Context(), "amqp://127.0.0.1:1/", cfg)
+		_, err := rabbitmq.Dial(t.Context(), "amqp://127.0.0.1:1/", &cfg)
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: error %v does not name the field", field, err)
 		}
+	}
+	var nilCfg *rabbitmq.Config
+	if err := nilCfg.Validate(); err != nil {
+		t.Errorf("nil Config: %v", err)
+	}
+	// Zero fields stand for their defaults: a cap below the default first
+	// backoff is refused, one above a zero ReconnectBackoff's default is not.
+	if err := (&rabbitmq.Config{MaxReconnectBackoff: time.Second}).Validate(); err != nil {
+		t.Errorf("MaxReconnectBackoff above the default ReconnectBackoff: %v", err)
+	}
+	if err := (&rabbitmq.Config{MaxReconnectBackoff: time.Millisecond}).Validate(); err == nil {
+		t.Error("MaxReconnectBackoff below the default ReconnectBackoff: no error")
+	}
+	err := (&rabbitmq.Config{ConfirmTimeout: -1, MaxPending: -1}).Validate()
+	if err == nil || !strings.Contains(err.Error(), "Config.ConfirmTimeout") || !strings.Contains(err.Error(), "Config.MaxPending") {
+		t.Errorf("two invalid fields: %v, want both named", err)
 	}
 }
 

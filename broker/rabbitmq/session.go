@@ -189,6 +189,15 @@ func (pd *pending) wait(ctx context.Context) error {
 	}
 }
 
+// The dispatcher looks for overdue confirms overdueChecksPerTimeout times per
+// ConfirmTimeout, so a confirm is found overdue at most a quarter of the timeout
+// late, but never more often than every minOverdueCheck, so a tiny timeout (a
+// test's) does not spin.
+const (
+	overdueChecksPerTimeout = 4
+	minOverdueCheck         = 5 * time.Millisecond
+)
+
 // dispatch gives each confirm to its message, marks returned messages, fails
 // the session when a confirm is overdue, and, when the channel closes, fails
 // the messages still awaiting a confirm. It runs until the channel is closed,
@@ -196,7 +205,7 @@ func (pd *pending) wait(ctx context.Context) error {
 // amqp091-go's reader never waits on them.
 func (s *session) dispatch() {
 	defer s.p.wg.Done()
-	tick := time.NewTicker(max(s.p.cfg.ConfirmTimeout/4, 5*time.Millisecond))
+	tick := time.NewTicker(max(s.p.cfg.ConfirmTimeout/overdueChecksPerTimeout, minOverdueCheck))
 	defer tick.Stop()
 	returns := s.returns
 	for {

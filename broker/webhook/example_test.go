@@ -31,7 +31,7 @@ func Example() {
 	srv := httptest.NewServer(endpoint)
 	defer srv.Close()
 
-	pub, err := webhook.New(webhook.Config{
+	pub, err := webhook.New(&webhook.Config{
 		URL:    srv.URL + "/events/{aggregate_type}",
 		Secret: key,
 	})

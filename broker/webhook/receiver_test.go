@@ -162,7 +162,7 @@ func newPublisher(t *testing.T, cfg webhook.Config) *webhook.Publisher {
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
 	}
-	p, err := webhook.New(cfg)
+	p, err := webhook.New(&cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

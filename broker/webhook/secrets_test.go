@@ -192,7 +192,7 @@ func TestPlainHTTPCredentialsWarn(t *testing.T) {
 	} {
 		var logs bytes.Buffer
 		tc.cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-		p, err := webhook.New(tc.cfg)
+		p, err := webhook.New(&tc.cfg)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.cfg.URL, err)
 		}

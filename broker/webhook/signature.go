@@ -47,8 +47,12 @@ const (
 	// shorter one could be guessed offline from a single signed request.
 	MinSecretLen = 16
 
-	defaultTolerance = 5 * time.Minute
-	defaultMaxBody   = 1 << 20
+	// DefaultTolerance is the clock difference a signature may show when
+	// Verifier.Tolerance is zero.
+	DefaultTolerance = 5 * time.Minute
+	// DefaultMaxBody bounds the body Verifier.Handler reads when
+	// Verifier.MaxBody is zero.
+	DefaultMaxBody = 1 << 20
 
 	// Bounds on what the verifier parses and hashes for one request.
 	maxSignatureLen = 1024
@@ -225,16 +229,27 @@ type Verifier struct {
 
 	// Tolerance is how far the signature's timestamp may be from the receiver's
 	// clock, either way. Together with deduplication by Idempotency-Key over
-	// that window, it makes a captured request useless for replays. Defaults to
-	// 5 minutes.
+	// that window, it makes a captured request useless for replays. Zero means
+	// DefaultTolerance (5 minutes).
 	Tolerance time.Duration
 
 	// MaxBody bounds the body Handler reads; a larger request is answered 413,
-	// which the publisher takes as a permanent refusal. Defaults to 1 MiB.
+	// which the publisher takes as a permanent refusal. Zero means
+	// DefaultMaxBody (1 MiB).
 	MaxBody int64
 
-	// Now returns the current time. Defaults to time.Now.
+	// Now returns the current time. Nil means time.Now.
 	Now func() time.Time
+}
+
+// Validate reports why v cannot verify requests (no secrets, a short one, a
+// negative Tolerance), naming the field; Verify and Handler report the same.
+func (v *Verifier) Validate() error {
+	if v == nil {
+		return errors.New("webhook: Verifier is required: Verifier.Secrets has no default")
+	}
+	_, err := v.check()
+	return err
 }
 
 // check validates the configuration and returns the tolerance to apply.
@@ -251,7 +266,7 @@ func (v *Verifier) check() (time.Duration, error) {
 	case v.Tolerance < 0:
 		return 0, fmt.Errorf("webhook: Verifier.Tolerance %s: must not be negative", v.Tolerance)
 	case v.Tolerance == 0:
-		return defaultTolerance, nil
+		return DefaultTolerance, nil
 	}
 	return v.Tolerance, nil
 }
@@ -324,7 +339,7 @@ func (v *Verifier) Handler(next http.Handler) http.Handler {
 		}
 		limit := v.MaxBody
 		if limit <= 0 {
-			limit = defaultMaxBody
+			limit = DefaultMaxBody
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 		if err != nil {

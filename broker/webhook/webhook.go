@@ -75,6 +75,9 @@
 //
 // [Verifier] checks signatures on the receiving side, as a function or as
 // net/http middleware, with several secrets for rotation.
+//
+// Imports nothing beyond the standard library (net/http) and the root package's
+// pgx and OpenTelemetry API.
 package webhook
 
 import (
@@ -101,7 +104,20 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/redact"
 )
 
-// Config configures a Publisher.
+// Defaults of Config.
+const (
+	// DefaultTimeout bounds one request when Config.Timeout is zero.
+	DefaultTimeout = 10 * time.Second
+	// DefaultMaxConcurrency is the number of requests in flight at once when
+	// Config.MaxConcurrency is zero.
+	DefaultMaxConcurrency = 64
+	// DefaultRetryAfterMax caps the pause a Retry-After header imposes when
+	// Config.RetryAfterMax is zero.
+	DefaultRetryAfterMax = time.Minute
+)
+
+// Config configures a Publisher. URL is required, and Secret unless
+// AllowUnsigned, so a nil *Config is not valid; the other fields have defaults.
 type Config struct {
 	// URL is the endpoint every event is POSTed to: http:// or https://, with a
 	// host, optionally a port, a path and a query. The path may hold the
@@ -119,22 +135,23 @@ type Config struct {
 
 	// AllowUnsigned permits an empty Secret: requests then carry no
 	// Outbox-Signature header, and the receiver must authenticate them otherwise
-	// (mutual TLS, an Authorization header in Header). Defaults to false.
+	// (mutual TLS, an Authorization header in Header). False means signed.
 	AllowUnsigned bool
 
 	// Timeout bounds one request, from dialing to reading the status line and a
 	// bounded part of the body. A request without an answer by then fails as
 	// unavailable; the endpoint may still have received it (the retry carries the
-	// same Idempotency-Key). Defaults to 10s.
+	// same Idempotency-Key). Zero means DefaultTimeout (10s).
 	Timeout time.Duration
 
 	// MaxConcurrency is how many requests may be in flight at once, across all
-	// concurrent Publish calls; a request beyond it waits for a slot. Defaults to
-	// 64.
+	// concurrent Publish calls; a request beyond it waits for a slot. Zero
+	// means DefaultMaxConcurrency (64).
 	MaxConcurrency int
 
 	// RetryAfterMax caps the pause a 429 or 503 answer can impose through its
-	// Retry-After header. Negative: Retry-After is ignored. Defaults to 1 minute.
+	// Retry-After header. Negative: Retry-After is ignored. Zero means
+	// DefaultRetryAfterMax (1 minute).
 	RetryAfterMax time.Duration
 
 	// HTTPClient sends the requests: set it for TLS settings (a private CA,
@@ -143,27 +160,34 @@ type Config struct {
 	// any, still applies. Its transport should keep at least MaxConcurrency idle
 	// connections per host (http.Transport.MaxIdleConnsPerHost; Go's default is
 	// 2), or connections are opened and closed all the time. Close does not close
-	// its connections. Defaults to a client of the publisher's own, with proxies
+	// its connections. Nil means a client of the publisher's own, with proxies
 	// from the environment (HTTPS_PROXY, NO_PROXY, …).
 	HTTPClient *http.Client
 
 	// Header holds headers added to every request, an Authorization header for
 	// instance. They win over producer headers of the same name. Names the
 	// adapter or HTTP owns (Content-Type, Idempotency-Key, Outbox-*, Host, …) are
-	// refused. Defaults to none.
+	// refused. Empty means none.
 	Header http.Header
 
 	// Logger receives the publisher's own events (a Retry-After pause, a dropped
 	// producer header); failed requests are reported through Publish's results.
-	// Defaults to slog.Default().
+	// Nil means slog.Default().
 	Logger *slog.Logger
 }
 
+// The publisher's own transport (Config.HTTPClient nil) uses the values of
+// net/http's DefaultTransport, with room for MaxConcurrency idle connections.
 const (
-	defaultTimeout        = 10 * time.Second
-	defaultMaxConcurrency = 64
-	defaultRetryAfterMax  = time.Minute
+	transportDialTimeout           = 30 * time.Second
+	transportKeepAlive             = 30 * time.Second
+	transportIdleConnTimeout       = 90 * time.Second
+	transportTLSHandshakeTimeout   = 10 * time.Second
+	transportExpectContinueTimeout = time.Second
+	transportMinIdleConns          = 100
+)
 
+const (
 	userAgent = "pgoutbox-webhook"
 
 	excerptRead = 4 << 10  // response body bytes read for an error's excerpt
@@ -189,54 +213,85 @@ var reservedHeaders = map[string]bool{
 	"Idempotency-Key":   true,
 }
 
-// withDefaults returns a copy of c with defaults applied, and the parsed
-// endpoint, or an error naming the first invalid field.
-func (c Config) withDefaults() (Config, *endpoint, error) {
-	ep, err := parseEndpoint(c.URL)
+// withDefaults returns a copy of cfg with defaults applied and the parsed
+// endpoint, or the errors of Validate.
+func withDefaults(cfg *Config) (Config, *endpoint, error) {
+	ep, err := cfg.check()
 	if err != nil {
-		return c, nil, fmt.Errorf("webhook: Config.URL: %w", err)
+		return Config{}, nil, err
 	}
-	switch {
-	case len(c.Secret) == 0 && !c.AllowUnsigned:
-		return c, nil, errors.New("webhook: Config.Secret is required (or set Config.AllowUnsigned to send unsigned requests)")
-	case len(c.Secret) > 0 && len(c.Secret) < MinSecretLen:
-		return c, nil, fmt.Errorf("webhook: Config.Secret is %d bytes, want at least %d", len(c.Secret), MinSecretLen)
-	case c.Timeout < 0:
-		return c, nil, fmt.Errorf("webhook: Config.Timeout %s: must be positive", c.Timeout)
-	case c.MaxConcurrency < 0:
-		return c, nil, fmt.Errorf("webhook: Config.MaxConcurrency %d: must be positive", c.MaxConcurrency)
-	}
+	c := *cfg
 	c.Secret = slices.Clone(c.Secret)
 	if c.Timeout == 0 {
-		c.Timeout = defaultTimeout
+		c.Timeout = DefaultTimeout
 	}
 	if c.MaxConcurrency == 0 {
-		c.MaxConcurrency = defaultMaxConcurrency
+		c.MaxConcurrency = DefaultMaxConcurrency
 	}
 	if c.RetryAfterMax == 0 {
-		c.RetryAfterMax = defaultRetryAfterMax
+		c.RetryAfterMax = DefaultRetryAfterMax
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	static := make(http.Header, len(c.Header))
 	for name, values := range c.Header {
-		if !isToken(name) {
-			return c, nil, fmt.Errorf("webhook: Config.Header: %q is not a valid header name", name)
-		}
 		canon := http.CanonicalHeaderKey(name)
-		if reservedHeaders[canon] || strings.HasPrefix(canon, "Outbox-") {
-			return c, nil, fmt.Errorf("webhook: Config.Header: %s is set by the publisher", canon)
-		}
-		for _, v := range values {
-			if err := checkHeaderValue(v); err != nil {
-				return c, nil, fmt.Errorf("webhook: Config.Header: %s: %w", canon, err)
-			}
-		}
 		static[canon] = append(static[canon], values...)
 	}
 	c.Header = static
 	return c, ep, nil
+}
+
+// Validate reports every invalid field of c, each error naming its field; zero
+// fields stand for their defaults. A nil c lacks the required URL and Secret.
+func (c *Config) Validate() error {
+	_, err := c.check()
+	return err
+}
+
+// check is Validate, also returning the parsed endpoint when c is valid.
+func (c *Config) check() (*endpoint, error) {
+	if c == nil {
+		return nil, errors.New("webhook: Config is required: Config.URL and Config.Secret have no defaults")
+	}
+	var errs []error
+	ep, err := parseEndpoint(c.URL)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("webhook: Config.URL: %w", err))
+	}
+	switch {
+	case len(c.Secret) == 0 && !c.AllowUnsigned:
+		errs = append(errs, errors.New("webhook: Config.Secret is required (or set Config.AllowUnsigned to send unsigned requests)"))
+	case len(c.Secret) > 0 && len(c.Secret) < MinSecretLen:
+		errs = append(errs, fmt.Errorf("webhook: Config.Secret is %d bytes, want at least %d", len(c.Secret), MinSecretLen))
+	}
+	if c.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("webhook: Config.Timeout (%s) must be positive", c.Timeout))
+	}
+	if c.MaxConcurrency < 0 {
+		errs = append(errs, fmt.Errorf("webhook: Config.MaxConcurrency (%d) must be positive", c.MaxConcurrency))
+	}
+	for name, values := range c.Header {
+		if !isToken(name) {
+			errs = append(errs, fmt.Errorf("webhook: Config.Header: %q is not a valid header name", name))
+			continue
+		}
+		canon := http.CanonicalHeaderKey(name)
+		if reservedHeaders[canon] || strings.HasPrefix(canon, "Outbox-") {
+			errs = append(errs, fmt.Errorf("webhook: Config.Header: %s is set by the publisher", canon))
+			continue
+		}
+		for _, v := range values {
+			if err := checkHeaderValue(v); err != nil {
+				errs = append(errs, fmt.Errorf("webhook: Config.Header: %s: %w", canon, err))
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return ep, nil
 }
 
 // Publisher POSTs outbox events to a webhook endpoint. It implements
@@ -271,9 +326,10 @@ var errClosed = errors.New("webhook: publisher closed")
 // same Idempotency-Key.
 var ErrTimeout = errors.New("no answer within the timeout")
 
-// New returns a publisher for cfg. It does not contact the endpoint.
-func New(cfg Config) (*Publisher, error) {
-	cfg, ep, err := cfg.withDefaults()
+// New returns a publisher configured by cfg, which must give at least the URL
+// (and the Secret, unless AllowUnsigned). It does not contact the endpoint.
+func New(config *Config) (*Publisher, error) {
+	cfg, ep, err := withDefaults(config)
 	if err != nil {
 		return nil, err
 	}
@@ -289,13 +345,13 @@ func New(cfg Config) (*Publisher, error) {
 	} else {
 		p.transport = &http.Transport{
 			Proxy:                 http.ProxyFromEnvironment,
-			DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:           (&net.Dialer{Timeout: transportDialTimeout, KeepAlive: transportKeepAlive}).DialContext,
 			ForceAttemptHTTP2:     true,
-			MaxIdleConns:          max(100, cfg.MaxConcurrency),
+			MaxIdleConns:          max(transportMinIdleConns, cfg.MaxConcurrency),
 			MaxIdleConnsPerHost:   cfg.MaxConcurrency,
-			IdleConnTimeout:       90 * time.Second,
-			TLSHandshakeTimeout:   10 * time.Second,
-			ExpectContinueTimeout: time.Second,
+			IdleConnTimeout:       transportIdleConnTimeout,
+			TLSHandshakeTimeout:   transportTLSHandshakeTimeout,
+			ExpectContinueTimeout: transportExpectContinueTimeout,
 		}
 		p.client = &http.Client{Transport: p.transport}
 	}

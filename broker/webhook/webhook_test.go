@@ -558,7 +558,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		"Config.Header: Outbox": {URL: url, Secret: secret, Header: http.Header{"outbox-signature": {"x"}}},
 		"Config.Header: X-Bad":  {URL: url, Secret: secret, Header: http.Header{"X-Bad": {"a\nb"}}},
 	} {
-		_, err := webhook.New(cfg)
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: Validate: %v does not name the field", field, err)
+		}
+		_, err := webhook.New(&cfg)
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: error %v does not name the field", field, err)
 			continue
@@ -569,7 +572,21 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 			}
 		}
 	}
-	if _, err := webhook.New(webhook.Config{URL: url, AllowUnsigned: true}); err != nil {
+	if _, err := webhook.New(&webhook.Config{URL: url, AllowUnsigned: true}); err != nil {
 		t.Errorf("AllowUnsigned without a secret: %v", err)
+	}
+	// URL and Secret have no defaults: a nil Config is refused, not a panic.
+	var nilCfg *webhook.Config
+	if err := nilCfg.Validate(); err == nil || !strings.Contains(err.Error(), "Config.URL") {
+		t.Errorf("nil Config: %v", err)
+	}
+	if _, err := webhook.New(nil); err == nil {
+		t.Error("New(nil): no error")
+	}
+	err := (&webhook.Config{URL: url, Timeout: -1, MaxConcurrency: -1}).Validate()
+	for _, field := range []string{"Config.Secret", "Config.Timeout", "Config.MaxConcurrency"} {
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("three invalid fields: %v, want %s named", err, field)
+		}
 	}
 }

@@ -34,7 +34,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer cluster.Close()
-	pub, err := kafka.Dial(ctx, "kafka://"+strings.Join(cluster.ListenAddrs(), ","), kafka.Config{Logger: quiet})
+	pub, err := kafka.Dial(ctx, "kafka://"+strings.Join(cluster.ListenAddrs(), ","), &kafka.Config{Logger: quiet})
 	if err != nil {
 		log.Fatal(err)
 	}

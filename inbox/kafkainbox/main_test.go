@@ -75,7 +75,7 @@ func newCluster(t testing.TB, partitions int32) *kcluster {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	e.pub, err = kafka.Dial(ctx, "kafka://"+strings.Join(e.addrs, ","), kafka.Config{Logger: quiet})
+	e.pub, err = kafka.Dial(ctx, "kafka://"+strings.Join(e.addrs, ","), &kafka.Config{Logger: quiet})
 	pgtest.Must(t, err, "kafka.Dial")
 	t.Cleanup(func() { _ = e.pub.Close() })
 	admCl, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...))

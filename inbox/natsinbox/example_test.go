@@ -15,6 +15,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/natsinbox"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
@@ -33,12 +34,12 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: dir, Port: -1})
+	srv, err := natsembed.New(&natsembed.Config{StoreDir: dir, Port: -1})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer srv.Shutdown()
-	pub, err := natsbroker.Dial(ctx, srv.URL(), natsbroker.Config{})
+	pub, err := natsbroker.Dial(ctx, srv.URL(), &natsbroker.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

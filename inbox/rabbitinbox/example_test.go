@@ -72,7 +72,7 @@ func Example() {
 	}
 
 	// One event, published twice (a relay re-publish after a crash).
-	pub, err := rabbitmq.Dial(ctx, url, rabbitmq.Config{Exchange: exchange})
+	pub, err := rabbitmq.Dial(ctx, url, &rabbitmq.Config{Exchange: exchange})
 	if err != nil {
 		log.Fatal(err)
 	}

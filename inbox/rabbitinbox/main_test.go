@@ -97,7 +97,7 @@ func newTarget(t testing.TB, args amqp.Table) *target {
 		return ch.QueueBind(e.queue, "#", e.exchange, false, nil)
 	})
 
-	e.pub, err = rabbitmq.Dial(context.Background(), amqpURL, rabbitmq.Config{Exchange: e.exchange, Logger: quiet})
+	e.pub, err = rabbitmq.Dial(context.Background(), amqpURL, &rabbitmq.Config{Exchange: e.exchange, Logger: quiet})
 	pgtest.Must(t, err, "dial the publisher")
 	t.Cleanup(func() { _ = e.pub.Close() })
 	return e

@@ -430,7 +430,7 @@ func TestDeclaresAndBindsQueue(t *testing.T) {
 		return ch.ExchangeDeclarePassive(exchange, amqp.ExchangeTopic, true, false, false, false, nil)
 	})
 
-	pub, err := rabbitmq.Dial(context.Background(), amqpURL, rabbitmq.Config{Exchange: exchange, Logger: quiet})
+	pub, err := rabbitmq.Dial(context.Background(), amqpURL, &rabbitmq.Config{Exchange: exchange, Logger: quiet})
 	pgtest.Must(t, err, "dial the publisher")
 	defer pub.Close()
 	invoice := inboxtest.Event("9", 1)

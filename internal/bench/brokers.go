@@ -12,7 +12,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/internal/redact"
 )
 
@@ -26,7 +26,7 @@ const DefaultNATSURL = "nats://127.0.0.1:4222"
 type brokerEnv struct {
 	name     string // as shown in tables: null, nats, embedded, or the URL without its credentials
 	url      string // the relays' --broker (PGOUTBOX_BROKER)
-	embedded *natsbroker.Embedded
+	embedded *natsembed.Server
 	storeDir string
 	nc       *natsgo.Conn
 	js       jetstream.JetStream
@@ -107,7 +107,7 @@ func (r *Runner) embeddedEnv(ctx context.Context, name string) (*brokerEnv, erro
 	if err != nil {
 		return nil, err
 	}
-	e, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: dir, Port: -1})
+	e, err := natsembed.New(&natsembed.Config{StoreDir: dir, Port: -1})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -121,7 +121,7 @@ func (r *Runner) embeddedEnv(ctx context.Context, name string) (*brokerEnv, erro
 	return r.natsEnv(ctx, name, e.URL(), nc, e, dir)
 }
 
-func (r *Runner) natsEnv(ctx context.Context, name, url string, nc *natsgo.Conn, e *natsbroker.Embedded, dir string) (*brokerEnv, error) {
+func (r *Runner) natsEnv(ctx context.Context, name, url string, nc *natsgo.Conn, e *natsembed.Server, dir string) (*brokerEnv, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()

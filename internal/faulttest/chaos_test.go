@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox"
-	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/checker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
@@ -154,10 +154,10 @@ func TestNATSRestart(t *testing.T) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
 	var mu sync.Mutex
-	var srv *natsbroker.Embedded
+	var srv *natsembed.Server
 	startServer := func() {
 		var logs syncBuffer
-		s, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: storeDir, Port: port, ReadyTimeout: time.Minute,
+		s, err := natsembed.New(&natsembed.Config{StoreDir: storeDir, Port: port, ReadyTimeout: time.Minute,
 			Logger: slog.New(slog.NewTextHandler(lineWriter{&logs}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 		pgtest.Must(t, err, "start NATS on port %d; its log:\n%s", port, logs.String())
 		mu.Lock()

@@ -15,6 +15,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
@@ -227,7 +228,7 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		if t.template != nil {
 			cfg.Topic = *t.template
 		}
-		pub, err := kafka.Dial(ctx, t.flags.url, cfg)
+		pub, err := kafka.Dial(ctx, t.flags.url, &cfg)
 		if err != nil {
 			return nil, nil, usageError{err}
 		}
@@ -247,7 +248,7 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		if t.template != nil {
 			cfg.RoutingKey = *t.template
 		}
-		pub, err := rabbitmq.Dial(ctx, t.flags.url, cfg)
+		pub, err := rabbitmq.Dial(ctx, t.flags.url, &cfg)
 		if err != nil {
 			// A malformed URL or a server that turned us away (403
 			// ACCESS_REFUSED, an unknown vhost): Dial waits out an unreachable
@@ -256,7 +257,7 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		}
 		return pub, func() { _ = pub.Close() }, nil
 	case "webhook":
-		pub, err := webhook.New(webhook.Config{URL: t.flags.url, Secret: t.secret, AllowUnsigned: t.flags.unsigned,
+		pub, err := webhook.New(&webhook.Config{URL: t.flags.url, Secret: t.secret, AllowUnsigned: t.flags.unsigned,
 			Timeout: t.flags.ackTimeout, Logger: log})
 		if err != nil {
 			return nil, nil, usageError{err}
@@ -268,14 +269,14 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		cfg.Subject = *t.template
 	}
 	serverURL := t.flags.url
-	var embedded *natsbroker.Embedded
+	var embedded *natsembed.Server
 	if t.kind == "embedded" {
 		var err error
 		var serverLog *slog.Logger // the server's own chatter only at --log-level debug
 		if log.Enabled(ctx, slog.LevelDebug) {
 			serverLog = log.With(slog.String("component", "embedded-nats"))
 		}
-		embedded, err = natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{
+		embedded, err = natsembed.New(&natsembed.Config{
 			StoreDir: t.flags.embeddedDir, Port: t.flags.embeddedPort, Logger: serverLog,
 		})
 		if err != nil {
@@ -285,7 +286,7 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		log.Warn("--broker embedded: events go to a NATS server inside this process; consumers elsewhere never see them, and they are lost with its data directory",
 			slog.String("url", serverURL), slog.String("dir", t.flags.embeddedDir))
 	}
-	pub, err := natsbroker.Dial(ctx, serverURL, cfg)
+	pub, err := natsbroker.Dial(ctx, serverURL, &cfg)
 	if err != nil {
 		if embedded != nil {
 			embedded.Shutdown()

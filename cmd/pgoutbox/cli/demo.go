@@ -27,7 +27,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
-	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/examples/orders"
 	"github.com/pgoutbox/pgoutbox/examples/orders/audit"
 	"github.com/pgoutbox/pgoutbox/examples/orders/fakepay"
@@ -339,7 +339,7 @@ func (d *demo) startEmbeddedNATS() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	srv, err := natsbroker.StartEmbedded(natsbroker.EmbeddedConfig{StoreDir: dir, Port: -1})
+	srv, err := natsembed.New(&natsembed.Config{StoreDir: dir, Port: -1})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return "", fmt.Errorf("start embedded NATS: %w", err)

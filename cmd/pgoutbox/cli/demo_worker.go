@@ -140,7 +140,7 @@ func runDemoRelay(ctx context.Context, f *demoWorkerFlags, log *slog.Logger) err
 		return fmt.Errorf("connect to database: %w", err)
 	}
 	defer pool.Close()
-	pub, err := natsbroker.Dial(ctx, f.natsURL, natsbroker.Config{
+	pub, err := natsbroker.Dial(ctx, f.natsURL, &natsbroker.Config{
 		Stream: f.stream, StreamSubjects: []string{f.prefix + ".>"},
 		Subject: broker.MustParseTemplate(f.prefix + ".{aggregate_type}.{event_type}"), Logger: log,
 	})

@@ -206,7 +206,9 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	}
 	defer closeBroker()
 	if tp := traces.provider(); tp != nil {
-		pub = brokerotel.New(pub, &brokerotel.Config{TracerProvider: tp, System: target.system(), Destination: target.destination()})
+		if pub, err = brokerotel.New(pub, &brokerotel.Config{TracerProvider: tp, System: target.system(), Destination: target.destination()}); err != nil {
+			return err
+		}
 	}
 
 	r, err := relay.New(pool, pub, &cfg)

@@ -214,7 +214,7 @@ func TestRelaySIGKILLHoldingLeases(t *testing.T) {
 	}
 
 	// The successor runs in-process so that its takeover count can be read.
-	pub, err := natsbroker.Dial(context.Background(), natstest.URL(), natsbroker.Config{
+	pub, err := natsbroker.Dial(context.Background(), natstest.URL(), &natsbroker.Config{
 		Stream: e.target.Stream, StreamSubjects: e.target.Subjects(), Subject: broker.MustParseTemplate(e.target.Template)})
 	pgtest.Must(t, err, "dial")
 	defer pub.Close()

@@ -66,7 +66,7 @@ func TestChargedOnceDespiteTimeouts(t *testing.T) {
 				placed[o.ID] = o.AmountCents
 			}
 
-			pub, err := natsbroker.Dial(ctx, natstest.URL(), natsbroker.Config{Stream: target.Stream, StreamSubjects: target.Subjects(),
+			pub, err := natsbroker.Dial(ctx, natstest.URL(), &natsbroker.Config{Stream: target.Stream, StreamSubjects: target.Subjects(),
 				Subject: broker.MustParseTemplate(target.Template), Logger: quiet})
 			pgtest.Must(t, err, "publisher")
 			t.Cleanup(func() { _ = pub.Close() })
