@@ -219,7 +219,6 @@ func Dial(ctx context.Context, url string, config *Config) (*Publisher, error) {
 	opts := []natsgo.Option{
 		natsgo.Name("pgoutbox relay"),
 		natsgo.MaxReconnects(-1),
-		natsgo.RetryOnFailedConnect(true),
 		// No buffering while reconnecting: a publish then fails at once as
 		// unavailable instead of waiting out its ack timeout in a buffer.
 		natsgo.ReconnectBufSize(-1),
@@ -235,16 +234,9 @@ func Dial(ctx context.Context, url string, config *Config) (*Publisher, error) {
 			log.Warn("nats: async error", slog.Any("error", err))
 		}),
 	}
-	nc, err := natsgo.Connect(url, append(opts, cfg.DialOptions...)...)
+	nc, err := connect(url, opts, cfg.DialOptions)
 	if err != nil {
-		return nil, fmt.Errorf("nats: connect: %w", err)
-	}
-	// The first attempt is made before Connect returns. A server that turned the
-	// credentials away would do so on every reconnect: that is a configuration
-	// error, not an outage to wait out.
-	if last := nc.LastError(); !nc.IsConnected() && isAuthError(last) {
-		nc.Close()
-		return nil, fmt.Errorf("nats: connect: the server refused the credentials: %w", last)
+		return nil, err
 	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout),
@@ -260,6 +252,30 @@ func Dial(ctx context.Context, url string, config *Config) (*Publisher, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// connect dials url. The first attempt is made without RetryOnFailedConnect, so
+// that a server turning the credentials away says so synchronously: that is a
+// configuration error (it would refuse every reconnect too), not an outage to
+// wait out. (With RetryOnFailedConnect, nats.go reports the refusal only through
+// LastError, which its reconnect loop clears at its next attempt: a race.) A
+// server that cannot be reached is an outage: the connection is made again with
+// RetryOnFailedConnect, and publishes fail as Unavailable until it is up.
+func connect(url string, opts, extra []natsgo.Option) (*natsgo.Conn, error) {
+	first := append(slices.Clone(opts), extra...)
+	first = append(first, natsgo.RetryOnFailedConnect(false))
+	nc, err := natsgo.Connect(url, first...)
+	switch {
+	case err == nil:
+		return nc, nil
+	case isAuthError(err):
+		return nil, fmt.Errorf("nats: connect: the server refused the credentials: %w", err)
+	}
+	nc, err = natsgo.Connect(url, append(append(slices.Clone(opts), natsgo.RetryOnFailedConnect(true)), extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("nats: connect: %w", err)
+	}
+	return nc, nil
 }
 
 // isAuthError reports whether err is the server refusing the connection's

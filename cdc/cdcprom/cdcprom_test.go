@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -24,22 +23,11 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
-// TestMain gives the package a database of its own, as cdc's tests do: logical
-// decoding reads every change of its database.
+// TestMain runs the package's tests on a throwaway cluster of their own with
+// logical replication (the shared server keeps its default settings), as cdc's
+// tests do.
 func TestMain(m *testing.M) {
-	dbURL, drop, err := pgtest.CreateDatabase("pgoutbox_cdcprom_test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Setenv("PGOUTBOX_TEST_DATABASE_URL", dbURL)
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		if err := drop(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = max(code, 1)
-		}
-		os.Exit(code)
-	}))
+	goleak.VerifyTestMain(pgtest.MainLogical(m))
 }
 
 // find returns the metric name{labels} from reg, or nil.
