@@ -1,6 +1,8 @@
 // Package admin holds the operator's actions on an outbox: its health figures
 // ([Admin.Status]), the dead letters (list, show, retry, skip with an audited
 // reason), replay and cleanup. The pgoutbox CLI is a thin layer over it.
+//
+// Imports pgx, x/sync and the OpenTelemetry API beyond the root package; no broker client.
 package admin
 
 import (

@@ -18,6 +18,8 @@
 // slot and publishes from the table what the stream will never send.
 //
 // docs/design.md ("CDC source") states the rules and what each crash leaves.
+//
+// Imports pgx, pglogrepl and x/sync beyond the root package, and the Prometheus client for Source.Collector; no broker client.
 package cdc
 
 import (

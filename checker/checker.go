@@ -23,6 +23,8 @@
 //  4. no consumer applied an event twice;
 //  5. per aggregate, first appearances on the broker and first applications in each
 //     consumer follow aggregate_sequence.
+//
+// Imports pgx and nats.go beyond the root package (it reads a JetStream stream); no NATS server code.
 package checker
 
 import (

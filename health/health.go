@@ -11,6 +11,8 @@
 // A failing readiness check should mean "this process cannot do its work now"
 // (database or broker unreachable), never "restart me": keep liveness trivial,
 // or an outage of a dependency restarts every replica for nothing.
+//
+// Imports the Prometheus client only; no pgx and no broker client.
 package health
 
 import (

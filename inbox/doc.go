@@ -87,4 +87,6 @@
 // inbox/kafkainbox (Kafka consumer groups) and inbox/rabbitinbox (RabbitMQ) are the
 // subscribers; one for another broker is a small package that does the same. [Config.Observer] receives every outcome; package inbox/inboxprom turns them
 // into Prometheus metrics. docs/consumer.md covers all of this in more depth.
+//
+// Imports pgx and the OpenTelemetry API beyond the root package; no broker client.
 package inbox

@@ -12,6 +12,8 @@
 //
 // docs/design.md states who owns a row when, and what each crash leaves behind;
 // its "Relay: the lane rule" is the one full explanation of the claim.
+//
+// Imports pgx (with puddle) and x/sync beyond the root package; no broker client and no metrics library.
 package relay
 
 import (

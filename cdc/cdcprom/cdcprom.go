@@ -20,6 +20,8 @@
 // unlabelled pgoutbox_cdc_publish_failures_total, and both are registered on
 // one registry. The Collector keeps the slot's figures (lag, retained WAL,
 // buffered events, blocked lanes); register both.
+//
+// Imports the Prometheus client beyond package cdc.
 package cdcprom
 
 import (

@@ -9,6 +9,8 @@
 //	pgoutbox_inbox_handler_failures_total{consumer}   deliveries rolled back (handler, upcaster or database error)
 //	pgoutbox_inbox_undecodable_total{consumer}        deliveries that are not outbox events
 //	pgoutbox_inbox_processing_seconds{consumer}       time to process a delivery, whatever its outcome
+//
+// Imports the Prometheus client beyond package inbox.
 package inboxprom
 
 import (

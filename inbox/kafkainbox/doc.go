@@ -92,4 +92,6 @@
 // by message, so there is no ack, nak or release per record; order is per
 // partition, not per aggregate lane; a gap-rejected or failed record is retried
 // in place, holding its partition, instead of being handed back for redelivery.
+//
+// Imports franz-go beyond package inbox.
 package kafkainbox

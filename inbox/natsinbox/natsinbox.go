@@ -19,6 +19,8 @@
 // arrival order, while up to Config.Concurrency aggregates proceed in parallel.
 // Across instances, the inbox's per-aggregate position keeps the order: an event
 // that overtook its predecessor is rejected and redelivered (inbox.GapReject).
+//
+// Imports nats.go beyond package inbox; no NATS server code.
 package natsinbox
 
 import (

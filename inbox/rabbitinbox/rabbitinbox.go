@@ -60,6 +60,8 @@
 // the ones that were committed already and they are acked as duplicates. A crash
 // between commit and ack ends the same way. Nothing is lost, nothing is applied
 // twice.
+//
+// Imports amqp091-go beyond package inbox.
 package rabbitinbox
 
 import (

@@ -29,6 +29,8 @@
 // The backlog gauges describe the whole outbox, not one relay: every replica
 // reports the same figures, so aggregate them with max(), not sum().
 // docs/operations.md has the alerts built on them.
+//
+// Imports the Prometheus client beyond package relay.
 package relayprom
 
 import (
