@@ -84,30 +84,20 @@ func (r Result) String() string {
 	return "unknown"
 }
 
-// FailureReason classifies a failed publish, as the broker adapter marked it.
-type FailureReason string
+// FailureReason classifies a failed publish: broker.FailureReason, the one
+// classification of the relay and the CDC source.
+type FailureReason = broker.FailureReason
 
+// The failure reasons (see broker.FailureReason).
 const (
-	// ReasonPermanent: the broker refused the message and will refuse it again
-	// (broker.Permanent). The event is quarantined at once.
-	ReasonPermanent FailureReason = "permanent"
-	// ReasonUnavailable: the broker was unreachable or did not answer in time
-	// (broker.Unavailable, a deadline). Never counts towards quarantine.
-	ReasonUnavailable FailureReason = "unavailable"
-	// ReasonError: any other error; quarantined after Config.MaxAttempts.
-	ReasonError FailureReason = "error"
+	ReasonPermanent   = broker.ReasonPermanent
+	ReasonUnavailable = broker.ReasonUnavailable
+	ReasonError       = broker.ReasonError
 )
 
-// ClassifyFailure returns the reason class of a publish error.
-func ClassifyFailure(err error) FailureReason {
-	switch {
-	case broker.IsPermanent(err):
-		return ReasonPermanent
-	case broker.IsUnavailable(err):
-		return ReasonUnavailable
-	}
-	return ReasonError
-}
+// ClassifyFailure returns the reason class of a publish error
+// (broker.ClassifyFailure).
+func ClassifyFailure(err error) FailureReason { return broker.ClassifyFailure(err) }
 
 // EventOutcome is the outcome of one event of a settled batch.
 type EventOutcome struct {
