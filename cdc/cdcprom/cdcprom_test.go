@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
 	"github.com/pgoutbox/pgoutbox"
@@ -20,6 +19,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/cdc/cdcprom"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/promtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
@@ -30,45 +30,12 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(pgtest.MainLogical(m))
 }
 
-// find returns the metric name{labels} from reg, or nil.
-func find(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) *dto.Metric {
-	t.Helper()
-	families, err := reg.Gather()
-	pgtest.Must(t, err, "gather")
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range f.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, l := range m.GetLabel() {
-					found = found || (l.GetName() == labels[i] && l.GetValue() == labels[i+1])
-				}
-				if !found {
-					continue metrics
-				}
-			}
-			return m
-		}
-	}
-	return nil
-}
-
-// value returns the gauge or counter name{labels}, or -1 when it is absent.
+// value returns the gauge or counter name{labels} (a histogram's sample count),
+// or -1 when it is absent.
 func value(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
-	m := find(t, reg, name, labels...)
-	switch {
-	case m == nil:
-		return -1
-	case m.GetCounter() != nil:
-		return m.GetCounter().GetValue()
-	case m.GetGauge() != nil:
-		return m.GetGauge().GetValue()
-	case m.GetHistogram() != nil:
-		return float64(m.GetHistogram().GetSampleCount())
+	if v, ok := promtest.Value(t, reg, name, labels...); ok {
+		return v
 	}
 	return -1
 }

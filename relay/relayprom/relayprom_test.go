@@ -20,6 +20,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/promtest"
 	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/relay/relayprom"
 )
@@ -31,40 +32,17 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // find returns the metric name{labels} from reg, or nil.
 func find(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) *dto.Metric {
 	t.Helper()
-	families, err := reg.Gather()
-	pgtest.Must(t, err, "gather")
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range f.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, l := range m.GetLabel() {
-					found = found || (l.GetName() == labels[i] && l.GetValue() == labels[i+1])
-				}
-				if !found {
-					continue metrics
-				}
-			}
-			return m
-		}
-	}
-	return nil
+	return promtest.Find(t, reg, name, labels...)
 }
 
 // value returns the gauge or counter name{labels}, failing when it is absent.
 func value(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
-	m := find(t, reg, name, labels...)
-	if m == nil {
+	v, ok := promtest.Value(t, reg, name, labels...)
+	if !ok {
 		t.Fatalf("metric %s%v not exported", name, labels)
 	}
-	if m.Gauge != nil {
-		return m.Gauge.GetValue()
-	}
-	return m.Counter.GetValue()
+	return v
 }
 
 type outbox struct {
