@@ -1,12 +1,12 @@
 package relay
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -108,62 +108,44 @@ func (c *Config) Validate() error {
 
 // withDefaults returns a copy of c with its defaults filled in, and validates it.
 func (c *Config) withDefaults() (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
-	if out.ID == "" {
+	return config.Resolve("relay", c, configDefaults, checkConfig)
+}
+
+func configDefaults(c *Config) {
+	if c.ID == "" {
 		host, _ := os.Hostname()
 		if host == "" {
 			host = "relay"
 		}
-		out.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
+		c.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
-	if out.Schema == "" {
-		out.Schema = migrate.DefaultSchema
-	}
-	setDefault(&out.BatchSize, DefaultBatchSize)
-	setDefault(&out.RunLength, DefaultRunLength)
-	setDefault(&out.Workers, DefaultWorkers)
-	setDefault(&out.Lease, DefaultLease)
-	setDefault(&out.PublishTimeout, out.Lease/2)
-	setDefault(&out.PollInterval, DefaultPollInterval)
-	setDefault(&out.MaxAttempts, DefaultMaxAttempts)
-	setDefault(&out.BackoffBase, DefaultBackoffBase)
-	setDefault(&out.BackoffMax, DefaultBackoffMax)
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
-	return out, out.validate()
-}
-
-func setDefault[T int | time.Duration](v *T, def T) {
-	if *v == 0 {
-		*v = def
+	config.Default(&c.Schema, migrate.DefaultSchema)
+	config.Default(&c.BatchSize, DefaultBatchSize)
+	config.Default(&c.RunLength, DefaultRunLength)
+	config.Default(&c.Workers, DefaultWorkers)
+	config.Default(&c.Lease, DefaultLease)
+	config.Default(&c.PublishTimeout, c.Lease/2)
+	config.Default(&c.PollInterval, DefaultPollInterval)
+	config.Default(&c.MaxAttempts, DefaultMaxAttempts)
+	config.Default(&c.BackoffBase, DefaultBackoffBase)
+	config.Default(&c.BackoffMax, DefaultBackoffMax)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 }
 
-// validate checks a config whose defaults are filled in.
-func (c *Config) validate() error {
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf("relay: "+format, args...))
-		}
-	}
-	check(len(c.ID) <= maxIDLength, "Config.ID (%d bytes) must be at most %d bytes", len(c.ID), maxIDLength)
-	if err := migrate.ValidateSchema(c.Schema); err != nil {
-		errs = append(errs, fmt.Errorf("relay: Config.Schema: %w", err))
-	}
-	check(c.BatchSize > 0 && c.BatchSize <= maxBatchSize, "Config.BatchSize (%d) must be in 1..%d", c.BatchSize, maxBatchSize)
-	check(c.RunLength > 0, "Config.RunLength (%d) must be positive", c.RunLength)
-	check(c.Workers > 0 && c.Workers <= maxWorkers, "Config.Workers (%d) must be in 1..%d", c.Workers, maxWorkers)
-	check(c.Lease >= minLease, "Config.Lease (%s) must be at least %s", c.Lease, minLease)
-	check(c.PublishTimeout > 0 && c.PublishTimeout < c.Lease,
+// checkConfig validates a config whose defaults are filled in.
+func checkConfig(c *Config, p *config.Problems) {
+	p.Check(len(c.ID) <= maxIDLength, "Config.ID (%d bytes) must be at most %d bytes", len(c.ID), maxIDLength)
+	p.Field("Config.Schema", migrate.ValidateSchema(c.Schema))
+	p.Check(c.BatchSize > 0 && c.BatchSize <= maxBatchSize, "Config.BatchSize (%d) must be in 1..%d", c.BatchSize, maxBatchSize)
+	p.Check(c.RunLength > 0, "Config.RunLength (%d) must be positive", c.RunLength)
+	p.Check(c.Workers > 0 && c.Workers <= maxWorkers, "Config.Workers (%d) must be in 1..%d", c.Workers, maxWorkers)
+	p.Check(c.Lease >= minLease, "Config.Lease (%s) must be at least %s", c.Lease, minLease)
+	p.Check(c.PublishTimeout > 0 && c.PublishTimeout < c.Lease,
 		"Config.PublishTimeout (%s) must be positive and shorter than Config.Lease (%s)", c.PublishTimeout, c.Lease)
-	check(c.PollInterval > 0, "Config.PollInterval (%s) must be positive", c.PollInterval)
-	check(c.MaxAttempts > 0, "Config.MaxAttempts (%d) must be positive", c.MaxAttempts)
-	check(c.BackoffBase > 0 && c.BackoffMax >= c.BackoffBase,
+	p.Check(c.PollInterval > 0, "Config.PollInterval (%s) must be positive", c.PollInterval)
+	p.Check(c.MaxAttempts > 0, "Config.MaxAttempts (%d) must be positive", c.MaxAttempts)
+	p.Check(c.BackoffBase > 0 && c.BackoffMax >= c.BackoffBase,
 		"Config.BackoffBase (%s) must be positive and at most Config.BackoffMax (%s)", c.BackoffBase, c.BackoffMax)
-	return errors.Join(errs...)
 }
