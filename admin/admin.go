@@ -8,11 +8,11 @@ package admin
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -46,24 +46,13 @@ func (c *Config) Validate() error {
 
 // withDefaults returns a copy of c with its defaults filled in, and validates it.
 func (c *Config) withDefaults() (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
-	if out.Schema == "" {
-		out.Schema = migrate.DefaultSchema
-	}
-	if out.InboxSchema == "" {
-		out.InboxSchema = out.Schema
-	}
-	var errs []error
-	if err := migrate.ValidateSchema(out.Schema); err != nil {
-		errs = append(errs, fmt.Errorf("admin: Config.Schema: %w", err))
-	}
-	if err := migrate.ValidateSchema(out.InboxSchema); err != nil {
-		errs = append(errs, fmt.Errorf("admin: Config.InboxSchema: %w", err))
-	}
-	return out, errors.Join(errs...)
+	return config.Resolve("admin", c, func(c *Config) {
+		config.Default(&c.Schema, migrate.DefaultSchema)
+		config.Default(&c.InboxSchema, c.Schema)
+	}, func(c *Config, p *config.Problems) {
+		p.Field("Config.Schema", migrate.ValidateSchema(c.Schema))
+		p.Field("Config.InboxSchema", migrate.ValidateSchema(c.InboxSchema))
+	})
 }
 
 // Admin runs operator actions against one outbox.

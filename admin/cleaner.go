@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 )
 
@@ -51,29 +52,19 @@ func (c *CleanerConfig) Validate() error {
 
 // withDefaults returns a copy of c with its defaults filled in, and validates it.
 func (c *CleanerConfig) withDefaults() (CleanerConfig, error) {
-	var out CleanerConfig
-	if c != nil {
-		out = *c
-	}
-	var errs []error
-	if out.Interval < 0 {
-		errs = append(errs, fmt.Errorf("admin: CleanerConfig.Interval (%s) must not be negative", out.Interval))
-	}
-	if out.Interval == 0 {
-		out.Interval = DefaultCleanerInterval
-	}
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
-	if out.Cleanup.Logger == nil {
-		out.Cleanup.Logger = out.Logger
-	}
-	cleanup, err := out.Cleanup.withDefaults()
-	if err != nil {
-		errs = append(errs, err)
-	}
-	out.Cleanup = cleanup
-	return out, errors.Join(errs...)
+	return config.Resolve("admin", c, func(c *CleanerConfig) {
+		config.Default(&c.Interval, DefaultCleanerInterval)
+		if c.Logger == nil {
+			c.Logger = slog.Default()
+		}
+		if c.Cleanup.Logger == nil {
+			c.Cleanup.Logger = c.Logger
+		}
+		cleanupDefaults(&c.Cleanup)
+	}, func(c *CleanerConfig, p *config.Problems) {
+		p.Check(c.Interval > 0, "CleanerConfig.Interval (%s) must not be negative", c.Interval)
+		checkCleanup(&c.Cleanup, p)
+	})
 }
 
 // Cleaner runs Cleanup periodically, as the relay's cleanup job does. Any number

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
@@ -125,54 +126,34 @@ type CleanupResult struct {
 }
 
 func (c *CleanupConfig) withDefaults() (CleanupConfig, error) {
-	out := *c
-	if out.Schema == "" {
-		out.Schema = migrate.DefaultSchema
+	return config.Resolve("admin", c, cleanupDefaults, checkCleanup)
+}
+
+func cleanupDefaults(c *CleanupConfig) {
+	config.Default(&c.Schema, migrate.DefaultSchema)
+	config.Default(&c.Retention, DefaultRetention)
+	config.Default(&c.BatchSize, DefaultCleanupBatchSize)
+	config.Default(&c.PartitionsAhead, migrate.DefaultPartitionsAhead)
+	config.Default(&c.InboxSchema, c.Schema)
+	config.Default(&c.InboxReplayHorizon, c.Retention)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
-	if out.Retention == 0 {
-		out.Retention = DefaultRetention
-	}
-	if out.BatchSize == 0 {
-		out.BatchSize = DefaultCleanupBatchSize
-	}
-	if out.PartitionsAhead == 0 {
-		out.PartitionsAhead = migrate.DefaultPartitionsAhead
-	}
-	if out.InboxSchema == "" {
-		out.InboxSchema = out.Schema
-	}
-	if out.InboxReplayHorizon == 0 {
-		out.InboxReplayHorizon = out.Retention
-	}
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
-	var errs []error
-	if err := migrate.ValidateSchema(out.Schema); err != nil {
-		errs = append(errs, fmt.Errorf("admin: CleanupConfig.Schema: %w", err))
-	}
-	if out.Retention < 0 {
-		errs = append(errs, fmt.Errorf("admin: CleanupConfig.Retention (%s) must be positive", out.Retention))
-	}
-	if out.BatchSize < 1 {
-		errs = append(errs, fmt.Errorf("admin: CleanupConfig.BatchSize (%d) must be positive", out.BatchSize))
-	}
-	if out.PartitionsAhead < 0 {
-		errs = append(errs, fmt.Errorf("admin: CleanupConfig.PartitionsAhead (%d) must not be negative", out.PartitionsAhead))
-	}
-	if out.InboxRetention < 0 {
-		errs = append(errs, fmt.Errorf("admin: CleanupConfig.InboxRetention (%s) must not be negative", out.InboxRetention))
-	}
-	if err := migrate.ValidateSchema(out.InboxSchema); err != nil {
-		errs = append(errs, fmt.Errorf("admin: CleanupConfig.InboxSchema: %w", err))
-	}
-	if out.InboxRetention > 0 && out.InboxRetention < out.InboxReplayHorizon {
-		// Checked before anything is deleted, not when the inbox's turn comes.
-		errs = append(errs, fmt.Errorf("admin: %w: CleanupConfig.InboxRetention %s is shorter than the replay horizon %s "+
+}
+
+// checkCleanup validates a cleanup config whose defaults are filled in.
+func checkCleanup(c *CleanupConfig, p *config.Problems) {
+	p.Field("CleanupConfig.Schema", migrate.ValidateSchema(c.Schema))
+	p.Check(c.Retention > 0, "CleanupConfig.Retention (%s) must be positive", c.Retention)
+	p.Check(c.BatchSize > 0, "CleanupConfig.BatchSize (%d) must be positive", c.BatchSize)
+	p.Check(c.PartitionsAhead >= 0, "CleanupConfig.PartitionsAhead (%d) must not be negative", c.PartitionsAhead)
+	p.Check(c.InboxRetention >= 0, "CleanupConfig.InboxRetention (%s) must not be negative", c.InboxRetention)
+	p.Field("CleanupConfig.InboxSchema", migrate.ValidateSchema(c.InboxSchema))
+	// Checked before anything is deleted, not when the inbox's turn comes.
+	p.Check(c.InboxRetention <= 0 || c.InboxRetention >= c.InboxReplayHorizon,
+		"%w: CleanupConfig.InboxRetention %s is shorter than the replay horizon %s "+
 			"(CleanupConfig.InboxReplayHorizon, by default the outbox's Retention): a replayed event could be applied twice",
-			inbox.ErrRetentionTooShort, out.InboxRetention, out.InboxReplayHorizon))
-	}
-	return out, errors.Join(errs...)
+		inbox.ErrRetentionTooShort, c.InboxRetention, c.InboxReplayHorizon)
 }
 
 // Cleanup deletes published events older than the retention and, when asked, the

@@ -3,13 +3,12 @@ package cdc
 import (
 	"crypto/md5"
 	"encoding/hex"
-	"errors"
-	"fmt"
 	"log/slog"
 	"regexp"
 	"strings"
 	"time"
 
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -145,58 +144,39 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) withDefaults() (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
-	if out.Schema == "" {
-		out.Schema = migrate.DefaultSchema
-	}
-	if out.Slot == "" {
-		out.Slot = DefaultSlot(out.Schema)
-	}
-	if out.Publication == "" {
-		out.Publication = DefaultSlot(out.Schema)
-	}
-	setDefault(&out.BatchSize, DefaultBatchSize)
-	setDefault(&out.RunLength, DefaultRunLength)
-	setDefault(&out.MaxBuffered, DefaultMaxBufferedBatches*out.BatchSize)
-	setDefault(&out.PublishTimeout, DefaultPublishTimeout)
-	setDefault(&out.PollInterval, DefaultPollInterval)
-	setDefault(&out.StatusInterval, DefaultStatusInterval)
-	setDefault(&out.MaxAttempts, DefaultMaxAttempts)
-	setDefault(&out.BackoffBase, DefaultBackoffBase)
-	setDefault(&out.BackoffMax, DefaultBackoffMax)
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
-	return out, out.validate()
+	return config.Resolve("cdc", c, configDefaults, checkConfig)
 }
 
-func setDefault[T int | time.Duration](v *T, def T) {
-	if *v == 0 {
-		*v = def
+func configDefaults(c *Config) {
+	config.Default(&c.Schema, migrate.DefaultSchema)
+	config.Default(&c.Slot, DefaultSlot(c.Schema))
+	config.Default(&c.Publication, DefaultSlot(c.Schema))
+	config.Default(&c.BatchSize, DefaultBatchSize)
+	config.Default(&c.RunLength, DefaultRunLength)
+	config.Default(&c.MaxBuffered, DefaultMaxBufferedBatches*c.BatchSize)
+	config.Default(&c.PublishTimeout, DefaultPublishTimeout)
+	config.Default(&c.PollInterval, DefaultPollInterval)
+	config.Default(&c.StatusInterval, DefaultStatusInterval)
+	config.Default(&c.MaxAttempts, DefaultMaxAttempts)
+	config.Default(&c.BackoffBase, DefaultBackoffBase)
+	config.Default(&c.BackoffMax, DefaultBackoffMax)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 }
 
-func (c *Config) validate() error {
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf("cdc: "+format, args...))
-		}
-	}
-	check(migrate.ValidateSchema(c.Schema) == nil, "Config.Schema %q is not a valid schema name", c.Schema)
-	check(slotName.MatchString(c.Slot), "Config.Slot %q: want 1-63 lower-case letters, digits or underscores", c.Slot)
-	check(slotName.MatchString(c.Publication), "Config.Publication %q: want 1-63 lower-case letters, digits or underscores", c.Publication)
-	check(c.BatchSize > 0 && c.BatchSize <= MaxBatchSize, "Config.BatchSize must be in 1..%d, got %d", MaxBatchSize, c.BatchSize)
-	check(c.RunLength > 0, "Config.RunLength must be positive, got %d", c.RunLength)
-	check(c.MaxBuffered >= c.BatchSize, "Config.MaxBuffered (%d) must be at least Config.BatchSize (%d)", c.MaxBuffered, c.BatchSize)
-	check(c.PublishTimeout > 0, "Config.PublishTimeout must be positive, got %s", c.PublishTimeout)
-	check(c.PollInterval > 0, "Config.PollInterval must be positive, got %s", c.PollInterval)
-	check(c.StatusInterval > 0 && c.StatusInterval <= MaxStatusInterval, "Config.StatusInterval must be in (0, %s], got %s", MaxStatusInterval, c.StatusInterval)
-	check(c.MaxAttempts > 0, "Config.MaxAttempts must be positive, got %d", c.MaxAttempts)
-	check(c.BackoffBase > 0 && c.BackoffMax >= c.BackoffBase,
+// checkConfig validates a config whose defaults are filled in.
+func checkConfig(c *Config, p *config.Problems) {
+	p.Check(migrate.ValidateSchema(c.Schema) == nil, "Config.Schema %q is not a valid schema name", c.Schema)
+	p.Check(slotName.MatchString(c.Slot), "Config.Slot %q: want 1-63 lower-case letters, digits or underscores", c.Slot)
+	p.Check(slotName.MatchString(c.Publication), "Config.Publication %q: want 1-63 lower-case letters, digits or underscores", c.Publication)
+	p.Check(c.BatchSize > 0 && c.BatchSize <= MaxBatchSize, "Config.BatchSize must be in 1..%d, got %d", MaxBatchSize, c.BatchSize)
+	p.Check(c.RunLength > 0, "Config.RunLength must be positive, got %d", c.RunLength)
+	p.Check(c.MaxBuffered >= c.BatchSize, "Config.MaxBuffered (%d) must be at least Config.BatchSize (%d)", c.MaxBuffered, c.BatchSize)
+	p.Check(c.PublishTimeout > 0, "Config.PublishTimeout must be positive, got %s", c.PublishTimeout)
+	p.Check(c.PollInterval > 0, "Config.PollInterval must be positive, got %s", c.PollInterval)
+	p.Check(c.StatusInterval > 0 && c.StatusInterval <= MaxStatusInterval, "Config.StatusInterval must be in (0, %s], got %s", MaxStatusInterval, c.StatusInterval)
+	p.Check(c.MaxAttempts > 0, "Config.MaxAttempts must be positive, got %d", c.MaxAttempts)
+	p.Check(c.BackoffBase > 0 && c.BackoffMax >= c.BackoffBase,
 		"Config.BackoffBase (%s) must be positive and at most Config.BackoffMax (%s)", c.BackoffBase, c.BackoffMax)
-	return errors.Join(errs...)
 }

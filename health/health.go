@@ -28,6 +28,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pgoutbox/pgoutbox/internal/config"
 )
 
 // Check is one readiness check: Func reports nil when Name is usable.
@@ -84,26 +86,17 @@ func (c *Config) Validate() error {
 
 // withDefaults returns a copy of c with its defaults filled in, and validates it.
 func (c *Config) withDefaults() (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
-	var errs []error
-	if out.CheckTimeout < 0 {
-		errs = append(errs, fmt.Errorf("health: Config.CheckTimeout (%s) must not be negative", out.CheckTimeout))
-	}
-	if out.CheckTimeout == 0 {
-		out.CheckTimeout = DefaultCheckTimeout
-	}
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
-	for i, ch := range out.Checks {
-		if ch.Name == "" || ch.Func == nil {
-			errs = append(errs, fmt.Errorf("health: Config.Checks[%d] (%q) needs a Name and a Func", i, ch.Name))
+	return config.Resolve("health", c, func(c *Config) {
+		config.Default(&c.CheckTimeout, DefaultCheckTimeout)
+		if c.Logger == nil {
+			c.Logger = slog.Default()
 		}
-	}
-	return out, errors.Join(errs...)
+	}, func(c *Config, p *config.Problems) {
+		p.Check(c.CheckTimeout > 0, "Config.CheckTimeout (%s) must not be negative", c.CheckTimeout)
+		for i, ch := range c.Checks {
+			p.Check(ch.Name != "" && ch.Func != nil, "Config.Checks[%d] (%q) needs a Name and a Func", i, ch.Name)
+		}
+	})
 }
 
 // Handler returns the endpoints as an http.Handler, to mount on a mux of your

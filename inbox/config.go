@@ -1,13 +1,12 @@
 package inbox
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -118,56 +117,37 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) withDefaults() (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
-	if out.Schema == "" {
-		out.Schema = DefaultSchema
-	}
-	if out.GapPolicy == "" {
-		out.GapPolicy = DefaultGapPolicy
-	}
-	setDefault(&out.RetryDelay, DefaultRetryDelay)
-	setDefault(&out.MaxRetryDelay, DefaultMaxRetryDelay)
-	setDefault(&out.GapRetryDelay, DefaultGapRetryDelay)
-	setDefault(&out.MaxGapRetryDelay, DefaultMaxGapRetryDelay)
+	return config.Resolve("inbox", c, configDefaults, checkConfig)
+}
+
+func configDefaults(c *Config) {
+	config.Default(&c.Schema, DefaultSchema)
+	config.Default(&c.GapPolicy, DefaultGapPolicy)
+	config.Default(&c.RetryDelay, DefaultRetryDelay)
+	config.Default(&c.MaxRetryDelay, DefaultMaxRetryDelay)
+	config.Default(&c.GapRetryDelay, DefaultGapRetryDelay)
+	config.Default(&c.MaxGapRetryDelay, DefaultMaxGapRetryDelay)
 	switch {
-	case out.TxRetries == 0:
-		out.TxRetries = DefaultTxRetries
-	case out.TxRetries < 0:
-		out.TxRetries = 0
+	case c.TxRetries == 0:
+		c.TxRetries = DefaultTxRetries
+	case c.TxRetries < 0:
+		c.TxRetries = 0
 	}
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
-	return out, out.validate()
-}
-
-func setDefault(v *time.Duration, def time.Duration) {
-	if *v == 0 {
-		*v = def
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 }
 
-func (c *Config) validate() error {
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf("inbox: "+format, args...))
-		}
-	}
-	check(c.Name != "", "Config.Name is required: it identifies the consumer in processed_events")
-	check(utf8.ValidString(c.Name) && !strings.ContainsRune(c.Name, 0), "Config.Name %q must be valid UTF-8 without NUL bytes", c.Name)
-	check(len(c.Name) <= 200, "Config.Name is longer than 200 bytes")
-	if err := migrate.ValidateSchema(c.Schema); err != nil {
-		check(false, "Config.Schema: %v", err)
-	}
-	check(c.GapPolicy == GapReject || c.GapPolicy == GapAccept,
+// checkConfig validates a config whose defaults are filled in.
+func checkConfig(c *Config, p *config.Problems) {
+	p.Check(c.Name != "", "Config.Name is required: it identifies the consumer in processed_events")
+	p.Check(utf8.ValidString(c.Name) && !strings.ContainsRune(c.Name, 0), "Config.Name %q must be valid UTF-8 without NUL bytes", c.Name)
+	p.Check(len(c.Name) <= 200, "Config.Name is longer than 200 bytes")
+	p.Field("Config.Schema", migrate.ValidateSchema(c.Schema))
+	p.Check(c.GapPolicy == GapReject || c.GapPolicy == GapAccept,
 		"Config.GapPolicy %q: want %q or %q", c.GapPolicy, GapReject, GapAccept)
-	check(c.RetryDelay > 0 && c.MaxRetryDelay >= c.RetryDelay,
+	p.Check(c.RetryDelay > 0 && c.MaxRetryDelay >= c.RetryDelay,
 		"Config.RetryDelay (%s) must be positive and at most Config.MaxRetryDelay (%s)", c.RetryDelay, c.MaxRetryDelay)
-	check(c.GapRetryDelay > 0 && c.MaxGapRetryDelay >= c.GapRetryDelay,
+	p.Check(c.GapRetryDelay > 0 && c.MaxGapRetryDelay >= c.GapRetryDelay,
 		"Config.GapRetryDelay (%s) must be positive and at most Config.MaxGapRetryDelay (%s)", c.GapRetryDelay, c.MaxGapRetryDelay)
-	return errors.Join(errs...)
 }

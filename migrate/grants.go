@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"unicode"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/pgoutbox/internal/config"
 )
 
 // Role is one of the database roles pgoutbox's processes run as, each with the
@@ -202,6 +205,39 @@ func ValidateRoleName(name string) error {
 	return nil
 }
 
+// Validate reports every invalid field of c, each error naming its field; zero
+// fields stand for their defaults, and a nil c (all defaults) is valid.
+func (c *GrantsConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+// withDefaults returns a copy of c with defaults applied, and validates it.
+func (c *GrantsConfig) withDefaults() (GrantsConfig, error) {
+	return config.Resolve("migrate", c, func(c *GrantsConfig) {
+		config.Default(&c.Schema, DefaultSchema)
+		if len(c.Lines) == 0 {
+			c.Lines = Lines
+		}
+		if len(c.Roles) == 0 {
+			c.Roles = Roles
+		}
+	}, func(c *GrantsConfig, p *config.Problems) {
+		p.Field("GrantsConfig.Schema", ValidateSchema(c.Schema))
+		checkLines(p, "GrantsConfig.Lines", c.Lines)
+		for _, r := range c.Roles {
+			p.Check(slices.Contains(Roles, r), "GrantsConfig.Roles: unknown role %q", r)
+		}
+		for _, r := range slices.Sorted(maps.Keys(c.RoleNames)) {
+			if !slices.Contains(Roles, r) {
+				p.Check(false, "GrantsConfig.RoleNames: unknown role %q", r)
+				continue
+			}
+			p.Field(fmt.Sprintf("GrantsConfig.RoleNames[%s]", r), ValidateRoleName(c.RoleNames[r]))
+		}
+	})
+}
+
 // Grants returns the GRANT statements that give each role the privileges it needs
 // on the schema's objects, as one script that runs in a transaction. Run it as the
 // objects' owner (the migrator) after "pgoutbox migrate", and again after
@@ -209,45 +245,15 @@ func ValidateRoleName(name string) error {
 // ROLE ... LOGIN, without SUPERUSER). Every name is quoted; no name appears in a
 // comment.
 func Grants(cfg *GrantsConfig) (string, error) {
-	var c GrantsConfig
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.Schema == "" {
-		c.Schema = DefaultSchema
-	}
-	if err := ValidateSchema(c.Schema); err != nil {
+	c, err := cfg.withDefaults()
+	if err != nil {
 		return "", err
-	}
-	if len(c.Lines) == 0 {
-		c.Lines = Lines
-	}
-	for _, l := range c.Lines {
-		if !slices.Contains(Lines, l) {
-			return "", fmt.Errorf("migrate: unknown line %q (want one of %s)", l, lineList())
-		}
-	}
-	for _, r := range c.Roles {
-		if !slices.Contains(Roles, r) {
-			return "", fmt.Errorf("migrate: unknown role %q", r)
-		}
-	}
-	if len(c.Roles) == 0 {
-		c.Roles = Roles
 	}
 	names := map[Role]string{}
 	for _, r := range Roles {
 		names[r] = DefaultRoleName(r)
 	}
-	for r, n := range c.RoleNames {
-		if !slices.Contains(Roles, r) {
-			return "", fmt.Errorf("migrate: unknown role %q", r)
-		}
-		if err := ValidateRoleName(n); err != nil {
-			return "", fmt.Errorf("%w (role %s)", err, r)
-		}
-		names[r] = n
-	}
+	maps.Copy(names, c.RoleNames)
 
 	var b strings.Builder
 	b.WriteString("-- pgoutbox least-privilege grants (docs/security.md). Run as the owner of the objects,\n")

@@ -37,6 +37,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/pgoutbox/internal/config"
 )
 
 // Line names a sequence of migrations that is versioned on its own.
@@ -161,42 +163,30 @@ type Config struct {
 // Validate reports every invalid field of c, each error naming its field; zero
 // fields stand for their defaults, and a nil c (all defaults) is valid.
 func (c *Config) Validate() error {
-	if c == nil {
-		return nil
-	}
-	var errs []error
-	if c.Schema != "" {
-		if err := ValidateSchema(c.Schema); err != nil {
-			errs = append(errs, fmt.Errorf("migrate: Config.Schema: %w", err))
-		}
-	}
-	for _, l := range c.Lines {
-		if !slices.Contains(Lines, l) {
-			errs = append(errs, fmt.Errorf("migrate: Config.Lines: unknown line %q (want one of %s)", l, lineList()))
-		}
-	}
-	return errors.Join(errs...)
+	_, err := c.withDefaults()
+	return err
 }
 
-// withDefaults returns a copy of c with defaults applied, or the errors of
-// Validate.
+// withDefaults returns a copy of c with defaults applied, and validates it.
 func (c *Config) withDefaults() (Config, error) {
-	if err := c.Validate(); err != nil {
-		return Config{}, err
+	return config.Resolve("migrate", c, func(c *Config) {
+		config.Default(&c.Schema, DefaultSchema)
+		if len(c.Lines) == 0 {
+			c.Lines = Lines
+		} else {
+			c.Lines = slices.Clone(c.Lines)
+		}
+	}, func(c *Config, p *config.Problems) {
+		p.Field("Config.Schema", ValidateSchema(c.Schema))
+		checkLines(p, "Config.Lines", c.Lines)
+	})
+}
+
+// checkLines records each unknown line of lines as a problem of field.
+func checkLines(p *config.Problems, field string, lines []Line) {
+	for _, l := range lines {
+		p.Check(slices.Contains(Lines, l), "%s: unknown line %q (want one of %s)", field, l, lineList())
 	}
-	var out Config
-	if c != nil {
-		out = *c
-	}
-	if out.Schema == "" {
-		out.Schema = DefaultSchema
-	}
-	if len(out.Lines) == 0 {
-		out.Lines = Lines
-	} else {
-		out.Lines = slices.Clone(out.Lines)
-	}
-	return out, nil
 }
 
 // ValidateSchema reports whether name can be used as a schema name. Any name that

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
@@ -93,44 +94,24 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) withDefaults() (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
-	if out.Concurrency == 0 {
-		out.Concurrency = DefaultConcurrency
-	}
-	if out.MaxBufferedRecords == 0 {
-		out.MaxBufferedRecords = DefaultMaxBufferedRecords
-	}
-	if out.ProcessTimeout == 0 {
-		out.ProcessTimeout = DefaultProcessTimeout
-	}
-	if out.MaxAttempts == 0 {
-		out.MaxAttempts = DefaultMaxAttempts
-	}
-	if out.CommitInterval == 0 {
-		out.CommitInterval = DefaultCommitInterval
-	}
-	if out.CommitTimeout == 0 {
-		out.CommitTimeout = DefaultCommitTimeout
-	}
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf("kafkainbox: "+format, args...))
+	return config.Resolve("kafkainbox", c, func(out *Config) {
+		config.Default(&out.Concurrency, DefaultConcurrency)
+		config.Default(&out.MaxBufferedRecords, DefaultMaxBufferedRecords)
+		config.Default(&out.ProcessTimeout, DefaultProcessTimeout)
+		config.Default(&out.MaxAttempts, DefaultMaxAttempts)
+		config.Default(&out.CommitInterval, DefaultCommitInterval)
+		config.Default(&out.CommitTimeout, DefaultCommitTimeout)
+		if out.Logger == nil {
+			out.Logger = slog.Default()
 		}
-	}
-	check(out.Concurrency > 0 && out.Concurrency <= 1024, "Config.Concurrency %d: want 1..1024", out.Concurrency)
-	check(out.MaxBufferedRecords >= 2, "Config.MaxBufferedRecords %d: want at least 2", out.MaxBufferedRecords)
-	check(out.ProcessTimeout > 0, "Config.ProcessTimeout %s: must be positive", out.ProcessTimeout)
-	check(out.MaxAttempts == -1 || out.MaxAttempts > 0, "Config.MaxAttempts %d: want -1 or a positive count", out.MaxAttempts)
-	check(out.CommitInterval >= 10*time.Millisecond, "Config.CommitInterval %s: want at least 10ms", out.CommitInterval)
-	check(out.CommitTimeout > 0, "Config.CommitTimeout %s: must be positive", out.CommitTimeout)
-	return out, errors.Join(errs...)
+	}, func(out *Config, p *config.Problems) {
+		p.Check(out.Concurrency > 0 && out.Concurrency <= 1024, "Config.Concurrency %d: want 1..1024", out.Concurrency)
+		p.Check(out.MaxBufferedRecords >= 2, "Config.MaxBufferedRecords %d: want at least 2", out.MaxBufferedRecords)
+		p.Check(out.ProcessTimeout > 0, "Config.ProcessTimeout %s: must be positive", out.ProcessTimeout)
+		p.Check(out.MaxAttempts == -1 || out.MaxAttempts > 0, "Config.MaxAttempts %d: want -1 or a positive count", out.MaxAttempts)
+		p.Check(out.CommitInterval >= 10*time.Millisecond, "Config.CommitInterval %s: want at least 10ms", out.CommitInterval)
+		p.Check(out.CommitTimeout > 0, "Config.CommitTimeout %s: must be positive", out.CommitTimeout)
+	})
 }
 
 // Stats are a Subscriber's counters since Start.

@@ -38,6 +38,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
@@ -131,58 +132,34 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) withDefaults(name string) (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
-	if out.Stream == "" {
-		out.Stream = DefaultStream
-	}
-	if out.Durable == "" {
-		out.Durable = name
-	}
-	if out.AckWait == 0 {
-		out.AckWait = DefaultAckWait
-	}
-	if out.MaxAckPending == 0 {
-		out.MaxAckPending = DefaultMaxAckPending
-	}
-	if out.MaxDeliver == 0 {
-		out.MaxDeliver = DefaultMaxDeliver
-	}
-	if out.Concurrency == 0 {
-		out.Concurrency = DefaultConcurrency
-	}
-	if out.Prefetch == 0 {
-		out.Prefetch = 2 * out.Concurrency
-	}
-	if out.MaxWait == 0 {
-		out.MaxWait = DefaultMaxWait
-	}
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf("natsinbox: "+format, args...))
+	return config.Resolve("natsinbox", c, func(out *Config) {
+		config.Default(&out.Stream, DefaultStream)
+		config.Default(&out.Durable, name)
+		config.Default(&out.AckWait, DefaultAckWait)
+		config.Default(&out.MaxAckPending, DefaultMaxAckPending)
+		config.Default(&out.MaxDeliver, DefaultMaxDeliver)
+		config.Default(&out.Concurrency, DefaultConcurrency)
+		config.Default(&out.Prefetch, 2*out.Concurrency)
+		config.Default(&out.MaxWait, DefaultMaxWait)
+		if out.Logger == nil {
+			out.Logger = slog.Default()
 		}
-	}
-	check(validName(out.Stream), "Config.Stream %q: a stream name cannot contain '.', '*', '>', '/', '\\' or whitespace", out.Stream)
-	switch {
-	case c != nil && c.Durable != "":
-		check(validName(out.Durable), "Config.Durable %q: a consumer name cannot contain '.', '*', '>', '/', '\\' or whitespace", out.Durable)
-	case name != "": // without a processor (Validate), the name comes at New
-		check(validName(out.Durable), "Config.Durable: the consumer name %q is not a valid NATS consumer name; set Config.Durable", out.Durable)
-	}
-	check(out.AckWait > 0, "Config.AckWait %s: must be positive", out.AckWait)
-	check(out.MaxAckPending > 0, "Config.MaxAckPending %d: must be positive", out.MaxAckPending)
-	check(out.MaxDeliver == -1 || out.MaxDeliver > 0, "Config.MaxDeliver %d: want -1 or a positive count", out.MaxDeliver)
-	check(out.Concurrency > 0 && out.Concurrency <= 1024, "Config.Concurrency %d: want 1..1024", out.Concurrency)
-	check(out.Prefetch > 0, "Config.Prefetch %d: must be positive", out.Prefetch)
-	check(out.MaxWait >= 100*time.Millisecond && out.MaxWait < time.Hour, "Config.MaxWait %s: want 100ms..1h", out.MaxWait)
-	check(out.ProcessTimeout >= 0, "Config.ProcessTimeout %s: must not be negative", out.ProcessTimeout)
-	return out, errors.Join(errs...)
+	}, func(out *Config, p *config.Problems) {
+		p.Check(validName(out.Stream), "Config.Stream %q: a stream name cannot contain '.', '*', '>', '/', '\\' or whitespace", out.Stream)
+		switch {
+		case c != nil && c.Durable != "":
+			p.Check(validName(out.Durable), "Config.Durable %q: a consumer name cannot contain '.', '*', '>', '/', '\\' or whitespace", out.Durable)
+		case name != "": // without a processor (Validate), the name comes at New
+			p.Check(validName(out.Durable), "Config.Durable: the consumer name %q is not a valid NATS consumer name; set Config.Durable", out.Durable)
+		}
+		p.Check(out.AckWait > 0, "Config.AckWait %s: must be positive", out.AckWait)
+		p.Check(out.MaxAckPending > 0, "Config.MaxAckPending %d: must be positive", out.MaxAckPending)
+		p.Check(out.MaxDeliver == -1 || out.MaxDeliver > 0, "Config.MaxDeliver %d: want -1 or a positive count", out.MaxDeliver)
+		p.Check(out.Concurrency > 0 && out.Concurrency <= 1024, "Config.Concurrency %d: want 1..1024", out.Concurrency)
+		p.Check(out.Prefetch > 0, "Config.Prefetch %d: must be positive", out.Prefetch)
+		p.Check(out.MaxWait >= 100*time.Millisecond && out.MaxWait < time.Hour, "Config.MaxWait %s: want 100ms..1h", out.MaxWait)
+		p.Check(out.ProcessTimeout >= 0, "Config.ProcessTimeout %s: must not be negative", out.ProcessTimeout)
+	})
 }
 
 func hasPrefixFold(s, prefix string) bool {

@@ -68,7 +68,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -80,6 +79,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
@@ -194,71 +194,42 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) withDefaults(name string) (Config, error) {
-	var out Config
-	if c != nil {
-		out = *c
-	}
-	if out.Exchange != "" && len(out.BindingKeys) == 0 {
-		out.BindingKeys = []string{DefaultBindingKey}
-	}
-	if out.Prefetch == 0 {
-		out.Prefetch = DefaultPrefetch
-	}
-	if out.Concurrency == 0 {
-		out.Concurrency = DefaultConcurrency
-	}
-	if out.ConsumerTag == "" {
-		out.ConsumerTag = DefaultConsumerTagPrefix + name
-	}
-	if out.ProcessTimeout == 0 {
-		out.ProcessTimeout = DefaultProcessTimeout
-	}
-	if out.MaxRequeueDelay == 0 {
-		out.MaxRequeueDelay = DefaultMaxRequeueDelay
-	}
-	if out.ConnectionName == "" {
-		out.ConnectionName = DefaultConnectionPrefix + name
-	}
-	if out.ConnectTimeout == 0 {
-		out.ConnectTimeout = DefaultConnectTimeout
-	}
-	if out.ReconnectBackoff == 0 {
-		out.ReconnectBackoff = DefaultReconnectBackoff
-	}
-	if out.MaxReconnectBackoff == 0 {
-		out.MaxReconnectBackoff = max(DefaultMaxReconnectBackoff, out.ReconnectBackoff)
-	}
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
-
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf("rabbitinbox: "+format, args...))
+	return config.Resolve("rabbitinbox", c, func(out *Config) {
+		if out.Exchange != "" && len(out.BindingKeys) == 0 {
+			out.BindingKeys = []string{DefaultBindingKey}
 		}
-	}
-	shortstr := func(s string) bool { return len(s) <= maxShortstr && utf8.ValidString(s) }
-	check(out.Queue != "", "Config.Queue is required")
-	check(shortstr(out.Queue), "Config.Queue: want at most %d bytes of UTF-8", maxShortstr)
-	check(shortstr(out.Exchange), "Config.Exchange: want at most %d bytes of UTF-8", maxShortstr)
-	check(out.Exchange != "" || (len(out.BindingKeys) == 0 && out.QueueArguments == nil),
-		"Config.BindingKeys and Config.QueueArguments need Config.Exchange: without it the queue is the operator's")
-	for _, k := range out.BindingKeys {
-		check(shortstr(k), "Config.BindingKeys: %q: want at most %d bytes of UTF-8", k, maxShortstr)
-	}
-	if err := out.QueueArguments.Validate(); err != nil {
-		check(false, "Config.QueueArguments: %v", err)
-	}
-	check(out.Prefetch > 0 && out.Prefetch <= 65535, "Config.Prefetch %d: want 1..65535", out.Prefetch)
-	check(out.Concurrency > 0 && out.Concurrency <= 1024, "Config.Concurrency %d: want 1..1024", out.Concurrency)
-	check(shortstr(out.ConsumerTag), "Config.ConsumerTag: want at most %d bytes of UTF-8", maxShortstr)
-	check(out.ProcessTimeout > 0, "Config.ProcessTimeout %s: must be positive", out.ProcessTimeout)
-	check(out.MaxRequeueDelay > 0, "Config.MaxRequeueDelay %s: must be positive", out.MaxRequeueDelay)
-	check(out.ConnectTimeout > 0, "Config.ConnectTimeout %s: must be positive", out.ConnectTimeout)
-	check(out.ReconnectBackoff > 0 && out.MaxReconnectBackoff >= out.ReconnectBackoff,
-		"Config.ReconnectBackoff (%s) must be positive and at most Config.MaxReconnectBackoff (%s)", out.ReconnectBackoff, out.MaxReconnectBackoff)
-	return out, errors.Join(errs...)
+		config.Default(&out.Prefetch, DefaultPrefetch)
+		config.Default(&out.Concurrency, DefaultConcurrency)
+		config.Default(&out.ConsumerTag, DefaultConsumerTagPrefix+name)
+		config.Default(&out.ProcessTimeout, DefaultProcessTimeout)
+		config.Default(&out.MaxRequeueDelay, DefaultMaxRequeueDelay)
+		config.Default(&out.ConnectionName, DefaultConnectionPrefix+name)
+		config.Default(&out.ConnectTimeout, DefaultConnectTimeout)
+		config.Default(&out.ReconnectBackoff, DefaultReconnectBackoff)
+		config.Default(&out.MaxReconnectBackoff, max(DefaultMaxReconnectBackoff, out.ReconnectBackoff))
+		if out.Logger == nil {
+			out.Logger = slog.Default()
+		}
+	}, func(out *Config, p *config.Problems) {
+		shortstr := func(s string) bool { return len(s) <= maxShortstr && utf8.ValidString(s) }
+		p.Check(out.Queue != "", "Config.Queue is required")
+		p.Check(shortstr(out.Queue), "Config.Queue: want at most %d bytes of UTF-8", maxShortstr)
+		p.Check(shortstr(out.Exchange), "Config.Exchange: want at most %d bytes of UTF-8", maxShortstr)
+		p.Check(out.Exchange != "" || (len(out.BindingKeys) == 0 && out.QueueArguments == nil),
+			"Config.BindingKeys and Config.QueueArguments need Config.Exchange: without it the queue is the operator's")
+		for _, k := range out.BindingKeys {
+			p.Check(shortstr(k), "Config.BindingKeys: %q: want at most %d bytes of UTF-8", k, maxShortstr)
+		}
+		p.Field("Config.QueueArguments", out.QueueArguments.Validate())
+		p.Check(out.Prefetch > 0 && out.Prefetch <= 65535, "Config.Prefetch %d: want 1..65535", out.Prefetch)
+		p.Check(out.Concurrency > 0 && out.Concurrency <= 1024, "Config.Concurrency %d: want 1..1024", out.Concurrency)
+		p.Check(shortstr(out.ConsumerTag), "Config.ConsumerTag: want at most %d bytes of UTF-8", maxShortstr)
+		p.Check(out.ProcessTimeout > 0, "Config.ProcessTimeout %s: must be positive", out.ProcessTimeout)
+		p.Check(out.MaxRequeueDelay > 0, "Config.MaxRequeueDelay %s: must be positive", out.MaxRequeueDelay)
+		p.Check(out.ConnectTimeout > 0, "Config.ConnectTimeout %s: must be positive", out.ConnectTimeout)
+		p.Check(out.ReconnectBackoff > 0 && out.MaxReconnectBackoff >= out.ReconnectBackoff,
+			"Config.ReconnectBackoff (%s) must be positive and at most Config.MaxReconnectBackoff (%s)", out.ReconnectBackoff, out.MaxReconnectBackoff)
+	})
 }
 
 // Stats are a Subscriber's counters since Dial.

@@ -14,7 +14,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/redact"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
@@ -122,76 +122,75 @@ type Config struct {
 // minEnqueueSlice is the shortest slice of an enqueue cell worth timing.
 const minEnqueueSlice = 100 * time.Millisecond
 
+// The bench's defaults, used for the zero fields of Config.
+const (
+	defaultEvents        = 100_000
+	defaultAggregates    = 1_000
+	defaultPayloadBytes  = 256
+	defaultBatchSize     = 500
+	defaultRate          = 1_000
+	defaultHistoryRows   = 5_000_000
+	defaultHistoryTrials = 40
+	defaultEnqueueRounds = 5
+	defaultDuration      = 10 * time.Second
+	defaultPollInterval  = 2 * time.Second
+	defaultIdleDuration  = 30 * time.Second
+)
+
 func (c *Config) withDefaults() (Config, error) {
-	out := *c
-	if out.DatabaseURL == "" {
-		return out, errors.New("bench: Config.DatabaseURL is required")
+	return config.Resolve("bench", c, configDefaults, checkConfig)
+}
+
+func configDefaults(c *Config) {
+	if len(c.Scenarios) == 0 {
+		c.Scenarios = Scenarios
 	}
-	if len(out.Scenarios) == 0 {
-		out.Scenarios = Scenarios
+	config.Default(&c.Events, defaultEvents)
+	config.Default(&c.Aggregates, defaultAggregates)
+	config.Default(&c.PayloadBytes, defaultPayloadBytes)
+	config.Default(&c.BatchSize, defaultBatchSize)
+	config.Default(&c.Rate, defaultRate)
+	config.Default(&c.HistoryRows, defaultHistoryRows)
+	config.Default(&c.HistoryTrials, defaultHistoryTrials)
+	config.Default(&c.EnqueueRounds, defaultEnqueueRounds)
+	config.Default(&c.Duration, defaultDuration)
+	config.Default(&c.PollInterval, defaultPollInterval)
+	config.Default(&c.IdleDuration, defaultIdleDuration)
+	if len(c.Relays) == 0 {
+		c.Relays = []int{1, 2, 4}
 	}
-	for _, s := range out.Scenarios {
-		if !slices.Contains(Scenarios, s) {
-			return out, fmt.Errorf("bench: unknown scenario %q (want %s or all)", s, strings.Join(Scenarios, ", "))
-		}
+	if len(c.Brokers) == 0 {
+		c.Brokers = []string{"null", "nats"}
 	}
-	def := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	def(&out.Events, 100_000)
-	def(&out.Aggregates, 1_000)
-	def(&out.PayloadBytes, 256)
-	def(&out.BatchSize, 500)
-	def(&out.Rate, 1_000)
-	def(&out.HistoryRows, 5_000_000)
-	def(&out.HistoryTrials, 40)
-	def(&out.EnqueueRounds, 5)
-	if out.Duration == 0 {
-		out.Duration = 10 * time.Second
+}
+
+// checkConfig validates a config whose defaults are filled in.
+func checkConfig(c *Config, p *config.Problems) {
+	p.Check(c.DatabaseURL != "", "Config.DatabaseURL is required")
+	for _, s := range c.Scenarios {
+		p.Check(slices.Contains(Scenarios, s), "unknown scenario %q (want %s or all)", s, strings.Join(Scenarios, ", "))
 	}
-	if out.PollInterval == 0 {
-		out.PollInterval = 2 * time.Second
+	p.Check(c.Events >= 1 && c.Aggregates >= 1 && c.Aggregates <= c.Events,
+		"want 1 <= aggregates (%d) <= events (%d)", c.Aggregates, c.Events)
+	p.Check(c.PayloadBytes >= 0 && c.BatchSize >= 1 && c.Rate >= 1 && c.HistoryRows >= 0 && c.HistoryTrials >= 1 && c.EnqueueRounds >= 1,
+		"payload bytes, batch size, rate, history rows and trials, enqueue rounds must be positive")
+	p.Check(c.Duration >= 0 && c.PollInterval >= 0 && c.IdleDuration >= 0, "durations must be positive")
+	if c.EnqueueRounds >= 1 && slices.Contains(c.Scenarios, ScenarioEnqueue) {
+		slice := c.Duration / time.Duration(c.EnqueueRounds)
+		p.Check(slice >= minEnqueueSlice, "enqueue: duration %s in %d rounds leaves %s per cell and round, want at least %s",
+			c.Duration, c.EnqueueRounds, slice, minEnqueueSlice)
 	}
-	if out.IdleDuration == 0 {
-		out.IdleDuration = 30 * time.Second
+	for _, n := range c.Relays {
+		p.Check(n >= 1 && n <= 64, "relay count %d: want 1..64", n)
 	}
-	if len(out.Relays) == 0 {
-		out.Relays = []int{1, 2, 4}
+	for _, s := range c.Sources {
+		p.Check(slices.Contains(Sources, s), "unknown source %q (want %s)", s, strings.Join(Sources, ", "))
 	}
-	if len(out.Brokers) == 0 {
-		out.Brokers = []string{"null", "nats"}
-	}
-	switch {
-	case out.Events < 1 || out.Aggregates < 1 || out.Aggregates > out.Events:
-		return out, fmt.Errorf("bench: want 1 <= aggregates (%d) <= events (%d)", out.Aggregates, out.Events)
-	case out.PayloadBytes < 0 || out.BatchSize < 1 || out.Rate < 1 || out.HistoryRows < 0 || out.HistoryTrials < 1 || out.EnqueueRounds < 1:
-		return out, errors.New("bench: payload bytes, batch size, rate, history rows and trials, enqueue rounds must be positive")
-	case out.Duration < 0 || out.PollInterval < 0 || out.IdleDuration < 0:
-		return out, errors.New("bench: durations must be positive")
-	}
-	if slice := out.Duration / time.Duration(out.EnqueueRounds); slices.Contains(out.Scenarios, ScenarioEnqueue) && slice < minEnqueueSlice {
-		return out, fmt.Errorf("bench: enqueue: duration %s in %d rounds leaves %s per cell and round, want at least %s",
-			out.Duration, out.EnqueueRounds, slice, minEnqueueSlice)
-	}
-	for _, n := range out.Relays {
-		if n < 1 || n > 64 {
-			return out, fmt.Errorf("bench: relay count %d: want 1..64", n)
-		}
-	}
-	for _, s := range out.Sources {
-		if !slices.Contains(Sources, s) {
-			return out, fmt.Errorf("bench: unknown source %q (want %s)", s, strings.Join(Sources, ", "))
-		}
-	}
-	if out.Executable == "" && slices.ContainsFunc(out.Scenarios, func(s string) bool { return s != ScenarioEnqueue }) {
-		return out, errors.New("bench: Config.Executable (the pgoutbox binary) is required to run relays")
-	}
-	if out.Logger == nil {
-		out.Logger = slog.New(slog.DiscardHandler)
-	}
-	return out, nil
+	p.Check(c.Executable != "" || !slices.ContainsFunc(c.Scenarios, func(s string) bool { return s != ScenarioEnqueue }),
+		"Config.Executable (the pgoutbox binary) is required to run relays")
 }
 
 // Result holds every figure of one run; it is what --json writes.

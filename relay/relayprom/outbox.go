@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
@@ -59,33 +60,18 @@ func (c *OutboxConfig) Validate() error {
 
 // withDefaults returns a copy of c with its defaults filled in, and validates it.
 func (c *OutboxConfig) withDefaults() (OutboxConfig, error) {
-	var out OutboxConfig
-	if c != nil {
-		out = *c
-	}
-	if out.Schema == "" {
-		out.Schema = migrate.DefaultSchema
-	}
-	if out.MaxAge == 0 {
-		out.MaxAge = DefaultMaxAge
-	}
-	if out.QueryTimeout == 0 {
-		out.QueryTimeout = DefaultQueryTimeout
-	}
-	if out.Logger == nil {
-		out.Logger = slog.Default()
-	}
-	var errs []error
-	if err := migrate.ValidateSchema(out.Schema); err != nil {
-		errs = append(errs, fmt.Errorf("relayprom: OutboxConfig.Schema: %w", err))
-	}
-	if out.MaxAge < 0 {
-		errs = append(errs, fmt.Errorf("relayprom: OutboxConfig.MaxAge (%s) must not be negative", out.MaxAge))
-	}
-	if out.QueryTimeout < 0 {
-		errs = append(errs, fmt.Errorf("relayprom: OutboxConfig.QueryTimeout (%s) must not be negative", out.QueryTimeout))
-	}
-	return out, errors.Join(errs...)
+	return config.Resolve("relayprom", c, func(c *OutboxConfig) {
+		config.Default(&c.Schema, migrate.DefaultSchema)
+		config.Default(&c.MaxAge, DefaultMaxAge)
+		config.Default(&c.QueryTimeout, DefaultQueryTimeout)
+		if c.Logger == nil {
+			c.Logger = slog.Default()
+		}
+	}, func(c *OutboxConfig, p *config.Problems) {
+		p.Field("OutboxConfig.Schema", migrate.ValidateSchema(c.Schema))
+		p.Check(c.MaxAge > 0, "OutboxConfig.MaxAge (%s) must not be negative", c.MaxAge)
+		p.Check(c.QueryTimeout > 0, "OutboxConfig.QueryTimeout (%s) must not be negative", c.QueryTimeout)
+	})
 }
 
 // OutboxStats are the backlog figures of one read.
