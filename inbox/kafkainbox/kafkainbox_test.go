@@ -86,28 +86,8 @@ func TestTwoInstancesApplyEveryEventOnceInOrder(t *testing.T) {
 	})
 	elapsed := time.Since(start)
 
-	for a := range aggregates {
-		got := e.Sequences(t, fmt.Sprintf("agg-%02d", a))
-		if len(got) != perAggregate {
-			t.Fatalf("aggregate %d: %d effects, want %d", a, len(got), perAggregate)
-		}
-		for i, s := range got {
-			if s != int64(i+1) {
-				t.Fatalf("aggregate %d applied out of order: %v", a, got)
-			}
-		}
-	}
-	var total inbox.Stats
-	var per []int64
-	for _, c := range consumers {
-		s := c.Stats()
-		total.Applied += s.Applied
-		total.Duplicates += s.Duplicates
-		total.Gaps += s.Gaps
-		total.Failed += s.Failed
-		total.Undecodable += s.Undecodable
-		per = append(per, s.Applied)
-	}
+	e.CheckInOrder(t, "agg-%02d", aggregates, perAggregate)
+	total, per := inboxtest.SumStats(consumers)
 	if total.Applied != aggregates*perAggregate || total.Duplicates < aggregates*perAggregate || total.Failed != 0 || total.Undecodable != 0 {
 		t.Fatalf("inbox stats %+v; want %d applied, at least as many duplicates, no failures", total, aggregates*perAggregate)
 	}

@@ -88,27 +88,8 @@ func TestThreeInstancesApplyEveryAggregateInOrder(t *testing.T) {
 	})
 	elapsed := time.Since(start)
 
-	for a := range aggregates {
-		got := e.Sequences(t, fmt.Sprintf("agg-%02d", a))
-		if len(got) != perAggregate {
-			t.Fatalf("aggregate %d: %d effects, want %d", a, len(got), perAggregate)
-		}
-		for i, s := range got {
-			if s != int64(i+1) {
-				t.Fatalf("aggregate %d applied out of order: %v", a, got)
-			}
-		}
-	}
-	var total inbox.Stats
-	var per []int64
-	for _, c := range consumers {
-		s := c.Stats()
-		total.Applied += s.Applied
-		total.Duplicates += s.Duplicates
-		total.Gaps += s.Gaps
-		total.Failed += s.Failed
-		per = append(per, s.Applied)
-	}
+	e.CheckInOrder(t, "agg-%02d", aggregates, perAggregate)
+	total, per := inboxtest.SumStats(consumers)
 	if total.Applied != aggregates*perAggregate || total.Duplicates < int64(len(order)) || total.Failed != 0 {
 		t.Fatalf("stats %+v; want %d applied, at least %d duplicates, no failures", total, aggregates*perAggregate, len(order))
 	}

@@ -63,6 +63,39 @@ func (e *Effects) Sequences(tb testing.TB, id string) []int64 {
 	return seqs
 }
 
+// CheckInOrder fails tb unless each of aggregates aggregates, named by
+// fmt.Sprintf(idFormat, a), has exactly perAggregate effects, applied in
+// sequence order 1..perAggregate.
+func (e *Effects) CheckInOrder(tb testing.TB, idFormat string, aggregates, perAggregate int) {
+	tb.Helper()
+	for a := range aggregates {
+		got := e.Sequences(tb, fmt.Sprintf(idFormat, a))
+		if len(got) != perAggregate {
+			tb.Fatalf("aggregate %d: %d effects, want %d", a, len(got), perAggregate)
+		}
+		for i, s := range got {
+			if s != int64(i+1) {
+				tb.Fatalf("aggregate %d applied out of order: %v", a, got)
+			}
+		}
+	}
+}
+
+// SumStats returns the consumers' counters added up, and what each applied.
+func SumStats(consumers []*inbox.Consumer[pgx.Tx]) (total inbox.Stats, applied []int64) {
+	for _, c := range consumers {
+		s := c.Stats()
+		total.Applied += s.Applied
+		total.Duplicates += s.Duplicates
+		total.Gaps += s.Gaps
+		total.Late += s.Late
+		total.Failed += s.Failed
+		total.Undecodable += s.Undecodable
+		applied = append(applied, s.Applied)
+	}
+	return total, applied
+}
+
 // Record is the business effect of the tests' handlers.
 func (e *Effects) Record(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 	_, err := tx.Exec(ctx, "INSERT INTO "+e.Table("effects")+" (event_id, aggregate_id, sequence) VALUES ($1, $2, $3)",
