@@ -31,23 +31,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgoutbox/pgoutbox/cdc"
-)
-
-const (
-	namespace = "pgoutbox"
-	subsystem = "cdc"
+	"github.com/pgoutbox/pgoutbox/internal/promreg"
 )
 
 // Metrics counts a CDC source's publishes. It implements cdc.Observer and is
 // safe for concurrent use. pgoutbox_cdc_confirmed_lsn is one gauge: give each
 // source of a process its own registry, or read it for one source only.
 type Metrics struct {
-	published, quarantined prometheus.Counter
-	failures               *prometheus.CounterVec
-	failuresBy             map[cdc.FailureReason]prometheus.Counter
-	attempts, settle       prometheus.Histogram
-	ackSeconds, batchSize  *prometheus.HistogramVec
-	confirmed              prometheus.Gauge
+	outcomes              *promreg.Outcomes
+	settle                prometheus.Histogram
+	ackSeconds, batchSize *prometheus.HistogramVec
+	confirmed             prometheus.Gauge
 }
 
 // New creates the collectors and registers them on reg, which is required: pass
@@ -57,73 +51,26 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	if reg == nil {
 		return nil, errors.New("cdcprom: New needs a prometheus.Registerer")
 	}
-	m := &Metrics{}
-	var err error
-	reg1 := func(c prometheus.Collector) prometheus.Collector {
-		if err != nil {
-			return nil
-		}
-		var got prometheus.Collector
-		got, err = register(reg, c)
-		return got
+	r := &promreg.Registrar{Reg: reg, Subsystem: "cdc"}
+	m := &Metrics{
+		outcomes: promreg.NewOutcomes(r, "publish_failures_by_reason_total",
+			"Failed publish attempts by reason: permanent (quarantined at once), unavailable (broker unreachable or refusing the configuration; retried, never quarantined) or error (quarantined after max attempts)."),
+		settle: r.Histogram("settle_seconds",
+			"Time to record a batch's outcomes (marks, failures) in the database.", promreg.DatabaseBuckets),
+		ackSeconds: r.HistogramVec("broker_ack_seconds",
+			"Time from publishing a batch until the broker answered for every message of it, by path (stream or table).", promreg.AckBuckets, "path"),
+		batchSize: r.HistogramVec("batch_size",
+			"Events handed to the broker per batch, by path (stream or table).", promreg.BatchBuckets, "path"),
+		confirmed: r.Gauge("confirmed_lsn", "The slot position last confirmed to the server, as a byte offset in the WAL."),
 	}
-	counter := func(name, help string) prometheus.Counter {
-		c, _ := reg1(prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help})).(prometheus.Counter)
-		return c
-	}
-	histogram := func(name, help string, buckets []float64) prometheus.Histogram {
-		h, _ := reg1(prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: namespace, Subsystem: subsystem, Name: name, Help: help, Buckets: buckets})).(prometheus.Histogram)
-		return h
-	}
-	histogramVec := func(name, help string, buckets []float64) *prometheus.HistogramVec {
-		h, _ := reg1(prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: namespace, Subsystem: subsystem, Name: name, Help: help, Buckets: buckets}, []string{"path"})).(*prometheus.HistogramVec)
-		return h
-	}
-	m.published = counter("published_total", "Events acknowledged by the broker and marked published.")
-	m.quarantined = counter("quarantined_total", "Events quarantined: a permanent broker refusal, or max attempts reached.")
-	m.attempts = histogram("publish_attempts", "Attempt number at which events were published (1 = first try).",
-		[]float64{1, 2, 3, 5, 10, 20, 50})
-	m.settle = histogram("settle_seconds", "Time to record a batch's outcomes (marks, failures) in the database.",
-		[]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5})
-	m.ackSeconds = histogramVec("broker_ack_seconds", "Time from publishing a batch until the broker answered for every message of it, by path (stream or table).",
-		[]float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30})
-	m.batchSize = histogramVec("batch_size", "Events handed to the broker per batch, by path (stream or table).",
-		[]float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000})
-	g, _ := reg1(prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem, Name: "confirmed_lsn",
-		Help: "The slot position last confirmed to the server, as a byte offset in the WAL."})).(prometheus.Gauge)
-	m.confirmed = g
-	f, _ := reg1(prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "publish_failures_by_reason_total",
-		Help: "Failed publish attempts by reason: permanent (quarantined at once), unavailable (broker unreachable or refusing the configuration; retried, never quarantined) or error (quarantined after max attempts).",
-	}, []string{"reason"})).(*prometheus.CounterVec)
-	m.failures = f
-	if err != nil {
-		return nil, err
-	}
-	m.failuresBy = map[cdc.FailureReason]prometheus.Counter{}
-	for _, r := range []cdc.FailureReason{cdc.ReasonPermanent, cdc.ReasonUnavailable, cdc.ReasonError} {
-		// Created up front so that rate() sees 0 before the first failure.
-		m.failuresBy[r] = m.failures.WithLabelValues(string(r))
+	if r.Err != nil {
+		return nil, fmt.Errorf("cdcprom: %w", r.Err)
 	}
 	for _, p := range []cdc.Path{cdc.PathStream, cdc.PathTable} {
 		m.ackSeconds.WithLabelValues(p.String())
 		m.batchSize.WithLabelValues(p.String())
 	}
 	return m, nil
-}
-
-// register registers c on reg, or returns the collector of the same description
-// that reg already has.
-func register(reg prometheus.Registerer, c prometheus.Collector) (prometheus.Collector, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			return are.ExistingCollector, nil
-		}
-		return nil, fmt.Errorf("cdcprom: register: %w", err)
-	}
-	return c, nil
 }
 
 // BatchSettled implements cdc.Observer.
@@ -138,21 +85,12 @@ func (m *Metrics) BatchSettled(b cdc.SettledBatch) {
 		switch o.Result {
 		case cdc.ResultPublished:
 			published++
-			m.attempts.Observe(float64(o.Attempt))
+			m.outcomes.Attempt(o.Attempt)
 		case cdc.ResultFailed, cdc.ResultQuarantined:
-			if c, ok := m.failuresBy[o.Reason]; ok {
-				c.Inc()
-			} else {
-				m.failures.WithLabelValues(string(o.Reason)).Inc()
-			}
-			if o.Result == cdc.ResultQuarantined {
-				m.quarantined.Inc()
-			}
+			m.outcomes.Failed(o.Reason, o.Result == cdc.ResultQuarantined)
 		}
 	}
-	if published > 0 {
-		m.published.Add(float64(published))
-	}
+	m.outcomes.Published(published)
 }
 
 // PositionConfirmed implements cdc.Observer.

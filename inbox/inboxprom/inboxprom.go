@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/promreg"
 )
 
 // Metrics holds the collectors. It implements inbox.Observer.
@@ -36,7 +37,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		return nil, errors.New("inboxprom: New needs a prometheus.Registerer")
 	}
 	counter := func(name, help string) (*prometheus.CounterVec, error) {
-		return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		return promreg.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "pgoutbox", Subsystem: "inbox", Name: name, Help: help,
 		}, []string{"consumer"}))
 	}
@@ -56,7 +57,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			return nil, err
 		}
 	}
-	m.latency, err = register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	m.latency, err = promreg.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "pgoutbox", Subsystem: "inbox", Name: "processing_seconds",
 		Help:    "Time to process one delivery (decode, transaction, handler, commit), whatever its outcome.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
@@ -65,22 +66,6 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c on reg, or returns the collector of the same description
-// that reg already has.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		var zero C
-		return zero, err
-	}
-	return c, nil
 }
 
 // Observe implements inbox.Observer.

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/promreg"
 	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
@@ -122,7 +123,7 @@ func NewOutbox(pool *pgxpool.Pool, cfg *OutboxConfig) (*Outbox, error) {
 		return nil, err
 	}
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc(prometheus.BuildFQName(namespace, "relay", name), help, labels, nil)
+		return prometheus.NewDesc(prometheus.BuildFQName(promreg.Namespace, "relay", name), help, labels, nil)
 	}
 	table := pgx.Identifier{c.Schema, "outbox_events"}.Sanitize()
 	return &Outbox{

@@ -39,21 +39,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pgoutbox/pgoutbox/internal/promreg"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
-
-const namespace = "pgoutbox"
 
 // Metrics counts a relay's claims and publishes. It implements relay.Observer
 // and is safe for concurrent use; one Metrics may serve several relays of a
 // process.
 type Metrics struct {
-	published, quarantined, takenOver prometheus.Counter
-	failures                          *prometheus.CounterVec
-	failuresBy                        map[relay.FailureReason]prometheus.Counter
-	attempts, ackSeconds, batchSize   prometheus.Histogram
-	claimSeconds                      prometheus.Histogram
-	cleanupDeleted                    *prometheus.CounterVec
+	outcomes              *promreg.Outcomes
+	takenOver             prometheus.Counter
+	ackSeconds, batchSize prometheus.Histogram
+	claimSeconds          prometheus.Histogram
+	cleanupDeleted        *prometheus.CounterVec
 }
 
 // New creates the collectors and registers them on reg, which is required: pass
@@ -63,68 +61,24 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	if reg == nil {
 		return nil, errors.New("relayprom: New needs a prometheus.Registerer")
 	}
-	m := &Metrics{}
-	var err error
-	counter := func(dst *prometheus.Counter, subsystem, name, help string) {
-		if err == nil {
-			*dst, err = register(reg, prometheus.NewCounter(prometheus.CounterOpts{
-				Namespace: namespace, Subsystem: subsystem, Name: name, Help: help}))
-		}
+	r := &promreg.Registrar{Reg: reg, Subsystem: "relay"}
+	m := &Metrics{
+		outcomes: promreg.NewOutcomes(r, "publish_failures_total",
+			"Failed publish attempts by reason: permanent (quarantined at once), unavailable (broker unreachable; retried, never quarantined) or error (quarantined after max attempts)."),
+		takenOver: r.Counter("leases_taken_over_total",
+			"Leases, each a run of one aggregate's events, claimed from another relay's expired lease (that relay died or stalled)."),
+		ackSeconds: r.Histogram("broker_ack_seconds",
+			"Time from publishing a batch until the broker answered for every message of it.", promreg.AckBuckets),
+		batchSize:    r.Histogram("batch_size", "Events leased per claim.", promreg.BatchBuckets),
+		claimSeconds: r.Histogram("claim_seconds", "Duration of a claim (the statements leasing a batch).", promreg.DatabaseBuckets),
 	}
-	histogram := func(dst *prometheus.Histogram, name, help string, buckets []float64) {
-		if err == nil {
-			*dst, err = register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
-				Namespace: namespace, Subsystem: "relay", Name: name, Help: help, Buckets: buckets}))
-		}
-	}
-	counter(&m.published, "relay", "published_total", "Events acknowledged by the broker and marked published.")
-	counter(&m.quarantined, "relay", "quarantined_total", "Events quarantined: a permanent broker refusal, or max attempts reached.")
-	counter(&m.takenOver, "relay", "leases_taken_over_total", "Leases, each a run of one aggregate's events, claimed from another relay's expired lease (that relay died or stalled).")
-	histogram(&m.attempts, "publish_attempts", "Attempt number at which events were published (1 = first try).",
-		[]float64{1, 2, 3, 5, 10, 20, 50})
-	histogram(&m.ackSeconds, "broker_ack_seconds", "Time from publishing a batch until the broker answered for every message of it.",
-		[]float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30})
-	histogram(&m.batchSize, "batch_size", "Events leased per claim.",
-		[]float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000})
-	histogram(&m.claimSeconds, "claim_seconds", "Duration of a claim (the statements leasing a batch).",
-		[]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5})
-	if err != nil {
-		return nil, err
-	}
-	if m.failures, err = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: namespace, Subsystem: "relay", Name: "publish_failures_total",
-		Help: "Failed publish attempts by reason: permanent (quarantined at once), unavailable (broker unreachable; retried, never quarantined) or error (quarantined after max attempts).",
-	}, []string{"reason"})); err != nil {
-		return nil, err
-	}
-	m.failuresBy = map[relay.FailureReason]prometheus.Counter{}
-	for _, r := range []relay.FailureReason{relay.ReasonPermanent, relay.ReasonUnavailable, relay.ReasonError} {
-		// Created up front so that rate() sees 0 before the first failure.
-		m.failuresBy[r] = m.failures.WithLabelValues(string(r))
-	}
-	if m.cleanupDeleted, err = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: namespace, Subsystem: "cleanup", Name: "deleted_rows_total",
-		Help: "Rows deleted by retention cleanup, per table (outbox_events, processed_events, ...).",
-	}, []string{"table"})); err != nil {
-		return nil, err
+	cleanup := &promreg.Registrar{Reg: reg, Subsystem: "cleanup", Err: r.Err}
+	m.cleanupDeleted = cleanup.CounterVec("deleted_rows_total",
+		"Rows deleted by retention cleanup, per table (outbox_events, processed_events, ...).", "table")
+	if cleanup.Err != nil {
+		return nil, fmt.Errorf("relayprom: %w", cleanup.Err)
 	}
 	return m, nil
-}
-
-// register registers c on reg, or returns the collector of the same description
-// that reg already has.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		var zero C
-		return zero, fmt.Errorf("relayprom: register: %w", err)
-	}
-	return c, nil
 }
 
 // BatchClaimed implements relay.Observer.
@@ -145,21 +99,12 @@ func (m *Metrics) BatchSettled(s relay.SettledBatch) {
 		switch o.Result {
 		case relay.ResultPublished:
 			published++
-			m.attempts.Observe(float64(o.Attempt))
+			m.outcomes.Attempt(o.Attempt)
 		case relay.ResultFailed, relay.ResultQuarantined:
-			if c, ok := m.failuresBy[o.Reason]; ok {
-				c.Inc()
-			} else {
-				m.failures.WithLabelValues(string(o.Reason)).Inc()
-			}
-			if o.Result == relay.ResultQuarantined {
-				m.quarantined.Inc()
-			}
+			m.outcomes.Failed(o.Reason, o.Result == relay.ResultQuarantined)
 		}
 	}
-	if published > 0 {
-		m.published.Add(float64(published))
-	}
+	m.outcomes.Published(published)
 }
 
 // CleanupDeleted adds rows to pgoutbox_cleanup_deleted_rows_total{table}: retention
