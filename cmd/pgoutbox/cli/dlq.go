@@ -111,6 +111,29 @@ func dlqWriteJSON(w io.Writer, v any) error {
 	return err
 }
 
+// printList writes items to out: with asJSON as a JSON array (never null);
+// otherwise empty when there are none, or a table of header (tab-separated
+// columns) and one row a item, written by row. It reports whether it wrote a
+// table, after which the caller may add a summary line.
+func printList[T any](out io.Writer, asJSON bool, items []T, empty, header string, row func(io.Writer, T)) (table bool, err error) {
+	if asJSON {
+		if items == nil {
+			items = []T{}
+		}
+		return false, dlqWriteJSON(out, items)
+	}
+	if len(items) == 0 {
+		_, err := fmt.Fprintln(out, empty)
+		return false, err
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, it := range items {
+		row(tw, it)
+	}
+	return true, tw.Flush()
+}
+
 func dlqTime(t *time.Time) string {
 	if t == nil {
 		return "-"
@@ -140,23 +163,13 @@ func newDLQListCmd() *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			if asJSON {
-				if evs == nil {
-					evs = []admin.Event{}
-				}
-				return dlqWriteJSON(out, evs)
-			}
-			if len(evs) == 0 {
-				_, err := fmt.Fprintln(out, "no quarantined events")
-				return err
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "EVENT ID\tAGGREGATE\tSEQ\tEVENT TYPE\tATTEMPTS\tQUARANTINED AT\tLAST ERROR")
-			for _, e := range evs {
-				fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", e.ID, e.AggregateType, e.AggregateID, e.AggregateSequence,
-					e.EventType, e.AttemptCount, dlqTime(e.QuarantinedAt), dlqShorten(e.LastError, 80))
-			}
-			if err := tw.Flush(); err != nil {
+			table, err := printList(out, asJSON, evs, "no quarantined events",
+				"EVENT ID\tAGGREGATE\tSEQ\tEVENT TYPE\tATTEMPTS\tQUARANTINED AT\tLAST ERROR",
+				func(w io.Writer, e admin.Event) {
+					fmt.Fprintf(w, "%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", e.ID, e.AggregateType, e.AggregateID, e.AggregateSequence,
+						e.EventType, e.AttemptCount, dlqTime(e.QuarantinedAt), dlqShorten(e.LastError, 80))
+				})
+			if err != nil || !table {
 				return err
 			}
 			summary := dlqPlural(len(evs), "quarantined event")
@@ -419,25 +432,14 @@ what (the selection, the events and their count).`,
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				if entries == nil {
-					entries = []admin.AuditEntry{}
-				}
-				return dlqWriteJSON(out, entries)
-			}
-			if len(entries) == 0 {
-				_, err := fmt.Fprintln(out, "no operator actions recorded")
-				return err
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "AT\tACTION\tACTOR\tDB USER\tEVENTS\tSELECTION\tREASON")
-			for _, e := range entries {
-				sel, _ := json.Marshal(e.Selection)
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.At.UTC().Format(time.RFC3339), e.Action, e.Actor, e.DBUser,
-					e.EventCount, dlqShorten(string(sel), 60), dlqShorten(e.Reason, 60))
-			}
-			return tw.Flush()
+			_, err = printList(cmd.OutOrStdout(), asJSON, entries, "no operator actions recorded",
+				"AT\tACTION\tACTOR\tDB USER\tEVENTS\tSELECTION\tREASON",
+				func(w io.Writer, e admin.AuditEntry) {
+					sel, _ := json.Marshal(e.Selection)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.At.UTC().Format(time.RFC3339), e.Action, e.Actor, e.DBUser,
+						e.EventCount, dlqShorten(string(sel), 60), dlqShorten(e.Reason, 60))
+				})
+			return err
 		},
 	}
 	db.register(cmd.Flags())
