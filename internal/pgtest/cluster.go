@@ -34,8 +34,14 @@ type Cluster struct {
 	// superuser postgres (trusted).
 	URL string
 
-	dir    string
-	logf   *os.File
+	// Port is the server's TCP port on 127.0.0.1.
+	Port int
+
+	dir      string
+	bindir   string
+	cred     *osUser
+	settings map[string]string
+	logf     *os.File
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when the postmaster has exited
 	err    error         // the postmaster's exit status, once exited is closed
@@ -152,7 +158,7 @@ func startCluster(c *ClusterConfig, bindir, dir string, cred *osUser) (*Cluster,
 		if err != nil {
 			return nil, err
 		}
-		cl, err := runServer(ctx, bindir, dir, data, port, settings, cred)
+		cl, err := runServer(ctx, bindir, dir, data, port, settings, cred, createTestDatabase)
 		if err == nil {
 			return cl, nil
 		}
@@ -164,9 +170,11 @@ func startCluster(c *ClusterConfig, bindir, dir string, cred *osUser) (*Cluster,
 	return nil, lastErr
 }
 
-// runServer starts the postmaster on port and waits until the "test" database
-// exists.
-func runServer(ctx context.Context, bindir, dir, data string, port int, settings map[string]string, cred *osUser) (*Cluster, error) {
+// runServer starts the postmaster on port and waits until ready, given the URL
+// of its postgres database, succeeds (for a primary: the "test" database is
+// created).
+func runServer(ctx context.Context, bindir, dir, data string, port int, settings map[string]string, cred *osUser,
+	ready func(ctx context.Context, adminURL string) error) (*Cluster, error) {
 	logf, err := os.OpenFile(filepath.Join(dir, "server.log"), os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: server log: %w", err)
@@ -185,11 +193,15 @@ func runServer(ctx context.Context, bindir, dir, data string, port int, settings
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = procAttr(cred, true)
 	cl := &Cluster{
-		URL:    fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?sslmode=disable", port),
-		dir:    dir,
-		logf:   logf,
-		cmd:    cmd,
-		exited: make(chan struct{}),
+		URL:      fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?sslmode=disable", port),
+		Port:     port,
+		dir:      dir,
+		bindir:   bindir,
+		cred:     cred,
+		settings: settings,
+		logf:     logf,
+		cmd:      cmd,
+		exited:   make(chan struct{}),
 	}
 	if err := cl.start(); err != nil {
 		_ = logf.Close()
@@ -197,7 +209,7 @@ func runServer(ctx context.Context, bindir, dir, data string, port int, settings
 	}
 	admin := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", port)
 	for {
-		err := createTestDatabase(ctx, admin)
+		err := ready(ctx, admin)
 		if err == nil {
 			return cl, nil
 		}
@@ -258,6 +270,7 @@ func (c *Cluster) stop() error {
 	select {
 	case <-c.exited:
 	default:
+		_ = c.Thaw() // a frozen server cannot shut down
 		if err := c.cmd.Process.Signal(os.Interrupt); err != nil && !errors.Is(err, os.ErrProcessDone) {
 			errs = append(errs, fmt.Errorf("pgtest: stop postgres: %w", err))
 		}

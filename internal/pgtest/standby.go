@@ -1,0 +1,204 @@
+//go:build unix
+
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// StandbyName is the application_name a standby started by StartStandby
+// connects to its primary with (the name synchronous_standby_names lists).
+const StandbyName = "standby1"
+
+// StartStandby makes a streaming standby of the running cluster c:
+// pg_basebackup -R of it into a fresh directory, started on a free port with
+// c's settings. With synchronous, c then waits for the standby to flush every
+// commit (synchronous_standby_names = StandbyName; c must have been started
+// with synchronous_commit on, which the throwaway defaults turn off). Stop it
+// when done; a promoted standby is a primary like any other cluster.
+func (c *Cluster) StartStandby(synchronous bool) (*Cluster, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), ClusterStartTimeout)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "pgoutbox-pg-standby-")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: standby directory: %w", err)
+	}
+	fail := func(err error) (*Cluster, error) {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	if c.cred != nil {
+		if err := os.Chown(dir, int(c.cred.uid), int(c.cred.gid)); err != nil {
+			return fail(fmt.Errorf("pgtest: standby directory: %w", err))
+		}
+	}
+	data := filepath.Join(dir, "data")
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s", c.Port, StandbyName)
+	backup := exec.CommandContext(ctx, filepath.Join(c.bindir, "pg_basebackup"), "-D", data, "-d", conninfo,
+		"-R", "-X", "stream", "-c", "fast", "--no-sync")
+	backup.Dir = dir
+	backup.SysProcAttr = procAttr(c.cred, false)
+	if out, err := backup.CombinedOutput(); err != nil {
+		return fail(fmt.Errorf("pgtest: pg_basebackup of port %d: %w\n%s", c.Port, err, out))
+	}
+	settings := maps.Clone(c.settings)
+	settings["primary_conninfo"] = conninfo
+	settings["hot_standby"] = "on"
+	var lastErr error
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			return fail(err)
+		}
+		sb, err := runServer(ctx, c.bindir, dir, data, port, settings, c.cred, acceptsConnections)
+		if err == nil {
+			if synchronous {
+				if err := c.requireSynchronous(ctx); err != nil {
+					_ = sb.Stop()
+					return nil, err
+				}
+			}
+			return sb, nil
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return fail(lastErr)
+}
+
+// acceptsConnections is a standby's readiness: it answers queries.
+func acceptsConnections(ctx context.Context, adminURL string) error {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, "SELECT 1")
+	return err
+}
+
+// requireSynchronous makes c wait for StandbyName's flush on every commit, and
+// waits until the standby streams as the synchronous one.
+func (c *Cluster) requireSynchronous(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		return fmt.Errorf("pgtest: connect to primary: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '"+StandbyName+"'"); err != nil {
+		return fmt.Errorf("pgtest: synchronous_standby_names: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		return fmt.Errorf("pgtest: reload: %w", err)
+	}
+	for {
+		var state string
+		err := conn.QueryRow(ctx, "SELECT coalesce((SELECT sync_state FROM pg_stat_replication WHERE application_name = $1), '')",
+			StandbyName).Scan(&state)
+		if err != nil {
+			return fmt.Errorf("pgtest: pg_stat_replication: %w", err)
+		}
+		if state == "sync" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgtest: the standby did not become synchronous (state %q): %w", state, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Promote turns a standby into a primary (pg_promote, waiting for the end of
+// recovery) and returns once it accepts writes.
+func (c *Cluster) Promote(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		return fmt.Errorf("pgtest: connect to standby: %w", err)
+	}
+	defer conn.Close(context.Background())
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_promote(true, 60)").Scan(&ok); err != nil {
+		return fmt.Errorf("pgtest: pg_promote: %w", err)
+	}
+	if !ok {
+		return errors.New("pgtest: pg_promote: the standby did not finish recovery within 60s")
+	}
+	return nil
+}
+
+// Crash stops the server at once, as a crash or a power loss of its host
+// would: SIGKILL of the postmaster and every backend (no shutdown checkpoint,
+// no goodbye to clients; their sockets are closed by the kernel). The files stay
+// until Stop.
+func (c *Cluster) Crash() error {
+	err := c.signalAll(syscall.SIGKILL)
+	<-c.exited
+	return err
+}
+
+// Freeze stops every process of the server (SIGSTOP), as a hung host or a
+// network black hole looks to clients: connections stay open and nothing
+// answers. Thaw resumes them.
+func (c *Cluster) Freeze() error { return c.signalAll(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen server (SIGCONT).
+func (c *Cluster) Thaw() error { return c.signalAll(syscall.SIGCONT) }
+
+// signalAll sends sig to the postmaster's children, then to the postmaster.
+func (c *Cluster) signalAll(sig syscall.Signal) error {
+	pid := c.Pid()
+	var errs []error
+	for _, child := range children(pid) {
+		if err := syscall.Kill(child, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, fmt.Errorf("pgtest: signal backend %d: %w", child, err))
+		}
+	}
+	if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		errs = append(errs, fmt.Errorf("pgtest: signal postmaster %d: %w", pid, err))
+	}
+	return errors.Join(errs...)
+}
+
+// children lists the processes whose parent is pid, from /proc (Linux).
+func children(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(s[i+1:])
+		if len(fields) >= 2 {
+			if ppid, err := strconv.Atoi(fields[1]); err == nil && ppid == pid {
+				out = append(out, child)
+			}
+		}
+	}
+	return out
+}
