@@ -42,9 +42,9 @@ type Cluster struct {
 	cred     *osUser
 	settings map[string]string
 	logf     *os.File
-	cmd    *exec.Cmd
-	exited chan struct{} // closed when the postmaster has exited
-	err    error         // the postmaster's exit status, once exited is closed
+	cmd      *exec.Cmd
+	exited   chan struct{} // closed when the postmaster has exited
+	err      error         // the postmaster's exit status, once exited is closed
 
 	stopOnce sync.Once
 	stopErr  error
