@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
@@ -60,7 +61,9 @@ type Relay struct {
 	leased map[pgoutbox.UUID]struct{} // leases taken and not yet settled
 
 	dbDown atomic.Bool
-	broker retry.BrokerHealth // reachable or not, refusing our configuration or not
+	// lastReset is when dbFailed last dropped the pool's connections (unix ns).
+	lastReset atomic.Int64
+	broker    retry.BrokerHealth // reachable or not, refusing our configuration or not
 	// denied holds, per statement kind (claim, settle), the last database
 	// error that was a missing privilege, nil once that kind succeeds again
 	// (dbFailed, dbOK): a role may be allowed to claim and not to settle.
@@ -327,12 +330,37 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 	up()
 	r.poke()
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		// A LISTEN session on a hung host would wait for ever, deaf to the new
+		// primary after a failover: every listenCheck without a notification,
+		// the session must answer a ping.
+		wctx, cancel := context.WithTimeout(ctx, listenCheck)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			r.poke()
+		case ctx.Err() == nil && pgconn.Timeout(err):
+			pctx, cancel := context.WithTimeout(ctx, listenPingTimeout)
+			err := conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("listening session does not answer: %w", err)
+			}
+		default:
 			return fmt.Errorf("wait for notification: %w", err)
 		}
-		r.poke()
 	}
 }
+
+// The LISTEN session's liveness check (listenOnce).
+const (
+	// listenCheck is how long the session waits for a notification before it
+	// checks that the server still answers.
+	listenCheck = 10 * time.Second
+	// listenPingTimeout bounds that check; past it the session is dropped and
+	// a new one is made (on whichever host answers).
+	listenPingTimeout = 5 * time.Second
+)
 
 // work is one claim → publish → settle loop.
 func (r *Relay) work(id int) {
@@ -445,6 +473,7 @@ func (r *Relay) announceBacklog() {
 func (r *Relay) dbFailed(kind int, err error) {
 	if !migrate.IsPermissionDenied(err) {
 		retry.MarkDown(&r.dbDown, r.log, "database", err)
+		r.dropHungConnections(err)
 		return
 	}
 	retry.MarkUp(&r.dbDown, r.log, "database")
@@ -453,6 +482,31 @@ func (r *Relay) dbFailed(kind int, err error) {
 			slog.Any("error", err))
 	}
 }
+
+// dropHungConnections empties the pool after a statement timed out. A timeout,
+// unlike a refused or reset connection, is what a hung server or a network
+// black hole looks like (a frozen primary, before or after its standby is
+// promoted): every connection to it would hang in turn until its own timeout,
+// while new connections find the host that answers (a multi-host URL with
+// target_session_attrs=read-write reaches the new primary). Idle connections
+// close at once and those in use when they come back; at most once per
+// resetInterval, so that a slow database does not lose its connections at
+// every slow claim.
+func (r *Relay) dropHungConnections(err error) {
+	if !pgconn.Timeout(err) || r.lc.Hard().Err() != nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := r.lastReset.Load()
+	if now-last < int64(resetInterval) || !r.lastReset.CompareAndSwap(last, now) {
+		return
+	}
+	r.log.Warn("a statement timed out: dropping the pool's connections, in case the database host hangs", slog.Any("error", err))
+	r.pool.Reset()
+}
+
+// resetInterval is the least time between two dropHungConnections.
+const resetInterval = 5 * time.Second
 
 // Statement kinds of dbFailed and dbOK.
 const (

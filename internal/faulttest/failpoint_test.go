@@ -172,7 +172,7 @@ func TestCrashAtCleanupMidBatch(t *testing.T) {
 		return e.count("outbox_events", "published_at IS NOT NULL") >= 100
 	})
 	cleanup := func(name string, env []string) *proc {
-		return e.start(name, env, bin.pgoutbox, "cleanup", "--database-url", dbURL(t, "faulttest-cleanup"),
+		return e.start(name, env, bin.pgoutbox, "cleanup", "--database-url", e.dbURL("faulttest-cleanup"),
 			"--schema", e.schema, "--retention", "1ms", "--force", "--batch-size", "10")
 	}
 	victim := cleanup("cleanup victim", failpointEnv(failpoint.CleanupMidBatch, "3*crash"))

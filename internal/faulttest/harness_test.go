@@ -89,6 +89,10 @@ type env struct {
 	template string
 	js       jetstream.JetStream
 	dir      string
+	dbServer string // the database URL the processes are given, before their application_name
+	// durable keeps the server's synchronous_commit (a test of a server's own);
+	// on the shared server, commits do not wait for the flush (see dbURL).
+	durable bool
 
 	mu       sync.Mutex
 	journals []string
@@ -96,6 +100,9 @@ type env struct {
 }
 
 type envConfig struct {
+	// dbServer is the database; defaults to the shared test server (pgtest.URL).
+	// A multi-host URL makes every process follow a failover.
+	dbServer string
 	// natsURL is the server; defaults to the shared test server.
 	natsURL string
 	// dedup is the stream's duplicate window. Defaults to 1s, shorter than the
@@ -112,7 +119,11 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 	if cfg.dedup == 0 {
 		cfg.dedup = time.Second
 	}
-	pool, schema := pgtest.Migrated(t, 4) // the test's own queries, one at a time
+	durable := cfg.dbServer != ""
+	if cfg.dbServer == "" {
+		cfg.dbServer = pgtest.URL()
+	}
+	pool, schema := pgtest.MigratedOn(t, cfg.dbServer, 4) // the test's own queries, one at a time
 	var target natstest.Target
 	if cfg.natsURL == natstest.URL() {
 		target = natstest.New(t, cfg.natsURL)
@@ -120,7 +131,7 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 		target = natstest.OnOwnServer(t, cfg.natsURL)
 	}
 	e := &env{t: t, pool: pool, schema: schema, natsURL: cfg.natsURL, stream: target.Stream,
-		template: target.Template, js: target.JS, dir: t.TempDir()}
+		template: target.Template, js: target.JS, dir: t.TempDir(), dbServer: cfg.dbServer, durable: durable}
 	_, err := pool.Exec(context.Background(), `
 		CREATE TABLE `+e.table("business")+` (
 			key          text PRIMARY KEY,
@@ -170,16 +181,20 @@ func (e *env) count(table, where string, args ...any) int {
 // dbURL is the test database's URL with an application_name, by which
 // pg_stat_activity identifies the process's connections.
 //
-// Commits do not wait for the WAL flush (synchronous_commit=off): the suite kills
-// clients, never the database server, and a committed transaction is visible to
-// every session and survives any client's death either way. It spares the
-// shared disk one fsync per consumer transaction.
-func dbURL(t *testing.T, appName string) string {
-	u, err := url.Parse(pgtest.URL())
+// On the shared server, commits do not wait for the WAL flush
+// (synchronous_commit=off): the suite kills clients, never that server, and a
+// committed transaction is visible to every session and survives any client's
+// death either way. It spares the shared disk one fsync per consumer
+// transaction. A test's own server (envConfig.dbServer) keeps its setting.
+func (e *env) dbURL(appName string) string {
+	t := e.t
+	u, err := url.Parse(e.dbServer)
 	pgtest.Must(t, err, "parse database URL")
 	q := u.Query()
 	q.Set("application_name", appName)
-	q.Set("options", "-c synchronous_commit=off")
+	if !e.durable {
+		q.Set("options", "-c synchronous_commit=off")
+	}
 	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // pgx reads '+' literally
 	return u.String()
 }
@@ -366,7 +381,7 @@ func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 // relay starts `pgoutbox relay` with id, a 2s lease and fast polling.
 func (e *env) relay(id string, extraEnv []string, extraArgs ...string) *proc {
 	e.t.Helper()
-	args := append([]string{"relay", "--database-url", dbURL(e.t, "faulttest-"+e.schema+"-"+id), "--schema", e.schema,
+	args := append([]string{"relay", "--database-url", e.dbURL("faulttest-" + e.schema + "-" + id), "--schema", e.schema,
 		"--id", id, "--broker", e.natsURL, "--nats-stream", e.stream, "--topic-template", e.template,
 		"--lease", "2s", "--poll-interval", "200ms", "--backoff-base", "100ms", "--backoff-max", "1s",
 		"--batch-size", "50", "--ack-timeout", "1s", "--log-level", "info"}, extraArgs...)
@@ -398,7 +413,7 @@ func (e *env) producer(name string, extraEnv []string, o producerOpts) *proc {
 	if o.maxEvents == 0 {
 		o.maxEvents = 3
 	}
-	return e.start("producer "+name, extraEnv, bin.producer, "--database-url", dbURL(e.t, "faulttest-producer"),
+	return e.start("producer "+name, extraEnv, bin.producer, "--database-url", e.dbURL("faulttest-producer"),
 		"--schema", e.schema, "--journal", journal, "--name", name, "--txs", fmt.Sprint(o.txs),
 		"--aggregates", fmt.Sprint(o.aggregates), "--max-events", fmt.Sprint(o.maxEvents),
 		"--rollback-percent", fmt.Sprint(o.rollbackPercent), "--pause", o.pause.String())
@@ -407,7 +422,7 @@ func (e *env) producer(name string, extraEnv []string, o producerOpts) *proc {
 // consumer starts the consumer program on the env's durable.
 func (e *env) consumer(name string, extraEnv []string) *proc {
 	e.t.Helper()
-	return e.start("consumer "+name, extraEnv, bin.consumer, "--database-url", dbURL(e.t, "faulttest-consumer"),
+	return e.start("consumer "+name, extraEnv, bin.consumer, "--database-url", e.dbURL("faulttest-consumer"),
 		"--schema", e.schema, "--nats", e.natsURL, "--stream", e.stream, "--name", consumerName, "--log-level", "info")
 }
 

@@ -72,7 +72,13 @@ func Pool(tb testing.TB, url string, maxConns int32) *pgxpool.Pool {
 // default) and the schema's name.
 func Schema(tb testing.TB, maxConns int32) (*pgxpool.Pool, string) {
 	tb.Helper()
-	pool := Pool(tb, URL(), maxConns)
+	return SchemaOn(tb, URL(), maxConns)
+}
+
+// SchemaOn is Schema in the database of url.
+func SchemaOn(tb testing.TB, url string, maxConns int32) (*pgxpool.Pool, string) {
+	tb.Helper()
+	pool := Pool(tb, url, maxConns)
 	schema := SchemaName(tb, pool, "t")
 	if _, err := pool.Exec(context.Background(), "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		tb.Fatalf("pgtest: create schema: %v", err)
@@ -96,7 +102,13 @@ func SchemaName(tb testing.TB, pool *pgxpool.Pool, prefix string) string {
 // Migrated is Schema with every migration applied.
 func Migrated(tb testing.TB, maxConns int32) (*pgxpool.Pool, string) {
 	tb.Helper()
-	pool, schema := Schema(tb, maxConns)
+	return MigratedOn(tb, URL(), maxConns)
+}
+
+// MigratedOn is Migrated in the database of url.
+func MigratedOn(tb testing.TB, url string, maxConns int32) (*pgxpool.Pool, string) {
+	tb.Helper()
+	pool, schema := SchemaOn(tb, url, maxConns)
 	if _, err := migrate.Up(context.Background(), pool, &migrate.Config{Schema: schema}); err != nil {
 		tb.Fatalf("pgtest: migrate: %v", err)
 	}

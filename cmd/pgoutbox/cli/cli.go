@@ -7,12 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -214,7 +219,7 @@ func (d *dbFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&d.schema, "schema", migrate.DefaultSchema,
 		"PostgreSQL schema holding the outbox tables (env PGOUTBOX_SCHEMA)")
 	fs.DurationVar(&d.connectTimeout, "connect-timeout", 10*time.Second,
-		"give up connecting to PostgreSQL after this long (env PGOUTBOX_CONNECT_TIMEOUT)")
+		"give up connecting to PostgreSQL after this long; a multi-host URL shares it among its hosts, at least 2s each (env PGOUTBOX_CONNECT_TIMEOUT)")
 }
 
 func (d *dbFlags) validate() error {
@@ -239,8 +244,48 @@ func (d *dbFlags) parse() (*pgx.ConnConfig, error) {
 	if err != nil {
 		return nil, usagef("invalid database URL: %v", err)
 	}
-	cfg.ConnectTimeout = d.connectTimeout
+	cfg.ConnectTimeout = perHostConnectTimeout(d.connectTimeout, cfg.Config)
 	return cfg, nil
+}
+
+// poolCloseTimeout bounds closing a service's pool once the service has
+// stopped. Closing waits for every connection's goodbye and for connections
+// still being made; on a hung database host (a frozen primary) that is
+// pgx's own 15s per connection, although the service has nothing left to do:
+// past the bound the process exits and the kernel closes the sockets.
+const poolCloseTimeout = 2 * time.Second
+
+// closePool closes pool, giving up waiting after poolCloseTimeout.
+func closePool(pool *pgxpool.Pool, logger *slog.Logger) {
+	done := make(chan struct{})
+	go func() {
+		pool.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(poolCloseTimeout):
+		logger.Warn("the database did not answer while its connections were closed; leaving them to the operating system",
+			slog.Duration("waited", poolCloseTimeout))
+	}
+}
+
+// minHostConnectTimeout is the least time a connection attempt gives one host
+// of a multi-host URL.
+const minHostConnectTimeout = 2 * time.Second
+
+// perHostConnectTimeout shares total among the hosts of cfg: pgx gives each
+// host the whole ConnectTimeout in turn, so on a multi-host URL whose first
+// host hangs (a frozen primary: the TCP handshake succeeds, nothing answers)
+// every new connection would spend all of --connect-timeout there before it
+// tried the new primary. Each host gets an equal share, at least
+// minHostConnectTimeout.
+func perHostConnectTimeout(total time.Duration, cfg pgconn.Config) time.Duration {
+	hosts := map[string]bool{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))): true}
+	for _, f := range cfg.Fallbacks {
+		hosts[net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port)))] = true
+	}
+	return max(total/time.Duration(len(hosts)), min(total, minHostConnectTimeout))
 }
 
 // connect opens one connection, failing fast with a one-line error for a missing,

@@ -187,7 +187,7 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("connect to database: %w", err)
 	}
-	defer pool.Close()
+	defer closePool(pool, logger)
 	if err := pool.Ping(cctx); err != nil {
 		return fmt.Errorf("connect to database: %w", err)
 	}

@@ -81,7 +81,7 @@ func runRelayCDC(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closePool(pool, logger)
 	if err := migrate.CheckPrivileges(ctx, pool, f.db.schema, migrate.RoleCDC, false); err != nil {
 		return err
 	}
