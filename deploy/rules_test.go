@@ -30,6 +30,9 @@ const (
 	alertTestsFile = "prometheus/alerts_test.yml"
 	dashboardFile  = "grafana/pgoutbox.json"
 	operationsDoc  = "../docs/operations.md"
+	// runbookBase is where the alerts' runbook_url annotations point: the
+	// "Alert rules" entries of docs/operations.md on the main branch.
+	runbookBase = "https://github.com/pgoutbox/pgoutbox/blob/main/docs/operations.md#"
 )
 
 // promtool runs promtool with args and fails t, showing its output, when it
@@ -133,7 +136,7 @@ func TestAlertRulesShape(t *testing.T) {
 				t.Errorf("%s: no %s annotation", r.Alert, a)
 			}
 		}
-		wantURL := "docs/operations.md#" + strings.ToLower(r.Alert)
+		wantURL := runbookBase + strings.ToLower(r.Alert)
 		if got := r.Annotations["runbook_url"]; got != wantURL {
 			t.Errorf("%s: runbook_url %q, want %q", r.Alert, got, wantURL)
 		}
