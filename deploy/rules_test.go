@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -654,5 +655,53 @@ func TestMetricNames(t *testing.T) {
 		if err != nil || !slices.Equal(got, tc.want) {
 			t.Errorf("metricNames(%q) = %q, %v; want %q", tc.expr, got, err, tc.want)
 		}
+	}
+}
+
+// grafanaBuiltins are the variables Grafana defines itself.
+var grafanaBuiltins = map[string]string{"__rate_interval": "5m", "__interval": "1m", "__range": "1h"}
+
+// TestDashboardQueriesParse has promtool parse every dashboard expression (as
+// a recording rule, the variables replaced by what Grafana would put there),
+// and checks each variable an expression uses is defined.
+func TestDashboardQueriesParse(t *testing.T) {
+	t.Parallel()
+	d, panels := readDashboard(t)
+	defined := map[string]bool{}
+	for _, v := range d.Templating.List {
+		defined[v.Name] = true
+	}
+	varRE := regexp.MustCompile(`\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?`)
+	type recording struct {
+		Record string `yaml:"record"`
+		Expr   string `yaml:"expr"`
+	}
+	var rules []recording
+	for _, p := range panels {
+		for _, tg := range p.Targets {
+			expr := varRE.ReplaceAllStringFunc(tg.Expr, func(m string) string {
+				name := varRE.FindStringSubmatch(m)[1]
+				if v, ok := grafanaBuiltins[name]; ok {
+					return v
+				}
+				if !defined[name] {
+					t.Errorf("panel %q %s: variable $%s is not defined in templating", p.Title, tg.RefID, name)
+				}
+				return ".*" // an "All" selection; every variable is used in a regex matcher
+			})
+			rules = append(rules, recording{Record: fmt.Sprintf("dashboard:panel%d:%s", p.ID, tg.RefID), Expr: expr})
+		}
+	}
+	b, err := yaml.Marshal(map[string]any{"groups": []any{map[string]any{"name": "dashboard", "rules": rules}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "dashboard_rules.yml")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := promtool(t, "check", "rules", path)
+	if !strings.Contains(out, fmt.Sprintf("SUCCESS: %d rules found", len(rules))) {
+		t.Fatalf("promtool check rules of the dashboard's %d expressions:\n%s", len(rules), out)
 	}
 }
