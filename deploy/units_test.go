@@ -442,6 +442,12 @@ func TestKubernetesManifest(t *testing.T) {
 	}
 	values := relayArgs(t, where+" args", c.Args)
 	port := metricsPort(t, where, values)
+	// The CDC source serves /metrics and a /healthz that reports its health,
+	// and no /readyz (cmd/pgoutbox/cli/relay_cdc.go): these probes are the
+	// polling relay's.
+	if v, set := values["source"]; set && v != "poll" {
+		t.Errorf("%s: --source %s: the manifest is for the polling relay (its probes are package health's)", where, v)
+	}
 
 	if pod.TerminationGracePeriodSeconds == nil {
 		t.Errorf("no terminationGracePeriodSeconds")
@@ -494,6 +500,11 @@ func TestKubernetesManifest(t *testing.T) {
 		}
 		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
 			fromSecret[e.Name] = true
+		}
+	}
+	for _, e := range c.Env {
+		if e.Name == "PGOUTBOX_SOURCE" && e.Value != "poll" {
+			t.Errorf("%s: PGOUTBOX_SOURCE=%q: the manifest's probes are the polling relay's", where, e.Value)
 		}
 	}
 	for _, secret := range []string{"DATABASE_URL", "PGOUTBOX_BROKER"} {
