@@ -82,6 +82,9 @@ type Source struct {
 	pub  broker.Publisher
 	q    queries
 	log  *slog.Logger
+	// afterMark, set by a test only, runs between markAll's update and its
+	// look for events published meanwhile.
+	afterMark func()
 
 	mu         sync.Mutex
 	blocked    map[pgoutbox.Lane]*laneState
@@ -698,12 +701,15 @@ func (s *Source) recordFailures(failed []failure) bool {
 }
 
 // markAll marks events published. A commit reaches logical decoding a moment
-// before other sessions see it, so an event not found is looked for again
-// (briefly); one that exists but was not updated was published meanwhile.
+// before other sessions see it, so an event the mark did not update is looked
+// for again (briefly), unless it is found published meanwhile (by the table
+// path). "Not updated but present" is not enough: the producer's transaction
+// may become visible between the mark and the look, and an event taken for
+// published then would stay unmarked for ever.
 func (s *Source) markAll(ids []pgoutbox.UUID) bool {
 	left := ids
 	for try := 0; ; try++ {
-		var marked, existing []pgoutbox.UUID
+		var marked, published []pgoutbox.UUID
 		if !s.retryDB("mark events published", func(ctx context.Context) error {
 			rows, err := s.pool.Query(ctx, s.q.mark, left)
 			if err != nil {
@@ -715,16 +721,19 @@ func (s *Source) markAll(ids []pgoutbox.UUID) bool {
 			if len(marked) == len(left) {
 				return nil
 			}
-			rows, err = s.pool.Query(ctx, s.q.existing, minus(left, marked))
+			if s.afterMark != nil {
+				s.afterMark()
+			}
+			rows, err = s.pool.Query(ctx, s.q.alreadyPublished, minus(left, marked))
 			if err != nil {
 				return err
 			}
-			existing, err = pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
+			published, err = pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
 			return err
 		}) {
 			return false
 		}
-		left = minus(minus(left, marked), existing)
+		left = minus(minus(left, marked), published)
 		if len(left) == 0 {
 			return true
 		}

@@ -11,7 +11,7 @@ import (
 type queries struct {
 	table                                      string // schema-qualified, quoted
 	takeover, foreignLeases, pendingLanes      string
-	alreadyPublished, mark, existing, fail     string
+	alreadyPublished, mark, fail               string
 	laneRows, lease, unblockable, eventsBehind string
 	releaseAll                                 string
 }
@@ -26,7 +26,6 @@ func newQueries(schema string) queries {
 		pendingLanes:     f(pendingLanesSQL),
 		alreadyPublished: f(alreadyPublishedSQL),
 		mark:             f(markSQL),
-		existing:         f(existingSQL),
 		fail:             f(failSQL),
 		laneRows:         f(laneRowsSQL),
 		lease:            f(leaseSQL),
@@ -74,11 +73,6 @@ UPDATE %[1]s
    SET published_at = now(), attempt_count = attempt_count + 1, claim_until = NULL
  WHERE event_id = ANY($1::uuid[]) AND published_at IS NULL
 RETURNING event_id`
-
-// existingSQL tells which of the events a mark did not update exist at all (they
-// were published meanwhile). The others are not visible yet: a commit reaches
-// logical decoding a moment before other sessions can see it.
-const existingSQL = `SELECT event_id FROM %[1]s WHERE event_id = ANY($1::uuid[])`
 
 // failSQL records failed attempts, like the polling relay's fail, but the CDC
 // source keeps the event (claimed_by = $5, claim_until 'infinity'): a failed event
