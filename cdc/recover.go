@@ -28,8 +28,18 @@ type RecoverResult struct {
 	ConsistentPoint string // the new slot's start position
 	Lanes           int    // aggregates that had unpublished events
 	Published       int64  // events published from the table
-	Remaining       int64  // events still unpublished (quarantined, failing, or committed meanwhile)
+	Remaining       int64  // events still unpublished: Quarantined + Failing + the rest, committed meanwhile
+	// Quarantined are unpublished events quarantined (by this run or before).
+	Quarantined int64
+	// Failing are unpublished events with a failed attempt, not quarantined:
+	// backing off, for the CDC source to retry when it starts.
+	Failing int64
 }
+
+// Flowing is the number of remaining events that have never been tried:
+// committed while Recover ran, they come through the new slot's stream. They
+// are no sign of trouble.
+func (r RecoverResult) Flowing() int64 { return r.Remaining - r.Quarantined - r.Failing }
 
 // Recover recreates the replication slot after it was lost (dropped, or
 // invalidated by max_slot_wal_keep_size) and publishes from the table every event
@@ -77,7 +87,7 @@ func Recover(ctx context.Context, pool *pgxpool.Pool, pub broker.Publisher, cfg 
 		return res, fmt.Errorf("cdc: recover: %w", err)
 	}
 	res.Published = s.Stats().Published
-	if err := pool.QueryRow(ctx, s.q.eventsBehind).Scan(&res.Remaining); err != nil {
+	if err := pool.QueryRow(ctx, s.q.remaining).Scan(&res.Remaining, &res.Quarantined, &res.Failing); err != nil {
 		return res, fmt.Errorf("cdc: count unpublished events: %w", err)
 	}
 	return res, nil

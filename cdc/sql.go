@@ -13,7 +13,7 @@ type queries struct {
 	takeover, foreignLeases, pendingLanes      string
 	alreadyPublished, mark, fail               string
 	laneRows, lease, unblockable, eventsBehind string
-	releaseAll                                 string
+	releaseAll, remaining                      string
 }
 
 func newQueries(schema string) queries {
@@ -32,6 +32,7 @@ func newQueries(schema string) queries {
 		unblockable:      f(unblockableSQL),
 		eventsBehind:     f(eventsBehindSQL),
 		releaseAll:       f(releaseAllSQL),
+		remaining:        f(remainingSQL),
 	}
 }
 
@@ -136,6 +137,15 @@ SELECT l.aggregate_type, l.aggregate_id
 
 // eventsBehindSQL counts the events not yet published (the partial index only).
 const eventsBehindSQL = `SELECT count(*) FROM %[1]s WHERE published_at IS NULL`
+
+// remainingSQL counts the unpublished events, and among them the quarantined
+// and the failing ones (a failed attempt recorded); the others have never been
+// tried. Over the partial index of unpublished events only.
+const remainingSQL = `
+SELECT count(*),
+       count(*) FILTER (WHERE quarantined_at IS NOT NULL),
+       count(*) FILTER (WHERE quarantined_at IS NULL AND (attempt_count > 0 OR last_error IS NOT NULL))
+  FROM %[1]s WHERE published_at IS NULL`
 
 // releaseAllSQL hands the CDC source's unpublished events back to polling relays.
 const releaseAllSQL = `

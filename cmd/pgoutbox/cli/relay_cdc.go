@@ -239,8 +239,10 @@ max_slot_wal_keep_size): create the slot again, then publish from the outbox tab
 each aggregate in sequence order, every unpublished event the new slot will not send.
 Run it while no CDC relay runs on the schema; start the relay (--source cdc) after.
 Events that fail are recorded with backoff or quarantined as by the relay; they stay
-in the table and the relay publishes them when it starts. Exit status 1 when events
-remain unpublished.
+in the table and the relay publishes them when it starts. Producers may keep writing:
+what they commit after the new slot's snapshot comes through the slot when the relay
+starts. Exit status 1 when events failed (quarantined, or backing off after a failed
+attempt); events never tried do not count.
 
 ` + brokerHelp,
 		Example: `  pgoutbox cdc recover --schema app --broker nats://nats:4222`,
@@ -278,8 +280,12 @@ remain unpublished.
 			}
 			fmt.Fprintf(c.OutOrStdout(), "slot %s recreated at %s; published %d events of %d aggregates from the table\n",
 				res.Slot, res.ConsistentPoint, res.Published, res.Lanes)
-			if res.Remaining > 0 {
-				return fmt.Errorf("%d events remain unpublished (failing or quarantined; see pgoutbox dlq): the CDC relay retries them when it starts", res.Remaining)
+			if n := res.Flowing(); n > 0 {
+				fmt.Fprintf(c.OutOrStdout(), "%d events committed meanwhile come through the new slot when the CDC relay starts\n", n)
+			}
+			if failing := res.Quarantined + res.Failing; failing > 0 {
+				return fmt.Errorf("%d events failed (%d quarantined, see pgoutbox dlq; %d backing off, retried by the CDC relay when it starts)",
+					failing, res.Quarantined, res.Failing)
 			}
 			return nil
 		},
