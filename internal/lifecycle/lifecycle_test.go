@@ -19,7 +19,9 @@ type worker struct {
 }
 
 func newWorker() *worker {
-	w := &worker{busy: make(chan struct{}, 1), release: make(chan struct{})}
+	// busy is unbuffered: Busy's send returns only once the worker holds the
+	// work, so a Stop that follows cannot find it idle and stop gracefully.
+	w := &worker{busy: make(chan struct{}), release: make(chan struct{})}
 	w.lc.Name = "worker"
 	w.lc.Stopped = func(bool) { w.stopped.Add(1) }
 	return w
