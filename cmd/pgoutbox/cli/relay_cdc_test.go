@@ -178,9 +178,12 @@ func TestCDCRelaySIGKILLAfterAckThenRecover(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "aggregates from the table") {
 		t.Fatalf("cdc recover while producers write: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	// The producer's last commit may land after recover counted.
-	if n := e.count("published_at IS NULL"); n > 0 && !strings.Contains(out, "events committed meanwhile come through the new slot") {
-		t.Fatalf("%d events unpublished after recover, and its output does not say so: %q", n, out)
+	// Everything committed before recover started is published by it. What the
+	// live producer committed may be left for the slot: counted and reported by
+	// recover when committed before its count, or committed after it (between
+	// recover's count and the producer's stop), which no output can report.
+	if n := e.count("published_at IS NULL AND aggregate_id NOT LIKE 'live%'"); n > 0 {
+		t.Fatalf("%d events committed before recover ran are unpublished after it: %q", n, out)
 	}
 	p = e.startCDCRelay(nil)
 	wait.For(t, 60*time.Second, "the events committed during recover to be published", func() bool { return e.count("published_at IS NULL") == 0 })
