@@ -128,6 +128,17 @@ type Outcome struct {
 	// not above Position: an event missing earlier has arrived.
 	Late bool
 
+	// ByPosition is set for StatusDuplicate when this consumer never recorded
+	// the event's id: only its sequence, at or below Position, makes it a
+	// duplicate. Either an operator declared it done (SetPosition, after "pgoutbox
+	// dlq skip"), or retention deleted its processed_events row, or — after an
+	// asynchronous failover of the producers' database lost transactions the
+	// relay had already published — the sequence was allocated again to another
+	// event, whose effect is then not applied. It is logged at WARN and counted
+	// (Stats.ByPosition) so that the last case is never silent; see
+	// docs/operations.md, "PostgreSQL failover".
+	ByPosition bool
+
 	// RetryAfter is how long the broker should wait before redelivering, for
 	// ActionNak.
 	RetryAfter time.Duration
@@ -182,6 +193,7 @@ type Observer interface {
 type Stats struct {
 	Applied     int64 // deliveries applied (StatusApplied)
 	Duplicates  int64 // deliveries found already applied
+	ByPosition  int64 // of Duplicates, those whose id was never recorded (Outcome.ByPosition)
 	Gaps        int64 // gaps found: rejected deliveries, and applications over a gap under GapAccept
 	Late        int64 // events applied under GapAccept after a later sequence
 	Failed      int64 // deliveries rolled back for an error
@@ -189,7 +201,7 @@ type Stats struct {
 }
 
 type counters struct {
-	applied, duplicates, gaps, late, failed, undecodable atomic.Int64
+	applied, duplicates, byPosition, gaps, late, failed, undecodable atomic.Int64
 }
 
 // Consumer applies delivered events exactly once per consumer name: each in one
@@ -236,7 +248,7 @@ func (c *Consumer[TX]) Name() string { return c.cfg.Name }
 func (c *Consumer[TX]) Stats() Stats {
 	s := &c.stats
 	return Stats{
-		Applied: s.applied.Load(), Duplicates: s.duplicates.Load(), Gaps: s.gaps.Load(),
+		Applied: s.applied.Load(), Duplicates: s.duplicates.Load(), ByPosition: s.byPosition.Load(), Gaps: s.gaps.Load(),
 		Late: s.late.Load(), Failed: s.failed.Load(), Undecodable: s.undecodable.Load(),
 	}
 }
@@ -337,7 +349,13 @@ func (c *Consumer[TX]) transact(ctx context.Context, ev Event) (o Outcome) {
 		// Applied before: its processed_events row exists, or its sequence is not
 		// above the position (applied, or skipped by an operator; this also covers
 		// events whose processed_events row retention already deleted).
-		o.Status = StatusDuplicate
+		if !known && seq <= last {
+			// Applied meanwhile by a transaction claim waited for? Ask again.
+			if err := tx.queryRow(ctx, c.q.known, []any{c.cfg.Name, ev.EventID.String()}, &known); err != nil {
+				return fail("inbox: event %s: look up processed_events: %w", ev.EventID, err)
+			}
+		}
+		o.Status, o.ByPosition = StatusDuplicate, !known
 		if seq > last {
 			// The row exists but the position lags: it was set back by hand. Catch up,
 			// or the aggregate would wait for this event forever.
@@ -418,6 +436,12 @@ func (c *Consumer[TX]) record(o *Outcome) {
 		}
 	case StatusDuplicate:
 		s.duplicates.Add(1)
+		if o.ByPosition {
+			s.byPosition.Add(1)
+			c.log.Warn("not applied: this event's id was never applied, but its sequence is at or below the position "+
+				"(declared done by an operator, its record deleted by retention, or its sequence allocated again after "+
+				"an asynchronous failover of the producers' database)", attrs()...)
+		}
 	case StatusGapRejected:
 		s.gaps.Add(1)
 		c.log.Debug("rejected for a sequence gap; redelivery requested",

@@ -233,6 +233,11 @@ func testRace[TX any](t *testing.T, f *fixture, db inbox.Driver[TX], exec func(c
 			if oa.Status != inbox.StatusApplied || ob.Status != inbox.StatusDuplicate || ob.Err != nil {
 				t.Fatalf("first commits: outcomes %s (%v) and %s (%v), want applied and duplicate", oa.Status, oa.Err, ob.Status, ob.Err)
 			}
+			// The second read its processed_events row only after waiting for the
+			// first: it knows the event by its id, not merely by its position.
+			if ob.ByPosition {
+				t.Fatal("first commits: the duplicate is reported ByPosition, as if its id had never been applied")
+			}
 		} else {
 			if oa.Status != inbox.StatusFailed || ob.Status != inbox.StatusApplied {
 				t.Fatalf("first rolls back: outcomes %s (%v) and %s (%v), want failed and applied", oa.Status, oa.Err, ob.Status, ob.Err)
@@ -240,6 +245,50 @@ func testRace[TX any](t *testing.T, f *fixture, db inbox.Driver[TX], exec func(c
 		}
 		if n := f.count(t, "effects", "event_id = $1", m.EventID.String()); n != 1 {
 			t.Fatalf("%d effects of the raced event, want 1", n)
+		}
+	}
+}
+
+// An event whose sequence was allocated again to a different event (as after an
+// asynchronous failover of the producers' database, which forgot an event the
+// relay had published): under GapReject it is not applied, and it is reported
+// (Outcome.ByPosition, Stats.ByPosition), never taken silently for a redelivery;
+// under GapAccept it is applied as a late event. A redelivery of the event that
+// was applied stays a plain duplicate.
+func TestSequenceAllocatedAgain(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 4)
+	for _, policy := range []inbox.GapPolicy{inbox.GapReject, inbox.GapAccept} {
+		name := "reject"
+		if policy == inbox.GapAccept {
+			name = "accept"
+		}
+		c := f.consumer(t, inbox.Config{Name: name, GapPolicy: policy})
+		applied := lane(name, 3)
+		for _, m := range applied {
+			process(t, c, m, inbox.StatusApplied)
+		}
+		again := event(name, 3) // same aggregate and sequence, another event id
+		if policy == inbox.GapReject {
+			o := process(t, c, again, inbox.StatusDuplicate)
+			if !o.ByPosition || o.Action() != inbox.ActionAck || o.Position != 3 {
+				t.Fatalf("%s: sequence allocated again: ByPosition %v, action %s, position %d; want reported, ack, 3", name, o.ByPosition, o.Action(), o.Position)
+			}
+			if s := c.Stats(); s.Duplicates != 1 || s.ByPosition != 1 {
+				t.Fatalf("%s: stats %+v, want 1 duplicate by position", name, s)
+			}
+			if n := f.count(t, "effects", "event_id = $1", again.EventID.String()); n != 0 {
+				t.Fatalf("%s: the event was applied (%d effects)", name, n)
+			}
+		} else {
+			o := process(t, c, again, inbox.StatusApplied)
+			if !o.Late || o.ByPosition {
+				t.Fatalf("%s: sequence allocated again: Late %v, ByPosition %v; want applied late", name, o.Late, o.ByPosition)
+			}
+		}
+		o := process(t, c, applied[2], inbox.StatusDuplicate)
+		if o.ByPosition {
+			t.Fatalf("%s: a redelivery of an applied event is reported ByPosition", name)
 		}
 	}
 }

@@ -43,7 +43,10 @@
 //
 // A duplicate is an event whose processed_events row exists, or, under GapReject,
 // whose sequence is not above the consumer's position for its aggregate (applied, or
-// declared done by [Consumer.SetPosition]). Failed covers handler errors and panics,
+// declared done by [Consumer.SetPosition]); one found by its sequence alone, its id
+// never applied, is reported (Outcome.ByPosition, a WARN line): after an
+// asynchronous failover of the producers' database a sequence may be allocated
+// again to another event. Failed covers handler errors and panics,
 // upcaster errors and database errors; serialization failures and deadlocks are
 // first retried in-process (Config.TxRetries). The delay before a failed delivery
 // comes back doubles with each attempt (Config.RetryDelay); an event rejected for a

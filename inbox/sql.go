@@ -9,8 +9,8 @@ import (
 // queries are the inbox's statements for one schema. Parameters carry explicit casts
 // so that database/sql drivers, which send untyped text, plan them the same way.
 type queries struct {
-	claim, advance, position, setPosition string
-	cutoff, cleanupAll, cleanupOne        string
+	claim, known, advance, position, setPosition string
+	cutoff, cleanupAll, cleanupOne               string
 }
 
 func newQueries(schema string) queries {
@@ -57,6 +57,12 @@ func newQueries(schema string) queries {
 )
 SELECT (SELECT last_sequence FROM pos), EXISTS (SELECT 1 FROM seen),
     EXISTS (SELECT 1 FROM %[2]s WHERE consumer_name = $1::text AND event_id = $4::uuid)`, positions, processed),
+
+		// known tells, in a statement of its own (a new snapshot), whether the
+		// event has its processed_events row: claim's last column reads the
+		// snapshot from before claim waited for another transaction of the
+		// aggregate, which may have applied this very event meanwhile.
+		known: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE consumer_name = $1::text AND event_id = $2::uuid)`, processed),
 
 		// advance moves the position after the effect, in the same transaction.
 		// GREATEST: a late event (GapAccept) never moves it back.

@@ -5,6 +5,7 @@
 //
 //	pgoutbox_inbox_processed_total{consumer}          events applied
 //	pgoutbox_inbox_duplicates_total{consumer}         deliveries found already applied
+//	pgoutbox_inbox_duplicates_by_position_total{consumer}  of those, events whose id was never applied (inbox.Outcome.ByPosition)
 //	pgoutbox_inbox_gaps_total{consumer}               sequence gaps found (rejected deliveries, or applications over a gap under GapAccept)
 //	pgoutbox_inbox_handler_failures_total{consumer}   deliveries rolled back (handler, upcaster or database error)
 //	pgoutbox_inbox_undecodable_total{consumer}        deliveries that are not outbox events
@@ -24,8 +25,8 @@ import (
 
 // Metrics holds the collectors. It implements inbox.Observer.
 type Metrics struct {
-	processed, duplicates, gaps, failures, undecodable *prometheus.CounterVec
-	latency                                            *prometheus.HistogramVec
+	processed, duplicates, byPosition, gaps, failures, undecodable *prometheus.CounterVec
+	latency                                                        *prometheus.HistogramVec
 }
 
 // New creates the collectors and registers them on reg, which is required: pass
@@ -49,6 +50,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}{
 		{&m.processed, "processed_total", "Events applied by the consumer (handler ran and committed)."},
 		{&m.duplicates, "duplicates_total", "Deliveries of events the consumer had already applied; acknowledged without effect."},
+		{&m.byPosition, "duplicates_by_position_total", "Of the duplicates, events whose id the consumer never applied: only the sequence, at or below the position, made them duplicates " +
+			"(skipped by an operator, record deleted by retention, or sequence allocated again after an asynchronous failover); not applied."},
 		{&m.gaps, "gaps_total", "Sequence gaps found: deliveries rejected for a gap (GapReject), or applied over one (GapAccept)."},
 		{&m.failures, "handler_failures_total", "Deliveries rolled back for an error (handler, upcaster or database) and redelivered."},
 		{&m.undecodable, "undecodable_total", "Deliveries that are not outbox events, terminated."},
@@ -78,6 +81,9 @@ func (m *Metrics) Observe(o inbox.Outcome) {
 		}
 	case inbox.StatusDuplicate:
 		m.duplicates.WithLabelValues(o.Consumer).Inc()
+		if o.ByPosition {
+			m.byPosition.WithLabelValues(o.Consumer).Inc()
+		}
 	case inbox.StatusGapRejected:
 		m.gaps.WithLabelValues(o.Consumer).Inc()
 	case inbox.StatusFailed:

@@ -56,6 +56,7 @@ func TestMetricsCountOutcomesPerConsumer(t *testing.T) {
 	mail.Process(ctx, msg(2))
 	pgtest.Must(t, mail.SetPosition(ctx, "order", "1", 8), "SetPosition")
 	mail.Process(ctx, msg(9)) // fails
+	mail.Process(ctx, msg(2)) // sequence 2 again, another event id: a duplicate by position only
 
 	for _, c := range []struct {
 		name, consumer string
@@ -67,6 +68,8 @@ func TestMetricsCountOutcomesPerConsumer(t *testing.T) {
 		{"pgoutbox_inbox_undecodable_total", "billing", 1},
 		{"pgoutbox_inbox_processed_total", "mail", 2},
 		{"pgoutbox_inbox_handler_failures_total", "mail", 1},
+		{"pgoutbox_inbox_duplicates_total", "mail", 1},
+		{"pgoutbox_inbox_duplicates_by_position_total", "mail", 1},
 	} {
 		if got := value(t, reg, c.name, c.consumer); got != c.want {
 			t.Errorf("%s{consumer=%q} = %v, want %v", c.name, c.consumer, got, c.want)
