@@ -64,3 +64,38 @@ func (c *Cluster) CutReplication(ctx context.Context) error {
 		}
 	}
 }
+
+// WaitStandbysReplayed waits until every standby streaming from the primary c
+// has replayed the WAL c had inserted when it was called (commits made with
+// synchronous_commit off included).
+func (c *Cluster) WaitStandbysReplayed(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, replicationCutTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		return fmt.Errorf("pgtest: wait for standbys: %w", err)
+	}
+	defer conn.Close(context.Background())
+	var target string
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&target); err != nil {
+		return fmt.Errorf("pgtest: wait for standbys: %w", err)
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var standbys, behind int
+		err := conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE replay_lsn IS NULL OR replay_lsn < $1::pg_lsn)
+			FROM pg_stat_replication`, target).Scan(&standbys, &behind)
+		if err != nil {
+			return fmt.Errorf("pgtest: wait for standbys: %w", err)
+		}
+		if standbys > 0 && behind == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgtest: wait for standbys: %d of %d behind %s: %w", behind, standbys, target, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
