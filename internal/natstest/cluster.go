@@ -2,9 +2,11 @@ package natstest
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,44 +16,41 @@ import (
 )
 
 // A Cluster is a JetStream cluster of in-process NATS servers of a test's own,
-// each with its store in a temporary directory, routes between them on
-// 127.0.0.1. Servers are shut down when the test ends.
+// each with its store in a temporary directory. Every route between two
+// servers goes through a link of the test's own (a TCP relay on 127.0.0.1),
+// so that Kill can cut a server off its peers before stopping it: a crash, as
+// the peers see it. Servers and links are shut down when the test ends.
 type Cluster struct {
 	Name    string
 	servers []*server.Server
 	opts    []*server.Options
+	links   [][]*link // links[i][j]: server i's route to server j
 }
 
-// clusterReady bounds a cluster's start: every server ready for connections
-// and JetStream's meta leader elected.
-const clusterReady = 60 * time.Second
+// Timeouts of a cluster's servers.
+const (
+	// clusterReady bounds a server's start and the election of JetStream's
+	// meta leader.
+	clusterReady = 60 * time.Second
+	// linkDial bounds a link's connection to the server it relays to.
+	linkDial = 2 * time.Second
+)
 
 // StartCluster starts n servers forming one JetStream cluster.
 func StartCluster(tb testing.TB, n int) *Cluster {
 	tb.Helper()
-	c := &Cluster{Name: "pgoutbox-test"}
+	c := &Cluster{Name: "pgoutbox-test", links: make([][]*link, n)}
 	ports, clientPorts := make([]int, n), make([]int, n)
 	for i := range ports {
 		ports[i], clientPorts[i] = freePort(tb), freePort(tb)
 	}
-	var routes []*url.URL
-	for _, p := range ports {
-		routes = append(routes, &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", p)})
-	}
 	for i := range n {
-		o := &server.Options{
-			ServerName: fmt.Sprintf("n%d", i),
-			Host:       "127.0.0.1",
-			Port:       clientPorts[i], // fixed: a restarted node is found where it was
-			JetStream:  true,
-			StoreDir:   tb.TempDir(),
-			NoSigs:     true,
-			NoLog:      true,
-			Cluster:    server.ClusterOpts{Name: c.Name, Host: "127.0.0.1", Port: ports[i]},
-			Routes:     routes,
+		c.links[i] = make([]*link, n)
+		for j := range n {
+			if i != j {
+				c.links[i][j] = newLink(tb, fmt.Sprintf("127.0.0.1:%d", ports[j]))
+			}
 		}
-		c.opts = append(c.opts, o)
-		c.servers = append(c.servers, c.start(tb, o))
 	}
 	tb.Cleanup(func() {
 		for _, s := range c.servers {
@@ -60,7 +59,39 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 				s.WaitForShutdown()
 			}
 		}
+		for _, row := range c.links {
+			for _, l := range row {
+				if l != nil {
+					l.close()
+				}
+			}
+		}
 	})
+	for i := range n {
+		var routes []*url.URL
+		for j := range n {
+			if i != j {
+				routes = append(routes, &url.URL{Scheme: "nats", Host: c.links[i][j].addr()})
+			}
+		}
+		o := &server.Options{
+			ServerName: fmt.Sprintf("n%d", i),
+			Host:       "127.0.0.1",
+			Port:       clientPorts[i], // fixed: a restarted server is found where it was
+			JetStream:  true,
+			StoreDir:   tb.TempDir(),
+			NoSigs:     true,
+			NoLog:      true,
+			Cluster: server.ClusterOpts{Name: c.Name, Host: "127.0.0.1", Port: ports[i],
+				// Peers learn of each other only through the configured links:
+				// the advertised route address refuses connections, so no peer
+				// opens a route around a link that Kill cuts.
+				Advertise: "127.0.0.1:1"},
+			Routes: routes,
+		}
+		c.opts = append(c.opts, o)
+		c.servers = append(c.servers, c.start(tb, o))
+	}
 	c.waitMetaLeader(tb)
 	return c
 }
@@ -92,13 +123,12 @@ func (c *Cluster) start(tb testing.TB, o *server.Options) *server.Server {
 	return s
 }
 
-// URL is every running server's client URL, comma-separated, as nats.go takes it.
+// URL is every server's client URL, comma-separated, as nats.go takes it.
+// The ports stay the same across Kill and Restart.
 func (c *Cluster) URL() string {
 	var urls []string
-	for _, s := range c.servers {
-		if s != nil {
-			urls = append(urls, s.ClientURL())
-		}
+	for _, o := range c.opts {
+		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", o.Port))
 	}
 	return strings.Join(urls, ",")
 }
@@ -125,7 +155,8 @@ func (c *Cluster) Follower(stream string) int {
 	return -1
 }
 
-// Restart starts again every server Kill shut down, on its ports and store.
+// Restart starts again every server Kill or Stop shut down, on its ports and
+// store, and waits for a meta leader.
 func (c *Cluster) Restart(tb testing.TB) {
 	tb.Helper()
 	for i, s := range c.servers {
@@ -136,8 +167,34 @@ func (c *Cluster) Restart(tb testing.TB) {
 	c.waitMetaLeader(tb)
 }
 
-// Kill shuts server i down, as a node loss.
+// Kill takes server i down as a crash or a power loss does: its routes to the
+// peers are cut first, so it cannot hand its leaderships over (a server that
+// shuts down steps down as raft leader first), and the peers find it gone only
+// when its heartbeats stop; then the server stops and its clients lose their
+// connections.
 func (c *Cluster) Kill(i int) {
+	for j := range c.links {
+		if l := c.links[i][j]; l != nil {
+			l.cut(true)
+		}
+		if l := c.links[j][i]; l != nil {
+			l.cut(true)
+		}
+	}
+	c.Stop(i)
+	for j := range c.links {
+		if l := c.links[i][j]; l != nil {
+			l.cut(false)
+		}
+		if l := c.links[j][i]; l != nil {
+			l.cut(false)
+		}
+	}
+}
+
+// Stop shuts server i down as SIGTERM does: it steps down from the raft
+// groups it leads, handing them to a peer, then closes its connections.
+func (c *Cluster) Stop(i int) {
 	c.servers[i].Shutdown()
 	c.servers[i].WaitForShutdown()
 	c.servers[i] = nil
@@ -151,4 +208,100 @@ func freePort(tb testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// A link relays TCP connections from its own port to target, and can be cut:
+// its connections are closed and new ones refused until it is healed.
+type link struct {
+	ln     net.Listener
+	target string
+
+	mu     sync.Mutex
+	isCut  bool
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+func newLink(tb testing.TB, target string) *link {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("natstest: link to %s: %v", target, err)
+	}
+	l := &link{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	l.wg.Add(1)
+	go l.accept()
+	return l
+}
+
+func (l *link) addr() string { return l.ln.Addr().String() }
+
+func (l *link) accept() {
+	defer l.wg.Done()
+	for {
+		in, err := l.ln.Accept()
+		if err != nil {
+			return
+		}
+		out, err := net.DialTimeout("tcp", l.target, linkDial)
+		if err != nil {
+			in.Close()
+			continue
+		}
+		if !l.track(in, out) {
+			in.Close()
+			out.Close()
+			continue
+		}
+		l.wg.Add(2)
+		go l.pipe(in, out)
+		go l.pipe(out, in)
+	}
+}
+
+// track records a relayed pair, unless the link is cut or closed.
+func (l *link) track(a, b net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.isCut || l.closed {
+		return false
+	}
+	l.conns[a], l.conns[b] = struct{}{}, struct{}{}
+	return true
+}
+
+func (l *link) pipe(dst, src net.Conn) {
+	defer l.wg.Done()
+	_, _ = io.Copy(dst, src) // ends with a close or a reset: the pair goes either way
+	dst.Close()
+	src.Close()
+	l.mu.Lock()
+	delete(l.conns, dst)
+	delete(l.conns, src)
+	l.mu.Unlock()
+}
+
+// cut closes every relayed connection and refuses new ones (on), or lets new
+// ones through again (off).
+func (l *link) cut(on bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.isCut = on
+	if on {
+		for c := range l.conns {
+			c.Close()
+		}
+	}
+}
+
+func (l *link) close() {
+	l.mu.Lock()
+	l.closed = true
+	for c := range l.conns {
+		c.Close()
+	}
+	l.mu.Unlock()
+	l.ln.Close()
+	l.wg.Wait()
 }
