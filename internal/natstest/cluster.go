@@ -40,15 +40,13 @@ const (
 func StartCluster(tb testing.TB, n int) *Cluster {
 	tb.Helper()
 	c := &Cluster{Name: "pgoutbox-test", links: make([][]*link, n)}
-	ports, clientPorts := make([]int, n), make([]int, n)
-	for i := range ports {
-		ports[i], clientPorts[i] = freePort(tb), freePort(tb)
-	}
+	stores := make([]string, n)
 	for i := range n {
+		stores[i] = tb.TempDir() // before the servers' cleanup, so removed after it
 		c.links[i] = make([]*link, n)
 		for j := range n {
 			if i != j {
-				c.links[i][j] = newLink(tb, fmt.Sprintf("127.0.0.1:%d", ports[j]))
+				c.links[i][j] = newLink(tb)
 			}
 		}
 	}
@@ -77,32 +75,47 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 		o := &server.Options{
 			ServerName: fmt.Sprintf("n%d", i),
 			Host:       "127.0.0.1",
-			Port:       clientPorts[i], // fixed: a restarted server is found where it was
+			Port:       server.RANDOM_PORT, // then fixed: a restarted server is found where it was
 			JetStream:  true,
-			StoreDir:   tb.TempDir(),
+			StoreDir:   stores[i],
 			NoSigs:     true,
 			NoLog:      true,
-			Cluster: server.ClusterOpts{Name: c.Name, Host: "127.0.0.1", Port: ports[i],
+			Cluster: server.ClusterOpts{Name: c.Name, Host: "127.0.0.1", Port: server.RANDOM_PORT,
 				// Peers learn of each other only through the configured links:
 				// the advertised route address refuses connections, so no peer
 				// opens a route around a link that Kill cuts.
 				Advertise: "127.0.0.1:1"},
 			Routes: routes,
 		}
+		srv := c.start(tb, o)
+		o.Port, o.Cluster.Port = srv.Addr().(*net.TCPAddr).Port, srv.ClusterAddr().Port
+		for j := range n {
+			if l := c.links[j][i]; l != nil {
+				l.setTarget(srv.ClusterAddr().String())
+			}
+		}
 		c.opts = append(c.opts, o)
-		c.servers = append(c.servers, c.start(tb, o))
+		c.servers = append(c.servers, srv)
 	}
 	c.waitMetaLeader(tb)
 	return c
 }
 
 // waitMetaLeader waits until a server leads JetStream's meta group, which
-// answers the JetStream API.
+// answers the JetStream API, and knows every running server as an online
+// JetStream peer: until then a stream with a replica per server cannot be
+// placed ("no suitable peers for placement").
 func (c *Cluster) waitMetaLeader(tb testing.TB) {
 	tb.Helper()
-	wait.For(tb, clusterReady, "a JetStream meta leader", func() bool {
+	running := 0
+	for _, s := range c.servers {
+		if s != nil {
+			running++
+		}
+	}
+	wait.For(tb, clusterReady, fmt.Sprintf("a JetStream meta leader with %d peers online", running), func() bool {
 		for _, s := range c.servers {
-			if s != nil && s.JetStreamIsLeader() {
+			if s != nil && s.JetStreamIsLeader() && len(s.JetStreamClusterPeers()) == running {
 				return true
 			}
 		}
@@ -155,6 +168,18 @@ func (c *Cluster) Follower(stream string) int {
 	return -1
 }
 
+// StreamCurrent reports whether every running server's replica of stream is
+// current with its leader: after a Restart, a loss that leaves a quorum needs
+// the restarted replica caught up first.
+func (c *Cluster) StreamCurrent(stream string) bool {
+	for _, s := range c.servers {
+		if s != nil && !s.JetStreamIsStreamCurrent(server.DEFAULT_GLOBAL_ACCOUNT, stream) {
+			return false
+		}
+	}
+	return c.StreamLeader(stream) >= 0
+}
+
 // Restart starts again every server Kill or Stop shut down, on its ports and
 // store, and waits for a meta leader.
 func (c *Cluster) Restart(tb testing.TB) {
@@ -200,42 +225,39 @@ func (c *Cluster) Stop(i int) {
 	c.servers[i] = nil
 }
 
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("natstest: free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // A link relays TCP connections from its own port to target, and can be cut:
 // its connections are closed and new ones refused until it is healed.
 type link struct {
-	ln     net.Listener
-	target string
+	ln net.Listener
 
 	mu     sync.Mutex
+	target string // "" until the server it relays to has started
 	isCut  bool
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
 }
 
-func newLink(tb testing.TB, target string) *link {
+// newLink returns a link that refuses connections until setTarget.
+func newLink(tb testing.TB) *link {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		tb.Fatalf("natstest: link to %s: %v", target, err)
+		tb.Fatalf("natstest: link: %v", err)
 	}
-	l := &link{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	l := &link{ln: ln, conns: map[net.Conn]struct{}{}}
 	l.wg.Add(1)
 	go l.accept()
 	return l
 }
 
 func (l *link) addr() string { return l.ln.Addr().String() }
+
+func (l *link) setTarget(target string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.target = target
+}
 
 func (l *link) accept() {
 	defer l.wg.Done()
@@ -244,7 +266,14 @@ func (l *link) accept() {
 		if err != nil {
 			return
 		}
-		out, err := net.DialTimeout("tcp", l.target, linkDial)
+		l.mu.Lock()
+		target := l.target
+		l.mu.Unlock()
+		if target == "" {
+			in.Close()
+			continue
+		}
+		out, err := net.DialTimeout("tcp", target, linkDial)
 		if err != nil {
 			in.Close()
 			continue
