@@ -89,6 +89,9 @@ func TestNATSClusterLosesNodesDuringDrain(t *testing.T) {
 			cluster.StreamLeader(target.Stream), r.Healthy(), r.Stats())
 	}
 	wait.For(t, clusterElected, "the relay to report the broker reachable", func() bool { return r.Healthy() == nil })
+	// Read once every replica is current: a fetch while the restarted nodes
+	// catch up may find no responder.
+	wait.For(t, clusterPhase, "every replica current", func() bool { return cluster.StreamCurrent(target.Stream) })
 	got := target.Read(t)
 	dups := brokertest.CheckStream(t, got, ids)
 	t.Logf("%d events (%d waiting for quorum), %d messages on the stream, %d duplicates; relay %+v",

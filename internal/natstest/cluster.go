@@ -88,6 +88,8 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 			Routes: routes,
 		}
 		srv := c.start(tb, o)
+		// The server owns o now: a restart gets a copy with its ports.
+		o = o.Clone()
 		o.Port, o.Cluster.Port = srv.Addr().(*net.TCPAddr).Port, srv.ClusterAddr().Port
 		for j := range n {
 			if l := c.links[j][i]; l != nil {
