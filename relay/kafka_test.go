@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -39,18 +40,39 @@ func TestRelaysToKafka(t *testing.T) {
 	}
 	wait.For(t, time.Minute, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
 
-	// Read every record back, partition by partition in offset order.
-	cons, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("outbox.acct"),
+	got, partitionOf := readKafka(t, cluster.ListenAddrs(), "outbox.acct")
+	dups := brokertest.CheckStream(t, got, ids)
+	t.Logf("%d events in %d records over %d aggregates, %d duplicates", len(ids), len(got), len(partitionOf), dups)
+}
+
+// readKafka reads every record of topic back from the cluster at addrs (as
+// many as the partitions' end offsets say), partition by partition in offset
+// order, decoded from the wire headers. It
+// checks that each record's key is its aggregate id and that an aggregate's
+// records are all in one partition, which it returns per aggregate id.
+func readKafka(t *testing.T, addrs []string, topic string) ([]broker.Message, map[string]int32) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admCl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	pgtest.Must(t, err, "admin client")
+	defer admCl.Close()
+	ends, err := kadm.NewClient(admCl).ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	pgtest.Must(t, err, "list end offsets")
+	n := 0
+	ends.Each(func(o kadm.ListedOffset) { n += int(o.Offset) })
+	cons, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	pgtest.Must(t, err, "consumer")
 	defer cons.Close()
 	var records []*kgo.Record
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for len(records) < len(ids) {
+	for len(records) < n {
 		fetches := cons.PollFetches(ctx)
 		if ctx.Err() != nil {
-			t.Fatalf("read %d of %d records: %v", len(records), len(ids), ctx.Err())
+			t.Fatalf("read %d of %d records: %v", len(records), n, ctx.Err())
 		}
 		fetches.EachRecord(func(r *kgo.Record) { records = append(records, r) })
 	}
@@ -82,6 +104,5 @@ func TestRelaysToKafka(t *testing.T) {
 		partitionOf[m.AggregateID] = r.Partition
 		got = append(got, m)
 	}
-	dups := brokertest.CheckStream(t, got, ids)
-	t.Logf("%d events in %d records over %d aggregates, %d duplicates", len(ids), len(records), len(partitionOf), dups)
+	return got, partitionOf
 }

@@ -28,6 +28,22 @@ const rabbitURL = "amqp://guest:guest@127.0.0.1:5672/"
 // aggregate's first appearances in the queue are in order.
 func TestRabbitMQConnectionKilledMidRun(t *testing.T) {
 	t.Parallel()
+	rabbitConnectionKilledMidRun(t, nil)
+}
+
+// The same into a quorum queue (x-queue-type=quorum), RabbitMQ's replicated
+// queue: with publisher confirms, the server confirms a message only once a
+// quorum of the queue's replicas holds it. The test server is a single node, so
+// this proves the relay's part (confirms, retry after the connection is lost,
+// order of first appearances), not a replica's loss.
+func TestRabbitMQQuorumQueueConnectionKilledMidRun(t *testing.T) {
+	t.Parallel()
+	rabbitConnectionKilledMidRun(t, amqp.Table{"x-queue-type": "quorum"})
+}
+
+// rabbitConnectionKilledMidRun has the server close the relay's connection
+// mid-run, with the events routed to a queue declared with queueArgs.
+func rabbitConnectionKilledMidRun(t *testing.T, queueArgs amqp.Table) {
 	ctl, err := exec.LookPath("rabbitmqctl")
 	if err != nil {
 		t.Skip("rabbitmqctl not found")
@@ -40,7 +56,7 @@ func TestRabbitMQConnectionKilledMidRun(t *testing.T) {
 	ch, err := conn.Channel()
 	pgtest.Must(t, err, "channel")
 	pgtest.Must(t, ch.ExchangeDeclare(name, "topic", true, false, false, false, nil), "declare exchange")
-	_, err = ch.QueueDeclare(name, true, false, false, false, nil)
+	_, err = ch.QueueDeclare(name, true, false, false, false, queueArgs)
 	pgtest.Must(t, err, "declare queue")
 	pgtest.Must(t, ch.QueueBind(name, "#", name, false, nil), "bind")
 	t.Cleanup(func() {

@@ -615,15 +615,43 @@ func classify(err error) error {
 	}
 	// Any other answer of the JetStream API: 4xx is about the request itself
 	// (the message, or a stream config the server will not accept), 5xx about the
-	// server's state.
+	// server's state, and so are the 4xx answers that say "not now".
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
+		if isTransientAPIError(apiErr) {
+			return broker.Unavailable(err)
+		}
 		if apiErr.Code >= 400 && apiErr.Code < 500 {
 			return broker.Permanent(err)
 		}
 		return broker.Unavailable(err)
 	}
 	return err
+}
+
+// JetStream API error codes that come with a 4xx status but describe the
+// server's state, not the message (the server's errors.json).
+const (
+	// errCodeDuplicateInProcess (409, "duplicate message id is in process"): a
+	// replicated stream is still proposing an earlier publish with the same
+	// Nats-Msg-Id, typically the relay's own publish whose ack was lost when
+	// the stream's leader changed. Once the proposal is applied, or dropped
+	// with a leader change, the retry gets the duplicate's ack or is stored.
+	errCodeDuplicateInProcess jetstream.ErrorCode = 10158
+	// errCodeTooManyRequests (429): the stream sheds load.
+	errCodeTooManyRequests jetstream.ErrorCode = 10167
+)
+
+// isTransientAPIError reports whether a JetStream API error with a 4xx
+// status says "not now" rather than "never": retried as unavailable, it must
+// never quarantine an event.
+func isTransientAPIError(e *jetstream.APIError) bool {
+	switch {
+	case e.ErrorCode == errCodeDuplicateInProcess, e.ErrorCode == errCodeTooManyRequests:
+		return true
+	default:
+		return e.Code == 408 || e.Code == 429
+	}
 }
 
 // Ping reports whether the publisher can publish: the server is reachable and the

@@ -22,6 +22,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -197,6 +198,61 @@ func TestDuplicateWithinWindowStoredOnce(t *testing.T) {
 	state := streamInfo(t, js, cfg.Stream).State
 	if state.Msgs != 1 || state.LastSeq != 1 {
 		t.Errorf("stream holds %d messages, last sequence %d; want 1 and 1", state.Msgs, state.LastSeq)
+	}
+}
+
+// dedupWindowShort is the duplicate window of the stream in
+// TestDuplicateAfterWindowStoredTwice: an outage that outlasts it.
+const dedupWindowShort = 500 * time.Millisecond
+
+// A re-publish after the stream's duplicate window (Duplicates) has passed is
+// stored again: an outage or a crash that kept an acknowledged-but-unmarked event
+// in the outbox longer than the window puts it on the stream twice, with the
+// same event id, for the consumers' inbox to absorb. Within the window it is
+// dropped.
+func TestDuplicateAfterWindowStoredTwice(t *testing.T) {
+	t.Parallel()
+	js := sharedJetStream(t)
+	cfg := isolated(t, js)
+	_, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: cfg.Stream, Subjects: cfg.StreamSubjects,
+		Duplicates: dedupWindowShort})
+	if err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	p := newPublisher(t, js, cfg)
+
+	m := message("order", 1)
+	start := time.Now()
+	for i := range 2 {
+		if err := publish(t, p, m)[0]; err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	if n := streamInfo(t, js, cfg.Stream).State.Msgs; n != 1 && time.Since(start) < dedupWindowShort {
+		t.Fatalf("within the window the stream holds %d messages, want 1", n)
+	}
+	// Re-publish until the window has passed for the stored message.
+	wait.For(t, 20*dedupWindowShort, "a re-publish after the window to be stored", func() bool {
+		if err := publish(t, p, m)[0]; err != nil {
+			t.Fatalf("re-publish: %v", err)
+		}
+		return streamInfo(t, js, cfg.Stream).State.Msgs == 2
+	})
+	if elapsed := time.Since(start); elapsed < dedupWindowShort {
+		t.Fatalf("stored again after %s, within the %s window", elapsed, dedupWindowShort)
+	}
+	s, err := js.Stream(t.Context(), cfg.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(1); seq <= 2; seq++ {
+		got, err := s.GetMsg(t.Context(), seq)
+		if err != nil {
+			t.Fatalf("get message %d: %v", seq, err)
+		}
+		if id := got.Header.Get(broker.HeaderEventID); id != m.EventID.String() {
+			t.Errorf("message %d: %s = %q, want %s", seq, broker.HeaderEventID, id, m.EventID)
+		}
 	}
 }
 

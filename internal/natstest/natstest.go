@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // URL returns the shared test server's URL.
@@ -103,6 +104,12 @@ func (t Target) Read(tb testing.TB) []broker.Message {
 	out := make([]broker.Message, 0, total)
 	for len(out) < total {
 		batch, err := c.Fetch(min(total-len(out), 1000), jetstream.FetchMaxWait(5*time.Second))
+		if errors.Is(err, natsgo.ErrNoResponders) && ctx.Err() == nil {
+			// A clustered stream's new consumer is not placed yet: ask again
+			// (paced as internal/wait polls, until ctx ends).
+			time.Sleep(wait.Interval)
+			continue
+		}
 		if err != nil {
 			tb.Fatalf("natstest: fetch: %v", err)
 		}
