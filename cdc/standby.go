@@ -164,28 +164,34 @@ func (s *Source) releasableLocked(t *txn) bool {
 	return t.released || sb.off || (sb.known && t.end <= sb.pos)
 }
 
+// The transactions that may be published are a prefix of the queue (released
+// is set in commit order, and so is end <= pos): the held ones are its tail,
+// and the counts below walk back from the end.
+
 // holdingLocked reports whether a transaction is held (s.mu held).
 func (s *Source) holdingLocked() bool {
-	for _, t := range s.queue {
-		if len(t.events) > t.next && !s.releasableLocked(t) {
-			return true
+	for i := len(s.queue) - 1; i >= 0; i-- {
+		if t := s.queue[i]; len(t.events) > 0 {
+			return !s.releasableLocked(t)
 		}
 	}
 	return false
 }
 
-// heldLocked counts the transactions held for the standbys and the age of the
-// oldest (s.mu held).
+// heldLocked counts the transactions held for the standbys, their events, and
+// how long the oldest has been held (s.mu held).
 func (s *Source) heldLocked(now time.Time) (txns, events int, oldest time.Duration) {
-	for _, t := range s.queue {
-		if len(t.events) == 0 || s.releasableLocked(t) {
+	for i := len(s.queue) - 1; i >= 0; i-- {
+		t := s.queue[i]
+		if len(t.events) == 0 {
 			continue
 		}
-		if txns == 0 {
-			oldest = now.Sub(t.received)
+		if s.releasableLocked(t) {
+			break
 		}
 		txns++
 		events += len(t.events) - t.next
+		oldest = now.Sub(t.received)
 	}
 	return txns, events, oldest
 }

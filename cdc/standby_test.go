@@ -5,18 +5,22 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/cdc/cdcprom"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
@@ -61,8 +65,8 @@ func natsTarget(t *testing.T) (natstest.Target, broker.Publisher) {
 // holds the decoded transaction: it says so (StandbyWait, the cdcprom gauge,
 // then Healthy with ErrSyncStandbyBehind) and the broker gets nothing; once the
 // standby is thawed, the commit returns and the event is published. With the
-// hold off (Config.PublishUnreplicated), the event reaches the broker while the
-// standby lacks it, and this test fails.
+// hold disabled, the event reaches the broker while the standby lacks it, and
+// this test fails.
 func TestTransactionsWaitForTheSynchronousStandby(t *testing.T) {
 	t.Parallel()
 	_, standby, pool, schema := syncPair(t)
@@ -147,6 +151,56 @@ func TestTransactionsWaitForTheSynchronousStandby(t *testing.T) {
 		publishedAfter.Round(time.Millisecond))
 }
 
+// A CDC role without pg_monitor (or pg_read_all_stats) sees the standbys'
+// walsenders with NULL columns: the source cannot know what they have, so it
+// holds every transaction, and Healthy and the log name the grant; once
+// granted, the held event is published.
+func TestStandbyPositionsUnreadableWithoutPgMonitor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	primary, _, owner, schema := syncPair(t)
+	prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
+	pgtest.Must(t, err, "producer")
+	e := &env{pool: owner, schema: schema, prod: prod, cfg: cdc.Config{Schema: schema, Slot: cdc.DefaultSlot(schema),
+		Publication: cdc.DefaultSlot(schema), PollInterval: 50 * time.Millisecond, StatusInterval: time.Second}}
+	role := cdcRole(t, e)
+	var logs syncBuffer
+	e.cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	pub := &null.Publisher{}
+	src, err := cdc.New(pgtest.Pool(t, pgtest.AsRole(t, primary.URL, role), 6), pub, &e.cfg)
+	pgtest.Must(t, err, "cdc.New")
+	pgtest.Must(t, src.Start(ctx), "start as the cdc role")
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := src.Stop(sctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+
+	e.enqueue(t, 1, 1, 1) // the standby is healthy: the commit returns
+	wait.For(t, 30*time.Second, "Healthy to name the missing grant while the event is held", func() bool {
+		h := src.Healthy()
+		return errors.Is(h, cdc.ErrSyncStandbyUnreadable) && src.StandbyWait().HeldTransactions == 1
+	})
+	h := src.Healthy()
+	if !errors.Is(h, cdc.ErrPermissionDenied) || !strings.Contains(h.Error(), "GRANT pg_monitor") {
+		t.Fatalf("Healthy() = %v, want ErrPermissionDenied naming GRANT pg_monitor", h)
+	}
+	if n := pub.Published(); n != 0 {
+		t.Fatalf("%d events published while the standbys' positions are unreadable", n)
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "pg_monitor") {
+		t.Fatalf("no ERROR line naming pg_monitor:\n%s", logs.String())
+	}
+
+	_, err = owner.Exec(ctx, "GRANT pg_monitor TO "+pgx.Identifier{role}.Sanitize())
+	pgtest.Must(t, err, "grant pg_monitor")
+	wait.For(t, 30*time.Second, "the held event published and Healthy nil", func() bool {
+		return pub.Published() == 1 && e.count(t, "published_at IS NULL") == 0 && src.Healthy() == nil
+	})
+}
+
 // stampingPublisher records when the broker acknowledged each event.
 type stampingPublisher struct {
 	broker.Publisher
@@ -177,7 +231,7 @@ func TestStandbyHoldLatency(t *testing.T) {
 		t.Skip("run with -cdc.standby-latency=N")
 	}
 	primary, _, _, _ := syncPair(t)
-	for _, off := range []bool{false, true} {
+	for _, off := range []bool{true, false, true, false, true, false} {
 		pool, s2 := pgtest.MigratedOn(t, primary.URL, 8) // each run its own schema, slot and publication
 		prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: s2})
 		pgtest.Must(t, err, "producer")
@@ -185,7 +239,9 @@ func TestStandbyHoldLatency(t *testing.T) {
 			PollInterval: 50 * time.Millisecond, StatusInterval: time.Second, PublishUnreplicated: off}}
 		_, nats := natsTarget(t)
 		pub := &stampingPublisher{Publisher: nats, acked: map[pgoutbox.UUID]time.Time{}}
-		src := e.start(t, pub, e.cfg)
+		src, err := cdc.New(pool, pub, &e.cfg)
+		pgtest.Must(t, err, "cdc.New")
+		pgtest.Must(t, src.Start(context.Background()), "start")
 		commits := map[pgoutbox.UUID]time.Time{}
 		for i := range *standbyLatency {
 			res, err := prod.EnqueueTx(context.Background(), pool, pgoutbox.Event{AggregateType: "acct",
@@ -211,6 +267,7 @@ func TestStandbyHoldLatency(t *testing.T) {
 				early++
 			}
 		}
+		pgtest.Must(t, src.Stop(context.Background()), "stop")
 		t.Logf("hold off=%v: %d events, commit→ack p50 %s, p90 %s, p99 %s; %d acknowledged before their commit returned; %+v",
 			off, len(lat), lat[len(lat)/2], lat[len(lat)*9/10], lat[len(lat)*99/100], early, src.StandbyWait())
 	}
