@@ -64,7 +64,9 @@ func natsTarget(t *testing.T) (natstest.Target, broker.Publisher) {
 // standby. With the standby frozen (connected, answering nothing), the source
 // holds the decoded transaction: it says so (StandbyWait, the cdcprom gauge,
 // then Healthy with ErrSyncStandbyBehind) and the broker gets nothing; once the
-// standby is thawed, the commit returns and the event is published. With the
+// standby is thawed, the commit returns and the event is published. Once the
+// standby is gone, Healthy reports ErrSyncStandbyMissing, until a reload
+// without synchronous_standby_names. With the
 // hold disabled, the event reaches the broker while the standby lacks it, and
 // this test fails.
 func TestTransactionsWaitForTheSynchronousStandby(t *testing.T) {
@@ -149,6 +151,26 @@ func TestTransactionsWaitForTheSynchronousStandby(t *testing.T) {
 	})
 	t.Logf("held for at least %s with nothing published; published %s after the thaw", heldFor.Round(time.Millisecond),
 		publishedAfter.Round(time.Millisecond))
+
+	// No synchronous standby connected at all: the producers' commits would
+	// hang; the source says so before anything is held.
+	noSync := func() error {
+		_, err := pool.Exec(context.Background(), "ALTER SYSTEM RESET synchronous_standby_names")
+		if err == nil {
+			_, err = pool.Exec(context.Background(), "SELECT pg_reload_conf()")
+		}
+		return err
+	}
+	t.Cleanup(func() { _ = noSync() }) // else the cleanup's DROP SCHEMA waits for the standby for ever
+	pgtest.Must(t, standby.Stop(), "stop the standby")
+	wait.For(t, 2*cdc.StandbyHoldReport+30*time.Second, "Healthy to report the synchronous standby missing", func() bool {
+		return errors.Is(src.Healthy(), cdc.ErrSyncStandbyMissing) && src.StandbyWait().Connected == 0
+	})
+	// A reload without synchronous standbys ends the wait.
+	pgtest.Must(t, noSync(), "reset synchronous_standby_names")
+	wait.For(t, 2*cdc.StandbyHoldReport+30*time.Second, "the source to notice the reload", func() bool {
+		return src.Healthy() == nil && src.StandbyWait().Required == 0
+	})
 }
 
 // A CDC role without pg_monitor (or pg_read_all_stats) sees the standbys'
