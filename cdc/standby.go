@@ -291,25 +291,27 @@ func (s *Source) checkStandbys() error {
 	now := time.Now()
 	s.mu.Lock()
 	sb := &s.sb
-	was := sb.err
+	was, before := sb.err, *sb
 	sb.known, sb.off = true, required == 0 && perr == nil
 	sb.required, sb.connected, sb.err = required, len(positions), why
 	if enough && why == nil {
 		sb.pos = max(sb.pos, pos) // a new synchronous standby behind the last one does not take back a release
 	}
-	at := sb.pos
+	at, release := sb.pos, !before.known || (sb.off && !before.off) || sb.pos > before.pos
 	held, events, oldest := s.heldLocked(now)
-	logBehind := held > 0 && oldest > StandbyHoldReport && !sb.behind
-	if held == 0 || oldest <= StandbyHoldReport {
-		if sb.behind {
-			s.log.Info("the synchronous standbys caught up; publishing again")
-		}
-		sb.behind = false
-	} else {
-		sb.behind = true
-	}
+	wasBehind, behind := sb.behind, held > 0 && oldest > StandbyHoldReport
+	sb.behind = behind
 	s.mu.Unlock()
-	s.work.Poke()
+	if release {
+		s.work.Poke()
+	}
+	switch {
+	case behind && !wasBehind:
+		s.log.Warn("transactions held for the synchronous standbys", slog.Int("transactions", held), slog.Int("events", events),
+			slog.Duration("oldest", oldest), slog.String("standby_position", at.String()))
+	case !behind && wasBehind:
+		s.log.Info("the synchronous standbys caught up; publishing again")
+	}
 	switch {
 	case why != nil && (was == nil || was.Error() != why.Error()):
 		lvl := slog.LevelWarn
@@ -320,10 +322,6 @@ func (s *Source) checkStandbys() error {
 			slog.Int("held_transactions", held))
 	case why == nil && was != nil:
 		s.log.Info("the synchronous standbys confirm transactions again", slog.Int("required", required), slog.Int("connected", len(positions)))
-	}
-	if logBehind {
-		s.log.Warn("transactions held for the synchronous standbys", slog.Int("transactions", held), slog.Int("events", events),
-			slog.Duration("oldest", oldest), slog.String("standby_position", at.String()))
 	}
 	s.observeStandbys(nil)
 	return nil
