@@ -38,6 +38,8 @@ const (
 	DefaultBackoffMax = 5 * time.Minute
 	// MaxBatchSize is the largest Config.BatchSize allowed.
 	MaxBatchSize = 10000
+	// DefaultStandbyPollInterval is Config.StandbyPollInterval's default.
+	DefaultStandbyPollInterval = 10 * time.Millisecond
 )
 
 // Config configures a Source. The zero value (or a nil *Config) is ready to
@@ -98,8 +100,24 @@ type Config struct {
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
 
-	// Observer, if set, is told of every settled batch and every position
-	// reported to the server, for metrics (package cdc/cdcprom implements it).
+	// PublishUnreplicated turns off the wait for synchronous standbys. By
+	// default (false), when the server has synchronous standbys
+	// (synchronous_standby_names is set), a transaction's events are published
+	// only once enough of them have it (docs/operations.md, "PostgreSQL
+	// failover"): logical decoding sends a transaction as soon as it is
+	// committed locally, and a failover to a standby that lacks it would make
+	// the database forget events the consumers already have. Set it only where
+	// a failover that loses transactions is acceptable.
+	PublishUnreplicated bool
+
+	// StandbyPollInterval is how often, while transactions are held for the
+	// synchronous standbys, their positions are read again (one query for every
+	// held transaction); nothing is read per transaction. Zero means
+	// DefaultStandbyPollInterval (10ms).
+	StandbyPollInterval time.Duration
+
+	// Observer, if set, is told of every settled batch, every position
+	// reported to the server and every look at the synchronous standbys, for metrics (package cdc/cdcprom implements it).
 	// Nil observes nothing.
 	Observer Observer
 
@@ -160,6 +178,7 @@ func configDefaults(c *Config) {
 	config.Default(&c.MaxAttempts, DefaultMaxAttempts)
 	config.Default(&c.BackoffBase, DefaultBackoffBase)
 	config.Default(&c.BackoffMax, DefaultBackoffMax)
+	config.Default(&c.StandbyPollInterval, DefaultStandbyPollInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -176,6 +195,7 @@ func checkConfig(c *Config, p *config.Problems) {
 	p.Check(c.PublishTimeout > 0, "Config.PublishTimeout must be positive, got %s", c.PublishTimeout)
 	p.Check(c.PollInterval > 0, "Config.PollInterval must be positive, got %s", c.PollInterval)
 	p.Check(c.StatusInterval > 0 && c.StatusInterval <= MaxStatusInterval, "Config.StatusInterval must be in (0, %s], got %s", MaxStatusInterval, c.StatusInterval)
+	p.Check(c.StandbyPollInterval > 0, "Config.StandbyPollInterval must be positive, got %s", c.StandbyPollInterval)
 	p.Check(c.MaxAttempts > 0, "Config.MaxAttempts must be positive, got %d", c.MaxAttempts)
 	p.Check(c.BackoffBase > 0 && c.BackoffMax >= c.BackoffBase,
 		"Config.BackoffBase (%s) must be positive and at most Config.BackoffMax (%s)", c.BackoffBase, c.BackoffMax)

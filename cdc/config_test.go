@@ -31,6 +31,7 @@ func TestConfigValidation(t *testing.T) {
 	for _, c := range []cdc.Config{
 		{Slot: "Bad-Name"}, {Publication: "x y"}, {BatchSize: -1}, {BatchSize: 100, MaxBuffered: 10},
 		{StatusInterval: time.Minute}, {BackoffBase: 2 * time.Second, BackoffMax: time.Second},
+		{StandbyPollInterval: -time.Millisecond},
 	} {
 		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "cdc: Config.") {
 			t.Errorf("%+v: %v, want a cdc: Config.<field> error", c, err)

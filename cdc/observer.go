@@ -12,9 +12,9 @@ import (
 // Observer is told what a CDC source does, for metrics (package cdc/cdcprom
 // implements it for Prometheus). Set it as Config.Observer; nil observes nothing.
 //
-// Its methods are called on the source's hot path, from the dispatcher and the
-// table path concurrently, once per settled batch and once per status report to
-// the server. They must be safe for concurrent use, cheap, and must never block:
+// Its methods are called on the source's hot path, from the dispatcher, the
+// table path and the standby watcher concurrently, once per settled batch, once
+// per status report to the server and once per look at the standbys. They must be safe for concurrent use, cheap, and must never block:
 // a slow observer slows publishing. They must not keep the slices they receive
 // after returning.
 type Observer interface {
@@ -28,6 +28,12 @@ type Observer interface {
 	// PositionConfirmed is called after each standby status report sent to the
 	// server: the slot's confirmed position moved to (or stayed at) p.LSN.
 	PositionConfirmed(p Position)
+
+	// StandbyChecked is called after each look at the synchronous standbys'
+	// positions (every Config.StandbyPollInterval while transactions are held
+	// for them, every few seconds otherwise): w says what is held, and why.
+	// Never called with Config.PublishUnreplicated.
+	StandbyChecked(w StandbyWait)
 }
 
 // Path is where a batch came from.

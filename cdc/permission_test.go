@@ -31,18 +31,7 @@ func TestCDCSourceReportsMissingPrivilege(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
-	role := pgtest.Role(t, e.pool, "", "REPLICATION")
-	script, err := migrate.Grants(&migrate.GrantsConfig{Schema: e.schema, RoleNames: map[migrate.Role]string{migrate.RoleCDC: role}, Roles: []migrate.Role{migrate.RoleCDC}})
-	pgtest.Must(t, err, "grants")
-	_, err = e.pool.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol)
-	pgtest.Must(t, err, "apply grants")
-	// The owner's one-time preparation (docs/security.md, "The CDC role").
-	_, err = e.pool.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{e.cfg.Publication}.Sanitize()+" FOR TABLE "+e.table()+
-		" WITH (publish = 'insert', publish_via_partition_root = true)")
-	pgtest.Must(t, err, "create publication")
-	_, err = e.pool.Exec(ctx, "ALTER TABLE "+e.table()+" ALTER COLUMN claimed_by SET DEFAULT 'cdc:"+e.cfg.Slot+
-		"', ALTER COLUMN claim_until SET DEFAULT 'infinity'")
-	pgtest.Must(t, err, "column defaults")
+	role := cdcRole(t, e)
 	grant := func(sql string) {
 		t.Helper()
 		_, err := e.pool.Exec(ctx, sql+" ON "+e.table()+" "+map[bool]string{true: "FROM", false: "TO"}[strings.HasPrefix(sql, "REVOKE")]+" "+pgx.Identifier{role}.Sanitize())
@@ -129,6 +118,27 @@ func TestCDCSourceReportsMissingPrivilege(t *testing.T) {
 	if strings.Contains(out, "unreachable") {
 		t.Errorf("a missing privilege logged as unreachable:\n%s", out)
 	}
+}
+
+// cdcRole creates a non-superuser with REPLICATION and exactly migrate.Grants'
+// cdc grants on e's schema, and makes the owner's one-time preparation
+// (docs/security.md, "The CDC role").
+func cdcRole(t *testing.T, e *env) string {
+	t.Helper()
+	ctx := context.Background()
+	role := pgtest.Role(t, e.pool, "", "REPLICATION")
+	script, err := migrate.Grants(&migrate.GrantsConfig{Schema: e.schema, RoleNames: map[migrate.Role]string{migrate.RoleCDC: role}, Roles: []migrate.Role{migrate.RoleCDC}})
+	pgtest.Must(t, err, "grants")
+	_, err = e.pool.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol)
+	pgtest.Must(t, err, "apply grants")
+	// The owner's one-time preparation (docs/security.md, "The CDC role").
+	_, err = e.pool.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{e.cfg.Publication}.Sanitize()+" FOR TABLE "+e.table()+
+		" WITH (publish = 'insert', publish_via_partition_root = true)")
+	pgtest.Must(t, err, "create publication")
+	_, err = e.pool.Exec(ctx, "ALTER TABLE "+e.table()+" ALTER COLUMN claimed_by SET DEFAULT 'cdc:"+e.cfg.Slot+
+		"', ALTER COLUMN claim_until SET DEFAULT 'infinity'")
+	pgtest.Must(t, err, "column defaults")
+	return role
 }
 
 // syncBuffer is a bytes.Buffer safe for a logger and a reader at once.

@@ -64,6 +64,10 @@ type txn struct {
 	refused   map[pgoutbox.UUID]error
 	next      int // events[:next] were handed out or skipped
 	unsettled int
+	received  time.Time // when push queued it
+	// released: the synchronous standbys have it (or none is waited for); its
+	// events may be published (standby.go).
+	released bool
 }
 
 // item is one event of a batch.
@@ -93,6 +97,7 @@ type Source struct {
 	confirmed  pglogrepl.LSN
 	lastPushed pglogrepl.LSN
 	walEnd     pglogrepl.LSN // a keepalive's position, safe to confirm once queue is empty
+	sb         standbyState  // the wait for synchronous standbys (standby.go)
 
 	// lc is the start/stop protocol (package lifecycle): the one rule for Start
 	// twice, Stop twice, Start after Stop, Stop before Start and Start's context
@@ -106,7 +111,7 @@ type Source struct {
 	// stop waits for the server to release it.
 	streamed atomic.Bool
 
-	work, space, tableWake, brokerBack lifecycle.Wake
+	work, space, tableWake, brokerBack, standbyWake lifecycle.Wake
 
 	inFlight   atomic.Bool // the dispatcher has a batch out
 	dbDown     atomic.Bool
@@ -153,7 +158,10 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Source, error)
 		space:      lifecycle.NewWake(),
 		tableWake:  lifecycle.NewWake(),
 		brokerBack: lifecycle.NewWake(),
+
+		standbyWake: lifecycle.NewWake(),
 	}
+	s.sb.off = c.PublishUnreplicated
 	s.lc.Name = "cdc"
 	s.lc.Stopped = s.stopped
 	s.stopping = s.lc.Stopping()
@@ -195,7 +203,9 @@ var (
 // errors.Is: ErrDatabaseUnreachable, ErrPermissionDenied (with the database's
 // message: which privilege on which table, for each statement refused),
 // ErrBrokerUnreachable, ErrBrokerMisconfigured (with the broker's answer),
-// ErrStreamDown (with why), or several (errors.Join).
+// ErrStreamDown (with why), ErrSyncStandbyMissing, ErrSyncStandbyBehind and
+// ErrSyncStandbyUnreadable (transactions held for the synchronous standbys,
+// standby.go), or several (errors.Join).
 func (s *Source) Healthy() error {
 	var errs []error
 	if s.dbDown.Load() {
@@ -211,6 +221,7 @@ func (s *Source) Healthy() error {
 	if why := s.streamDown.Load(); why != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrStreamDown, *why))
 	}
+	errs = append(errs, s.standbyErrors()...)
 	return errors.Join(errs...)
 }
 
@@ -250,6 +261,9 @@ func (s *Source) start(ctx context.Context) error {
 	s.lc.Go(func() { s.stream(ready) })
 	s.lc.Go(s.dispatch)
 	s.lc.Go(s.tablePath)
+	if !s.cfg.PublishUnreplicated {
+		s.lc.Go(s.watchStandbys)
+	}
 	select {
 	case err := <-ready:
 		if err != nil {
@@ -352,12 +366,18 @@ func (s *Source) push(t *txn) {
 		s.mu.Unlock()
 		return
 	}
-	t.unsettled = len(t.events)
+	t.unsettled, t.received = len(t.events), time.Now()
+	// The watcher looks at the standbys at once when this is the first
+	// transaction to hold; while others are held, its next poll covers this one.
+	look := len(t.events) > 0 && !s.releasableLocked(t) && !s.holdingLocked()
 	s.queue = append(s.queue, t)
 	s.buffered += len(t.events)
 	s.lastPushed = t.end
 	s.advanceLocked()
 	s.mu.Unlock()
+	if look {
+		s.standbyWake.Poke()
+	}
 	s.work.Poke()
 }
 
@@ -454,6 +474,10 @@ func (s *Source) assemble() []item {
 	var out []item
 	skipped := 0
 	for _, t := range s.queue {
+		if t.next < len(t.events) && !s.releasableLocked(t) {
+			break // this and every later transaction wait for the synchronous standbys
+		}
+		t.released = true
 		for t.next < len(t.events) && len(out) < s.cfg.BatchSize {
 			m := t.events[t.next]
 			t.next++

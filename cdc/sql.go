@@ -151,3 +151,24 @@ SELECT count(*),
 const releaseAllSQL = `
 UPDATE %[1]s SET claimed_by = NULL, claim_until = NULL
  WHERE published_at IS NULL AND claimed_by = $1`
+
+// syncStandbysSQL reads, in one round trip for every held transaction,
+// synchronous_standby_names, whether the role may see other roles' walsenders
+// (pg_read_all_stats, which pg_monitor includes; without it their columns read
+// NULL), and one position per synchronous standby (sync_state sync or quorum;
+// -1 when NULL): flush_lsn, or replay_lsn when synchronous_commit (the
+// server's, unless the source's role, database or URL sets its own) is
+// remote_apply. Walsenders of logical slots (this source's own among them)
+// are not standbys a failover can promote, and are left out. standby.go
+// explains the rule.
+const syncStandbysSQL = `
+SELECT current_setting('synchronous_standby_names'),
+       pg_has_role(current_user, 'pg_read_all_stats', 'USAGE'),
+       coalesce(array_agg(coalesce(pg_wal_lsn_diff(
+                    CASE current_setting('synchronous_commit') WHEN 'remote_apply' THEN replay_lsn ELSE flush_lsn END,
+                    '0/0')::bigint, -1))
+                FILTER (WHERE sync_state IN ('sync', 'quorum')
+                          AND pid NOT IN (SELECT active_pid FROM pg_replication_slots
+                                           WHERE slot_type = 'logical' AND active_pid IS NOT NULL)),
+                '{}')
+  FROM pg_stat_replication`

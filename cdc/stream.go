@@ -53,6 +53,7 @@ func (s *Source) stream(ready chan<- error) {
 			if s.streamDown.Swap(nil) != nil {
 				s.log.Info("replication stream up again")
 			}
+			s.standbyWake.Poke() // the server may be another one, or reconfigured
 			wait.Reset()
 		})
 		select {

@@ -21,6 +21,11 @@ const (
 
 	// CollectTimeout bounds the database reads of one scrape of Collector.
 	CollectTimeout = 5 * time.Second
+
+	// StandbyHoldReport is how long a transaction may be held for the
+	// synchronous standbys before Healthy reports ErrSyncStandbyBehind and the
+	// source logs it.
+	StandbyHoldReport = 5 * time.Second
 )
 
 const (
@@ -58,6 +63,10 @@ const (
 
 	// minTableWait is the shortest timer of the table path between rounds.
 	minTableWait = time.Millisecond
+
+	// standbyRecheck is how often synchronous_standby_names and the
+	// standbys are read when nothing is held (a reload may change them).
+	standbyRecheck = 5 * time.Second
 
 	// slotCreateBackoff is the delay, times the attempt number, between tries to
 	// create the slot after a serialization failure.

@@ -276,7 +276,8 @@ func Grants(cfg *GrantsConfig) (string, error) {
 		fmt.Fprintf(&b, "\n-- %s\n", r)
 		if r == RoleCDC {
 			b.WriteString("-- Also: the REPLICATION attribute (ALTER ROLE ... REPLICATION, as a superuser), and the\n")
-			b.WriteString("-- publication and column defaults prepared once by the owner (docs/security.md).\n")
+			b.WriteString("-- publication and column defaults prepared once by the owner (docs/security.md); with\n")
+			b.WriteString("-- synchronous standbys, GRANT pg_monitor TO the role (their positions in pg_stat_replication).\n")
 		}
 		if r == RoleOperator && c.Partitioned {
 			b.WriteString("-- Partitioned: creating and dropping partitions is the table owner's; run cleanup as\n")

@@ -12,6 +12,7 @@
 //	pgoutbox_cdc_batch_size{path}                         histogram: events handed to the broker per batch
 //	pgoutbox_cdc_settle_seconds                           histogram: time to record a batch's outcomes in the database
 //	pgoutbox_cdc_confirmed_lsn                            the slot position last confirmed to the server (as a byte offset)
+//	pgoutbox_cdc_standby_held_transactions                transactions decoded and held until the synchronous standbys have them
 //
 // path is "stream" (events from the replication slot) or "table" (lanes the
 // table path owns after a failure or a backfill). The names mirror
@@ -41,7 +42,7 @@ type Metrics struct {
 	outcomes              *promreg.Outcomes
 	settle                prometheus.Histogram
 	ackSeconds, batchSize *prometheus.HistogramVec
-	confirmed             prometheus.Gauge
+	confirmed, held       prometheus.Gauge
 }
 
 // New creates the collectors and registers them on reg, which is required: pass
@@ -62,6 +63,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		batchSize: r.HistogramVec("batch_size",
 			"Events handed to the broker per batch, by path (stream or table).", promreg.BatchBuckets, "path"),
 		confirmed: r.Gauge("confirmed_lsn", "The slot position last confirmed to the server, as a byte offset in the WAL."),
+		held: r.Gauge("standby_held_transactions",
+			"Transactions decoded from the slot and held, not published, until the synchronous standbys have them (cdc.StandbyWait)."),
 	}
 	if r.Err != nil {
 		return nil, fmt.Errorf("cdcprom: %w", r.Err)
@@ -96,6 +99,11 @@ func (m *Metrics) BatchSettled(b cdc.SettledBatch) {
 // PositionConfirmed implements cdc.Observer.
 func (m *Metrics) PositionConfirmed(p cdc.Position) {
 	m.confirmed.Set(float64(p.LSN))
+}
+
+// StandbyChecked implements cdc.Observer.
+func (m *Metrics) StandbyChecked(w cdc.StandbyWait) {
+	m.held.Set(float64(w.HeldTransactions))
 }
 
 var _ cdc.Observer = (*Metrics)(nil)

@@ -56,6 +56,21 @@ func TestNewNeedsARegisterer(t *testing.T) {
 	}
 }
 
+// The held-transactions gauge follows each look at the standbys, back to 0.
+func TestStandbyHeldGauge(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := cdcprom.New(reg)
+	pgtest.Must(t, err, "New")
+	m.StandbyChecked(cdc.StandbyWait{Required: 1, Connected: 1, HeldTransactions: 3, HeldEvents: 7})
+	if v := value(t, reg, "pgoutbox_cdc_standby_held_transactions"); v != 3 {
+		t.Fatalf("standby_held_transactions = %v, want 3", v)
+	}
+	m.StandbyChecked(cdc.StandbyWait{Required: 1, Connected: 1})
+	if v := value(t, reg, "pgoutbox_cdc_standby_held_transactions"); v != 0 {
+		t.Fatalf("standby_held_transactions = %v, want 0", v)
+	}
+}
+
 // A real Source on real PostgreSQL, observed by Metrics on a real registry
 // beside the Source's own Collector (as the CLI registers them): published,
 // failed and quarantined events are counted by reason and path, and the

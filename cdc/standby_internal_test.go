@@ -1,0 +1,127 @@
+package cdc
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/null"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+)
+
+// synchronous_standby_names as PostgreSQL accepts it: how many synchronous
+// standbys must have a transaction before it is published.
+func TestSyncStandbysRequired(t *testing.T) {
+	for names, want := range map[string]int{
+		"":                        0,
+		"   ":                     0,
+		"standby1":                1,
+		"*":                       1,
+		"s1, s2, s3":              1,
+		`"My Standby", s2`:        1,
+		"2 (s1, s2, s3)":          2,
+		"FIRST 2 (s1, s2, s3)":    2,
+		"first 3(s1,s2,s3)":       3,
+		"ANY 2 (s1, s2, s3)":      2,
+		"any 1 (*)":               1,
+		"  Any  2  ( s1 , s2 ) ":  2,
+		"1":                       1, // a standby named "1"
+		"first":                   1, // a standby named first
+		"firsts, any_standby":     1,
+		`FIRST 2 ("a b", "c(d)")`: 2,
+	} {
+		got, err := syncStandbysRequired(names)
+		if err != nil || got != want {
+			t.Errorf("syncStandbysRequired(%q) = %d, %v; want %d", names, got, err, want)
+		}
+	}
+	if _, err := syncStandbysRequired("ANY 0 (s1)"); err == nil {
+		t.Error("ANY 0: no error")
+	}
+}
+
+// The confirmed position is the highest that the required number of
+// synchronous standbys have all reached; fewer standbys, or a NULL position
+// among those needed, confirm nothing.
+func TestStandbyPosition(t *testing.T) {
+	for _, c := range []struct {
+		required  int
+		positions []int64
+		want      pglogrepl.LSN
+		ok        bool
+	}{
+		{1, nil, 0, false},
+		{1, []int64{100}, 100, true},
+		{1, []int64{-1}, 0, false},
+		{1, []int64{-1, 300}, 300, true},       // ANY 1: the quorum's best
+		{2, []int64{100, 300}, 100, true},      // FIRST 2: both chosen ones
+		{2, []int64{300}, 0, false},            // FIRST 2 with one connected: the server's commits wait too
+		{2, []int64{100, 500, 300}, 300, true}, // ANY 2 of three: the second best
+		{2, []int64{-1, 500, -1}, 0, false},
+		{3, []int64{100, 500, 300}, 100, true},
+		{0, []int64{100}, 0, false},
+	} {
+		got, ok := standbyPosition(c.required, c.positions)
+		if got != c.want || ok != c.ok {
+			t.Errorf("standbyPosition(%d, %v) = %s, %v; want %s, %v", c.required, c.positions, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+// A transaction is held while it ends past the standbys' position, until the
+// first look, and never once released; with no synchronous standby (or the
+// hold off) nothing is held.
+func TestReleasable(t *testing.T) {
+	s := &Source{}
+	if s.releasableLocked(&txn{end: 100}) {
+		t.Error("released before the first look")
+	}
+	s.sb = standbyState{known: true, pos: 100}
+	if !s.releasableLocked(&txn{end: 100}) || s.releasableLocked(&txn{end: 101}) {
+		t.Error("position 100: want a transaction ending at 100 released, one ending at 101 held")
+	}
+	if !s.releasableLocked(&txn{end: 101, released: true}) {
+		t.Error("a released transaction held again")
+	}
+	s.sb = standbyState{known: true, off: true}
+	if !s.releasableLocked(&txn{end: 1 << 40}) {
+		t.Error("held with no synchronous standby")
+	}
+}
+
+// The dispatcher takes events only from transactions the standbys have, in
+// commit order: a held transaction stops it, and what follows waits too.
+func TestAssembleStopsAtAHeldTransaction(t *testing.T) {
+	s, err := New(&pgxpool.Pool{}, &null.Publisher{}, &Config{BatchSize: 10})
+	pgtest.Must(t, err, "new source")
+	msg := func(seq int64) broker.Message {
+		return broker.Message{AggregateType: "a", AggregateID: "1", AggregateSequence: seq}
+	}
+	now := time.Now()
+	a := &txn{end: 100, events: []broker.Message{msg(1)}, unsettled: 1, received: now.Add(-3 * time.Second)}
+	empty := &txn{end: 150, received: now.Add(-2 * time.Second)}
+	b := &txn{end: 200, events: []broker.Message{msg(2), msg(3)}, unsettled: 2, received: now.Add(-time.Second)}
+	c := &txn{end: 300, events: []broker.Message{msg(4)}, unsettled: 1, received: now}
+	s.queue, s.buffered = []*txn{a, empty, b, c}, 4
+	s.sb = standbyState{known: true, pos: 199, required: 1, connected: 1}
+	if got := s.assemble(); len(got) != 1 || got[0].msg.AggregateSequence != 1 {
+		t.Fatalf("position 199: assembled %v, want the first transaction's event only", got)
+	}
+	if n, ev, oldest := s.heldLocked(now); n != 2 || ev != 3 || oldest < time.Second {
+		t.Fatalf("held %d transactions, %d events, oldest %s; want 2, 3, ≥1s", n, ev, oldest)
+	}
+	if got := s.assemble(); len(got) != 0 {
+		t.Fatalf("nothing new confirmed: assembled %v", got)
+	}
+	s.sb.pos = 250
+	if got := s.assemble(); len(got) != 2 || got[0].msg.AggregateSequence != 2 {
+		t.Fatalf("position 250: assembled %v, want the second transaction's events", got)
+	}
+	s.sb.pos = 0 // a standby behind the released ones does not take them back
+	if n, _, _ := s.heldLocked(now); n != 1 {
+		t.Fatalf("held %d, want the third transaction only", n)
+	}
+}
