@@ -417,6 +417,9 @@ func partitionCaseRun(t *testing.T, c partitionCase) {
 	ready, _ := readyz.first(healAt, true)
 	readyz.close()
 
+	if testing.Verbose() {
+		t.Logf("relay a said:\n%s", tail(a.out.String(), 40))
+	}
 	p.prod.term(t)
 	e.waitDrained(partitionWithin)
 	e.stopAll()

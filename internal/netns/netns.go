@@ -56,11 +56,14 @@ const cutMAC = "02:70:67:6f:ff:ff"
 // overlaps any address or route of the machine is skipped.
 var pool = netip.MustParsePrefix("10.250.0.0/16")
 
-// lockDir holds one lock file per live namespace; allocLock serialises the
-// choice of subnets across processes.
+// lockDir holds one lock file per live namespace, and allocLock, which
+// serialises the choice of subnets across processes. A fixed path, beside
+// ip's own /run/netns: every test process on the machine, whatever its TMPDIR,
+// must find the locks of the others (a namespace without one is removed as
+// stale).
 var (
-	lockDir   = filepath.Join(os.TempDir(), "pgoutbox-netns")
-	allocLock = filepath.Join(os.TempDir(), "pgoutbox-netns.lock")
+	lockDir   = "/run/pgoutbox-netns"
+	allocLock = filepath.Join(lockDir, "alloc.lock")
 )
 
 // IPRoute2 is the ip tool's Debian package.
@@ -141,7 +144,15 @@ func (h *Host) create() error {
 	if err := h.run("netns", "add", h.Name); err != nil {
 		return err
 	}
-	return h.run("-n", h.Name, "link", "set", "lo", "up")
+	if err := h.run("-n", h.Name, "link", "set", "lo", "up"); err != nil {
+		return err
+	}
+	// ip netns exec also needs a mount namespace of its own (for /sys): a
+	// container may allow the one and not the other.
+	if out, err := h.Command("true").CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns exec %s true: %w: %s", h.Name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // addLinks chooses the links' subnets and makes them, under the machine-wide
@@ -369,6 +380,9 @@ func held(name string) bool {
 }
 
 func flock(path string) (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("netns: allocation lock: %w", err)
+	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("netns: allocation lock: %w", err)
