@@ -305,7 +305,8 @@ type partitionCase struct {
 // committed is lost, nothing rolled back is published, first appearances keep
 // their order, and A's late writes (its settle statements, retried through the
 // partition, and the publishes its socket still held) overwrite none of B's:
-// an event published before the heal keeps its published_at.
+// an event published before the heal is left exactly as it was.
+// docs/operations.md ("Network partitions") reports the figures it logs.
 func TestPartition(t *testing.T) {
 	for _, c := range []partitionCase{
 		{name: "database", links: []string{"db"}, noticed: []string{"database unreachable"}},
