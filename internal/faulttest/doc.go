@@ -2,8 +2,10 @@
 // "Verification"). Its tests run real OS processes — the pgoutbox relay binary,
 // and the producer and consumer programs under cmd/ — kill them at every named
 // failpoint (internal/failpoint) and at random moments, cut their database
-// connections, restart their NATS server, pause a relay past its lease, and then
-// ask package checker whether every guarantee of the README held.
+// connections, restart their NATS server, pause a relay past its lease, cut a
+// relay's host off the database or the broker (a network namespace of its own,
+// internal/netns), and then ask package checker whether every guarantee of the
+// README held.
 //
 // The chaos soak runs for about a minute in the default test run; run the long
 // one with

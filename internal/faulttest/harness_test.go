@@ -26,6 +26,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/checker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
+	"github.com/pgoutbox/pgoutbox/internal/netns"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
@@ -186,9 +187,13 @@ func (e *env) count(table, where string, args ...any) int {
 // committed transaction is visible to every session and survives any client's
 // death either way. It spares the shared disk one fsync per consumer
 // transaction. A test's own server (envConfig.dbServer) keeps its setting.
-func (e *env) dbURL(appName string) string {
+func (e *env) dbURL(appName string) string { return e.dbURLOf(e.dbServer, appName) }
+
+// dbURLOf is dbURL for another address of the test's database server (a relay
+// on a host of its own reaches it at its end of the host's link).
+func (e *env) dbURLOf(server, appName string) string {
 	t := e.t
-	u, err := url.Parse(e.dbServer)
+	u, err := url.Parse(server)
 	pgtest.Must(t, err, "parse database URL")
 	q := u.Query()
 	q.Set("application_name", appName)
@@ -227,8 +232,18 @@ type proc struct {
 // start runs a binary with extra environment (e.g. a failpoint), its output kept.
 func (e *env) start(name string, extraEnv []string, binary string, args ...string) *proc {
 	e.t.Helper()
+	return e.startIn(nil, name, extraEnv, binary, args...)
+}
+
+// startIn is start inside a host of the test's own (nil: this machine's network,
+// as start). The process's pid is the program's (ip netns exec execs it).
+func (e *env) startIn(host *netns.Host, name string, extraEnv []string, binary string, args ...string) *proc {
+	e.t.Helper()
 	args, urlEnv := urlsToEnv(args)
 	cmd := exec.Command(binary, args...)
+	if host != nil {
+		cmd = host.Command(binary, args...)
+	}
 	cmd.Env = append(append(os.Environ(), urlEnv...), extraEnv...)
 	if !hasFailpoint(extraEnv) {
 		cmd.Env = append(cmd.Env, failpoint.EnvVar+"=")
@@ -381,11 +396,29 @@ func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 // relay starts `pgoutbox relay` with id, a 2s lease and fast polling.
 func (e *env) relay(id string, extraEnv []string, extraArgs ...string) *proc {
 	e.t.Helper()
-	args := append([]string{"relay", "--database-url", e.dbURL("faulttest-" + e.schema + "-" + id), "--schema", e.schema,
-		"--id", id, "--broker", e.natsURL, "--nats-stream", e.stream, "--topic-template", e.template,
+	return e.relayOn(relayHost{}, id, extraEnv, extraArgs...)
+}
+
+// relayHost is where a relay runs: on this machine (the zero value), or on a
+// host of the test's own, reaching the database and the broker at the given
+// URLs (the root namespace's ends of the host's links).
+type relayHost struct {
+	host              *netns.Host
+	dbServer, natsURL string
+}
+
+// relayOn is relay, run where on says.
+func (e *env) relayOn(on relayHost, id string, extraEnv []string, extraArgs ...string) *proc {
+	e.t.Helper()
+	dbServer, natsURL := e.dbServer, e.natsURL
+	if on.host != nil {
+		dbServer, natsURL = on.dbServer, on.natsURL
+	}
+	args := append([]string{"relay", "--database-url", e.dbURLOf(dbServer, "faulttest-"+e.schema+"-"+id), "--schema", e.schema,
+		"--id", id, "--broker", natsURL, "--nats-stream", e.stream, "--topic-template", e.template,
 		"--lease", "2s", "--poll-interval", "200ms", "--backoff-base", "100ms", "--backoff-max", "1s",
 		"--batch-size", "50", "--ack-timeout", "1s", "--log-level", "info"}, extraArgs...)
-	return e.start("relay "+id, extraEnv, bin.pgoutbox, args...)
+	return e.startIn(on.host, "relay "+id, extraEnv, bin.pgoutbox, args...)
 }
 
 // producerOpts shape one producer run.

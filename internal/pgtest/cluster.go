@@ -59,6 +59,11 @@ type ClusterConfig struct {
 	// applied after the small, fast defaults (fsync off, small shared buffers) and
 	// able to override them.
 	Settings map[string]string
+	// HBA are further pg_hba.conf lines, appended to initdb's (which trust local
+	// and loopback connections only), e.g. "host all all 10.0.0.0/8 trust" for
+	// clients on other addresses the server listens on (listen_addresses in
+	// Settings).
+	HBA []string
 }
 
 const (
@@ -143,6 +148,16 @@ func startCluster(c *ClusterConfig, bindir, dir string, cred *osUser) (*Cluster,
 	initdb.SysProcAttr = procAttr(cred, false)
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("pgtest: initdb %s: %w\n%s", data, err, out)
+	}
+	if len(c.HBA) > 0 {
+		f, err := os.OpenFile(filepath.Join(data, "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			return nil, fmt.Errorf("pgtest: pg_hba.conf: %w", err)
+		}
+		_, err = f.WriteString(strings.Join(c.HBA, "\n") + "\n")
+		if err = errors.Join(err, f.Close()); err != nil {
+			return nil, fmt.Errorf("pgtest: pg_hba.conf: %w", err)
+		}
 	}
 	settings := map[string]string{}
 	for _, m := range []map[string]string{fastSettings, {"max_connections": strconv.Itoa(c.MaxConnections)}, c.Settings} {

@@ -156,3 +156,19 @@ func processGone(pid int) bool {
 	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 	return len(f) > 0 && f[0] == "Z"
 }
+
+// ClusterConfig.HBA lines are appended to pg_hba.conf, after initdb's.
+func TestClusterHBA(t *testing.T) {
+	t.Parallel()
+	line := "host all all 198.51.100.7/32 trust"
+	c, err := StartCluster(&ClusterConfig{HBA: []string{line}})
+	Must(t, err, "start cluster")
+	t.Cleanup(func() { _ = c.Stop() })
+	pool := Pool(t, c.URL, 1)
+	var n int
+	Must(t, pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_hba_file_rules WHERE address = '198.51.100.7' AND auth_method = 'trust' AND error IS NULL").Scan(&n), "read pg_hba rules")
+	if n != 1 {
+		t.Fatalf("pg_hba.conf has %d rules for %q, want 1", n, line)
+	}
+}
