@@ -181,12 +181,18 @@ func (r *Relay) Healthy() error {
 const (
 	// settleTimeout bounds one attempt to record a batch's outcome (mark, fail
 	// and release in one round trip). A failed attempt is retried with backoff
-	// until the relay is hard-stopped.
+	// while the relay runs.
 	settleTimeout = 10 * time.Second
+	// stopSettleGrace bounds an attempt to record a batch's outcome once the
+	// relay is stopping, from the moment the stop began; a failed attempt is
+	// then not retried. A database that hangs cannot hold a graceful stop up:
+	// the unrecorded events' leases expire and they are published again (a
+	// duplicate, never a loss).
+	stopSettleGrace = 2 * time.Second
 	// stopReleaseTimeout bounds the last try, once the relay has stopped, to
 	// release leases whose settling failed; past it they expire on their own
 	// after Config.Lease.
-	stopReleaseTimeout = 5 * time.Second
+	stopReleaseTimeout = 2 * time.Second
 	// announceTimeout bounds the notification that announces a backlog to the
 	// other relays (announceBacklog).
 	announceTimeout = 5 * time.Second
@@ -737,7 +743,8 @@ func (o *outcome) failColumns() (ids [][16]byte, errs []string, delaysMs []int64
 // settle records the outcome of a publish: acked events published, failed ones
 // retried later or quarantined, unattempted ones released. The three statements go
 // in one round trip and one implicit transaction. If the database is unreachable,
-// settling is retried until the relay is hard-stopped; the leases then simply expire
+// settling is retried while the relay runs; once it is stopping, an attempt gets
+// stopSettleGrace and no retry. The leases of what was not recorded simply expire
 // and the events are published again (a duplicate, never a loss). It returns how
 // long the worker should pause before claiming again.
 func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Duration) time.Duration {
@@ -820,20 +827,28 @@ func (r *Relay) decide(batch []claimed, results []error) outcome {
 }
 
 // record writes the outcome in one round trip, retrying with backoff while the
-// database fails. It reports false if the relay was hard-stopped first.
+// database fails and the relay runs. It reports false if the relay began to
+// stop and the attempt failed (see stopSettleGrace), or was hard-stopped.
 func (r *Relay) record(o *outcome) bool {
 	var wait retry.Backoff
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		ctx, cancelGrace := r.lc.Grace(ctx, stopSettleGrace)
 		br := r.pool.SendBatch(ctx, r.settleStatements(o))
 		err := failpoint.Inject(failpoint.RelayMark)
 		err = errors.Join(err, br.Close())
+		cancelGrace()
 		cancel()
 		if err == nil {
 			r.dbOK(stmtSettle)
 			return true
 		}
 		r.dbFailed(stmtSettle, fmt.Errorf("settle batch: %w", err))
+		if r.lc.IsStopping() {
+			r.log.Warn("stopping: could not record a batch's outcome; its leases expire and its events are published again",
+				slog.Int("events", len(o.acked)+len(o.released)+len(o.failed)), slog.Any("error", err))
+			return false
+		}
 		if hard := r.lc.Hard(); hard.Err() != nil || !retry.Sleep(hard, wait.Next()) {
 			return false
 		}

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 )
 
 var (
@@ -160,6 +161,36 @@ func (l *Lifecycle) IsStopping() bool {
 	default:
 		return false
 	}
+}
+
+// Grace returns a context derived from parent that also ends grace after the
+// service begins to stop (or at a hard stop): the bound of one attempt at work
+// that should finish during a graceful stop if it can, but not hold the stop up
+// when its dependency hangs. Call cancel when the attempt is done. Like Hard,
+// it is valid only after Start.
+func (l *Lifecycle) Grace(parent context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	stopping, hard := l.Stopping(), l.Hard()
+	go func() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hard.Done():
+			cancel()
+			return
+		case <-stopping:
+		}
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-hard.Done():
+			cancel()
+		case <-t.C:
+			cancel()
+		}
+	}()
+	return ctx, cancel
 }
 
 // Hard is the context of work in flight: it carries the values of Start's

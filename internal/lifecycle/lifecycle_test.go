@@ -2,8 +2,10 @@ package lifecycle_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle/lifecycletest"
@@ -102,5 +104,42 @@ func TestWake(t *testing.T) {
 	case <-w:
 		t.Fatal("two pokes woke twice")
 	default:
+	}
+}
+
+// Grace ends an attempt a grace period after the stop began, so a graceful
+// stop is not held up by work whose dependency hangs; before the stop it does
+// not end.
+func TestGrace(t *testing.T) {
+	var lc lifecycle.Lifecycle
+	lc.Name = "grace"
+	attempt := make(chan context.Context, 1)
+	ended := make(chan error, 1)
+	err := lc.Start(context.Background(), func(context.Context) error {
+		lc.Go(func() {
+			ctx, cancel := lc.Grace(context.Background(), 20*time.Millisecond)
+			defer cancel()
+			attempt <- ctx
+			<-ctx.Done() // a call to a database that hangs
+			ended <- ctx.Err()
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := <-attempt
+	select {
+	case <-ctx.Done():
+		t.Fatal("the attempt ended before the stop began")
+	default:
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := lc.Stop(stopCtx); err != nil {
+		t.Fatalf("Stop: %v (the stop turned hard: the grace did not end the attempt)", err)
+	}
+	if err := <-ended; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the attempt ended with %v, want context.Canceled", err)
 	}
 }
