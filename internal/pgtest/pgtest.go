@@ -86,13 +86,20 @@ func SchemaOn(tb testing.TB, url string, maxConns int32) (*pgxpool.Pool, string)
 	return pool, schema
 }
 
+// dropTimeout bounds the drop of a test's schema when the test ends.
+const dropTimeout = time.Minute
+
 // SchemaName returns a fresh schema name with the given prefix, without creating the
 // schema, and drops whatever schema of that name exists when the test ends.
 func SchemaName(tb testing.TB, pool *pgxpool.Pool, prefix string) string {
 	tb.Helper()
 	schema := Name(prefix)
 	tb.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		// Bounded: a pool of a test's own cluster may still hold a connection to
+		// a server the test froze.
+		ctx, cancel := context.WithTimeout(context.Background(), dropTimeout)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			tb.Errorf("pgtest: drop schema %s: %v", schema, err)
 		}
 	})
