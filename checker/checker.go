@@ -33,6 +33,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/pgoutbox/pgoutbox"
 )
@@ -87,6 +88,10 @@ type Message struct {
 	AggregateType string
 	AggregateID   string
 	Sequence      int64
+	// OccurredAt is the event's occurred_at and StoredAt when the broker stored
+	// the message, where the reader knows them (ReadJetStream does): the
+	// latency from commit to broker, for reports. Check ignores them.
+	OccurredAt, StoredAt time.Time
 }
 
 // Effect is one application of an event's business effect by a consumer, in the
@@ -291,7 +296,7 @@ func (c *check) run() {
 	// Where each event belongs, for readable reports: the outbox, else the broker,
 	// else the effects.
 	for _, e := range in.Effects {
-		c.where[e.EventID] = Message{e.EventID, e.AggregateType, e.AggregateID, e.Sequence}
+		c.where[e.EventID] = Message{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Sequence: e.Sequence}
 	}
 	for _, m := range in.Broker {
 		c.where[m.EventID] = m
@@ -300,7 +305,7 @@ func (c *check) run() {
 	for _, r := range in.Outbox {
 		outboxCount[r.EventID]++
 		c.outbox[r.EventID] = r
-		c.where[r.EventID] = Message{r.EventID, r.AggregateType, r.AggregateID, r.Sequence}
+		c.where[r.EventID] = Message{EventID: r.EventID, AggregateType: r.AggregateType, AggregateID: r.AggregateID, Sequence: r.Sequence}
 	}
 	for id, n := range outboxCount {
 		if n > 1 {
@@ -531,7 +536,7 @@ func (c *check) order() {
 	for name, effects := range byConsumer {
 		firsts(ConsumerOrder, name, func(yield func(Message) bool) {
 			for _, e := range effects {
-				if !yield(Message{e.EventID, e.AggregateType, e.AggregateID, e.Sequence}) {
+				if !yield(Message{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Sequence: e.Sequence}) {
 					return
 				}
 			}

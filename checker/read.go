@@ -138,7 +138,8 @@ func ReadJetStream(ctx context.Context, js jetstream.JetStream, stream string) (
 			if err != nil {
 				return nil, fmt.Errorf("checker: stream %s, sequence %d (%s): %w", stream, md.Sequence.Stream, msg.Subject(), err)
 			}
-			out = append(out, Message{EventID: m.EventID, AggregateType: m.AggregateType, AggregateID: m.AggregateID, Sequence: m.AggregateSequence})
+			out = append(out, Message{EventID: m.EventID, AggregateType: m.AggregateType, AggregateID: m.AggregateID, Sequence: m.AggregateSequence,
+				OccurredAt: m.OccurredAt, StoredAt: md.Timestamp})
 			if md.Sequence.Stream >= last {
 				return out, nil
 			}
@@ -159,7 +160,8 @@ func ReadJetStream(ctx context.Context, js jetstream.JetStream, stream string) (
 func FromBroker(msgs []broker.Message) []Message {
 	out := make([]Message, len(msgs))
 	for i, m := range msgs {
-		out[i] = Message{EventID: m.EventID, AggregateType: m.AggregateType, AggregateID: m.AggregateID, Sequence: m.AggregateSequence}
+		out[i] = Message{EventID: m.EventID, AggregateType: m.AggregateType, AggregateID: m.AggregateID, Sequence: m.AggregateSequence,
+			OccurredAt: m.OccurredAt}
 	}
 	return out
 }

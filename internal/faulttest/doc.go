@@ -10,5 +10,13 @@
 // The chaos soak runs for about a minute in the default test run; run the long
 // one with
 //
-//	go test ./internal/faulttest -run Soak -soak.duration=30m -timeout 0
+//	go test ./internal/faulttest -run '^TestSoak$' -soak.duration=30m -timeout 0
+//
+// The soak across faults (TestFaultSoak) cycles a relay SIGKILL, terminated
+// database sessions, a broker restart, network cuts of a relay's host and a
+// failover of the primary to its synchronous standby under steady load with
+// cleanup running; the default run is one cycle of 3s faults. Run it for hours
+// with
+//
+//	go test ./internal/faulttest -run TestFaultSoak -faultsoak.duration=2h -timeout 0
 package faulttest

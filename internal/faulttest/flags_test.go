@@ -10,6 +10,9 @@ var (
 	soakRelays    = flag.Int("soak.relays", 3, "relay processes in the soak")
 	soakConsumers = flag.Int("soak.consumers", 2, "consumer processes in the soak")
 	soakProducers = flag.Int("soak.producers", 2, "producer processes in the soak")
+
+	faultSoakDuration = flag.Duration("faultsoak.duration", 0, "how long the soak across faults cycles them (0: one cycle, the CI-sized run)")
+	faultSoakPhase    = flag.Duration("faultsoak.phase", 3*time.Second, "how long each fault of the soak across faults lasts")
 )
 
 // flagsParse parses the command line for TestMain (testing's flags included).

@@ -29,6 +29,13 @@ const StandbyName = "standby1"
 // with synchronous_commit on, which the throwaway defaults turn off). Stop it
 // when done; a promoted standby is a primary like any other cluster.
 func (c *Cluster) StartStandby(synchronous bool) (*Cluster, error) {
+	return c.StartStandbyOn(synchronous, 0)
+}
+
+// StartStandbyOn is StartStandby on the given port (0: a free one), e.g. the
+// port of a primary that failed, so that a multi-host URL given to processes
+// before the failover names the new standby too.
+func (c *Cluster) StartStandbyOn(synchronous bool, port int) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), ClusterStartTimeout)
 	defer cancel()
 	dir, err := os.MkdirTemp("", "pgoutbox-pg-standby-")
@@ -58,9 +65,11 @@ func (c *Cluster) StartStandby(synchronous bool) (*Cluster, error) {
 	settings["hot_standby"] = "on"
 	var lastErr error
 	for range 5 {
-		port, err := freePort()
-		if err != nil {
-			return fail(err)
+		port := port
+		if port == 0 {
+			if port, err = freePort(); err != nil {
+				return fail(err)
+			}
 		}
 		sb, err := runServer(ctx, c.bindir, dir, data, port, settings, c.cred, acceptsConnections)
 		if err == nil {
