@@ -2,7 +2,6 @@ package faulttest
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -29,18 +28,10 @@ import (
 // the forgotten one silently.
 func TestAsynchronousFailover(t *testing.T) {
 	t.Parallel()
-	// synchronous_commit on, as in production: a commit returns once the
-	// primary flushed it, not once the standby has it.
-	primary, err := pgtest.StartCluster(&pgtest.ClusterConfig{Settings: map[string]string{"synchronous_commit": "on"}})
-	pgtest.Must(t, err, "start primary")
-	t.Cleanup(func() { _ = primary.Stop() })
-	standby, err := primary.StartStandby(false)
-	pgtest.Must(t, err, "start asynchronous standby")
-	t.Cleanup(func() { _ = standby.Stop() })
-	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/test?sslmode=disable&target_session_attrs=read-write&connect_timeout=5",
-		primary.Port, standby.Port)
-
-	e := newEnv(t, envConfig{dbServer: url})
+	// A commit returns once the primary flushed it, not once the standby has it.
+	ha := newHAPair(t, false)
+	primary, standby := ha.primary, ha.standby
+	e := newEnv(t, envConfig{dbServer: ha.url})
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return

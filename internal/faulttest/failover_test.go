@@ -15,20 +15,23 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
-// haPair is a primary with a synchronous streaming standby, both of the test's
-// own, and the multi-host URL an application on them is given.
+// haPair is a primary with a streaming standby, both of the test's own, and the
+// multi-host URL an application on them is given.
 type haPair struct {
 	primary, standby *pgtest.Cluster
 	url              string
 }
 
-func newHAPair(t *testing.T) *haPair {
+// newHAPair starts the pair: a primary with synchronous_commit on, as in
+// production, and a standby the primary waits for on every commit when
+// synchronous.
+func newHAPair(t *testing.T, synchronous bool) *haPair {
 	t.Helper()
 	primary, err := pgtest.StartCluster(&pgtest.ClusterConfig{Settings: map[string]string{"synchronous_commit": "on"}})
 	pgtest.Must(t, err, "start primary")
 	t.Cleanup(func() { _ = primary.Stop() })
-	standby, err := primary.StartStandby(true)
-	pgtest.Must(t, err, "start synchronous standby")
+	standby, err := primary.StartStandby(synchronous)
+	pgtest.Must(t, err, "start standby")
 	t.Cleanup(func() { _ = standby.Stop() })
 	// connect_timeout bounds the test's own pool and the producer's and
 	// consumer's connections; the relays replace it with their
@@ -61,7 +64,7 @@ func TestPrimaryFailover(t *testing.T) {
 }
 
 func primaryFailover(t *testing.T, fault func(*pgtest.Cluster) error, hung bool) {
-	ha := newHAPair(t)
+	ha := newHAPair(t, true)
 	e := newEnv(t, envConfig{dbServer: ha.url})
 	f := newFleet(e, 2, 1)
 	var extra *proc

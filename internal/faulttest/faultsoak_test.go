@@ -122,18 +122,10 @@ func TestFaultSoak(t *testing.T) {
 func newFaultSoak(t *testing.T) *faultSoak {
 	t.Helper()
 	s := &faultSoak{t: t}
-	for i := range s.hosts {
-		s.hosts[i] = netns.New(t, "db", "broker")
-	}
-	listen, hba := []string{"127.0.0.1"}, []string(nil)
-	for _, h := range s.hosts {
-		db := h.Link("db")
-		listen = append(listen, db.RootAddr.String())
-		hba = append(hba, "host all all "+db.HostAddr.String()+"/32 trust")
-	}
+	var cfg *pgtest.ClusterConfig
+	s.hosts, cfg = newRelayHosts(t, 80, map[string]string{"synchronous_commit": "on"})
 	var err error
-	s.primary, err = pgtest.StartCluster(&pgtest.ClusterConfig{MaxConnections: 80, HBA: hba,
-		Settings: map[string]string{"listen_addresses": strings.Join(listen, ","), "synchronous_commit": "on"}})
+	s.primary, err = pgtest.StartCluster(cfg)
 	pgtest.Must(t, err, "start primary")
 	s.standby, err = s.primary.StartStandby(true)
 	pgtest.Must(t, err, "start synchronous standby")

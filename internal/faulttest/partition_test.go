@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -60,17 +61,9 @@ type partition struct {
 func newPartition(t *testing.T) *partition {
 	t.Helper()
 	p := &partition{t: t, ids: [2]string{"a", "b"}}
-	for i := range p.hosts {
-		p.hosts[i] = netns.New(t, "db", "broker")
-	}
-	listen, hba := []string{"127.0.0.1"}, []string(nil)
-	for _, h := range p.hosts {
-		db := h.Link("db")
-		listen = append(listen, db.RootAddr.String())
-		hba = append(hba, "host all all "+db.HostAddr.String()+"/32 trust")
-	}
-	cluster, err := pgtest.StartCluster(&pgtest.ClusterConfig{MaxConnections: 60,
-		Settings: map[string]string{"listen_addresses": strings.Join(listen, ",")}, HBA: hba})
+	var cfg *pgtest.ClusterConfig
+	p.hosts, cfg = newRelayHosts(t, 60, nil)
+	cluster, err := pgtest.StartCluster(cfg)
 	pgtest.Must(t, err, "start PostgreSQL")
 	t.Cleanup(func() { _ = cluster.Stop() })
 	// The broker listens on every address: on loopback for the producer and
@@ -107,6 +100,26 @@ func newPartition(t *testing.T) *partition {
 	p.e.consumer("c0", nil)
 	p.prod = p.e.producer("p1", nil, producerOpts{txs: 0, aggregates: 15, rollbackPercent: 15, pause: 10 * time.Millisecond})
 	return p
+}
+
+// newRelayHosts makes two relay hosts, each with a link to the database and one
+// to the broker, and the config of a cluster they reach: it listens on loopback
+// and on each host's database link, trusts the hosts, and has maxConns
+// connections and settings besides.
+func newRelayHosts(t *testing.T, maxConns int, settings map[string]string) ([2]*netns.Host, *pgtest.ClusterConfig) {
+	t.Helper()
+	var hosts [2]*netns.Host
+	listen := []string{"127.0.0.1"}
+	cfg := &pgtest.ClusterConfig{MaxConnections: maxConns, Settings: map[string]string{}}
+	for i := range hosts {
+		hosts[i] = netns.New(t, "db", "broker")
+		db := hosts[i].Link("db")
+		listen = append(listen, db.RootAddr.String())
+		cfg.HBA = append(cfg.HBA, "host all all "+db.HostAddr.String()+"/32 trust")
+	}
+	maps.Copy(cfg.Settings, settings)
+	cfg.Settings["listen_addresses"] = strings.Join(listen, ",")
+	return hosts, cfg
 }
 
 // published counts the events published whose run relay id leased.
