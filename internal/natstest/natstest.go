@@ -128,6 +128,12 @@ func (t Target) Read(tb testing.TB) []broker.Message {
 			out = append(out, m)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, natsgo.ErrTimeout) {
+			if errors.Is(err, natsgo.ErrNoResponders) && ctx.Err() == nil {
+				// The pull's answer may say so too, not only Fetch: the
+				// consumer moved with the stream's leader. Ask again.
+				time.Sleep(wait.Interval)
+				continue
+			}
 			tb.Fatalf("natstest: fetch: %v", err)
 		}
 		if n == 0 {
