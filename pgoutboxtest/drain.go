@@ -54,16 +54,23 @@ func (e *QuarantinedError) Error() string {
 func (r *Relay) WaitDrained(ctx context.Context) error {
 	ids, err := r.unpublished(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("pgoutboxtest: wait for drain: before the outbox was read: %w", ctx.Err())
+		}
 		return err
 	}
 	tick := time.NewTicker(r.cfg.DrainPoll)
 	defer tick.Stop()
 	for {
 		var qe QuarantinedError
-		ids, err = r.pending(ctx, ids, &qe)
+		left, err := r.pending(ctx, ids, &qe)
 		if err != nil {
+			if ctx.Err() != nil { // the deadline came during the query
+				return drainTimedOut(ctx, len(ids))
+			}
 			return err
 		}
+		ids = left
 		switch {
 		case len(ids) == 0 && len(qe.Events) == 0:
 			return nil
@@ -72,10 +79,16 @@ func (r *Relay) WaitDrained(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("pgoutboxtest: wait for drain: %d event(s) still unpublished: %w", len(ids), ctx.Err())
+			return drainTimedOut(ctx, len(ids))
 		case <-tick.C:
 		}
 	}
+}
+
+// drainTimedOut is WaitDrained's error when ctx ended with n events (at most)
+// still unpublished.
+func drainTimedOut(ctx context.Context, n int) error {
+	return fmt.Errorf("pgoutboxtest: wait for drain: %d event(s) still unpublished: %w", n, ctx.Err())
 }
 
 // unpublished returns the ids of every committed event not yet published.

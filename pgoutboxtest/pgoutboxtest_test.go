@@ -197,13 +197,17 @@ func TestWaitDrainedRespectsContext(t *testing.T) {
 	r := pgoutboxtest.New(t, pool, &pgoutboxtest.Config{Schema: schema, Publisher: pub})
 	enqueue(t, pool, prod, event("order", "1", "order.placed"))
 
-	const within = 300 * time.Millisecond
+	const within = 500 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	start := time.Now()
 	err := r.WaitDrained(ctx)
-	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 event(s) still unpublished") {
-		t.Fatalf("WaitDrained with the broker down = %v, want the deadline and the count", err)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "pgoutboxtest: wait for drain") {
+		t.Fatalf("WaitDrained with the broker down = %v, want the deadline", err)
+	}
+	// The count, unless a busy machine let the deadline pass before the first read.
+	if strings.Contains(err.Error(), "still unpublished") && !strings.Contains(err.Error(), "1 event(s) still unpublished") {
+		t.Errorf("WaitDrained with one event pending = %v, want the count 1", err)
 	}
 	if took := time.Since(start); took > within+10*time.Second {
 		t.Errorf("WaitDrained returned %s after its deadline", took-within)
