@@ -27,6 +27,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"testing"
@@ -81,7 +82,9 @@ type Config struct {
 	// where it has one (DefaultPollInterval, DefaultWorkers, DefaultMaxAttempts,
 	// DefaultBackoffBase, DefaultBackoffMax), else relay's; its ID defaults to a
 	// unique "pgoutboxtest-…" and its Schema to Schema (setting both to
-	// different schemas is an error). Nil means all of those defaults.
+	// different schemas is an error). A nil Logger means the test's output
+	// (testing.TB.Output) with New, slog.Default() with Start. Nil means all of
+	// those defaults.
 	Relay *relay.Config
 
 	// DrainPoll is how often WaitDrained looks at the outbox. Zero means
@@ -146,11 +149,26 @@ type Relay struct {
 }
 
 // New starts a relay for the test tb, as Start does, and stops it when the test
-// ends (t.Cleanup, bounded by Config.StopTimeout). It fails the test if the
+// ends (t.Cleanup, bounded by Config.StopTimeout). The relay logs to the test's
+// output unless Config.Relay.Logger says otherwise. It fails the test if the
 // relay cannot start.
 func New(tb testing.TB, pool *pgxpool.Pool, cfg *Config) *Relay {
 	tb.Helper()
-	r, err := Start(context.Background(), pool, cfg)
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	var rc relay.Config
+	if c.Relay != nil {
+		rc = *c.Relay
+	}
+	if rc.Logger == nil {
+		// Safe: the relay logs nothing once Stop returned, which is before the
+		// test completes.
+		rc.Logger = slog.New(slog.NewTextHandler(tb.Output(), nil))
+	}
+	c.Relay = &rc
+	r, err := Start(context.Background(), pool, &c)
 	if err != nil {
 		tb.Fatalf("pgoutboxtest: %v", err)
 	}

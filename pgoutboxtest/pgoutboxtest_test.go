@@ -272,3 +272,28 @@ func TestConfigValidate(t *testing.T) {
 		t.Error("Start without a pool succeeded")
 	}
 }
+
+func TestSchemaDroppedAtCleanup(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, pgtest.URL(), poolConns)
+	var schema string
+	t.Run("uses", func(t *testing.T) {
+		schema = pgoutboxtest.Schema(t, pool)
+		var tables int
+		if err := pool.QueryRow(context.Background(),
+			"SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('outbox_events', 'processed_events')", schema).Scan(&tables); err != nil {
+			t.Fatal(err)
+		}
+		if tables != 2 {
+			t.Fatalf("schema %s has %d of outbox_events and processed_events", schema, tables)
+		}
+	})
+	var exists bool
+	if err := pool.QueryRow(context.Background(),
+		"SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if exists {
+		t.Fatalf("schema %s outlived its test", schema)
+	}
+}
