@@ -129,14 +129,19 @@ func Sign(secret []byte, t time.Time, h http.Header, body []byte) string {
 	return "t=" + strconv.FormatInt(ts, 10) + ",v1=" + hex.EncodeToString(mac)
 }
 
+// signedHeaderNames returns the headers a signature of h covers, the event
+// id's first: the CloudEvents attributes when h has a Ce-Specversion header.
+func signedHeaderNames(h http.Header) *[7]string {
+	if h.Get(broker.CloudEventsHTTP.Prefix+broker.CEAttrSpecVersion) != "" {
+		return &signedCloudEventsHeaders
+	}
+	return &signedHeaders
+}
+
 func signature(mac hash.Hash, ts int64, h http.Header, body []byte) []byte {
 	var buf [20]byte
 	mac.Write(strconv.AppendInt(buf[:0], ts, 10))
-	names := signedHeaders
-	if h.Get(broker.CloudEventsHTTP.Prefix+broker.CEAttrSpecVersion) != "" {
-		names = signedCloudEventsHeaders
-	}
-	for _, name := range names {
+	for _, name := range signedHeaderNames(h) {
 		mac.Write(newline)
 		_, _ = io.WriteString(mac, h.Get(name))
 	}
@@ -318,8 +323,9 @@ func (v *Verifier) Verify(h http.Header, body []byte) error {
 	if err != nil {
 		return err
 	}
-	if key := h.Get(HeaderIdempotencyKey); key != "" && key != h.Get(broker.HeaderEventID) {
-		return fmt.Errorf("%w: %s differs from %s", ErrBadSignature, HeaderIdempotencyKey, broker.HeaderEventID)
+	idHeader := signedHeaderNames(h)[0]
+	if key := h.Get(HeaderIdempotencyKey); key != "" && key != h.Get(idHeader) {
+		return fmt.Errorf("%w: %s differs from %s", ErrBadSignature, HeaderIdempotencyKey, idHeader)
 	}
 	// The signature first: a timestamp error then says that the request is
 	// authentic, only stale.
