@@ -255,8 +255,8 @@ func LaneHeaders(get func(name string) string) (aggregateType, aggregateID strin
 // body and a header lookup (get returns "" for a missing header; names are the
 // message's header names). The specversion must be 1.0; id, type, time and the
 // pgoutbox extension attributes must be present and well-formed; a
-// datacontenttype, if any, must be JSON. Headers other than the attributes and
-// content-type become Message.Headers. Values are checked as
+// datacontenttype, if any, must be JSON. Headers other than the attributes,
+// content-type and Outbox-* become Message.Headers. Values are checked as
 // [ParseWireHeaders] checks the Outbox-* headers.
 func ParseCloudEvent(body []byte, names []string, get func(name string) string) (Message, error) {
 	p, ok := CloudEventsPrefix(get)
@@ -284,7 +284,7 @@ func ParseCloudEvent(body []byte, names []string, get func(name string) string) 
 		return Message{}, err
 	}
 	if m.EventID, err = pgoutbox.ParseUUID(id); err != nil {
-		return Message{}, fmt.Errorf("broker: header %s%s: %w", p, CEAttrID, err)
+		return Message{}, fmt.Errorf("broker: header %s%s: not a UUID: %.40q", p, CEAttrID, id)
 	}
 	if m.AggregateSequence, err = strconv.ParseInt(seq, 10, 64); err != nil || m.AggregateSequence < 1 {
 		return Message{}, fmt.Errorf("broker: header %s%s: invalid sequence %.32q", p, CEExtSequence, seq)
@@ -303,7 +303,8 @@ func ParseCloudEvent(body []byte, names []string, get func(name string) string) 
 		return Message{}, fmt.Errorf("broker: CloudEvent datacontenttype %.64q is not JSON", ct)
 	}
 	for _, n := range names {
-		if !isCloudEventsHeader(n) && !strings.EqualFold(n, "content-type") {
+		// Outbox-* headers beside the attributes are not the producer's either.
+		if !isCloudEventsHeader(n) && !strings.EqualFold(n, "content-type") && !strings.HasPrefix(strings.ToLower(n), "outbox-") {
 			m.Headers[n] = get(n)
 		}
 	}
