@@ -230,10 +230,11 @@ func (e Encoding) Headers(m *Message, b CloudEventsBinding) iter.Seq2[string, st
 }
 
 // CloudEventsPrefix returns the attribute prefix of the CloudEvents binary-mode
-// message whose headers get looks up ("ce-", "ce_" or "cloudEvents_"), found by
-// its specversion header, or false when the message is not one.
+// message whose headers get looks up ("ce-", "ce_", "cloudEvents_" or the
+// older AMQP "cloudEvents:"), found by its specversion header, or false when
+// the message is not one.
 func CloudEventsPrefix(get func(name string) string) (string, bool) {
-	for _, p := range [...]string{CloudEventsHTTP.Prefix, CloudEventsKafka.Prefix, CloudEventsAMQP.Prefix} {
+	for _, p := range [...]string{CloudEventsHTTP.Prefix, CloudEventsKafka.Prefix, CloudEventsAMQP.Prefix, "cloudEvents:"} {
 		if get(p+CEAttrSpecVersion) != "" {
 			return p, true
 		}
@@ -309,6 +310,16 @@ func ParseCloudEvent(body []byte, names []string, get func(name string) string) 
 		}
 	}
 	return m, nil
+}
+
+// ParseReceived rebuilds a Message from a received message in either format:
+// [ParseCloudEvent] when it is a CloudEvents binary-mode message (it has a
+// specversion header of a binding), [ParseWireHeaders] otherwise.
+func ParseReceived(body []byte, names []string, get func(name string) string) (Message, error) {
+	if _, ok := CloudEventsPrefix(get); ok {
+		return ParseCloudEvent(body, names, get)
+	}
+	return ParseWireHeaders(body, names, get)
 }
 
 // isJSONContentType reports whether ct is application/json or a +json type,

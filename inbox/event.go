@@ -82,8 +82,8 @@ var ErrUndecodable = errors.New("inbox: undecodable delivery")
 // Decode reads the event carried by d, without upcasting. Its errors match
 // ErrUndecodable. d may be in the default format (Outbox-* headers) or a
 // CloudEvents binary-mode message as the relay's --format cloudevents sends it
-// (recognised by a ce-specversion, ce_specversion or cloudEvents_specversion
-// header; see docs/consumer.md, "CloudEvents").
+// (recognised by its specversion header: see [broker.ParseReceived] and
+// docs/consumer.md, "CloudEvents").
 func Decode(d Delivery) (Event, error) {
 	names := slices.Sorted(maps.Keys(d.Headers))
 	get := func(name string) string {
@@ -97,11 +97,7 @@ func Decode(d Delivery) (Event, error) {
 		}
 		return ""
 	}
-	parse := broker.ParseWireHeaders
-	if _, ce := broker.CloudEventsPrefix(get); ce {
-		parse = broker.ParseCloudEvent
-	}
-	m, err := parse(d.Body, names, get)
+	m, err := broker.ParseReceived(d.Body, names, get)
 	if err != nil {
 		return Event{}, fmt.Errorf("%w: %w", ErrUndecodable, err)
 	}

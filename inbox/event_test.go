@@ -78,6 +78,7 @@ func TestDecodeCloudEvents(t *testing.T) {
 		{broker.CloudEventsKafka, same},
 		{broker.CloudEventsAMQP, same},
 		{broker.CloudEventsAMQP, strings.ToLower},
+		{broker.CloudEventsBinding{Prefix: "cloudEvents:"}, same}, // the older AMQP binding's prefix
 	} {
 		d := cloudEventDelivery(m, c.b, c.fold)
 		got, err := inbox.Decode(d)

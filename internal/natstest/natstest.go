@@ -121,11 +121,7 @@ func (t Target) Read(tb testing.TB) []broker.Message {
 			for k := range h {
 				names = append(names, k)
 			}
-			parse := broker.ParseWireHeaders
-			if _, ce := broker.CloudEventsPrefix(h.Get); ce {
-				parse = broker.ParseCloudEvent
-			}
-			m, err := parse(msg.Data(), names, h.Get)
+			m, err := broker.ParseReceived(msg.Data(), names, h.Get)
 			if err != nil {
 				tb.Fatalf("natstest: message %d of %s: %v", len(out)+1, msg.Subject(), err)
 			}
