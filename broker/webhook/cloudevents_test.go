@@ -35,6 +35,14 @@ func TestCloudEventsFormat(t *testing.T) {
 		URL:      srv.URL() + "/hooks",
 		Encoding: broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: source},
 	})
+	if _, err := webhook.New(&webhook.Config{URL: srv.URL(), Secret: secret, Header: http.Header{"Ce-Source": {"/x"}},
+		Encoding: broker.Encoding{Format: broker.FormatCloudEvents}}); err == nil {
+		t.Error("Config.Header Ce-Source accepted in the CloudEvents format")
+	}
+	if _, err := webhook.New(&webhook.Config{URL: srv.URL(), Secret: secret,
+		Encoding: broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: "not a uri"}}); err == nil {
+		t.Error("a source with spaces accepted")
+	}
 	spoofed := message("order", "order-spoof", 1)
 	spoofed.Headers["Ce-Type"] = "forged"
 	if err := publish(t, p, spoofed)[0]; !broker.IsPermanent(err) {
