@@ -134,7 +134,7 @@ func ReadJetStream(ctx context.Context, js jetstream.JetStream, stream string) (
 			for k := range h {
 				names = append(names, k)
 			}
-			m, err := broker.ParseWireHeaders(msg.Data(), names, h.Get)
+			m, err := broker.ParseReceived(msg.Data(), names, h.Get) // either wire format
 			if err != nil {
 				return nil, fmt.Errorf("checker: stream %s, sequence %d (%s): %w", stream, md.Sequence.Stream, msg.Subject(), err)
 			}

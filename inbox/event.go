@@ -80,7 +80,10 @@ func DeliveryOf(m broker.Message) Delivery {
 var ErrUndecodable = errors.New("inbox: undecodable delivery")
 
 // Decode reads the event carried by d, without upcasting. Its errors match
-// ErrUndecodable.
+// ErrUndecodable. d may be in the default format (Outbox-* headers) or a
+// CloudEvents binary-mode message as the relay's --format cloudevents sends it
+// (recognised by its specversion header: see [broker.ParseReceived] and
+// docs/consumer.md, "CloudEvents").
 func Decode(d Delivery) (Event, error) {
 	names := slices.Sorted(maps.Keys(d.Headers))
 	get := func(name string) string {
@@ -94,7 +97,7 @@ func Decode(d Delivery) (Event, error) {
 		}
 		return ""
 	}
-	m, err := broker.ParseWireHeaders(d.Body, names, get)
+	m, err := broker.ParseReceived(d.Body, names, get)
 	if err != nil {
 		return Event{}, fmt.Errorf("%w: %w", ErrUndecodable, err)
 	}

@@ -86,6 +86,11 @@ type Config struct {
 	// so they win. They must keep the producer idempotent with acks=all. New
 	// ignores them. Empty means none.
 	DialOptions []kgo.Opt
+
+	// Encoding is the wire format of the records. The zero value is the default
+	// Outbox-* headers; FormatCloudEvents sends CloudEvents binary mode per the
+	// Kafka protocol binding (ce_* headers, a content-type header).
+	Encoding broker.Encoding
 }
 
 // SASL is how the publisher authenticates to the cluster.
@@ -199,6 +204,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := c.SASL.mechanism(); err != nil {
 		errs = append(errs, err)
+	}
+	if err := c.Encoding.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("kafka: Config.Encoding: %w", err))
 	}
 	return errors.Join(errs...)
 }
@@ -423,6 +431,9 @@ func (p *Publisher) send(_ context.Context, m *broker.Message) (broker.AckFunc, 
 	if err := m.CheckHeaders(); err != nil {
 		return nil, err
 	}
+	if err := p.cfg.Encoding.CheckMessage(m); err != nil {
+		return nil, err
+	}
 	topic, err := p.cfg.Topic.ExpandChecked(m)
 	if err != nil {
 		return nil, broker.Permanent(fmt.Errorf("kafka: event %s: %w", m.EventID, err))
@@ -439,7 +450,7 @@ func (p *Publisher) send(_ context.Context, m *broker.Message) (broker.AckFunc, 
 		Topic:   topic,
 		Key:     []byte(m.AggregateID),
 		Value:   m.Payload,
-		Headers: recordHeaders(m),
+		Headers: recordHeaders(p.cfg.Encoding, m),
 		// The timestamp is left to the client (now): the broker applies
 		// retention and timestamp checks to it, so an old event re-published by
 		// replay must not carry its occurred_at there. That is in a header.
@@ -465,11 +476,11 @@ func (p *Publisher) send(_ context.Context, m *broker.Message) (broker.AckFunc, 
 	}, nil
 }
 
-// recordHeaders returns m's wire headers sorted by name, so that equal events
-// are equal records.
-func recordHeaders(m *broker.Message) []kgo.RecordHeader {
-	out := make([]kgo.RecordHeader, 0, m.WireHeaderCount())
-	for k, v := range m.AllWireHeaders() {
+// recordHeaders returns m's wire headers in enc's format sorted by name, so
+// that equal events are equal records.
+func recordHeaders(enc broker.Encoding, m *broker.Message) []kgo.RecordHeader {
+	out := make([]kgo.RecordHeader, 0, enc.HeaderCount(m))
+	for k, v := range enc.Headers(m, broker.CloudEventsKafka) {
 		out = append(out, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
 	slices.SortFunc(out, func(a, b kgo.RecordHeader) int { return strings.Compare(a.Key, b.Key) })

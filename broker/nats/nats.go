@@ -90,6 +90,11 @@ type Config struct {
 	// custom dialer); they are applied after the publisher's own, so they win.
 	// New ignores them. Empty means none.
 	DialOptions []natsgo.Option
+
+	// Encoding is the wire format of the messages. The zero value is the
+	// default Outbox-* headers; FormatCloudEvents sends CloudEvents binary mode
+	// per the NATS protocol binding (ce-* headers, a content-type header).
+	Encoding broker.Encoding
 }
 
 // withDefaults returns a copy of cfg (nil means all defaults) with defaults
@@ -146,6 +151,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPending < 0 {
 		errs = append(errs, fmt.Errorf("nats: Config.MaxPending (%d) must be positive", c.MaxPending))
+	}
+	if err := c.Encoding.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("nats: Config.Encoding: %w", err))
 	}
 	return errors.Join(errs...)
 }
@@ -494,6 +502,9 @@ func (p *Publisher) send(st *streamState, m *broker.Message) (broker.AckFunc, er
 	if err := m.CheckHeaders(); err != nil {
 		return nil, err
 	}
+	if err := p.cfg.Encoding.CheckMessage(m); err != nil {
+		return nil, err
+	}
 	subj, err := p.cfg.Subject.ExpandChecked(m)
 	if err != nil {
 		return nil, broker.Permanent(fmt.Errorf("nats: event %s: %w", m.EventID, err))
@@ -507,9 +518,10 @@ func (p *Publisher) send(st *streamState, m *broker.Message) (broker.AckFunc, er
 	}
 	// Room for the Nats-Msg-Id and Nats-Expected-Stream headers the client adds: a
 	// map that has to grow for them costs more than the rest of the headers.
-	msg := &natsgo.Msg{Subject: subj, Data: m.Payload, Header: make(natsgo.Header, m.WireHeaderCount()+2)}
-	values := make([]string, 0, m.WireHeaderCount()) // one allocation for every header's value slice
-	for k, v := range m.AllWireHeaders() {
+	n := p.cfg.Encoding.HeaderCount(m)
+	msg := &natsgo.Msg{Subject: subj, Data: m.Payload, Header: make(natsgo.Header, n+2)}
+	values := make([]string, 0, n) // one allocation for every header's value slice
+	for k, v := range p.cfg.Encoding.Headers(m, broker.CloudEventsNATS) {
 		// nats.go trims values and turns line breaks into spaces; refuse rather
 		// than deliver a header that differs from the event's.
 		if v != textproto.TrimString(v) || strings.ContainsAny(v, "\r\n") {

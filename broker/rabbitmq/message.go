@@ -31,16 +31,19 @@ func validateRoutingKey(key string) error {
 // encode returns m as an AMQP message: persistent, with the event id as
 // message_id, the event type as type, occurred_at as timestamp, and every wire
 // header as a string header. Its errors are about the event and never change on
-// a retry.
-func encode(m *broker.Message) (amqp.Publishing, error) {
+// a retry. enc selects the format of the headers.
+func encode(enc broker.Encoding, m *broker.Message) (amqp.Publishing, error) {
 	if err := m.CheckHeaders(); err != nil {
+		return amqp.Publishing{}, err
+	}
+	if err := enc.CheckMessage(m); err != nil {
 		return amqp.Publishing{}, err
 	}
 	if len(m.EventType) > maxShortstr {
 		return amqp.Publishing{}, fmt.Errorf("event type of %d bytes is longer than AMQP's %d for the type property", len(m.EventType), maxShortstr)
 	}
-	headers := make(amqp.Table, m.WireHeaderCount())
-	for k, v := range m.AllWireHeaders() {
+	headers := make(amqp.Table, enc.HeaderCount(m))
+	for k, v := range enc.Headers(m, broker.CloudEventsAMQP) {
 		if len(k) > maxShortstr {
 			return amqp.Publishing{}, fmt.Errorf("header name of %d bytes is longer than AMQP's %d", len(k), maxShortstr)
 		}

@@ -36,7 +36,7 @@ func testMessage() broker.Message {
 func TestEncode(t *testing.T) {
 	t.Parallel()
 	m := testMessage()
-	p, err := encode(&m)
+	p, err := encode(broker.Encoding{}, &m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func FuzzRoutingKey(f *testing.F) {
 		} else if len(key) <= maxShortstr && utf8.ValidString(key) {
 			t.Fatalf("refused routing key %q: %v", key, err)
 		}
-		p, err := encode(&m)
+		p, err := encode(broker.Encoding{}, &m)
 		if (err == nil) != (len(eventType) <= maxShortstr) {
 			t.Fatalf("encode with a %d-byte event type: %v", len(eventType), err)
 		}
@@ -244,7 +244,7 @@ func TestHeaderFrameSizeOnTheWire(t *testing.T) {
 	}
 
 	m := testMessage()
-	msg, err := encode(&m)
+	msg, err := encode(broker.Encoding{}, &m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestHeaderFrameSizeOnTheWire(t *testing.T) {
 	frameMax := s.link.frameMax
 	pad := testMessage()
 	pad.Headers["Pad"] = ""
-	padMsg, _ := encode(&pad)
+	padMsg, _ := encode(broker.Encoding{}, &pad)
 	pad.Headers["Pad"] = strings.Repeat("p", frameMax-headerFrameSize(&padMsg))
 	if err := publish(pad); err != nil {
 		t.Fatalf("header frame of exactly %d bytes: %v", frameMax, err)

@@ -132,6 +132,11 @@ type Config struct {
 	// blocked; each once per change of state, not per attempt. Nil means
 	// slog.Default().
 	Logger *slog.Logger
+
+	// Encoding is the wire format of the messages. The zero value is the
+	// default Outbox-* headers; FormatCloudEvents sends CloudEvents binary mode
+	// per the AMQP protocol binding: cloudEvents_* message headers (application properties), datacontenttype as the content-type property.
+	Encoding broker.Encoding
 }
 
 // withDefaults returns a copy of cfg (nil means all defaults) with defaults
@@ -209,6 +214,9 @@ func (c *Config) Validate() error {
 	}
 	if len(c.ConnectionName) > maxShortstr {
 		errs = append(errs, fmt.Errorf("rabbitmq: Config.ConnectionName: %d bytes, want at most %d", len(c.ConnectionName), maxShortstr))
+	}
+	if err := c.Encoding.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("rabbitmq: Config.Encoding: %w", err))
 	}
 	return errors.Join(errs...)
 }
@@ -531,7 +539,7 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 	if err := validateRoutingKey(key); err != nil {
 		return nil, broker.Permanent(fmt.Errorf("rabbitmq: event %s: %w", m.EventID, err))
 	}
-	msg, err := encode(m)
+	msg, err := encode(p.cfg.Encoding, m)
 	if err != nil {
 		return nil, broker.Permanent(fmt.Errorf("rabbitmq: event %s: %w", m.EventID, err))
 	}

@@ -42,6 +42,18 @@ var signedHeaders = [...]string{
 	broker.HeaderOccurredAt,
 }
 
+// signedCloudEventsHeaders stand for signedHeaders, position by position, in a
+// request of the CloudEvents format (one with a Ce-Specversion header).
+var signedCloudEventsHeaders = [...]string{
+	broker.CloudEventsHTTP.Prefix + broker.CEAttrID,
+	broker.CloudEventsHTTP.Prefix + broker.CEAttrType,
+	broker.CloudEventsHTTP.Prefix + broker.CEExtAggregateType,
+	broker.CloudEventsHTTP.Prefix + broker.CEExtAggregateID,
+	broker.CloudEventsHTTP.Prefix + broker.CEExtSequence,
+	broker.CloudEventsHTTP.Prefix + broker.CEExtSchemaVersion,
+	broker.CloudEventsHTTP.Prefix + broker.CEAttrTime,
+}
+
 const (
 	// MinSecretLen is the shortest secret the publisher and the verifier accept: a
 	// shorter one could be guessed offline from a single signed request.
@@ -98,6 +110,11 @@ var newline = []byte{'\n'}
 //	<Outbox-Occurred-At>
 //	<body>
 //
+// In a request of the CloudEvents format (--format cloudevents: it has a
+// Ce-Specversion header) the same positions hold Ce-Id, Ce-Type,
+// Ce-Pgoutboxaggtype, Ce-Pgoutboxaggid, Ce-Pgoutboxseq, Ce-Pgoutboxschemaver and
+// Ce-Time instead.
+//
 // A missing header counts as empty. Header values cannot hold a newline, so the
 // joined text is unambiguous. The timestamp lets a receiver refuse replays
 // ([ErrTooOld]); signing the contract headers keeps a replayed body from being
@@ -112,10 +129,19 @@ func Sign(secret []byte, t time.Time, h http.Header, body []byte) string {
 	return "t=" + strconv.FormatInt(ts, 10) + ",v1=" + hex.EncodeToString(mac)
 }
 
+// signedHeaderNames returns the headers a signature of h covers, the event
+// id's first: the CloudEvents attributes when h has a Ce-Specversion header.
+func signedHeaderNames(h http.Header) *[7]string {
+	if h.Get(broker.CloudEventsHTTP.Prefix+broker.CEAttrSpecVersion) != "" {
+		return &signedCloudEventsHeaders
+	}
+	return &signedHeaders
+}
+
 func signature(mac hash.Hash, ts int64, h http.Header, body []byte) []byte {
 	var buf [20]byte
 	mac.Write(strconv.AppendInt(buf[:0], ts, 10))
-	for _, name := range signedHeaders {
+	for _, name := range signedHeaderNames(h) {
 		mac.Write(newline)
 		_, _ = io.WriteString(mac, h.Get(name))
 	}
@@ -297,8 +323,9 @@ func (v *Verifier) Verify(h http.Header, body []byte) error {
 	if err != nil {
 		return err
 	}
-	if key := h.Get(HeaderIdempotencyKey); key != "" && key != h.Get(broker.HeaderEventID) {
-		return fmt.Errorf("%w: %s differs from %s", ErrBadSignature, HeaderIdempotencyKey, broker.HeaderEventID)
+	idHeader := signedHeaderNames(h)[0]
+	if key := h.Get(HeaderIdempotencyKey); key != "" && key != h.Get(idHeader) {
+		return fmt.Errorf("%w: %s differs from %s", ErrBadSignature, HeaderIdempotencyKey, idHeader)
 	}
 	// The signature first: a timestamp error then says that the request is
 	// authentic, only stale.

@@ -174,6 +174,11 @@ type Config struct {
 	// producer header); failed requests are reported through Publish's results.
 	// Nil means slog.Default().
 	Logger *slog.Logger
+
+	// Encoding is the wire format of the messages. The zero value is the
+	// default Outbox-* headers; FormatCloudEvents sends CloudEvents binary mode
+	// per the HTTP protocol binding (ce-* headers, Content-Type).
+	Encoding broker.Encoding
 }
 
 // The publisher's own transport (Config.HTTPClient nil) uses the values of
@@ -278,7 +283,8 @@ func (c *Config) check() (*endpoint, error) {
 			continue
 		}
 		canon := http.CanonicalHeaderKey(name)
-		if reservedHeaders[canon] || strings.HasPrefix(canon, "Outbox-") {
+		if reservedHeaders[canon] || strings.HasPrefix(canon, "Outbox-") ||
+			(c.Encoding.Format == broker.FormatCloudEvents && strings.HasPrefix(canon, "Ce-")) {
 			errs = append(errs, fmt.Errorf("webhook: Config.Header: %s is set by the publisher", canon))
 			continue
 		}
@@ -287,6 +293,9 @@ func (c *Config) check() (*endpoint, error) {
 				errs = append(errs, fmt.Errorf("webhook: Config.Header: %s: %w", canon, err))
 			}
 		}
+	}
+	if err := c.Encoding.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("webhook: Config.Encoding: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -558,7 +567,13 @@ func (p *Publisher) header(m *broker.Message) (http.Header, error) {
 	if err := m.CheckHeaders(); err != nil {
 		return nil, err
 	}
-	wire := m.WireHeaders()
+	if err := p.cfg.Encoding.CheckMessage(m); err != nil {
+		return nil, err
+	}
+	wire := make(map[string]string, p.cfg.Encoding.HeaderCount(m))
+	for k, v := range p.cfg.Encoding.Headers(m, broker.CloudEventsHTTP) {
+		wire[k] = v
+	}
 	h := make(http.Header, len(wire)+len(p.cfg.Header)+4)
 	for name, values := range p.cfg.Header {
 		h[name] = slices.Clone(values)

@@ -329,7 +329,7 @@ type jsBroker struct{ s *Subscriber }
 
 func (b jsBroker) Lane(msg jetstream.Msg) pgoutbox.Lane {
 	h := msg.Headers()
-	return pgoutbox.LaneOf(h.Get(broker.HeaderAggregateType), h.Get(broker.HeaderAggregateID))
+	return pgoutbox.LaneOf(broker.LaneHeaders(h.Get))
 }
 
 func (b jsBroker) Delivery(msg jetstream.Msg) (inbox.Delivery, bool) {

@@ -120,11 +120,11 @@ func header(h map[string]string, name string) string {
 	return ""
 }
 
-// laneKey names the aggregate a message belongs to: its messages are processed one
-// at a time. Messages without the headers (not outbox events) share one lane; they
+// laneKey names the aggregate a message belongs to (in either wire format): its
+// messages are processed one at a time. Messages without the headers (not outbox events) share one lane; they
 // are rejected quickly.
 func laneKey(h map[string]string) pgoutbox.Lane {
-	return pgoutbox.LaneOf(header(h, broker.HeaderAggregateType), header(h, broker.HeaderAggregateID))
+	return pgoutbox.LaneOf(broker.LaneHeaders(func(name string) string { return header(h, name) }))
 }
 
 // attempt is the delivery count of d, for the inbox's retry backoff. Quorum queues

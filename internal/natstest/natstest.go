@@ -77,7 +77,7 @@ func newTarget(tb testing.TB, url string, deleteStream bool) Target {
 }
 
 // Read returns every message in the stream, in stream order, decoded from the wire
-// headers. A stream that does not exist reads as empty.
+// headers (either format). A stream that does not exist reads as empty.
 func (t Target) Read(tb testing.TB) []broker.Message {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -121,7 +121,7 @@ func (t Target) Read(tb testing.TB) []broker.Message {
 			for k := range h {
 				names = append(names, k)
 			}
-			m, err := broker.ParseWireHeaders(msg.Data(), names, h.Get)
+			m, err := broker.ParseReceived(msg.Data(), names, h.Get)
 			if err != nil {
 				tb.Fatalf("natstest: message %d of %s: %v", len(out)+1, msg.Subject(), err)
 			}

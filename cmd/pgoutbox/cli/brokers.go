@@ -65,6 +65,8 @@ type brokerFlags struct {
 	secretFile    string
 	unsigned      bool
 	amqpExchange  string
+	format        string
+	ceSource      string
 }
 
 func (b *brokerFlags) register(fs *pflag.FlagSet) {
@@ -78,6 +80,9 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.amqpExchange, "amqp-exchange", "outbox", "RabbitMQ topic exchange to publish to (env PGOUTBOX_AMQP_EXCHANGE)")
 	fs.StringVar(&b.secretFile, "webhook-secret-file", "", "file holding the webhook HMAC secret; else PGOUTBOX_WEBHOOK_SECRET is used (env PGOUTBOX_WEBHOOK_SECRET_FILE)")
 	fs.BoolVar(&b.unsigned, "webhook-unsigned", false, "send webhook requests without a signature (env PGOUTBOX_WEBHOOK_UNSIGNED)")
+	fs.StringVar(&b.format, "format", broker.FormatNameOutbox, "wire format: outbox (Outbox-* headers) or cloudevents (CloudEvents 1.0 binary mode: "+
+		"ce-* headers on NATS and webhooks, ce_* on Kafka, cloudEvents_* on RabbitMQ; see docs/consumer.md) (env PGOUTBOX_FORMAT)")
+	fs.StringVar(&b.ceSource, "ce-source", "", "CloudEvents source attribute of --format cloudevents, a URI-reference (env PGOUTBOX_CE_SOURCE) (default /pgoutbox/<schema>)")
 }
 
 // brokerTarget is a checked --broker choice, ready to open.
@@ -87,6 +92,7 @@ type brokerTarget struct {
 	template       *broker.Template
 	streamSubjects []string
 	secret         []byte // webhook
+	encoding       broker.Encoding
 }
 
 // webhookSecret reads the HMAC secret from --webhook-secret-file or
@@ -119,9 +125,25 @@ const brokerChoices = "nats://host:4222, tls://…, kafka://host:9092, amqp://us
 func redactURL(u *url.URL) string { return redact.URL(u.String()) }
 
 // parse checks the broker flags without connecting anywhere, so that a typo fails
-// at start-up with one line.
-func (b *brokerFlags) parse() (*brokerTarget, error) {
+// at start-up with one line. schema names the default CloudEvents source.
+func (b *brokerFlags) parse(schema string) (*brokerTarget, error) {
 	t := &brokerTarget{flags: b}
+	format, err := broker.ParseFormat(b.format)
+	if err != nil {
+		return nil, usagef("--format: %v", err)
+	}
+	t.encoding.Format = format
+	if format == broker.FormatCloudEvents {
+		t.encoding.CloudEventsSource = b.ceSource
+		if b.ceSource == "" {
+			t.encoding.CloudEventsSource = broker.DefaultCloudEventsSource + "/" + schema
+		}
+		if err := t.encoding.Validate(); err != nil {
+			return nil, usagef("--ce-source: %v", err)
+		}
+	} else if b.ceSource != "" {
+		return nil, usagef("--ce-source applies to --format cloudevents only")
+	}
 	switch {
 	case strings.TrimSpace(b.url) == "":
 		return nil, usagef("no broker: set --broker or PGOUTBOX_BROKER (there is no default); want one of %s", brokerChoices)
@@ -224,7 +246,7 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 	case "null":
 		return &null.Publisher{}, func() {}, nil
 	case "kafka":
-		cfg := kafka.Config{ProduceTimeout: t.flags.ackTimeout, Logger: log}
+		cfg := kafka.Config{ProduceTimeout: t.flags.ackTimeout, Logger: log, Encoding: t.encoding}
 		if t.template != nil {
 			cfg.Topic = *t.template
 		}
@@ -244,7 +266,7 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		}
 		return pub, func() { _ = pub.Close() }, nil
 	case "rabbitmq":
-		cfg := rabbitmq.Config{Exchange: t.flags.amqpExchange, ConfirmTimeout: t.flags.ackTimeout, Logger: log}
+		cfg := rabbitmq.Config{Exchange: t.flags.amqpExchange, ConfirmTimeout: t.flags.ackTimeout, Logger: log, Encoding: t.encoding}
 		if t.template != nil {
 			cfg.RoutingKey = *t.template
 		}
@@ -258,13 +280,13 @@ func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publi
 		return pub, func() { _ = pub.Close() }, nil
 	case "webhook":
 		pub, err := webhook.New(&webhook.Config{URL: t.flags.url, Secret: t.secret, AllowUnsigned: t.flags.unsigned,
-			Timeout: t.flags.ackTimeout, Logger: log})
+			Timeout: t.flags.ackTimeout, Logger: log, Encoding: t.encoding})
 		if err != nil {
 			return nil, nil, usageError{err}
 		}
 		return pub, func() { _ = pub.Close() }, nil
 	}
-	cfg := natsbroker.Config{Stream: t.flags.natsStream, StreamSubjects: t.streamSubjects, AckTimeout: t.flags.ackTimeout, Logger: log}
+	cfg := natsbroker.Config{Stream: t.flags.natsStream, StreamSubjects: t.streamSubjects, AckTimeout: t.flags.ackTimeout, Logger: log, Encoding: t.encoding}
 	if t.template != nil {
 		cfg.Subject = *t.template
 	}

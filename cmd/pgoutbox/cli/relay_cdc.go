@@ -73,7 +73,7 @@ func runRelayCDC(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	target, err := f.broker.parse()
+	target, err := f.broker.parse(f.db.schema)
 	if err != nil {
 		return err
 	}
@@ -257,7 +257,7 @@ attempt); events never tried do not count.
 			if err != nil {
 				return err
 			}
-			target, err := brk.parse()
+			target, err := brk.parse(db.schema)
 			if err != nil {
 				return err
 			}

@@ -316,6 +316,9 @@ func TestRelayFlagErrors(t *testing.T) {
 		{[]string{"--topic-template", "x.{nope}"}, "unknown placeholder {nope}"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"--max-attempts", "-1"}, "--max-attempts (-1) must be positive"},
+		{[]string{"--format", "xml"}, `--format: broker: unknown format "xml"`},
+		{[]string{"--format", "cloudevents", "--ce-source", "/a b"}, "--ce-source: broker: CloudEvents source"},
+		{[]string{"--ce-source", "/app"}, "--ce-source applies to --format cloudevents only"},
 	}
 	for _, tc := range cases {
 		if !slices.Contains(tc.args, "--broker") {
@@ -395,7 +398,7 @@ func TestRelayHelpDocumentsEveryBroker(t *testing.T) {
 	t.Parallel()
 	out, _, code := run(t, "relay", "--help")
 	for _, want := range []string{"embedded", "nats://", "kafka://", "amqp://", "https://", "null://", "--topic-template",
-		"PGOUTBOX_WEBHOOK_SECRET", "(env DATABASE_URL)", "(env PGOUTBOX_BATCH_SIZE)"} {
+		"PGOUTBOX_WEBHOOK_SECRET", "(env DATABASE_URL)", "(env PGOUTBOX_BATCH_SIZE)", "--format", "--ce-source"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("relay --help lacks %q", want)
 		}
