@@ -29,6 +29,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
@@ -729,13 +730,13 @@ func (o *outcome) note(c *claimed, i int, res Result, attempt int, err error) {
 }
 
 // failColumns returns the failures as the fail statement's column arrays.
-func (o *outcome) failColumns() (ids [][16]byte, errs []string, delaysMs []int64, quarantine []bool, heads [][16]byte) {
+func (o *outcome) failColumns() (ids []pgtype.UUID, errs []string, delaysMs []int64, quarantine []bool, heads []pgtype.UUID) {
 	for _, f := range o.failed {
-		ids = append(ids, f.id)
+		ids = append(ids, pgtype.UUID{Bytes: f.id, Valid: true})
 		errs = append(errs, f.verdict.Text)
 		delaysMs = append(delaysMs, f.verdict.Delay.Milliseconds())
 		quarantine = append(quarantine, f.verdict.Quarantine)
-		heads = append(heads, f.head)
+		heads = append(heads, pgtype.UUID{Bytes: f.head, Valid: true})
 	}
 	return ids, errs, delaysMs, quarantine, heads
 }
@@ -872,12 +873,16 @@ func (r *Relay) settleStatements(o *outcome) *pgx.Batch {
 	return b
 }
 
-// uuids converts ids for a uuid[] parameter: pgx encodes [16]byte natively, where
-// UUID would go through its driver.Valuer text form, element by element.
-func uuids(ids []pgoutbox.UUID) [][16]byte {
-	out := make([][16]byte, len(ids))
+// uuids converts ids for a uuid[] parameter. pgtype.UUID is a type pgx knows
+// by itself: it encodes it natively, where pgoutbox.UUID would go through its
+// driver.Valuer text form element by element, and it names the parameter's type
+// uuid[] in the query modes that do not ask the server for the parameters'
+// types (exec, simple_protocol: the modes to use through PgBouncer's
+// transaction pooling, docs/operations.md), where [][16]byte cannot be encoded.
+func uuids(ids []pgoutbox.UUID) []pgtype.UUID {
+	out := make([]pgtype.UUID, len(ids))
 	for i, id := range ids {
-		out[i] = id
+		out[i] = pgtype.UUID{Bytes: id, Valid: true}
 	}
 	return out
 }
