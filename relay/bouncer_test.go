@@ -69,3 +69,37 @@ func TestRelayThroughPgBouncerTransactionPooling(t *testing.T) {
 		})
 	}
 }
+
+// Through PgBouncer's session pooling a client keeps its server session: the
+// listener hears its probe, the idle relay holds the idle lock and a commit's
+// notification wakes it. The relay's pool, listener and guard fit in
+// PgBouncer's server connections (pgtest.BouncerPoolSize): a session-pooled
+// client beyond them would wait for one.
+func TestRelayThroughPgBouncerSessionPooling(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 4)
+	via := pgtest.Pool(t, pgtest.StartBouncer(t, pgtest.BouncerSession), 2)
+	var logs syncBuffer
+	rec := &brokertest.Recorder{}
+	cfg := relay.Config{Schema: o.schema, Workers: 1, PollInterval: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	r, err := relay.New(via, rec, &cfg)
+	pgtest.Must(t, err, "relay.New")
+	pgtest.Must(t, r.Start(context.Background()), "start")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := r.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	wait.Forf(t, bouncerWithin, func() string { return "the idle relay to hold the idle lock; the log:\n" + logs.String() },
+		func() bool { return idleLock(t, o, true) == 1 })
+	// Polling is hourly: only a notification publishes these.
+	o.enqueue(t, 2, 3)
+	wait.Forf(t, bouncerWithin, func() string { return "the notified events; the log:\n" + logs.String() },
+		func() bool { return len(rec.Messages()) == 6 })
+	if strings.Contains(logs.String(), "did not hear") {
+		t.Fatalf("the listener's probe failed through session pooling:\n%s", logs.String())
+	}
+}
