@@ -73,7 +73,11 @@ type Config struct {
 	// Zero means DefaultPollInterval (2s).
 	PollInterval time.Duration
 
-	// DisableNotify turns off LISTEN/NOTIFY wake-ups, leaving polling alone.
+	// DisableNotify turns off LISTEN/NOTIFY wake-ups, leaving polling alone. Set
+	// it when the pool leads through a connection pooler in transaction mode
+	// (PgBouncer pool_mode=transaction), where a LISTEN session and the idle
+	// lock cannot work: the relay then uses no session state
+	// (docs/operations.md, "Connection poolers").
 	DisableNotify bool
 
 	// MaxAttempts is how many failed publishes quarantine an event. Failures that

@@ -16,7 +16,8 @@ import (
 // a committing producer notifies only when it cannot take that lock in shared mode.
 //
 // The relay counts as idle when every worker waits for a wake-up. The guard
-// goroutine then takes the lock on a connection of its own. Taking it waits for the
+// goroutine then takes the lock on a connection of its own, once the listener has
+// proven that it hears its channel (probeListener). Taking it waits for the
 // producers that are committing without notifying (they hold it in shared mode), so
 // once the lock is held, one more claim finds their events, and every later commit
 // notifies. When the relay gets busy it keeps the lock for idleRelease more, so that
@@ -91,8 +92,12 @@ func (r *Relay) guard() {
 		conn, held = nil, false
 	}
 	for {
+		// The lock is taken only while the listener is proven to hear
+		// (probeListener): a deaf relay gains nothing from producers'
+		// notifications, and through a pooler in transaction mode the lock
+		// would stay with a pooled server session.
 		switch idle := r.allIdle(); {
-		case idle && !held:
+		case idle && !held && r.listening.Load():
 			release.Stop()
 			if conn == nil {
 				var err error

@@ -18,6 +18,8 @@ package relay
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +31,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
@@ -80,7 +83,8 @@ type Relay struct {
 	// ones in index order; the zero Lane starts from the first lanes.
 	cur         pgoutbox.Lane
 	hotPoller   atomic.Bool    // a worker polls quickly instead of waiting (work)
-	idleChanged lifecycle.Wake // the relay became idle or busy
+	idleChanged lifecycle.Wake // the relay became idle or busy, or its listener came up
+	listening   atomic.Bool    // the LISTEN session is up and was proven to hear (listenOnce)
 	stats       counters
 }
 
@@ -333,7 +337,13 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.q.channel}.Sanitize()); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	if err := r.probeListener(ctx, conn); err != nil {
+		return err
+	}
 	up()
+	r.listening.Store(true)
+	defer r.listening.Store(false)
+	r.idleChanged.Poke() // the guard may take the idle lock now (idle.go)
 	r.poke()
 	for {
 		// A LISTEN session on a hung host would wait for ever, deaf to the new
@@ -358,8 +368,51 @@ func (r *Relay) listenOnce(ctx context.Context, up func()) error {
 	}
 }
 
+// errListenerDeaf is a LISTEN session that does not hear a notification sent
+// to its channel.
+var errListenerDeaf = errors.New("the LISTEN session did not hear the relay's own notification within " +
+	listenProbeTimeout.String() + ": the database URL may lead through a connection pooler in transaction " +
+	"mode (PgBouncer pool_mode=transaction), where LISTEN and session advisory locks do not work; " +
+	"run the relay with --no-notify (Config.DisableNotify) or give it a URL with session pooling or none " +
+	"(docs/operations.md, \"Connection poolers\")")
+
+// probeListener proves that conn, which has just run LISTEN, hears its channel:
+// it sends a notification of its own through the pool and waits for it.
+// Through a pooler in transaction mode the LISTEN ran on a server session
+// that went back to the pooler's pool at once: the notifications reach that
+// session, never this client, and the relay would be deaf without knowing
+// it, waiting a poll interval for every event, while the guard's session
+// advisory lock would stay held by a pooled server session. A notification
+// from a producer that arrives meanwhile wakes a worker.
+func (r *Relay) probeListener(ctx context.Context, conn *pgx.Conn) error {
+	token := make([]byte, 8)
+	_, _ = rand.Read(token)
+	payload := "pgoutbox.probe." + hex.EncodeToString(token)
+	pctx, cancel := context.WithTimeout(ctx, listenProbeTimeout)
+	defer cancel()
+	if _, err := r.pool.Exec(pctx, "SELECT pg_notify($1, $2)", r.q.channel, payload); err != nil {
+		return fmt.Errorf("listen: send the probe notification: %w", err)
+	}
+	for {
+		n, err := conn.WaitForNotification(pctx)
+		switch {
+		case err == nil && n.Payload == payload:
+			return nil
+		case err == nil:
+			r.poke()
+		case ctx.Err() == nil && pctx.Err() != nil:
+			return errListenerDeaf
+		default:
+			return fmt.Errorf("listen: wait for the probe notification: %w", err)
+		}
+	}
+}
+
 // The LISTEN session's liveness check (listenOnce).
 const (
+	// listenProbeTimeout bounds the wait for the probe notification that
+	// proves a new LISTEN session hears its channel (probeListener).
+	listenProbeTimeout = 10 * time.Second
 	// listenCheck is how long the session waits for a notification before it
 	// checks that the server still answers.
 	listenCheck = 10 * time.Second
@@ -729,13 +782,13 @@ func (o *outcome) note(c *claimed, i int, res Result, attempt int, err error) {
 }
 
 // failColumns returns the failures as the fail statement's column arrays.
-func (o *outcome) failColumns() (ids [][16]byte, errs []string, delaysMs []int64, quarantine []bool, heads [][16]byte) {
+func (o *outcome) failColumns() (ids []pgtype.UUID, errs []string, delaysMs []int64, quarantine []bool, heads []pgtype.UUID) {
 	for _, f := range o.failed {
-		ids = append(ids, f.id)
+		ids = append(ids, pgtype.UUID{Bytes: f.id, Valid: true})
 		errs = append(errs, f.verdict.Text)
 		delaysMs = append(delaysMs, f.verdict.Delay.Milliseconds())
 		quarantine = append(quarantine, f.verdict.Quarantine)
-		heads = append(heads, f.head)
+		heads = append(heads, pgtype.UUID{Bytes: f.head, Valid: true})
 	}
 	return ids, errs, delaysMs, quarantine, heads
 }
@@ -872,12 +925,16 @@ func (r *Relay) settleStatements(o *outcome) *pgx.Batch {
 	return b
 }
 
-// uuids converts ids for a uuid[] parameter: pgx encodes [16]byte natively, where
-// UUID would go through its driver.Valuer text form, element by element.
-func uuids(ids []pgoutbox.UUID) [][16]byte {
-	out := make([][16]byte, len(ids))
+// uuids converts ids for a uuid[] parameter. pgtype.UUID is a type pgx knows
+// by itself: it encodes it natively, where pgoutbox.UUID would go through its
+// driver.Valuer text form element by element, and it names the parameter's type
+// uuid[] in the query modes that do not ask the server for the parameters'
+// types (exec, simple_protocol: the modes to use through PgBouncer's
+// transaction pooling, docs/operations.md), where [][16]byte cannot be encoded.
+func uuids(ids []pgoutbox.UUID) []pgtype.UUID {
+	out := make([]pgtype.UUID, len(ids))
 	for i, id := range ids {
-		out[i] = id
+		out[i] = pgtype.UUID{Bytes: id, Valid: true}
 	}
 	return out
 }

@@ -91,6 +91,7 @@ type env struct {
 	js       jetstream.JetStream
 	dir      string
 	dbServer string // the database URL the processes are given, before their application_name
+	via      string // when set, the URL the producers and consumers are given instead (a pooler)
 	// durable keeps the server's synchronous_commit (a test of a server's own);
 	// on the shared server, commits do not wait for the flush (see dbURL).
 	durable bool
@@ -106,6 +107,12 @@ type envConfig struct {
 	dbServer string
 	// natsURL is the server; defaults to the shared test server.
 	natsURL string
+	// via, when set, is the database URL (a connection pooler in front of
+	// dbServer) given to the producers and the consumers; relays get dbServer
+	// unless a test passes via to relayOn. The test's own queries go to
+	// dbServer. PgBouncer refuses the options startup parameter, so the
+	// processes keep the server's synchronous_commit.
+	via string
 	// dedup is the stream's duplicate window. Defaults to 1s, shorter than the
 	// relays' 2s lease, so that a re-publish after a takeover is stored again and
 	// the consumer's deduplication is exercised.
@@ -120,7 +127,7 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 	if cfg.dedup == 0 {
 		cfg.dedup = time.Second
 	}
-	durable := cfg.dbServer != ""
+	durable := cfg.dbServer != "" || cfg.via != ""
 	if cfg.dbServer == "" {
 		cfg.dbServer = pgtest.URL()
 	}
@@ -132,7 +139,7 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 		target = natstest.OnOwnServer(t, cfg.natsURL)
 	}
 	e := &env{t: t, pool: pool, schema: schema, natsURL: cfg.natsURL, stream: target.Stream,
-		template: target.Template, js: target.JS, dir: t.TempDir(), dbServer: cfg.dbServer, durable: durable}
+		template: target.Template, js: target.JS, dir: t.TempDir(), dbServer: cfg.dbServer, via: cfg.via, durable: durable}
 	_, err := pool.Exec(context.Background(), `
 		CREATE TABLE `+e.table("business")+` (
 			key          text PRIMARY KEY,
@@ -187,7 +194,12 @@ func (e *env) count(table, where string, args ...any) int {
 // committed transaction is visible to every session and survives any client's
 // death either way. It spares the shared disk one fsync per consumer
 // transaction. A test's own server (envConfig.dbServer) keeps its setting.
-func (e *env) dbURL(appName string) string { return e.dbURLOf(e.dbServer, appName) }
+func (e *env) dbURL(appName string) string {
+	if e.via != "" {
+		return e.dbURLOf(e.via, appName)
+	}
+	return e.dbURLOf(e.dbServer, appName)
+}
 
 // dbURLOf is dbURL for another address of the test's database server (a relay
 // on a host of its own reaches it at its end of the host's link).
@@ -401,7 +413,8 @@ func (e *env) relay(id string, extraEnv []string, extraArgs ...string) *proc {
 
 // relayHost is where a relay runs: on this machine (the zero value), or on a
 // host of the test's own, reaching the database and the broker at the given
-// URLs (the root namespace's ends of the host's links).
+// URLs (the root namespace's ends of the host's links). Without a host, a
+// dbServer is another way to the test's database (a connection pooler).
 type relayHost struct {
 	host              *netns.Host
 	dbServer, natsURL string
@@ -411,8 +424,11 @@ type relayHost struct {
 func (e *env) relayOn(on relayHost, id string, extraEnv []string, extraArgs ...string) *proc {
 	e.t.Helper()
 	dbServer, natsURL := e.dbServer, e.natsURL
-	if on.host != nil {
-		dbServer, natsURL = on.dbServer, on.natsURL
+	if on.dbServer != "" {
+		dbServer = on.dbServer
+	}
+	if on.natsURL != "" {
+		natsURL = on.natsURL
 	}
 	args := append([]string{"relay", "--database-url", e.dbURLOf(dbServer, "faulttest-"+e.schema+"-"+id), "--schema", e.schema,
 		"--id", id, "--broker", natsURL, "--nats-stream", e.stream, "--topic-template", e.template,

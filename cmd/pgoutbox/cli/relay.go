@@ -46,7 +46,9 @@ func newRelayCmd() *cobra.Command {
 broker, and mark them published once the broker acknowledged them. Any number of
 relays may run against one outbox; events of one aggregate are published in
 sequence order across all of them. A commit wakes the relay at once through
-LISTEN/NOTIFY; --poll-interval is the fallback.
+LISTEN/NOTIFY; --poll-interval is the fallback. Through a connection pooler in
+transaction mode (PgBouncer pool_mode=transaction) LISTEN cannot work: use
+--no-notify, and default_query_exec_mode=exec in the database URL.
 
 SIGTERM or SIGINT stops it gracefully: no new claims, in-flight publishes finish
 (at most --shutdown-timeout), unpublished leases are released, exit status 0.
