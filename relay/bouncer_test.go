@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"context"
 	"log/slog"
 	"strings"
 	"testing"
@@ -34,18 +33,8 @@ func TestRelayThroughPgBouncerTransactionPooling(t *testing.T) {
 			via := pgtest.Pool(t, bouncer, 6)
 			var logs syncBuffer
 			rec := &brokertest.Recorder{}
-			cfg := relay.Config{Schema: o.schema, PollInterval: 200 * time.Millisecond, DisableNotify: !notify,
-				Logger: slog.New(slog.NewTextHandler(&logs, nil))}
-			r, err := relay.New(via, rec, &cfg)
-			pgtest.Must(t, err, "relay.New")
-			pgtest.Must(t, r.Start(context.Background()), "start")
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				if err := r.Stop(ctx); err != nil {
-					t.Errorf("stop: %v", err)
-				}
-			})
+			startRelayVia(t, via, o, rec, relay.Config{PollInterval: 200 * time.Millisecond, DisableNotify: !notify,
+				Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			if notify {
 				wait.Forf(t, bouncerWithin, func() string { return "the listener's warning; the log:\n" + logs.String() }, func() bool {
 					return strings.Contains(logs.String(), "did not hear the relay's own notification") &&
@@ -81,18 +70,8 @@ func TestRelayThroughPgBouncerSessionPooling(t *testing.T) {
 	via := pgtest.Pool(t, pgtest.StartBouncer(t, pgtest.BouncerSession), 2)
 	var logs syncBuffer
 	rec := &brokertest.Recorder{}
-	cfg := relay.Config{Schema: o.schema, Workers: 1, PollInterval: time.Hour,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
-	r, err := relay.New(via, rec, &cfg)
-	pgtest.Must(t, err, "relay.New")
-	pgtest.Must(t, r.Start(context.Background()), "start")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := r.Stop(ctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	startRelayVia(t, via, o, rec, relay.Config{Workers: 1, PollInterval: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	wait.Forf(t, bouncerWithin, func() string { return "the idle relay to hold the idle lock; the log:\n" + logs.String() },
 		func() bool { return idleLock(t, o, true) == 1 })
 	// Polling is hourly: only a notification publishes these.

@@ -87,11 +87,18 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 // startRelay starts a relay and stops it (gracefully) when the test ends.
 func startRelay(t testing.TB, o *outbox, pub broker.Publisher, cfg relay.Config) *relay.Relay {
 	t.Helper()
+	return startRelayVia(t, o.pool, o, pub, cfg)
+}
+
+// startRelayVia is startRelay on another pool of o's database (e.g. through a
+// connection pooler).
+func startRelayVia(t testing.TB, pool *pgxpool.Pool, o *outbox, pub broker.Publisher, cfg relay.Config) *relay.Relay {
+	t.Helper()
 	cfg.Schema = o.schema
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
 	}
-	r, err := relay.New(o.pool, pub, &cfg)
+	r, err := relay.New(pool, pub, &cfg)
 	pgtest.Must(t, err, "relay.New")
 	pgtest.Must(t, r.Start(context.Background()), "start")
 	t.Cleanup(func() {
