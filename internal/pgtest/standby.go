@@ -135,19 +135,54 @@ func (c *Cluster) requireSynchronous(ctx context.Context) error {
 // Promote turns a standby into a primary (pg_promote, waiting for the end of
 // recovery) and returns once it accepts writes.
 func (c *Cluster) Promote(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, promoteTimeout)
+	defer cancel()
+	// pg_promote is asked not to wait: a session waiting on a hot standby can
+	// be cancelled by a conflict with the recovery it waits for (SQLSTATE
+	// 40001), leaving it unknown whether the promotion was requested. The end
+	// of recovery is watched from fresh sessions instead.
+	requested := false
+	tick := time.NewTicker(promotePoll)
+	defer tick.Stop()
+	for {
+		inRecovery, err := c.promoteStep(ctx, &requested)
+		if err == nil && !inRecovery {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = errors.New("still in recovery")
+			}
+			return fmt.Errorf("pgtest: promote port %d: %w (%w)", c.Port, err, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// Promote's bounds: the whole promotion, and the pace of its checks.
+const (
+	promoteTimeout = time.Minute
+	promotePoll    = 20 * time.Millisecond
+)
+
+// promoteStep reports whether c is still in recovery, requesting the
+// promotion once (again if a request failed).
+func (c *Cluster) promoteStep(ctx context.Context, requested *bool) (inRecovery bool, err error) {
 	conn, err := pgx.Connect(ctx, c.URL)
 	if err != nil {
-		return fmt.Errorf("pgtest: connect to standby: %w", err)
+		return true, err
 	}
 	defer conn.Close(context.Background())
+	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil || !inRecovery || *requested {
+		return inRecovery, err
+	}
 	var ok bool
-	if err := conn.QueryRow(ctx, "SELECT pg_promote(true, 60)").Scan(&ok); err != nil {
-		return fmt.Errorf("pgtest: pg_promote: %w", err)
+	if err := conn.QueryRow(ctx, "SELECT pg_promote(false)").Scan(&ok); err != nil {
+		return true, fmt.Errorf("pg_promote: %w", err)
 	}
-	if !ok {
-		return errors.New("pgtest: pg_promote: the standby did not finish recovery within 60s")
-	}
-	return nil
+	*requested = ok
+	return true, nil
 }
 
 // Crash stops the server at once, as a crash or a power loss of its host
