@@ -30,7 +30,7 @@ func (res *Result) targets() []Target {
 		for _, r := range d.Runs {
 			if r.Relays == 1 && r.Source != SourceCDC && r.CombinedCeilingEventsPerSec > 0 {
 				add("drain, 1 relay, "+r.Broker+" / combined SQL + broker ceiling", "≥ 0.8",
-					fmt.Sprintf("%.2f (combined %.0f events/s)", r.RatioToCombined, r.CombinedCeilingEventsPerSec), r.RatioToCombined >= 0.8)
+					fmt.Sprintf("%.3f (combined %.0f events/s)", r.RatioToCombined, r.CombinedCeilingEventsPerSec), r.RatioToCombined >= 0.8)
 				break
 			}
 		}

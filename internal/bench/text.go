@@ -30,7 +30,7 @@ func (res *Result) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "SQL ceiling runs (events/s, in order): %s; median %.0f\n", strings.Join(cs, ", "), d.CeilingEventsPerSec)
 		for _, r := range d.Runs {
 			if r.BrokerCeilingEventsPerSec > 0 {
-				fmt.Fprintf(w, "%s, %d %s relay%s: broker alone %.0f events/s; combined with the SQL ceiling %.0f; relay / combined %.2f\n",
+				fmt.Fprintf(w, "%s, %d %s relay%s: broker alone %.0f events/s; combined with the SQL ceiling %.0f; relay / combined %.3f\n",
 					r.Broker, r.Relays, sourceName(r.Source), plural(r.Relays), r.BrokerCeilingEventsPerSec, r.CombinedCeilingEventsPerSec, r.RatioToCombined)
 			}
 		}
