@@ -50,13 +50,26 @@ type DrainRun struct {
 	EventsPerSec float64 `json:"events_per_s"`
 	// CeilingEventsPerSec is the mean of the ceilings timed just before and after
 	// this run; RatioToCeiling divides by it.
-	CeilingEventsPerSec float64    `json:"ceiling_events_per_s"`
-	RatioToCeiling      float64    `json:"ratio_to_ceiling"`
-	Published           int64      `json:"published"`
-	BrokerMessages      int64      `json:"broker_messages"` // distinct events on the NATS stream; -1 when not observable
-	RelayRSS            []RelayRSS `json:"relay_rss"`
-	MaxRSSMiB           float64    `json:"max_rss_mib"`
-	Series              []Sample   `json:"series"`
+	CeilingEventsPerSec float64 `json:"ceiling_events_per_s"`
+	RatioToCeiling      float64 `json:"ratio_to_ceiling"`
+	// BrokerCeilingEventsPerSec is the broker alone, timed just before this run:
+	// the same events published by as many publishers as relays, in batches of
+	// the same size, with no database (NATS only; 0 when not timed).
+	BrokerCeilingEventsPerSec float64 `json:"broker_ceiling_events_per_s,omitempty"`
+	// CombinedCeilingEventsPerSec is the limit of doing the SQL ceiling's and the
+	// broker ceiling's work on the same CPUs: 1 / (1/SQL + 1/broker);
+	// RatioToCombined divides the run's events/s by it.
+	CombinedCeilingEventsPerSec float64 `json:"combined_ceiling_events_per_s,omitempty"`
+	RatioToCombined             float64 `json:"ratio_to_combined,omitempty"`
+	// RelayCPUPerEventUs is the relays' process CPU time (user + system, over
+	// their whole lives: start-up and the wait for the backlog included) per event
+	// drained, in µs.
+	RelayCPUPerEventUs float64    `json:"relay_cpu_us_per_event,omitempty"`
+	Published          int64      `json:"published"`
+	BrokerMessages     int64      `json:"broker_messages"` // distinct events on the NATS stream; -1 when not observable
+	RelayRSS           []RelayRSS `json:"relay_rss"`
+	MaxRSSMiB          float64    `json:"max_rss_mib"`
+	Series             []Sample   `json:"series"`
 }
 
 // Sample is the published count at T seconds after the backlog was committed.
@@ -74,7 +87,13 @@ const drainMethod = "The backlog is written by one INSERT … SELECT generate_se
 	"run every event must be published, and for NATS the stream must hold every event id. " +
 	"CDC rows: one relay with --source cdc on a slot and publication of the run's own, started " +
 	"(and streaming: its slot active) before the backlog is committed, so the backlog reaches it " +
-	"through the stream; the slot and publication are dropped (pgoutbox cdc disable) after the run."
+	"through the stream; the slot and publication are dropped (pgoutbox cdc disable) after the run. " +
+	"Broker ceiling (NATS only): just before each run, the same number of messages of the same " +
+	"payload size, each with its own Nats-Msg-Id, published to the stream alone by as many " +
+	"publishers (connections) as relays, each in batches of the batch size (published " +
+	"asynchronously, then the batch's acks awaited), with no database. The combined ceiling is " +
+	"the rate of doing both ceilings' work on the same CPUs, 1 / (1/SQL + 1/broker), and " +
+	"× combined divides the run's events/s by it."
 
 // ceilingVariants are the candidates for the cheapest statement that marks a batch
 // of unpublished rows published with SKIP LOCKED. The fastest one is the ceiling:
@@ -125,6 +144,10 @@ func (r *Runner) drain(ctx context.Context) (*DrainResult, error) {
 		for _, i := range pending {
 			res.Runs[i].CeilingEventsPerSec = round2((prev + next) / 2)
 			res.Runs[i].RatioToCeiling = ratio(res.Runs[i].EventsPerSec, res.Runs[i].CeilingEventsPerSec)
+			if bc := res.Runs[i].BrokerCeilingEventsPerSec; bc > 0 {
+				res.Runs[i].CombinedCeilingEventsPerSec = combinedCeiling(res.Runs[i].CeilingEventsPerSec, bc)
+				res.Runs[i].RatioToCombined = ratio(res.Runs[i].EventsPerSec, res.Runs[i].CombinedCeilingEventsPerSec)
+			}
 		}
 		pending, prev = pending[:0], next
 	}
@@ -156,9 +179,16 @@ func (r *Runner) drain(ctx context.Context) (*DrainResult, error) {
 				res.Ceiling = append(res.Ceiling, *cr)
 				settle(cr.EventsPerSec)
 			}
+			bceil, timed, err := r.brokerCeiling(ctx, b, n)
+			if err != nil {
+				return res, err
+			}
 			run, err := r.drainOnce(ctx, s, b, n, cl.source)
 			if err != nil {
 				return res, fmt.Errorf("%d %s relay(s) to %s: %w", n, cl.source, b.name, err)
+			}
+			if timed {
+				run.BrokerCeilingEventsPerSec = bceil
 			}
 			res.Runs = append(res.Runs, *run)
 			pending = append(pending, len(res.Runs)-1)
@@ -299,6 +329,11 @@ func (r *Runner) drainOnce(ctx context.Context, s *outboxSchema, b *brokerEnv, n
 	}
 	run.RelayRSS = rssOf(procs)
 	run.MaxRSSMiB = maxRSSMiB(run.RelayRSS)
+	var cpu time.Duration
+	for _, p := range procs {
+		cpu += p.cpu()
+	}
+	run.RelayCPUPerEventUs = round2(float64(cpu.Microseconds()) / float64(c.Events))
 	var end time.Time
 	if err := r.admin.QueryRow(ctx, "SELECT max(published_at) FROM "+s.events).Scan(&end); err != nil {
 		return nil, fmt.Errorf("last publish: %w", err)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -42,7 +43,14 @@ type EnqueueCell struct {
 	// INSERT of the event's payload into a table that has only a primary key —
 	// the least work any outbox adds to the transaction: one more row, with the
 	// payload, written and committed with the business row.
-	Floor         bool    `json:"floor,omitempty"`
+	Floor bool `json:"floor,omitempty"`
+	// Watermill: no outbox, but after the business INSERT, as a statement of its
+	// own, what watermill-sql's publisher does in the transaction with its default
+	// PostgreSQL schema: one INSERT into a table with a bigserial primary key, a
+	// uuid, created_at, the JSON payload and metadata, and transaction_id xid8
+	// defaulting to pg_current_xact_id() (a table of the bench's own, approximated
+	// from that public description).
+	Watermill     bool    `json:"watermill,omitempty"`
 	Notify        bool    `json:"notify"`
 	Relay         bool    `json:"relay"` // a relay (null broker) ran during the cell
 	Commits       int64   `json:"commits"`
@@ -66,6 +74,16 @@ type EnqueueRatios struct {
 	// The same for the floor cells: what one more row with the payload costs.
 	FloorTimeRatio1  float64 `json:"floor_time_ratio_1,omitempty"`
 	FloorTimeRatio16 float64 `json:"floor_time_ratio_16,omitempty"`
+	// The same for the watermill-like cells: a bigserial-keyed INSERT of the
+	// payload, as watermill-sql's publisher does.
+	WatermillTimeRatio1  float64 `json:"watermill_time_ratio_1,omitempty"`
+	WatermillTimeRatio16 float64 `json:"watermill_time_ratio_16,omitempty"`
+	// EnqueueTx and QueueTx against the watermill-like cell, run side by side:
+	// time per commit with EnqueueTx (QueueTx) / with the watermill-like INSERT.
+	EnqueueVsWatermill1  float64 `json:"enqueue_vs_watermill_1,omitempty"`
+	EnqueueVsWatermill16 float64 `json:"enqueue_vs_watermill_16,omitempty"`
+	BatchedVsWatermill1  float64 `json:"batched_vs_watermill_1,omitempty"`
+	BatchedVsWatermill16 float64 `json:"batched_vs_watermill_16,omitempty"`
 	// NotifyCost16 is the share of commits/s NOTIFY costs at 16 producers while a
 	// relay runs (producers may notify only when a relay listens):
 	// 1 − (NOTIFY on) / (NOTIFY off).
@@ -84,7 +102,11 @@ const enqueueMethod = "Each producer loops BEGIN; INSERT one row into a business
 	"(Producer.QueueTx) in one round trip, so the transaction has as many round trips as " +
 	"without the outbox. The floor cells send, in that round trip, an INSERT of the same " +
 	"JSON payload into a table with only a primary key instead of the event: the least any " +
-	"outbox adds. NOTIFY off sets pgoutbox.notify = 'off' on the producers' " +
+	"outbox adds. The watermill-like cells send, after the business INSERT and as a statement of " +
+	"its own, what watermill-sql's publisher does in the transaction: one INSERT into a table " +
+	"with a bigserial primary key (\"offset\"), a uuid, created_at, the JSON payload, metadata, " +
+	"and transaction_id xid8 DEFAULT pg_current_xact_id() (approximating its default PostgreSQL " +
+	"schema). NOTIFY off sets pgoutbox.notify = 'off' on the producers' " +
 	"connections. Each cell's duration is split into rounds; every round runs every cell " +
 	"in turn (from empty tables), and each ratio is the median of its per-round ratios, so " +
 	"a drift of the machine's speed hits both sides of a ratio alike. The cells without a " +
@@ -96,6 +118,7 @@ const enqueueMethod = "Each producer loops BEGIN; INSERT one row into a business
 type enqueueSpec struct {
 	producers                             int
 	outbox, batched, floor, notify, relay bool
+	watermill                             bool
 }
 
 func (sp enqueueSpec) label() string {
@@ -103,6 +126,8 @@ func (sp enqueueSpec) label() string {
 	switch {
 	case sp.floor:
 		l = fmt.Sprintf("%d producer(s), floor: a row of the payload alone", sp.producers)
+	case sp.watermill:
+		l = fmt.Sprintf("%d producer(s), %s", sp.producers, watermillName)
 	case !sp.outbox:
 		l = fmt.Sprintf("%d producer(s), no outbox", sp.producers)
 	default:
@@ -147,7 +172,7 @@ func enqueueSpecs() []enqueueSpec {
 	for _, n := range []int{1, 16} {
 		specs = append(specs, enqueueSpec{producers: n, notify: true}, enqueueSpec{producers: n, outbox: true, notify: true},
 			enqueueSpec{producers: n, outbox: true}, enqueueSpec{producers: n, outbox: true, batched: true, notify: true},
-			enqueueSpec{producers: n, floor: true, notify: true})
+			enqueueSpec{producers: n, floor: true, notify: true}, enqueueSpec{producers: n, watermill: true, notify: true})
 	}
 	return specs
 }
@@ -159,6 +184,7 @@ type enqueueBench struct {
 	s       *outboxSchema
 	orders  string // the business table
 	floor   string // the floor cells' table: a primary key and the payload
+	wm      string // the watermill-like cells' table
 	prod    *pgoutbox.Producer
 	pools   map[bool]*pgxpool.Pool // by NOTIFY on
 	payload map[string]any
@@ -170,9 +196,12 @@ type enqueueBench struct {
 func (r *Runner) newEnqueueBench(ctx context.Context, s *outboxSchema) (*enqueueBench, error) {
 	c := r.cfg
 	e := &enqueueBench{r: r, s: s, orders: pgx.Identifier{s.name, "orders"}.Sanitize(), floor: pgx.Identifier{s.name, "floor_events"}.Sanitize(),
+		wm:    pgx.Identifier{s.name, "watermill_messages"}.Sanitize(),
 		pools: map[bool]*pgxpool.Pool{}, res: &EnqueueResult{Method: enqueueMethod, DurationS: c.Duration.Seconds(), Rounds: c.EnqueueRounds}}
 	if _, err := r.admin.Exec(ctx, "CREATE TABLE "+e.orders+" (id bigint PRIMARY KEY, customer text NOT NULL, total_cents int NOT NULL); "+
-		"CREATE TABLE "+e.floor+" (id bigint PRIMARY KEY, payload jsonb NOT NULL)"); err != nil {
+		"CREATE TABLE "+e.floor+" (id bigint PRIMARY KEY, payload jsonb NOT NULL); "+
+		"CREATE TABLE "+e.wm+` ("offset" bigserial PRIMARY KEY, uuid varchar(36) NOT NULL, created_at timestamp NOT NULL DEFAULT now(), `+
+		`payload json DEFAULT NULL, metadata json DEFAULT NULL, transaction_id xid8 NOT NULL DEFAULT pg_current_xact_id())`); err != nil {
 		return nil, fmt.Errorf("create business tables: %w", err)
 	}
 	var err error
@@ -247,6 +276,15 @@ func (e *enqueueBench) tx1(ctx context.Context, pool *pgxpool.Pool, sp enqueueSp
 			return tx.SendBatch(ctx, b).Close()
 		}
 		if _, err := tx.Exec(ctx, "INSERT INTO "+e.orders+" VALUES ($1, 'c-42', 1999)", id); err != nil {
+			return err
+		}
+		if sp.watermill {
+			// Encoded per transaction, as a publisher marshals each message.
+			doc, err := json.Marshal(e.payload)
+			if err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, "INSERT INTO "+e.wm+" (uuid, payload, metadata) VALUES ($1, $2, $3)", newUUID(), string(doc), `{"name":"order.placed"}`)
 			return err
 		}
 		if sp.outbox {
@@ -339,12 +377,12 @@ func (e *enqueueBench) phase(ctx context.Context, specs []enqueueSpec, procs []*
 	cells := make([]EnqueueCell, len(specs))
 	hists := make([]*hdrhistogram.Histogram, len(specs))
 	for i, sp := range specs {
-		cells[i] = EnqueueCell{Producers: sp.producers, Outbox: sp.outbox, Batched: sp.batched, Floor: sp.floor, Notify: sp.notify, Relay: sp.relay}
+		cells[i] = EnqueueCell{Producers: sp.producers, Outbox: sp.outbox, Batched: sp.batched, Floor: sp.floor, Watermill: sp.watermill, Notify: sp.notify, Relay: sp.relay}
 		hists[i] = hdrhistogram.New(1, 60_000_000, 3)
 	}
 	d := c.Duration / time.Duration(c.EnqueueRounds)
 	for round := range c.EnqueueRounds {
-		if _, err := e.r.admin.Exec(ctx, "TRUNCATE "+e.s.events+", "+e.s.seqs+", "+e.orders+", "+e.floor); err != nil {
+		if _, err := e.r.admin.Exec(ctx, "TRUNCATE "+e.s.events+", "+e.s.seqs+", "+e.orders+", "+e.floor+", "+e.wm); err != nil {
 			return fmt.Errorf("empty the tables: %w", err)
 		}
 		tag := ""
@@ -428,6 +466,16 @@ func (res *EnqueueResult) ratios() EnqueueRatios {
 	timeRatio("batched_time_ratio_16", &out.BatchedTimeRatio16, none(16), res.cell(enqueueSpec{producers: 16, outbox: true, batched: true, notify: true}))
 	timeRatio("floor_time_ratio_1", &out.FloorTimeRatio1, none(1), res.cell(enqueueSpec{producers: 1, floor: true, notify: true}))
 	timeRatio("floor_time_ratio_16", &out.FloorTimeRatio16, none(16), res.cell(enqueueSpec{producers: 16, floor: true, notify: true}))
+	wm := func(p int) *EnqueueCell { return res.cell(enqueueSpec{producers: p, watermill: true, notify: true}) }
+	batched := func(p int) *EnqueueCell {
+		return res.cell(enqueueSpec{producers: p, outbox: true, batched: true, notify: true})
+	}
+	timeRatio("watermill_time_ratio_1", &out.WatermillTimeRatio1, none(1), wm(1))
+	timeRatio("watermill_time_ratio_16", &out.WatermillTimeRatio16, none(16), wm(16))
+	timeRatio("enqueue_vs_watermill_1", &out.EnqueueVsWatermill1, wm(1), enq(1, true, false))
+	timeRatio("enqueue_vs_watermill_16", &out.EnqueueVsWatermill16, wm(16), enq(16, true, false))
+	timeRatio("batched_vs_watermill_1", &out.BatchedVsWatermill1, wm(1), batched(1))
+	timeRatio("batched_vs_watermill_16", &out.BatchedVsWatermill16, wm(16), batched(16))
 	cost("notify_cost_1_no_relay", &out.NotifyCost1NoRelay, enq(1, true, false), enq(1, false, false))
 	cost("notify_cost_16_no_relay", &out.NotifyCost16NoRelay, enq(16, true, false), enq(16, false, false))
 	cost("notify_cost_16", &out.NotifyCost16, enq(16, true, true), enq(16, false, true))
@@ -446,7 +494,7 @@ func (rt EnqueueRatios) format(name string, v float64) string {
 func (res *EnqueueResult) cell(sp enqueueSpec) *EnqueueCell {
 	for i := range res.Cells {
 		cl := &res.Cells[i]
-		if cl.Producers == sp.producers && cl.Outbox == sp.outbox && cl.Batched == sp.batched && cl.Floor == sp.floor &&
+		if cl.Producers == sp.producers && cl.Outbox == sp.outbox && cl.Batched == sp.batched && cl.Floor == sp.floor && cl.Watermill == sp.watermill &&
 			(!sp.outbox || cl.Notify == sp.notify) && cl.Relay == sp.relay {
 			return cl
 		}
@@ -461,6 +509,8 @@ func (cl EnqueueCell) outboxLabel() string {
 		return "batched"
 	case cl.Floor:
 		return "floor"
+	case cl.Watermill:
+		return "watermill-like"
 	case cl.Outbox:
 		return "yes"
 	}
@@ -472,4 +522,17 @@ func onOff(b bool) string {
 		return "on"
 	}
 	return "off"
+}
+
+// watermillName names the watermill-like cells in tables and targets.
+const watermillName = "watermill-like insert (bigserial + payload)"
+
+// newUUID is a random version-4 UUID in its text form, as a publisher gives
+// each message.
+func newUUID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }

@@ -60,3 +60,35 @@ func TestEnqueueSliceTooShort(t *testing.T) {
 		t.Errorf("no enqueue scenario: %v", err)
 	}
 }
+
+// The watermill-like cell is compared with the cell without an outbox and with
+// EnqueueTx's and QueueTx's, round by round, and its targets are met or not.
+func TestEnqueueWatermillRatios(t *testing.T) {
+	res := &EnqueueResult{Rounds: 2, Cells: []EnqueueCell{
+		{Producers: 1, Notify: true, RoundCommitsPerSec: []float64{1000, 1000}},
+		{Producers: 1, Outbox: true, Notify: true, RoundCommitsPerSec: []float64{500, 500}},
+		{Producers: 1, Outbox: true, Batched: true, Notify: true, RoundCommitsPerSec: []float64{800, 800}},
+		{Producers: 1, Watermill: true, Notify: true, RoundCommitsPerSec: []float64{625, 625}},
+	}}
+	res.Ratios = res.ratios()
+	rt := res.Ratios
+	if rt.WatermillTimeRatio1 != 1.6 || rt.EnqueueVsWatermill1 != 1.25 || rt.BatchedVsWatermill1 != 0.781 || rt.OutboxTimeRatio1 != 2 {
+		t.Errorf("ratios %+v", rt)
+	}
+	met := map[string]bool{}
+	for _, tg := range (&Result{Enqueue: res}).targets() {
+		met[tg.Name] = tg.Met
+	}
+	if q, e := "QueueTx / "+watermillName+", 1 producer", "EnqueueTx / "+watermillName+", 1 producer"; !met[q] || met[e] {
+		t.Errorf("targets %v", met)
+	}
+	var text strings.Builder
+	(&Result{Enqueue: res}).WriteText(&text)
+	if !strings.Contains(text.String(), watermillName+" 1.60 (1.60–1.60); EnqueueTx / it 1.25 (1.25–1.25); QueueTx / it 0.78") {
+		t.Errorf("text:\n%s", text.String())
+	}
+	var html strings.Builder
+	if err := WriteReport(&html, &Result{Enqueue: res}); err != nil || !strings.Contains(html.String(), "watermill-like") {
+		t.Errorf("report: %v", err)
+	}
+}

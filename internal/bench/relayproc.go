@@ -201,6 +201,20 @@ func (p *relayProc) stop() error {
 	return nil
 }
 
+// cpu is the CPU time (user and system) the relay's process used over its
+// whole life; zero until it has exited.
+func (p *relayProc) cpu() time.Duration {
+	select {
+	case <-p.done:
+	default:
+		return 0
+	}
+	if ps := p.cmd.ProcessState; ps != nil {
+		return ps.UserTime() + ps.SystemTime()
+	}
+	return 0
+}
+
 // stopRelays stops every relay and returns the first error.
 func stopRelays(ps []*relayProc) error {
 	errs := make([]error, len(ps))

@@ -17,6 +17,7 @@ var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 	"pct":      func(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) },
 	"modeName": modeName,
 	"source":   sourceName,
+	"wmName":   func() string { return watermillName },
 }).Parse(reportTemplate))
 
 type reportData struct {
@@ -187,7 +188,7 @@ func latencyCharts(l *LatencyResult) (template.HTML, template.HTML) {
 }
 
 func enqueueChart(e *EnqueueResult) template.HTML {
-	names := []string{"no outbox", "outbox, NOTIFY on", "outbox, NOTIFY off", "outbox batched with the INSERT", "floor: a row of the payload alone"}
+	names := []string{"no outbox", "outbox, NOTIFY on", "outbox, NOTIFY off", "outbox batched with the INSERT", "floor: a row of the payload alone", watermillName}
 	var groups []barGroup
 	for _, k := range []struct {
 		p     int
@@ -204,6 +205,8 @@ func enqueueChart(e *EnqueueResult) template.HTML {
 			switch {
 			case c.Floor:
 				g.values[4] = c.CommitsPerSec
+			case c.Watermill:
+				g.values[5] = c.CommitsPerSec
 			case c.Batched:
 				g.values[3] = c.CommitsPerSec
 			case !c.Outbox:

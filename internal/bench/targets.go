@@ -26,6 +26,23 @@ func (res *Result) targets() []Target {
 			}
 		}
 	}
+	if d := res.Drain; d != nil {
+		for _, r := range d.Runs {
+			if r.Relays == 1 && r.Source != SourceCDC && r.CombinedCeilingEventsPerSec > 0 {
+				add("drain, 1 relay, "+r.Broker+" / combined SQL + broker ceiling", "≥ 0.8",
+					fmt.Sprintf("%.3f (combined %.0f events/s)", r.RatioToCombined, r.CombinedCeilingEventsPerSec), r.RatioToCombined >= 0.8)
+				break
+			}
+		}
+	}
+	if d := res.Drain; d != nil {
+		for _, r := range d.Runs {
+			if r.Relays == 1 && r.Source != SourceCDC && r.RelayCPUPerEventUs > 0 {
+				add("relay process CPU per event, 1 relay, "+r.Broker, "≤ 20 µs", fmt.Sprintf("%.1f µs", r.RelayCPUPerEventUs), r.RelayCPUPerEventUs <= 20)
+				break
+			}
+		}
+	}
 	if l := res.Latency; l != nil {
 		for _, r := range l.Runs {
 			if r.Mode == "notify" {
@@ -48,6 +65,16 @@ func (res *Result) targets() []Target {
 		if rt.BatchedTimeRatio1 > 0 { // runs before QueueTx had no batched cells
 			add("the same, batched with the INSERT, 1 producer", "≤ 1.3", fmt.Sprintf("%.2f", rt.BatchedTimeRatio1)+floor(rt.FloorTimeRatio1), rt.BatchedTimeRatio1 <= 1.3)
 			add("the same, batched with the INSERT, 16 producers", "≤ 1.3", fmt.Sprintf("%.2f", rt.BatchedTimeRatio16)+floor(rt.FloorTimeRatio16), rt.BatchedTimeRatio16 <= 1.3)
+		}
+		for _, w := range []struct {
+			n                int
+			enqueue, batched float64
+		}{{1, rt.EnqueueVsWatermill1, rt.BatchedVsWatermill1}, {16, rt.EnqueueVsWatermill16, rt.BatchedVsWatermill16}} {
+			if w.enqueue == 0 || w.batched == 0 { // runs before the watermill-like cells had none
+				continue
+			}
+			add(fmt.Sprintf("QueueTx / %s, %d producer%s", watermillName, w.n, plural(w.n)), "≤ 1.0", fmt.Sprintf("%.2f", w.batched), w.batched <= 1.0)
+			add(fmt.Sprintf("EnqueueTx / %s, %d producer%s", watermillName, w.n, plural(w.n)), "≤ 1.1", fmt.Sprintf("%.2f", w.enqueue), w.enqueue <= 1.1)
 		}
 		add("NOTIFY cost at 16 producers, relay running", "≤ 20% of commits/s", fmt.Sprintf("%.0f%%", 100*e.Ratios.NotifyCost16), e.Ratios.NotifyCost16 <= 0.2)
 	}

@@ -18,9 +18,9 @@ func (res *Result) WriteText(w io.Writer) {
 	if d := res.Drain; d != nil {
 		fmt.Fprintf(w, "\ndrain: %d events over %d aggregates, %d-byte payloads, batch %d\n", d.Events, d.Aggregates, d.PayloadBytes, d.BatchSize)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "source\tbroker\trelays\tseconds\tevents/s\tceiling/s\t× ceiling\tpeak RSS MiB\t")
+		fmt.Fprintln(tw, "source\tbroker\trelays\tseconds\tevents/s\tceiling/s\t× ceiling\tpeak RSS MiB\trelay CPU µs/event\t")
 		for _, r := range d.Runs {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%.0f\t%.2f\t%.1f\t\n", sourceName(r.Source), r.Broker, r.Relays, r.Seconds, r.EventsPerSec, r.CeilingEventsPerSec, r.RatioToCeiling, r.MaxRSSMiB)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%.0f\t%.2f\t%.1f\t%.1f\t\n", sourceName(r.Source), r.Broker, r.Relays, r.Seconds, r.EventsPerSec, r.CeilingEventsPerSec, r.RatioToCeiling, r.MaxRSSMiB, r.RelayCPUPerEventUs)
 		}
 		tw.Flush()
 		var cs []string
@@ -28,6 +28,12 @@ func (res *Result) WriteText(w io.Writer) {
 			cs = append(cs, fmt.Sprintf("%s %.0f", cr.Variant, cr.EventsPerSec))
 		}
 		fmt.Fprintf(w, "SQL ceiling runs (events/s, in order): %s; median %.0f\n", strings.Join(cs, ", "), d.CeilingEventsPerSec)
+		for _, r := range d.Runs {
+			if r.BrokerCeilingEventsPerSec > 0 {
+				fmt.Fprintf(w, "%s, %d %s relay%s: broker alone %.0f events/s; combined with the SQL ceiling %.0f; relay / combined %.3f\n",
+					r.Broker, r.Relays, sourceName(r.Source), plural(r.Relays), r.BrokerCeilingEventsPerSec, r.CombinedCeilingEventsPerSec, r.RatioToCombined)
+			}
+		}
 	}
 	if e := res.Enqueue; e != nil {
 		rounds := ""
@@ -62,6 +68,17 @@ func (res *Result) WriteText(w io.Writer) {
 				fmt.Fprintf(w, "; floor (a row of the payload alone) %s", rt.format("floor_time_ratio"+p.suffix, p.flor))
 			}
 			fmt.Fprintln(w)
+		}
+		for _, p := range []struct {
+			n                    int
+			wm, enqueue, batched float64
+			suffix               string
+		}{{1, rt.WatermillTimeRatio1, rt.EnqueueVsWatermill1, rt.BatchedVsWatermill1, "_1"}, {16, rt.WatermillTimeRatio16, rt.EnqueueVsWatermill16, rt.BatchedVsWatermill16, "_16"}} {
+			if p.wm == 0 {
+				continue
+			}
+			fmt.Fprintf(w, "  %2d producer%s: %s %s; EnqueueTx / it %s; QueueTx / it %s\n", p.n, plural(p.n), watermillName,
+				rt.format("watermill_time_ratio"+p.suffix, p.wm), rt.format("enqueue_vs_watermill"+p.suffix, p.enqueue), rt.format("batched_vs_watermill"+p.suffix, p.batched))
 		}
 		fmt.Fprintf(w, "NOTIFY costs %.0f%% of commits/s at 16 with a relay running (%.0f%% without a relay; %.0f%% at 1)\n",
 			100*rt.NotifyCost16, 100*rt.NotifyCost16NoRelay, 100*rt.NotifyCost1NoRelay)

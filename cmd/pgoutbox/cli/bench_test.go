@@ -116,6 +116,13 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 		if r.Broker != "null" && r.BrokerMessages != events {
 			t.Errorf("drain to %s: %d distinct events on the stream, want %d", r.Broker, r.BrokerMessages, events)
 		}
+		// NATS runs have the broker ceiling beside the SQL one; the null broker has none.
+		if (r.Broker != "null") != (r.BrokerCeilingEventsPerSec > 0 && r.CombinedCeilingEventsPerSec > 0 && r.RatioToCombined > 0) {
+			t.Errorf("drain to %s: broker ceiling %v, combined %v, ratio %v", r.Broker, r.BrokerCeilingEventsPerSec, r.CombinedCeilingEventsPerSec, r.RatioToCombined)
+		}
+		if r.RelayCPUPerEventUs <= 0 {
+			t.Errorf("drain to %s: relay CPU per event %v", r.Broker, r.RelayCPUPerEventUs)
+		}
 		checkRSS("drain", r.RelayRSS, r.Relays)
 		switch r.Source {
 		case bench.SourcePoll:
@@ -134,10 +141,10 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 	}
 
 	e := res.Enqueue
-	if e == nil || len(e.Cells) != 12 || e.Rounds != 2 {
-		t.Fatalf("enqueue: want 12 cells in 2 rounds, got %+v", e)
+	if e == nil || len(e.Cells) != 14 || e.Rounds != 2 {
+		t.Fatalf("enqueue: want 14 cells in 2 rounds, got %+v", e)
 	}
-	batched, floor := 0, 0
+	batched, floor, watermill := 0, 0, 0
 	for _, c := range e.Cells {
 		if c.Batched {
 			batched++
@@ -145,9 +152,12 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 		if c.Floor {
 			floor++
 		}
+		if c.Watermill {
+			watermill++
+		}
 	}
-	if batched != 2 || floor != 2 {
-		t.Errorf("enqueue: %d batched and %d floor cells, want one of each at 1 and at 16 producers", batched, floor)
+	if batched != 2 || floor != 2 || watermill != 2 {
+		t.Errorf("enqueue: %d batched, %d floor and %d watermill-like cells, want one of each at 1 and at 16 producers", batched, floor, watermill)
 	}
 	for _, c := range e.Cells {
 		if c.Commits < 1 || c.CommitsPerSec <= 0 || c.P50Ms <= 0 || c.P99Ms < c.P50Ms || len(c.RoundCommitsPerSec) != 2 {
@@ -157,7 +167,10 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 	rt := e.Ratios
 	for name, v := range map[string]float64{"outbox_time_ratio_1": rt.OutboxTimeRatio1, "outbox_time_ratio_16": rt.OutboxTimeRatio16,
 		"batched_time_ratio_1": rt.BatchedTimeRatio1, "batched_time_ratio_16": rt.BatchedTimeRatio16,
-		"floor_time_ratio_1": rt.FloorTimeRatio1, "floor_time_ratio_16": rt.FloorTimeRatio16} {
+		"floor_time_ratio_1": rt.FloorTimeRatio1, "floor_time_ratio_16": rt.FloorTimeRatio16,
+		"watermill_time_ratio_1": rt.WatermillTimeRatio1, "watermill_time_ratio_16": rt.WatermillTimeRatio16,
+		"enqueue_vs_watermill_1": rt.EnqueueVsWatermill1, "enqueue_vs_watermill_16": rt.EnqueueVsWatermill16,
+		"batched_vs_watermill_1": rt.BatchedVsWatermill1, "batched_vs_watermill_16": rt.BatchedVsWatermill16} {
 		if rg, ok := rt.Ranges[name]; v <= 0 || !ok || v < rg[0] || v > rg[1] {
 			t.Errorf("enqueue ratio %s = %v, range %v (%v)", name, v, rg, ok)
 		}
