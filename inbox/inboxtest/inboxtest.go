@@ -483,8 +483,19 @@ func stopFinishesInFlight(t *testing.T, e *env) {
 	s := e.target.NewSubscriber(t, c, Knobs{Concurrency: 1})
 	pgtest.Must(t, s.Start(context.Background()), "Start")
 	<-entered
+	st, ok := s.(interface{ Stopping() <-chan struct{} })
+	if !ok {
+		t.Fatalf("%T has no Stopping method: the case cannot tell when the stop began", s)
+	}
 	stopped := make(chan error, 1)
 	go func() { stopped <- s.Stop(context.Background()) }()
+	// Released only once the stop has begun: released earlier, the worker
+	// rightly takes the next delivery.
+	select {
+	case <-st.Stopping():
+	case <-time.After(Settle):
+		t.Fatalf("the stop did not begin within %s", Settle)
+	}
 	select {
 	case err := <-stopped:
 		t.Fatalf("Stop returned (%v) while a delivery was in progress", err)

@@ -555,6 +555,10 @@ func (s *Subscriber) stopped(bool) {
 		slog.Int64("terminated", st.Terminated), slog.Int64("skipped", st.Skipped), slog.Int64("commit_errors", st.CommitErrors))
 }
 
+// Stopping is closed when the subscriber begins to stop (Stop, or the end of
+// Start's context): from then on it starts no new delivery.
+func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
+
 // Stop shuts the Subscriber down gracefully: it stops fetching, lets the records
 // being processed finish (commit, or roll back), abandons retries, commits the
 // offsets of every finished record, and leaves the group so that its partitions

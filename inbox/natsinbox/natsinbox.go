@@ -394,6 +394,10 @@ func (s *Subscriber) stopped(bool) {
 		slog.Int64("terminated", st.Terminated), slog.Int64("released", st.Released))
 }
 
+// Stopping is closed when the subscriber begins to stop (Stop, or the end of
+// Start's context): from then on it starts no new delivery.
+func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
+
 // Stop shuts the Subscriber down gracefully: it stops pulling, lets the messages
 // being processed finish (commit and ack, or roll back and nak), and hands every
 // message pulled but not started back to JetStream for immediate redelivery to

@@ -601,6 +601,10 @@ func (s *Subscriber) stopped(bool) {
 		slog.Int64("rejected", st.Rejected), slog.Int64("released", st.Released), slog.Int64("reconnects", st.Reconnects))
 }
 
+// Stopping is closed when the subscriber begins to stop (Stop, or the end of
+// Start's context): from then on it starts no new delivery.
+func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
+
 // Stop shuts the Subscriber down gracefully: it cancels the consumer, so that the
 // server sends nothing more; requeues at once the messages received but not
 // started, and those waiting out a retry delay; lets the messages being processed

@@ -137,7 +137,9 @@ func (c *Core[M]) work() {
 		for !c.queue.Ready() && !c.stopping {
 			c.wake.Wait()
 		}
-		if c.stopping {
+		// The lifecycle's own state too: the watcher sets stopping a moment
+		// after the stop begins, and no delivery may start in between.
+		if c.stopping || c.lc.IsStopping() {
 			return
 		}
 		lane, m := c.queue.Take()
