@@ -112,7 +112,13 @@ func (e *env) enqueue(t testing.TB, aggregates, perAgg, txSize int) []pgoutbox.U
 
 func (e *env) start(t testing.TB, pub broker.Publisher, cfg cdc.Config) *cdc.Source {
 	t.Helper()
-	s, err := cdc.New(e.pool, pub, &cfg)
+	return startOn(t, e.pool, pub, cfg)
+}
+
+// startOn is env.start on another pool (e.g. as a role of its own).
+func startOn(t testing.TB, pool *pgxpool.Pool, pub broker.Publisher, cfg cdc.Config) *cdc.Source {
+	t.Helper()
+	s, err := cdc.New(pool, pub, &cfg)
 	pgtest.Must(t, err, "cdc.New")
 	pgtest.Must(t, s.Start(context.Background()), "start")
 	t.Cleanup(func() {

@@ -43,16 +43,7 @@ func TestCDCSourceReportsMissingPrivilege(t *testing.T) {
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	pool := pgtest.Pool(t, pgtest.AsRole(t, pgtest.URL(), role), 6)
 	pub := &null.Publisher{}
-	src, err := cdc.New(pool, pub, &cfg)
-	pgtest.Must(t, err, "cdc.New")
-	pgtest.Must(t, src.Start(ctx), "start as the cdc role")
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		if err := src.Stop(sctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	src := startOn(t, pool, pub, cfg)
 	if err := src.Healthy(); err != nil {
 		t.Fatalf("Healthy() after start = %v", err)
 	}

@@ -189,16 +189,7 @@ func TestStandbyPositionsUnreadableWithoutPgMonitor(t *testing.T) {
 	var logs syncBuffer
 	e.cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	pub := &null.Publisher{}
-	src, err := cdc.New(pgtest.Pool(t, pgtest.AsRole(t, primary.URL, role), 6), pub, &e.cfg)
-	pgtest.Must(t, err, "cdc.New")
-	pgtest.Must(t, src.Start(ctx), "start as the cdc role")
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		if err := src.Stop(sctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	src := startOn(t, pgtest.Pool(t, pgtest.AsRole(t, primary.URL, role), 6), pub, e.cfg)
 
 	e.enqueue(t, 1, 1, 1) // the standby is healthy: the commit returns
 	wait.For(t, 30*time.Second, "Healthy to name the missing grant while the event is held", func() bool {

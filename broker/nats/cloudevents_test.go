@@ -28,17 +28,7 @@ func TestCloudEventsFormat(t *testing.T) {
 		t.Fatalf("a producer header ce-source: %v, want a permanent refusal", err)
 	}
 	m := message("order", 1)
-	if err := publish(t, p, m)[0]; err != nil {
-		t.Fatalf("Publish: %v", err)
-	}
-	s, err := js.Stream(t.Context(), cfg.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := s.GetMsg(t.Context(), 1)
-	if err != nil {
-		t.Fatalf("get message 1: %v", err)
-	}
+	raw := publishFirst(t, p, js, cfg.Stream, m)
 	for k := range raw.Header {
 		if strings.HasPrefix(strings.ToLower(k), "outbox-") {
 			t.Errorf("header %s in the CloudEvents format", k)

@@ -115,17 +115,7 @@ func TestStreamCreatedIfMissing(t *testing.T) {
 	}
 
 	m := message("order", 1)
-	if err := publish(t, p, m)[0]; err != nil {
-		t.Fatalf("Publish: %v", err)
-	}
-	s, err := js.Stream(t.Context(), cfg.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := s.GetMsg(t.Context(), 1)
-	if err != nil {
-		t.Fatalf("get message 1: %v", err)
-	}
+	got := publishFirst(t, p, js, cfg.Stream, m)
 	wantSubject := strings.TrimSuffix(cfg.StreamSubjects[0], ">") + "order.created"
 	if got.Subject != wantSubject {
 		t.Errorf("subject = %q, want %q", got.Subject, wantSubject)
@@ -481,4 +471,22 @@ func TestStreamRecheckedAfterFailure(t *testing.T) {
 	if n := streamInfo(t, js, cfg.Stream).State.Msgs; n != 1 {
 		t.Errorf("recreated stream holds %d messages, want 1", n)
 	}
+}
+
+// publishFirst publishes m, the first message of stream, and returns it as the
+// stream stored it.
+func publishFirst(t *testing.T, p *nats.Publisher, js jetstream.JetStream, stream string, m broker.Message) *jetstream.RawStreamMsg {
+	t.Helper()
+	if err := publish(t, p, m)[0]; err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	s, err := js.Stream(t.Context(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetMsg(t.Context(), 1)
+	if err != nil {
+		t.Fatalf("get message 1: %v", err)
+	}
+	return got
 }

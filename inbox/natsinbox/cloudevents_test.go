@@ -18,17 +18,14 @@ import (
 func TestCloudEventsFormat(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	publish := func(t *testing.T, enc broker.Encoding, msgs ...broker.Message) {
+	publish := func(t *testing.T, enc broker.Encoding) broker.Publisher {
 		t.Helper()
 		p, err := natsbroker.New(t.Context(), connect(t), &natsbroker.Config{
 			Stream: e.target.Stream, StreamSubjects: e.target.Subjects(),
 			Subject: broker.MustParseTemplate(e.target.Template), Logger: quiet, Encoding: enc,
 		})
 		pgtest.Must(t, err, "nats publisher")
-		defer func() { _ = p.Close() }()
-		for i, err := range p.Publish(t.Context(), msgs) {
-			pgtest.Must(t, err, "publish event %d", i)
-		}
+		return p
 	}
 	inboxtest.CloudEvents(t, e.Effects, publish, func(t *testing.T, proc inbox.Processor) {
 		e.subscribe(t, connect(t), proc, natsinbox.Config{})

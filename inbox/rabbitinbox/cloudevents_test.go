@@ -19,16 +19,13 @@ import (
 func TestCloudEventsFormat(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	publish := func(t *testing.T, enc broker.Encoding, msgs ...broker.Message) {
+	publish := func(t *testing.T, enc broker.Encoding) broker.Publisher {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		p, err := rabbitmq.Dial(ctx, amqpURL, &rabbitmq.Config{Exchange: e.exchange, Logger: quiet, Encoding: enc})
 		pgtest.Must(t, err, "dial the publisher")
-		defer func() { _ = p.Close() }()
-		for i, err := range p.Publish(ctx, msgs) {
-			pgtest.Must(t, err, "publish event %d", i)
-		}
+		return p
 	}
 	inboxtest.CloudEvents(t, e.Effects, publish, func(t *testing.T, proc inbox.Processor) {
 		e.subscribe(t, proc, rabbitinbox.Config{})

@@ -19,9 +19,23 @@ import (
 // cloudEventsSettle bounds the wait for the CloudEvents case's events.
 const cloudEventsSettle = time.Minute
 
-// Publisher publishes msgs through the broker adapter, configured with enc, to
-// the destination a subscriber reads.
-type Publisher func(t *testing.T, enc broker.Encoding, msgs ...broker.Message)
+// Publisher returns the broker adapter, configured with enc, that publishes to
+// the destination a subscriber reads. The case closes it.
+type Publisher func(t *testing.T, enc broker.Encoding) broker.Publisher
+
+// publishAll publishes msgs through a new adapter with enc, each acknowledged.
+func publishAll(t *testing.T, newPublisher Publisher, enc broker.Encoding, msgs ...broker.Message) {
+	t.Helper()
+	p := newPublisher(t, enc)
+	defer func() { _ = p.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i, err := range p.Publish(ctx, msgs) {
+		if err != nil {
+			t.Fatalf("publish event %d: %v", i, err)
+		}
+	}
+}
 
 // CloudEvents is the case of a subscriber fed in the CloudEvents format: three
 // events of one aggregate published by the adapter with
@@ -56,10 +70,10 @@ func CloudEvents(t *testing.T, e *Effects, publish Publisher, start func(t *test
 		}
 		return e.Record(ctx, tx, ev)
 	})
-	publish(t, broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: "/pgoutbox/" + e.Schema}, msgs...)
+	publishAll(t, publish, broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: "/pgoutbox/" + e.Schema}, msgs...)
 	again := msgs[1]
 	again.DedupID = again.EventID.String() + "-again"
-	publish(t, broker.Encoding{}, again)
+	publishAll(t, publish, broker.Encoding{}, again)
 	start(t, c)
 	wait.For(t, cloudEventsSettle, "3 events applied and the re-publish found a duplicate", func() bool {
 		st := c.Stats()
