@@ -68,6 +68,11 @@ type Message struct {
 	// stores the message again; the Outbox-Event-Id header, which consumers dedup
 	// on, stays the event id. Adapters without such a feature ignore it.
 	DedupID string
+	// Tenant names the outbox the event came from: the relay's Config.Tenant
+	// (its schema unless set). Destination templates may use it as {tenant},
+	// so that the events of many outboxes served by one relay process stay
+	// apart on the wire (relay.Group). It is not a header.
+	Tenant string
 }
 
 // Lane returns the message's lane: its aggregate, within which messages are
@@ -496,7 +501,7 @@ func laneIndexes(msgs []Message) [][]int {
 
 // Template expands a destination (a NATS subject, a Kafka topic, an AMQP routing
 // key) from a message's fields. Placeholders: {aggregate_type}, {aggregate_id},
-// {event_type}, {schema_version}. Other text is kept as is.
+// {event_type}, {schema_version}, {tenant}. Other text is kept as is.
 type Template struct {
 	parts []tmplPart
 	raw   string
@@ -507,7 +512,7 @@ type tmplPart struct {
 	field string // "" for a literal
 }
 
-var templateFields = []string{"aggregate_type", "aggregate_id", "event_type", "schema_version"}
+var templateFields = []string{"aggregate_type", "aggregate_id", "event_type", "schema_version", "tenant"}
 
 // ParseTemplate parses s. Unknown or unclosed placeholders are errors.
 func ParseTemplate(s string) (Template, error) {
@@ -559,6 +564,16 @@ func MustParseTemplate(s string) Template {
 // String returns the template as written.
 func (t Template) String() string { return t.raw }
 
+// Uses reports whether t holds the placeholder {field}.
+func (t Template) Uses(field string) bool {
+	for _, p := range t.parts {
+		if p.field == field {
+			return true
+		}
+	}
+	return false
+}
+
 // Expand returns the destination for m. Values are substituted as they are;
 // publishers use [Template.ExpandChecked], which refuses a destination that
 // another (aggregate type, event type, ...) could also produce.
@@ -567,7 +582,7 @@ func (t Template) Expand(m *Message) string {
 }
 
 // ExpandFunc expands t with each placeholder replaced by value(name), name being
-// "aggregate_type", "aggregate_id", "event_type" or "schema_version". Adapters use
+// "aggregate_type", "aggregate_id", "event_type", "schema_version" or "tenant". Adapters use
 // it to build the pattern of every destination t can produce.
 func (t Template) ExpandFunc(value func(field string) string) string {
 	var b strings.Builder
@@ -591,6 +606,8 @@ func fieldValue(m *Message, field string) string {
 		return m.EventType
 	case "schema_version":
 		return strconv.Itoa(m.SchemaVersion)
+	case "tenant":
+		return m.Tenant
 	}
 	return ""
 }

@@ -215,9 +215,10 @@ func TestWireHeadersRoundTrip(t *testing.T) {
 
 func TestTemplate(t *testing.T) {
 	m := msg("42", 1)
-	m.AggregateType, m.EventType, m.SchemaVersion = "order", "order.paid", 2
+	m.AggregateType, m.EventType, m.SchemaVersion, m.Tenant = "order", "order.paid", 2, "acme"
 	for tmpl, want := range map[string]string{
 		"outbox.{aggregate_type}.{event_type}": "outbox.order.order.paid",
+		"outbox.{tenant}.{aggregate_type}":     "outbox.acme.order",
 		"{aggregate_type}":                     "order",
 		"v{schema_version}/{aggregate_id}":     "v2/42",
 		"static":                               "static",
@@ -226,6 +227,15 @@ func TestTemplate(t *testing.T) {
 		if err != nil || got.Expand(&m) != want || got.String() != tmpl {
 			t.Errorf("%s: %q, %v; want %q", tmpl, got.Expand(&m), err, want)
 		}
+		if uses := strings.Contains(tmpl, "{tenant}"); got.Uses("tenant") != uses {
+			t.Errorf("%s: Uses(tenant) = %v", tmpl, !uses)
+		}
+	}
+	// A message without a tenant cannot fill {tenant}: refused, never sent to
+	// a destination another tenant's events share.
+	m.Tenant = ""
+	if _, err := broker.MustParseTemplate("outbox.{tenant}.{aggregate_type}").ExpandChecked(&m); !errors.Is(err, broker.ErrAmbiguousDestination) {
+		t.Errorf("ExpandChecked without a tenant: %v", err)
 	}
 	for _, bad := range []string{"", "x.{aggregate", "x.{payload}", "{}"} {
 		if _, err := broker.ParseTemplate(bad); err == nil {

@@ -42,6 +42,11 @@ type Config struct {
 	// migrate.DefaultSchema ("public").
 	Schema string
 
+	// Tenant names the outbox in each message's Tenant (the {tenant} of a
+	// destination template), in logs and in the Observer's reports. Empty
+	// means Schema.
+	Tenant string
+
 	// BatchSize is the most events one claim leases, at most 10000. Zero means
 	// DefaultBatchSize (500).
 	BatchSize int
@@ -124,6 +129,7 @@ func configDefaults(c *Config) {
 		c.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	config.Default(&c.Schema, migrate.DefaultSchema)
+	config.Default(&c.Tenant, c.Schema)
 	config.Default(&c.BatchSize, DefaultBatchSize)
 	config.Default(&c.RunLength, DefaultRunLength)
 	config.Default(&c.Workers, DefaultWorkers)

@@ -28,6 +28,8 @@ type Observer interface {
 
 // ClaimedBatch describes one claim.
 type ClaimedBatch struct {
+	// Tenant is the relay's Config.Tenant.
+	Tenant string
 	// Events is how many events the claim leased.
 	Events int
 	// TakenOver is how many expired leases of another relay the claim took over:
@@ -40,6 +42,8 @@ type ClaimedBatch struct {
 
 // SettledBatch describes one published and settled batch.
 type SettledBatch struct {
+	// Tenant is the relay's Config.Tenant.
+	Tenant string
 	// Events holds one outcome per event of the batch.
 	Events []EventOutcome
 	// PublishDuration is how long the broker took to answer for the whole batch:

@@ -48,6 +48,7 @@ type Relay struct {
 	cfg    Config
 	pool   *pgxpool.Pool
 	pub    broker.Publisher
+	hub    *hub // the Group's helpers of this database; nil: the relay's own
 	q      queries
 	log    *slog.Logger
 	policy retry.Policy // what becomes of a failed publish
@@ -74,6 +75,7 @@ type Relay struct {
 
 	idleWorkers atomic.Int32 // workers waiting for a wake-up (idle.go)
 	lastFound   atomic.Int64 // when a claim last found events (unix ns)
+	prevFound   atomic.Int64 // when the claim before that one found events (unix ns)
 	// claimMu serialises the workers' claims, which share one cursor: each claim
 	// starts after the lanes of the one before, instead of every worker walking
 	// past the lanes its peers hold (claim).
@@ -112,6 +114,12 @@ type counters struct {
 // the pool's ShouldPing to ping only connections idle for over a minute; a claim
 // on a dead connection fails and is retried on another.
 func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Relay, error) {
+	return newRelay(pool, pub, cfg, nil)
+}
+
+// newRelay is New, for a Group when h is not nil: the hub then listens,
+// guards the idle lock and polls for the relay.
+func newRelay(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config, h *hub) (*Relay, error) {
 	if pool == nil || pub == nil {
 		return nil, errors.New("relay: New needs a pool and a publisher")
 	}
@@ -120,6 +128,7 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Relay, error) 
 		return nil, err
 	}
 	r := &Relay{
+		hub:    h,
 		cfg:    c,
 		pool:   pool,
 		pub:    pub,
@@ -131,6 +140,10 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Relay, error) 
 		leased: map[pgoutbox.UUID]struct{}{},
 
 		idleChanged: lifecycle.NewWake(),
+	}
+	if h != nil {
+		r.idleChanged = h.idleChanged
+		r.log = r.log.With(slog.String("tenant", c.Tenant))
 	}
 	r.lc.Name = "relay"
 	r.lc.Stopped = r.stopped
@@ -219,7 +232,7 @@ func (r *Relay) Start(ctx context.Context) error {
 			r.lc.Go(func() { r.work(i) })
 		}
 		r.lc.Go(r.poll)
-		if !r.cfg.DisableNotify {
+		if !r.cfg.DisableNotify && r.hub == nil {
 			r.lc.Go(r.listen)
 			r.lc.Go(r.guard)
 		}
@@ -272,10 +285,14 @@ func (r *Relay) helperContext() (context.Context, context.CancelFunc) {
 func (r *Relay) poke() { r.wake.Poke() }
 
 // poll wakes a worker every PollInterval, and when the earliest backoff that a
-// worker reported comes due.
+// worker reported comes due. In a Group the hub polls instead, for all the
+// relays of a database at once (hub.probe): this only waits for backoffs.
 func (r *Relay) poll() {
 	t := time.NewTicker(r.cfg.PollInterval)
 	defer t.Stop()
+	if r.hub != nil {
+		t.Stop()
+	}
 	due := time.NewTimer(time.Hour)
 	due.Stop()
 	defer due.Stop()
@@ -462,7 +479,7 @@ func (r *Relay) work(id int) {
 		if !again {
 			continue
 		}
-		r.lastFound.Store(time.Now().UnixNano())
+		r.prevFound.Store(r.lastFound.Swap(time.Now().UnixNano()))
 		r.setIdle(&idle, false)
 		if pause := r.process(batch); pause > 0 {
 			// The broker is unreachable: hold off claiming instead of cycling every
@@ -475,12 +492,15 @@ func (r *Relay) work(id int) {
 	}
 }
 
-// Under a steady flow of events, one worker keeps polling every hotPoll instead of
-// waiting for a notification, until no claim has found anything for hotLinger.
+// Under a steady flow of events (the last two claims that found events came
+// within hotLinger of each other), one worker keeps polling every hotPoll instead
+// of waiting for a notification, until no claim has found anything for hotLinger.
 // The relay then never counts as idle, so producers do not notify (idle.go): at a
 // thousand commits a second, a NOTIFY per commit would serialise the commits on
 // PostgreSQL's notification queue lock, and a wake-up per commit would cost a
-// claim per event. Events wait at most hotPoll for the next claim.
+// claim per event. Events wait at most hotPoll for the next claim. A lone event
+// does not start the hot poll: fifty empty claims per event would make a trickle
+// (or a hundred outboxes each receiving one, in a Group) cost more than NOTIFY.
 const (
 	hotPoll   = 2 * time.Millisecond
 	hotLinger = 100 * time.Millisecond
@@ -489,7 +509,7 @@ const (
 // waitForWork waits for a reason to claim again: a wake-up, or the hot poll timer
 // while events keep coming. It returns false when the relay stops.
 func (r *Relay) waitForWork(idle *bool, hot *time.Timer) bool {
-	if time.Since(time.Unix(0, r.lastFound.Load())) < hotLinger && r.hotPoller.CompareAndSwap(false, true) {
+	if r.steadyFlow() && r.hotPoller.CompareAndSwap(false, true) {
 		defer r.hotPoller.Store(false)
 		r.setIdle(idle, false)
 		hot.Reset(hotPoll)
@@ -509,6 +529,14 @@ func (r *Relay) waitForWork(idle *bool, hot *time.Timer) bool {
 	case <-r.wake:
 	}
 	return true
+}
+
+// steadyFlow reports whether events keep coming: the last two claims that
+// found events did so within hotLinger of each other, the last one within
+// hotLinger of now.
+func (r *Relay) steadyFlow() bool {
+	last, prev := r.lastFound.Load(), r.prevFound.Load()
+	return time.Since(time.Unix(0, last)) < hotLinger && last-prev < int64(hotLinger)
 }
 
 // announceBacklog wakes a peer worker, and the other relays through a notification:
@@ -637,7 +665,7 @@ func (r *Relay) claim() ([]claimed, error) {
 				takenOver++
 			}
 		}
-		obs.BatchClaimed(ClaimedBatch{Events: len(batch), TakenOver: takenOver, Duration: time.Since(start)})
+		obs.BatchClaimed(ClaimedBatch{Tenant: r.cfg.Tenant, Events: len(batch), TakenOver: takenOver, Duration: time.Since(start)})
 	}
 	// A full batch: the next claim goes on after its last lane, so that successive
 	// claims sweep all lanes. A short one scanned to the end of the pending lanes:
@@ -670,6 +698,7 @@ func (r *Relay) claimFrom(ctx context.Context, from pgoutbox.Lane, limit int) ([
 		err := row.Scan(&c.msg.EventID, &c.msg.AggregateType, &c.msg.AggregateID, &c.msg.AggregateSequence,
 			&c.msg.EventType, &c.msg.SchemaVersion, &c.msg.Payload, &headers, &c.msg.OccurredAt,
 			&c.attempts, &c.previousHolder, &c.head)
+		c.msg.Tenant = r.cfg.Tenant
 		if err == nil {
 			var derr error
 			if c.msg.Headers, derr = decodeHeaders(headers); derr != nil {
@@ -813,7 +842,7 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 	r.stats.quarantined.Add(int64(o.quarantined))
 	r.stats.released.Add(int64(len(o.released)))
 	if o.events != nil {
-		r.cfg.Observer.BatchSettled(SettledBatch{Events: o.events, PublishDuration: publishDuration, SettleDuration: settleDuration})
+		r.cfg.Observer.BatchSettled(SettledBatch{Tenant: r.cfg.Tenant, Events: o.events, PublishDuration: publishDuration, SettleDuration: settleDuration})
 	}
 	if o.retryIn > 0 {
 		// Wake up when the first backoff ends rather than at the next poll.

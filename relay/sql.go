@@ -13,6 +13,7 @@ import (
 type queries struct {
 	claim, mark, fail, release string
 	channel                    string
+	table                      string // the quoted outbox_events of the schema
 }
 
 func newQueries(schema string) queries {
@@ -23,6 +24,7 @@ func newQueries(schema string) queries {
 		fail:    fmt.Sprintf(failSQL, t),
 		release: fmt.Sprintf(releaseSQL, t),
 		channel: migrate.NotifyChannel(schema),
+		table:   t,
 	}
 }
 

@@ -194,7 +194,7 @@ func (c *Config) Validate() error {
 	if c.Topic.String() != "" {
 		// The template's literal text must be legal in a topic name; placeholders
 		// are checked per event. A sample expansion finds bad literals at start-up.
-		sample := broker.Message{AggregateType: "a", AggregateID: "a", EventType: "a", SchemaVersion: 1}
+		sample := broker.Message{AggregateType: "a", AggregateID: "a", EventType: "a", SchemaVersion: 1, Tenant: "a"}
 		if err := validateTopic(c.Topic.Expand(&sample)); err != nil {
 			errs = append(errs, fmt.Errorf("kafka: Config.Topic (%q): %w", c.Topic.String(), err))
 		}

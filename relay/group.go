@@ -1,0 +1,483 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/migrate"
+)
+
+// DefaultDiscoverInterval is GroupConfig.DiscoverInterval's default.
+const DefaultDiscoverInterval = 30 * time.Second
+
+// Limits of a Group.
+const (
+	maxGroupDatabases = 1000
+	maxTenantName     = 100
+	// tenantStopTimeout bounds the graceful stop of an outbox that discovery
+	// no longer finds; its leases then expire on their own.
+	tenantStopTimeout = 10 * time.Second
+)
+
+// Database is one database of a Group and the outboxes it holds.
+type Database struct {
+	// Name names the database in logs and health reports; unique in the
+	// Group. Empty means the pool's database name.
+	Name string
+	// Pool is the database's connection budget for the whole Group: every
+	// outbox of the database claims and settles on it, so its MaxConns bounds
+	// them all together. The hub's LISTEN and idle-lock sessions are two more
+	// connections of their own (none with Config.DisableNotify).
+	Pool *pgxpool.Pool
+	// Schemas selects the outbox schemas to serve: names and globs
+	// (migrate.ParseSelector). Every DiscoverInterval the Group lists the
+	// schemas of the database that hold an outbox (migrate.Outboxes) and serves
+	// those that match: outboxes come and go without a restart. Empty means
+	// every outbox schema of the database.
+	Schemas string
+	// TenantPrefix is put before each schema's name to make its tenant name
+	// (Message.Tenant, {tenant} in destinations), keeping apart the same schema
+	// name in two databases. Tenant names hold letters, digits, '_' and '-'
+	// only, at most 100 bytes: a schema whose tenant name would not is reported
+	// and not served.
+	TenantPrefix string
+}
+
+// GroupConfig configures a Group.
+type GroupConfig struct {
+	// Config is every outbox relay's configuration: ID, BatchSize, Workers,
+	// Lease, backoffs, Logger, Observer (whose reports carry the Tenant). Its
+	// Schema and Tenant must be empty: each outbox has its own.
+	Config Config
+	// Databases lists the databases served, at most 1000.
+	Databases []Database
+	// DiscoverInterval is how often each database's outboxes are listed again.
+	// Zero means DefaultDiscoverInterval (30s).
+	DiscoverInterval time.Duration
+}
+
+var tenantName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// ValidateTenant reports whether name can be a tenant name: 1 to 100 bytes
+// of letters, digits, '_' and '-', so that it is safe in every broker's
+// destination.
+func ValidateTenant(name string) error {
+	if len(name) == 0 || len(name) > maxTenantName || !tenantName.MatchString(name) {
+		return fmt.Errorf("relay: tenant name %q must be 1 to %d bytes of letters, digits, '_' and '-'", name, maxTenantName)
+	}
+	return nil
+}
+
+func (c *GroupConfig) withDefaults() (GroupConfig, error) {
+	return config.Resolve("relay group", c, func(c *GroupConfig) {
+		config.Default(&c.DiscoverInterval, DefaultDiscoverInterval)
+		c.Databases = slices.Clone(c.Databases)
+		for i := range c.Databases {
+			if d := &c.Databases[i]; d.Name == "" && d.Pool != nil {
+				d.Name = d.Pool.Config().ConnConfig.Database
+			}
+		}
+	}, func(c *GroupConfig, p *config.Problems) {
+		p.Check(c.Config.Schema == "" && c.Config.Tenant == "",
+			"GroupConfig.Config.Schema and .Tenant must be empty: each outbox has its own")
+		p.Check(len(c.Databases) > 0 && len(c.Databases) <= maxGroupDatabases,
+			"GroupConfig.Databases (%d) must hold 1..%d databases", len(c.Databases), maxGroupDatabases)
+		p.Check(c.DiscoverInterval > 0, "GroupConfig.DiscoverInterval (%s) must be positive", c.DiscoverInterval)
+		names := map[string]bool{}
+		for i, d := range c.Databases {
+			p.Check(d.Pool != nil, "GroupConfig.Databases[%d].Pool must not be nil", i)
+			p.Check(d.Name != "" && !names[d.Name], "GroupConfig.Databases[%d].Name (%q) must be set and unique", i, d.Name)
+			names[d.Name] = true
+			_, err := migrate.ParseSelector(d.Schemas)
+			p.Field(fmt.Sprintf("GroupConfig.Databases[%d].Schemas", i), err)
+			p.Check(d.TenantPrefix == "" || tenantName.MatchString(d.TenantPrefix),
+				"GroupConfig.Databases[%d].TenantPrefix (%q) must hold letters, digits, '_' and '-' only", i, d.TenantPrefix)
+		}
+		one := c.Config
+		one.Schema = migrate.DefaultSchema
+		if _, err := one.withDefaults(); err != nil {
+			p.Field("GroupConfig.Config", err)
+		}
+	})
+}
+
+// Group serves many outboxes, in several schemas of several databases, from
+// one process: a relay per outbox, with each one's guarantees (leases, lanes,
+// quarantine, per-aggregate order), sharing per database one pool, one LISTEN
+// session, one idle-lock session and one poll statement (see hub). Each
+// outbox's relay has Config.Workers workers of its own, so one outbox's
+// backlog cannot hold the others' claims: they wait for a connection of the
+// pool, which serves waiters in order, never for the backlog.
+//
+// An outbox that cannot be served (its schema not migrated, refused, or gone)
+// is reported by Healthy and Tenants and left out; the others keep flowing.
+// Any number of Groups and Relays may serve the same outboxes: they coordinate
+// through PostgreSQL alone.
+//
+// Start and Stop follow the rule of Relay.Start.
+type Group struct {
+	cfg GroupConfig
+	pub broker.Publisher
+	log *slog.Logger
+	lc  lifecycle.Lifecycle
+	dbs []*groupDB
+}
+
+type groupDB struct {
+	Database
+	hub *hub
+
+	mu       sync.Mutex
+	tenants  map[string]*tenant // by schema: served
+	problems map[string]error   // by schema: selected, not served, and why
+	listErr  error              // the last listing's failure, nil once it works
+}
+
+type tenant struct {
+	name  string
+	relay *Relay
+}
+
+// NewGroup returns a Group publishing with pub. Invalid settings are reported
+// here; the outboxes are listed when it starts.
+func NewGroup(pub broker.Publisher, cfg *GroupConfig) (*Group, error) {
+	if pub == nil || cfg == nil {
+		return nil, errors.New("relay: NewGroup needs a publisher and a config")
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	one := c.Config
+	one.Schema = migrate.DefaultSchema
+	resolved, _ := one.withDefaults()
+	c.Config.ID = resolved.ID
+	g := &Group{cfg: c, pub: pub, log: resolved.Logger.With(slog.String("relay", resolved.ID))}
+	for _, d := range c.Databases {
+		g.dbs = append(g.dbs, &groupDB{
+			Database: d,
+			hub:      newHub(d.Pool, g.log.With(slog.String("database", d.Name)), resolved.PollInterval, c.Config.DisableNotify),
+			tenants:  map[string]*tenant{},
+			problems: map[string]error{},
+		})
+	}
+	g.lc.Name = "relay group"
+	g.lc.Stopped = g.stopped
+	return g, nil
+}
+
+// Start lists each database's outboxes, starts a relay for each, and keeps
+// listing them every DiscoverInterval. A database that cannot be listed is
+// reported by Healthy and listed again later.
+func (g *Group) Start(ctx context.Context) error {
+	return g.lc.Start(ctx, func(context.Context) error {
+		g.log.Info("relay group starting", slog.Int("databases", len(g.dbs)), slog.Duration("discover_interval", g.cfg.DiscoverInterval))
+		for _, d := range g.dbs {
+			if err := d.hub.start(context.WithoutCancel(g.lc.Hard())); err != nil {
+				return err
+			}
+		}
+		g.discover()
+		discovering := make(chan struct{})
+		g.lc.Go(func() {
+			defer close(discovering)
+			g.rediscover()
+		})
+		// The relays stop once discovery has: gracefully, and hard when the
+		// Group's stop turns hard (its Hard context ends).
+		g.lc.Go(func() {
+			<-discovering
+			if err := g.stopRelays(g.lc.Hard()); err != nil {
+				g.log.Warn("relay group stopped hard", slog.Any("error", err))
+			}
+		})
+		return nil
+	})
+}
+
+// Stop stops every outbox's relay as Relay.Stop does, all at once, and then
+// the Group. See Start for the rule of Start and Stop.
+func (g *Group) Stop(ctx context.Context) error { return g.lc.Stop(ctx) }
+
+// stopped runs once the relays have stopped.
+func (g *Group) stopped(bool) { g.log.Info("relay group stopped") }
+
+// stopRelays stops every relay and then the hubs.
+func (g *Group) stopRelays(ctx context.Context) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, 1)
+	for _, d := range g.dbs {
+		d.mu.Lock()
+		for schema, t := range d.tenants {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := t.relay.Stop(ctx); err != nil {
+					select {
+					case errs <- fmt.Errorf("tenant %s: %w", t.name, err):
+					default:
+					}
+				}
+			}()
+			d.hub.remove(t.relay)
+			delete(d.tenants, schema)
+		}
+		d.mu.Unlock()
+	}
+	wg.Wait()
+	for _, d := range g.dbs {
+		_ = d.hub.stop(ctx)
+	}
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return nil
+	}
+}
+
+func (g *Group) rediscover() {
+	t := time.NewTicker(g.cfg.DiscoverInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.lc.Stopping():
+			return
+		case <-t.C:
+			g.discover()
+		}
+	}
+}
+
+// discover lists every database's outboxes, starts relays for new ones and
+// stops those of outboxes gone.
+func (g *Group) discover() {
+	var wg sync.WaitGroup
+	for _, d := range g.dbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.discoverIn(d)
+		}()
+	}
+	wg.Wait()
+	g.checkNames()
+}
+
+// discoverTimeout bounds listing a database's outboxes and checking a new
+// one.
+const discoverTimeout = 10 * time.Second
+
+func (g *Group) discoverIn(d *groupDB) {
+	ctx, cancel := context.WithTimeout(g.lc.Hard(), discoverTimeout)
+	defer cancel()
+	schemas, err := migrate.Outboxes(ctx, d.Pool, d.Schemas)
+	d.mu.Lock()
+	prev := d.listErr
+	d.listErr = err
+	d.mu.Unlock()
+	if err != nil {
+		if prev == nil {
+			d.hub.log.Warn("cannot list the outboxes; serving those found before", slog.Any("error", err))
+		}
+		return
+	}
+	if prev != nil {
+		d.hub.log.Info("outboxes listed again")
+	}
+	found := map[string]bool{}
+	for _, s := range schemas {
+		found[s] = true
+		d.mu.Lock()
+		_, served := d.tenants[s]
+		d.mu.Unlock()
+		if !served {
+			g.serve(ctx, d, s)
+		}
+	}
+	d.mu.Lock()
+	var gone []*tenant
+	for s, t := range d.tenants {
+		if !found[s] {
+			gone = append(gone, t)
+			d.hub.remove(t.relay)
+			delete(d.tenants, s)
+		}
+	}
+	for s := range d.problems {
+		if !found[s] {
+			delete(d.problems, s)
+		}
+	}
+	d.mu.Unlock()
+	for _, t := range gone {
+		d.hub.log.Info("outbox gone: stopping its relay", slog.String("tenant", t.name))
+		sctx, cancel := context.WithTimeout(context.Background(), tenantStopTimeout)
+		_ = t.relay.Stop(sctx)
+		cancel()
+	}
+}
+
+// serve checks schema's outbox and starts its relay, or records why not.
+func (g *Group) serve(ctx context.Context, d *groupDB, schema string) {
+	name := d.TenantPrefix + schema
+	err := ValidateTenant(name)
+	if err == nil {
+		err = checkOutbox(ctx, d.Pool, schema)
+	}
+	var r *Relay
+	if err == nil {
+		cfg := g.cfg.Config
+		cfg.Schema, cfg.Tenant = schema, name
+		r, err = newRelay(d.Pool, g.pub, &cfg, d.hub)
+	}
+	if err == nil {
+		// Not stopped through this context, but by stopRelays.
+		err = r.Start(context.WithoutCancel(g.lc.Hard()))
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		if prev, seen := d.problems[schema]; !seen || prev.Error() != err.Error() {
+			d.hub.log.Error("outbox not served", slog.String("schema", schema), slog.Any("error", err))
+		}
+		d.problems[schema] = err
+		return
+	}
+	delete(d.problems, schema)
+	d.tenants[schema] = &tenant{name: name, relay: r}
+	d.hub.add(r)
+	d.hub.log.Info("serving outbox", slog.String("tenant", name), slog.String("schema", schema))
+}
+
+// checkNames stops serving a tenant name served twice (the same schema in two
+// databases without a TenantPrefix): both outboxes' events would share their
+// destinations. The database listed first keeps it.
+func (g *Group) checkNames() {
+	owner := map[string]string{}
+	for _, d := range g.dbs {
+		d.mu.Lock()
+		var dup []string
+		for s, t := range d.tenants {
+			if o, taken := owner[t.name]; taken {
+				dup = append(dup, s)
+				d.problems[s] = fmt.Errorf("relay: tenant name %q is already served from database %q: set a TenantPrefix", t.name, o)
+				d.hub.log.Error("outbox not served", slog.String("schema", s), slog.Any("error", d.problems[s]))
+				continue
+			}
+			owner[t.name] = d.Name
+		}
+		var stop []*Relay
+		for _, s := range dup {
+			stop = append(stop, d.tenants[s].relay)
+			d.hub.remove(d.tenants[s].relay)
+			delete(d.tenants, s)
+		}
+		d.mu.Unlock()
+		for _, r := range stop {
+			sctx, cancel := context.WithTimeout(context.Background(), tenantStopTimeout)
+			_ = r.Stop(sctx)
+			cancel()
+		}
+	}
+}
+
+// checkOutbox refuses a schema whose outbox migrations are missing, or newer
+// than this binary.
+func checkOutbox(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if err := migrate.CheckCompatible(ctx, pool, schema, migrate.LineOutbox); err != nil {
+		return err
+	}
+	st, err := migrate.State(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
+	if err != nil {
+		return err
+	}
+	for _, s := range st {
+		if !s.Applied {
+			return fmt.Errorf("relay: schema %q lacks migration %s/%d %s", schema, s.Line, s.Version, s.Name)
+		}
+	}
+	return nil
+}
+
+// TenantState is one outbox of a Group, served or not.
+type TenantState struct {
+	Database string
+	Schema   string
+	Tenant   string
+	// Serving is true while a relay publishes the outbox's events.
+	Serving bool
+	// Err is why the outbox is not served, or the relay's health (Relay.Healthy).
+	Err error
+	// Stats are the relay's counters; zero when not served.
+	Stats Stats
+}
+
+// Tenants returns the state of every outbox selected, in database and
+// schema order.
+func (g *Group) Tenants() []TenantState {
+	var out []TenantState
+	for _, d := range g.dbs {
+		var part []TenantState
+		d.mu.Lock()
+		for s, t := range d.tenants {
+			part = append(part, TenantState{Database: d.Name, Schema: s, Tenant: t.name, Serving: true,
+				Err: t.relay.Healthy(), Stats: t.relay.Stats()})
+		}
+		for s, err := range d.problems {
+			part = append(part, TenantState{Database: d.Name, Schema: s, Tenant: d.TenantPrefix + s, Err: err})
+		}
+		d.mu.Unlock()
+		slices.SortFunc(part, func(a, b TenantState) int { return compareStrings(a.Schema, b.Schema) })
+		out = append(out, part...)
+	}
+	return out
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// ErrTenant is wrapped by the errors of Group.Healthy that concern one outbox.
+var ErrTenant = errors.New("relay: tenant unhealthy")
+
+// Healthy reports nil when every selected outbox is served and healthy, and
+// every database could be listed; else an error naming each database and
+// tenant at fault (errors.Is matches ErrTenant, and the Relay errors such as
+// ErrDatabaseUnreachable).
+func (g *Group) Healthy() error {
+	var errs []error
+	for _, d := range g.dbs {
+		d.mu.Lock()
+		if d.listErr != nil {
+			errs = append(errs, fmt.Errorf("database %s: %w", d.Name, d.listErr))
+		}
+		d.mu.Unlock()
+	}
+	for _, t := range g.Tenants() {
+		if t.Err != nil {
+			errs = append(errs, fmt.Errorf("%w %s (database %s, schema %q): %w", ErrTenant, t.Tenant, t.Database, t.Schema, t.Err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ID returns the relay id the Group's relays write in claimed_by.
+func (g *Group) ID() string { return g.cfg.Config.ID }

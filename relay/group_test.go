@@ -1,0 +1,286 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/migrate"
+	"github.com/pgoutbox/pgoutbox/relay"
+)
+
+// tenantDB is a database of its own holding outboxes, one per schema.
+type tenantDB struct {
+	url  string
+	pool *pgxpool.Pool
+}
+
+func newTenantDB(t testing.TB, maxConns int32) *tenantDB {
+	t.Helper()
+	url := pgtest.Database(t)
+	return &tenantDB{url: url, pool: pgtest.Pool(t, url, maxConns)}
+}
+
+// migrate makes schema an outbox.
+func (d *tenantDB) migrate(t testing.TB, schema string) {
+	t.Helper()
+	_, err := migrate.Up(context.Background(), d.pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
+	pgtest.Must(t, err, "migrate %s", schema)
+}
+
+// enqueue writes n events of aggregates aggregates to schema, in one transaction.
+func (d *tenantDB) enqueue(t testing.TB, schema string, aggregates, n int) {
+	t.Helper()
+	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
+	pgtest.Must(t, err, "producer")
+	evs := make([]pgoutbox.Event, n)
+	for i := range evs {
+		evs[i] = pgoutbox.Event{AggregateType: "acct", AggregateID: fmt.Sprintf("a%d", i%aggregates),
+			EventType: "acct.changed", Payload: map[string]int{"n": i}}
+	}
+	_, err = p.EnqueueTx(context.Background(), d.pool, evs...)
+	pgtest.Must(t, err, "enqueue into %s", schema)
+}
+
+func (d *tenantDB) pending(t testing.TB, schema string) int {
+	t.Helper()
+	var n int
+	pgtest.Must(t, d.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+
+		pgx.Identifier{schema, "outbox_events"}.Sanitize()+" WHERE published_at IS NULL").Scan(&n), "pending")
+	return n
+}
+
+func startGroup(t testing.TB, pub broker.Publisher, cfg relay.GroupConfig) *relay.Group {
+	t.Helper()
+	if cfg.Config.Logger == nil {
+		cfg.Config.Logger = quietLogger()
+	}
+	g, err := relay.NewGroup(pub, &cfg)
+	pgtest.Must(t, err, "NewGroup")
+	pgtest.Must(t, g.Start(context.Background()), "start group")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := g.Stop(ctx); err != nil {
+			t.Errorf("stop group: %v", err)
+		}
+	})
+	return g
+}
+
+// checkLanes fails unless every message names a tenant of want and each
+// tenant's aggregates arrived in sequence order, from 1.
+func checkLanes(t testing.TB, msgs []broker.Message, want map[string]int) {
+	t.Helper()
+	next := map[string]int64{}
+	got := map[string]int{}
+	for _, m := range msgs {
+		key := m.Tenant + "/" + m.AggregateID
+		if m.AggregateSequence <= next[key] {
+			continue // a duplicate after a lease expired: allowed
+		}
+		if m.AggregateSequence != next[key]+1 {
+			t.Fatalf("tenant %s aggregate %s: sequence %d after %d", m.Tenant, m.AggregateID, m.AggregateSequence, next[key])
+		}
+		next[key] = m.AggregateSequence
+		got[m.Tenant]++
+	}
+	for tenant, n := range want {
+		if got[tenant] != n {
+			t.Errorf("tenant %s: %d events published, want %d", tenant, got[tenant], n)
+		}
+	}
+	for tenant := range got {
+		if _, ok := want[tenant]; !ok {
+			t.Errorf("events of tenant %q published, which is not selected", tenant)
+		}
+	}
+}
+
+// One group serves the selected outboxes of two databases, with the same
+// schema names kept apart by a prefix; outboxes added while it runs are
+// served, outboxes dropped are let go, a broken one is reported by name while
+// the others flow.
+func TestGroupServesManyOutboxes(t *testing.T) {
+	t.Parallel()
+	a, b := newTenantDB(t, 6), newTenantDB(t, 6)
+	for _, s := range []string{"t_1", "t_2", "t_3", "other"} {
+		a.migrate(t, s)
+	}
+	for _, s := range []string{"t_1", "t_9"} {
+		b.migrate(t, s)
+	}
+	for _, s := range []string{"t_1", "t_2", "t_3", "other"} {
+		a.enqueue(t, s, 7, 200)
+	}
+	b.enqueue(t, "t_1", 5, 100)
+	b.enqueue(t, "t_9", 5, 100)
+
+	rec := &brokertest.Recorder{Jitter: 100 * time.Microsecond}
+	g := startGroup(t, rec, relay.GroupConfig{
+		Config: relay.Config{Workers: 2, BatchSize: 50, PollInterval: 200 * time.Millisecond},
+		Databases: []relay.Database{
+			{Name: "a", Pool: a.pool, Schemas: "t_*"},
+			{Name: "b", Pool: b.pool, Schemas: "t_*", TenantPrefix: "b-"},
+		},
+		DiscoverInterval: 100 * time.Millisecond,
+	})
+	want := map[string]int{"t_1": 200, "t_2": 200, "t_3": 200, "b-t_1": 100, "b-t_9": 100}
+	wait.For(t, 30*time.Second, "every selected outbox drained", func() bool {
+		return a.pending(t, "t_1")+a.pending(t, "t_2")+a.pending(t, "t_3")+b.pending(t, "t_1")+b.pending(t, "t_9") == 0
+	})
+	if n := a.pending(t, "other"); n != 200 {
+		t.Fatalf("schema other is not selected, yet %d of its 200 events are pending", n)
+	}
+	checkLanes(t, rec.Messages(), want)
+	pgtest.Must(t, g.Healthy(), "healthy")
+
+	// Added while running: served without a restart.
+	a.migrate(t, "t_new")
+	a.enqueue(t, "t_new", 3, 30)
+	want["t_new"] = 30
+	wait.For(t, 30*time.Second, "the new outbox drained", func() bool { return a.pending(t, "t_new") == 0 })
+
+	// Broken: its migrations' record says it is not migrated. Reported by
+	// name; the others keep flowing.
+	_, err := a.pool.Exec(context.Background(), `DELETE FROM t_3.pgoutbox_migrations WHERE version = 1`)
+	pgtest.Must(t, err, "break t_3")
+	_, err = a.pool.Exec(context.Background(), `DROP SCHEMA t_2 CASCADE`)
+	pgtest.Must(t, err, "drop t_2")
+	a.migrate(t, "t_broken")
+	_, err = a.pool.Exec(context.Background(), `DELETE FROM t_broken.pgoutbox_migrations WHERE version = 2`)
+	pgtest.Must(t, err, "break t_broken")
+	wait.For(t, 30*time.Second, "t_2 let go and t_broken reported", func() bool {
+		err := g.Healthy()
+		var served []string
+		for _, ts := range g.Tenants() {
+			if ts.Serving {
+				served = append(served, ts.Tenant)
+			}
+		}
+		return errors.Is(err, relay.ErrTenant) && strings.Contains(err.Error(), "t_broken") &&
+			!strings.Contains(strings.Join(served, ","), "t_2") && strings.Contains(strings.Join(served, ","), "t_3")
+	})
+	a.enqueue(t, "t_1", 3, 30)
+	b.enqueue(t, "t_9", 3, 30)
+	want["t_1"] += 30
+	want["b-t_9"] += 30
+	wait.For(t, 30*time.Second, "the healthy outboxes keep flowing", func() bool {
+		return a.pending(t, "t_1")+b.pending(t, "t_9") == 0
+	})
+	checkLanes(t, rec.Messages(), want)
+	for _, ts := range g.Tenants() {
+		if ts.Tenant == "t_broken" && (ts.Serving || ts.Err == nil || !strings.Contains(ts.Err.Error(), "lacks migration")) {
+			t.Errorf("t_broken: serving %v, error %v", ts.Serving, ts.Err)
+		}
+	}
+}
+
+// The same schema name in two databases without a prefix would put both
+// outboxes' events under one tenant name: the second is refused, named.
+func TestGroupRefusesATenantNameTwice(t *testing.T) {
+	t.Parallel()
+	a, b := newTenantDB(t, 4), newTenantDB(t, 4)
+	a.migrate(t, "shop")
+	b.migrate(t, "shop")
+	g := startGroup(t, &brokertest.Recorder{}, relay.GroupConfig{
+		Databases: []relay.Database{{Name: "a", Pool: a.pool}, {Name: "b", Pool: b.pool}},
+	})
+	err := g.Healthy()
+	if !errors.Is(err, relay.ErrTenant) || !strings.Contains(err.Error(), `already served from database "a"`) {
+		t.Fatalf("Healthy = %v, want the second shop refused", err)
+	}
+}
+
+// Hostile schema names are outboxes like any other; those that cannot be a
+// tenant name (destinations would carry them) are reported, never run.
+func TestGroupTenantNames(t *testing.T) {
+	t.Parallel()
+	d := newTenantDB(t, 4)
+	for _, s := range []string{`x"; DROP TABLE y; --`, "a.b", "a b", "ä", "a*", "a>"} {
+		d.migrate(t, s)
+	}
+	d.migrate(t, "ok_1")
+	g := startGroup(t, &brokertest.Recorder{}, relay.GroupConfig{Databases: []relay.Database{{Pool: d.pool}}})
+	for _, ts := range g.Tenants() {
+		if want := ts.Schema == "ok_1"; ts.Serving != want {
+			t.Errorf("schema %q: serving %v, want %v (%v)", ts.Schema, ts.Serving, want, ts.Err)
+		}
+	}
+	for _, name := range []string{"", "a.b", "a b", "ä", "a*", "a>", "x/y", strings.Repeat("a", 101)} {
+		if relay.ValidateTenant(name) == nil {
+			t.Errorf("ValidateTenant(%q) accepted", name)
+		}
+	}
+	for _, name := range []string{"a", "tenant_1", "T-9", strings.Repeat("a", 100)} {
+		pgtest.Must(t, relay.ValidateTenant(name), "ValidateTenant(%q)", name)
+	}
+}
+
+func TestGroupConfigValidate(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, pgtest.URL(), 1)
+	for _, tc := range []struct {
+		cfg  relay.GroupConfig
+		want string
+	}{
+		{relay.GroupConfig{}, "GroupConfig.Databases"},
+		{relay.GroupConfig{Config: relay.Config{Schema: "x"}, Databases: []relay.Database{{Pool: pool}}}, "must be empty"},
+		{relay.GroupConfig{Databases: []relay.Database{{Name: "a"}}}, "Pool must not be nil"},
+		{relay.GroupConfig{Databases: []relay.Database{{Name: "a", Pool: pool}, {Name: "a", Pool: pool}}}, "unique"},
+		{relay.GroupConfig{Databases: []relay.Database{{Pool: pool, Schemas: "["}}}, "Schemas"},
+		{relay.GroupConfig{Databases: []relay.Database{{Pool: pool, TenantPrefix: "a.b"}}}, "TenantPrefix"},
+		{relay.GroupConfig{Config: relay.Config{Workers: 1000}, Databases: []relay.Database{{Pool: pool}}}, "Workers"},
+	} {
+		_, err := relay.NewGroup(&brokertest.Recorder{}, &tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("NewGroup(%+v) = %v, want an error about %s", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+// A hundred idle outboxes cost one database two sessions beyond the pool, and
+// a commit into any of them wakes its relay through the one LISTEN session.
+func TestGroupIdleSharesSessions(t *testing.T) {
+	t.Parallel()
+	d := newTenantDB(t, 4)
+	const n = 40
+	for i := range n {
+		d.migrate(t, fmt.Sprintf("t_%02d", i))
+	}
+	rec := &brokertest.Recorder{}
+	// A poll interval far longer than the test: only a notification can wake.
+	g := startGroup(t, rec, relay.GroupConfig{
+		Config:    relay.Config{Workers: 2, PollInterval: time.Hour},
+		Databases: []relay.Database{{Pool: d.pool}},
+	})
+	wait.For(t, 30*time.Second, "every outbox served", func() bool { return len(g.Tenants()) == n })
+	var listeners int
+	wait.For(t, 30*time.Second, "one LISTEN session for all", func() bool {
+		pgtest.Must(t, d.pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'`).Scan(&listeners), "listeners")
+		return listeners == 1
+	})
+	// The idle locks: producers of an idle outbox notify.
+	for i := range n {
+		d.enqueue(t, fmt.Sprintf("t_%02d", i), 1, 1)
+	}
+	wait.For(t, 30*time.Second, "every commit woke its relay", func() bool { return len(rec.Messages()) == n })
+	var sessions int
+	pgtest.Must(t, d.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&sessions), "sessions")
+	if sessions > 4+2 {
+		t.Errorf("%d sessions for %d outboxes; want at most the pool (4) and the hub's two", sessions, n)
+	}
+}

@@ -1,0 +1,548 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/retry"
+)
+
+// hub serves the relays of a Group that share one database. A lone Relay holds
+// a LISTEN session and an idle-lock session of its own and claims once per
+// PollInterval; at a hundred outboxes that would be two hundred sessions and
+// fifty claims a second of an idle database. The hub instead keeps:
+//
+//   - one LISTEN session for the channels of all its relays (listen), routing
+//     each notification to its relay;
+//   - one session holding the idle locks of the relays that are idle (guard),
+//     with the protocol of idle.go, one lock per outbox;
+//   - one statement per PollInterval that finds which idle relays have events
+//     to claim (probe), instead of a claim per relay.
+//
+// So an idle database costs the same few queries a second whatever the number
+// of its outboxes. The relays' workers, claims and settles are their own, on
+// the database's one pool.
+type hub struct {
+	pool          *pgxpool.Pool
+	log           *slog.Logger
+	pollInterval  time.Duration
+	disableNotify bool
+	lc            lifecycle.Lifecycle
+
+	mu     sync.Mutex
+	relays map[*Relay]struct{}
+	// relaysChanged is poked when relays come or go: the listener LISTENs to
+	// their channels. (The guard hears of it through idleChanged.)
+	relaysChanged lifecycle.Wake
+	// idleChanged is every relay's idleChanged: some relay became idle or busy.
+	idleChanged lifecycle.Wake
+	listening   atomic.Bool // the LISTEN session is up and proven to hear
+	probes      atomic.Int64
+}
+
+func newHub(pool *pgxpool.Pool, log *slog.Logger, pollInterval time.Duration, disableNotify bool) *hub {
+	h := &hub{
+		pool: pool, log: log, pollInterval: pollInterval, disableNotify: disableNotify,
+		relays:      map[*Relay]struct{}{},
+		relaysChanged: lifecycle.NewWake(),
+		idleChanged:   lifecycle.NewWake(),
+	}
+	h.lc.Name = "relay hub"
+	return h
+}
+
+func (h *hub) start(ctx context.Context) error {
+	return h.lc.Start(ctx, func(context.Context) error {
+		h.lc.Go(h.probe)
+		if !h.disableNotify {
+			h.lc.Go(h.listen)
+			h.lc.Go(h.guard)
+		}
+		return nil
+	})
+}
+
+func (h *hub) stop(ctx context.Context) error { return h.lc.Stop(ctx) }
+
+// add makes r one of the hub's relays; New has given it the hub's idleChanged.
+func (h *hub) add(r *Relay) {
+	h.mu.Lock()
+	h.relays[r] = struct{}{}
+	h.mu.Unlock()
+	h.relaysChanged.Poke()
+	h.idleChanged.Poke()
+}
+
+// remove drops r, whose idle lock the guard then releases.
+func (h *hub) remove(r *Relay) {
+	h.mu.Lock()
+	delete(h.relays, r)
+	h.mu.Unlock()
+	h.relaysChanged.Poke()
+	h.idleChanged.Poke()
+}
+
+// snapshot returns the hub's relays, in schema order.
+func (h *hub) snapshot() []*Relay {
+	h.mu.Lock()
+	rs := make([]*Relay, 0, len(h.relays))
+	for r := range h.relays {
+		rs = append(rs, r)
+	}
+	h.mu.Unlock()
+	slices.SortFunc(rs, func(a, b *Relay) int { return strings.Compare(a.cfg.Schema, b.cfg.Schema) })
+	return rs
+}
+
+// helperContext is Relay.helperContext for the hub's goroutines.
+func (h *hub) helperContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(h.lc.Hard())
+	stopping := h.lc.Stopping()
+	go func() {
+		select {
+		case <-stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// probe finds, every PollInterval, the idle relays with events to claim, in one
+// statement, and wakes them. Busy relays claim anyway; a relay whose outbox
+// cannot be read (a dropped schema, a missing privilege) is woken too, so that
+// its own claim reports the error in its health and retries with its backoff.
+func (h *hub) probe() {
+	ctx, cancel := h.helperContext()
+	defer cancel()
+	t := time.NewTicker(h.pollInterval)
+	defer t.Stop()
+	down := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var idle []*Relay
+		for _, r := range h.snapshot() {
+			if r.allIdle() {
+				idle = append(idle, r)
+			}
+		}
+		if len(idle) == 0 {
+			continue
+		}
+		due, err := h.probeOnce(ctx, idle)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			// The database answered: some outbox is broken. Probe one by one,
+			// so that the others are not held up by it.
+			due, err = nil, nil
+			for _, r := range idle {
+				d, perr := h.probeOnce(ctx, []*Relay{r})
+				if errors.As(perr, &pgErr) {
+					d = []*Relay{r}
+				} else if perr != nil {
+					err = perr
+					break
+				}
+				due = append(due, d...)
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if !down {
+				h.log.Warn("probe for events failed; retrying at the next poll", slog.Any("error", err))
+				down = true
+			}
+			continue
+		}
+		if down {
+			h.log.Info("probe for events works again")
+			down = false
+		}
+		for _, r := range due {
+			r.poke()
+		}
+	}
+}
+
+// probeOnce returns the relays of rs whose outbox holds a claimable event.
+func (h *hub) probeOnce(ctx context.Context, rs []*Relay) ([]*Relay, error) {
+	ctx, cancel := context.WithTimeout(ctx, max(h.pollInterval, time.Second))
+	defer cancel()
+	h.probes.Add(1)
+	rows, err := h.pool.Query(ctx, probeSQL(rs))
+	if err != nil {
+		return nil, fmt.Errorf("probe: %w", err)
+	}
+	idx, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, fmt.Errorf("probe: %w", err)
+	}
+	due := make([]*Relay, 0, len(idx))
+	for _, i := range idx {
+		if i >= 0 && int(i) < len(rs) {
+			due = append(due, rs[i])
+		}
+	}
+	return due, nil
+}
+
+// probeSQL is one EXISTS per outbox: is some event claimable now? Its answer
+// may be yes for a lane whose head is quarantined (its later events wait):
+// the claim then finds nothing, once per PollInterval. Only schema names,
+// quoted as identifiers, and row numbers go into the text.
+func probeSQL(rs []*Relay) string {
+	var b strings.Builder
+	for i, r := range rs {
+		if i > 0 {
+			b.WriteString("\nUNION ALL\n")
+		}
+		b.WriteString("SELECT ")
+		b.WriteString(strconv.Itoa(i))
+		b.WriteString("::int4 WHERE EXISTS (SELECT 1 FROM ")
+		b.WriteString(r.q.table)
+		b.WriteString(` WHERE published_at IS NULL AND quarantined_at IS NULL AND available_at <= now()
+   AND (claim_until IS NULL OR claim_until < now()))`)
+	}
+	return b.String()
+}
+
+// hubProbeChannel is the channel of the listener's own probe notification.
+const hubProbeChannel = "pgoutbox.hub"
+
+// listen keeps one session LISTENing on the channels of all the hub's relays.
+func (h *hub) listen() {
+	ctx, cancel := h.helperContext()
+	defer cancel()
+	var wait retry.Backoff
+	failing := false
+	for ctx.Err() == nil {
+		err := h.listenOnce(ctx, func() {
+			if failing {
+				h.log.Info("listening for notifications again")
+				failing = false
+			}
+			wait.Reset()
+		})
+		h.setListening(false)
+		if ctx.Err() != nil {
+			return
+		}
+		if !failing {
+			h.log.Warn("notification listener down; polling every "+h.pollInterval.String()+" until it is back", slog.Any("error", err))
+			failing = true
+		}
+		if !retry.Sleep(ctx, wait.Next()) {
+			return
+		}
+	}
+}
+
+func (h *hub) setListening(on bool) {
+	h.listening.Store(on)
+	for _, r := range h.snapshot() {
+		r.listening.Store(on)
+	}
+	h.idleChanged.Poke()
+}
+
+func (h *hub) listenOnce(ctx context.Context, up func()) error {
+	conn, err := pgx.ConnectConfig(ctx, h.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	heard := map[string]*Relay{} // channel → relay
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{hubProbeChannel}.Sanitize()); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	if err := h.sync(ctx, conn, heard); err != nil {
+		return err
+	}
+	if err := h.probeListener(ctx, conn, heard); err != nil {
+		return err
+	}
+	up()
+	h.setListening(true)
+	for _, r := range heard {
+		r.poke() // commits may have gone unnoticed while no session listened
+	}
+	for {
+		// Wait for a notification, a change of the relays, or listenCheck.
+		wctx, cancel := context.WithTimeout(ctx, listenCheck)
+		var resync atomic.Bool
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			select {
+			case <-h.relaysChanged:
+				resync.Store(true)
+				cancel()
+			case <-wctx.Done():
+			}
+		}()
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		<-watched
+		if err == nil {
+			h.route(heard, n.Channel)
+		}
+		switch {
+		case resync.Load():
+			if err := h.sync(ctx, conn, heard); err != nil {
+				return err
+			}
+		case err == nil:
+		case ctx.Err() == nil && pgconn.Timeout(err):
+			pctx, cancel := context.WithTimeout(ctx, listenPingTimeout)
+			err := conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("listening session does not answer: %w", err)
+			}
+		default:
+			return fmt.Errorf("wait for notification: %w", err)
+		}
+	}
+}
+
+func (h *hub) route(heard map[string]*Relay, channel string) {
+	if r := heard[channel]; r != nil {
+		r.poke()
+	}
+}
+
+// sync LISTENs to the channels of relays added since the last sync, and
+// UNLISTENs those of relays gone; heard is updated to match.
+func (h *hub) sync(ctx context.Context, conn *pgx.Conn, heard map[string]*Relay) error {
+	want := map[string]*Relay{}
+	for _, r := range h.snapshot() {
+		want[r.q.channel] = r
+	}
+	for ch := range heard {
+		if want[ch] == nil {
+			if _, err := conn.Exec(ctx, "UNLISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+				return fmt.Errorf("unlisten: %w", err)
+			}
+			delete(heard, ch)
+		}
+	}
+	for ch, r := range want {
+		if heard[ch] == nil {
+			if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+				return fmt.Errorf("listen: %w", err)
+			}
+			if h.listening.Load() {
+				r.listening.Store(true)
+				r.poke() // commits before the LISTEN went unnoticed
+			}
+		}
+		heard[ch] = r
+	}
+	return nil
+}
+
+// probeListener is Relay.probeListener for the hub's session, on its own
+// channel; notifications of the relays' channels meanwhile wake them.
+func (h *hub) probeListener(ctx context.Context, conn *pgx.Conn, heard map[string]*Relay) error {
+	token := make([]byte, 8)
+	_, _ = rand.Read(token)
+	payload := "pgoutbox.probe." + hex.EncodeToString(token)
+	pctx, cancel := context.WithTimeout(ctx, listenProbeTimeout)
+	defer cancel()
+	if _, err := h.pool.Exec(pctx, "SELECT pg_notify($1, $2)", hubProbeChannel, payload); err != nil {
+		return fmt.Errorf("listen: send the probe notification: %w", err)
+	}
+	for {
+		n, err := conn.WaitForNotification(pctx)
+		switch {
+		case err == nil && n.Channel == hubProbeChannel && n.Payload == payload:
+			return nil
+		case err == nil:
+			h.route(heard, n.Channel)
+		case ctx.Err() == nil && pctx.Err() != nil:
+			return errListenerDeaf
+		default:
+			return fmt.Errorf("listen: wait for the probe notification: %w", err)
+		}
+	}
+}
+
+// guardLockTimeout bounds the guard's wait for one outbox's idle lock: a
+// producer holding it (in shared mode, until its transaction ends) must not
+// hold up the locks of the other outboxes. The guard tries again later.
+const guardLockTimeout = 100 * time.Millisecond
+
+// guardRetry is how soon the guard tries again for a lock it could not take.
+const guardRetry = 50 * time.Millisecond
+
+// guard holds, on one session, the idle lock of every idle relay of the hub:
+// idle.go's protocol, per outbox. A relay's lock is taken once all its workers
+// wait and the listener hears; then the relay claims once more. It is released
+// once the relay has been busy for idleRelease.
+func (h *hub) guard() {
+	ctx, cancel := h.helperContext()
+	defer cancel()
+	var (
+		conn  *pgx.Conn
+		held  = map[*Relay]time.Time{} // held locks; the time the relay got busy, or zero
+		wait  retry.Backoff
+		timer = time.NewTimer(time.Hour)
+	)
+	timer.Stop()
+	defer timer.Stop()
+	drop := func() {
+		if conn != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), guardCloseTimeout)
+			_ = conn.Close(cctx) // ends the session: its locks go with it
+			cancel()
+		}
+		conn = nil
+		clear(held)
+	}
+	defer drop()
+	for {
+		next, err := h.guardOnce(ctx, &conn, held)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			h.log.Debug("idle locks: relying on polling", slog.Any("error", err))
+			drop()
+			next = wait.Next()
+		default:
+			wait.Reset()
+		}
+		if next > 0 {
+			timer.Reset(next)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.idleChanged:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+// guardOnce takes and releases locks as the relays' states ask, and returns
+// when to look again (0: at the next change).
+func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[*Relay]time.Time) (time.Duration, error) {
+	relays := h.snapshot()
+	present := make(map[*Relay]bool, len(relays))
+	var next time.Duration
+	later := func(d time.Duration) {
+		if next == 0 || d < next {
+			next = d
+		}
+	}
+	if *conn == nil {
+		if !h.listening.Load() {
+			return 0, nil
+		}
+		c, err := h.guardConnect(ctx)
+		if err != nil {
+			return 0, err
+		}
+		*conn = c
+	}
+	for _, r := range relays {
+		present[r] = true
+		busySince, isHeld := held[r]
+		switch idle := r.allIdle(); {
+		case idle && !isHeld && h.listening.Load():
+			ok, err := h.lockIdle(ctx, *conn, r.cfg.Schema)
+			if err != nil {
+				return 0, err
+			}
+			if !ok {
+				later(guardRetry)
+				continue
+			}
+			held[r] = time.Time{}
+			r.poke() // commits that did not notify have ended: look once more
+		case idle && isHeld:
+			held[r] = time.Time{}
+		case !idle && isHeld && busySince.IsZero():
+			held[r] = time.Now()
+			later(idleRelease)
+		case !idle && isHeld:
+			if d := idleRelease - time.Since(busySince); d > 0 {
+				later(d)
+				continue
+			}
+			if err := h.unlockIdle(ctx, *conn, r.cfg.Schema); err != nil {
+				return 0, err
+			}
+			delete(held, r)
+		}
+	}
+	for r := range held {
+		if !present[r] {
+			if err := h.unlockIdle(ctx, *conn, r.cfg.Schema); err != nil {
+				return 0, err
+			}
+			delete(held, r)
+		}
+	}
+	return next, nil
+}
+
+func (h *hub) guardConnect(ctx context.Context) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, guardConnectTimeout)
+	defer cancel()
+	cfg := h.pool.Config().ConnConfig.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["lock_timeout"] = strconv.FormatInt(guardLockTimeout.Milliseconds(), 10)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return conn, nil
+}
+
+// lockIdle takes schema's idle lock, waiting at most guardLockTimeout; false
+// when a producer held it that long.
+func (h *hub) lockIdle(ctx context.Context, conn *pgx.Conn, schema string) (bool, error) {
+	_, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1), hashtext($2))", idleLockClass, schema)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("idle lock: %w", err)
+	}
+	return true, nil
+}
+
+func (h *hub) unlockIdle(ctx context.Context, conn *pgx.Conn, schema string) error {
+	ctx, cancel := context.WithTimeout(ctx, idleUnlockTimeout)
+	defer cancel()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1), hashtext($2))", idleLockClass, schema); err != nil {
+		return fmt.Errorf("idle unlock: %w", err)
+	}
+	return nil
+}
