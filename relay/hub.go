@@ -58,7 +58,7 @@ type hub struct {
 func newHub(pool *pgxpool.Pool, log *slog.Logger, pollInterval time.Duration, disableNotify bool) *hub {
 	h := &hub{
 		pool: pool, log: log, pollInterval: pollInterval, disableNotify: disableNotify,
-		relays:      map[*Relay]struct{}{},
+		relays:        map[*Relay]struct{}{},
 		relaysChanged: lifecycle.NewWake(),
 		idleChanged:   lifecycle.NewWake(),
 	}
