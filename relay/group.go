@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -422,6 +423,8 @@ type TenantState struct {
 	Err error
 	// Stats are the relay's counters; zero when not served.
 	Stats Stats
+	// Pool is the database's pool (Database.Pool).
+	Pool *pgxpool.Pool
 }
 
 // Tenants returns the state of every outbox selected, in database and
@@ -433,26 +436,37 @@ func (g *Group) Tenants() []TenantState {
 		d.mu.Lock()
 		for s, t := range d.tenants {
 			part = append(part, TenantState{Database: d.Name, Schema: s, Tenant: t.name, Serving: true,
-				Err: t.relay.Healthy(), Stats: t.relay.Stats()})
+				Err: t.relay.Healthy(), Stats: t.relay.Stats(), Pool: d.Pool})
 		}
 		for s, err := range d.problems {
-			part = append(part, TenantState{Database: d.Name, Schema: s, Tenant: d.TenantPrefix + s, Err: err})
+			part = append(part, TenantState{Database: d.Name, Schema: s, Tenant: d.TenantPrefix + s, Err: err, Pool: d.Pool})
 		}
 		d.mu.Unlock()
-		slices.SortFunc(part, func(a, b TenantState) int { return compareStrings(a.Schema, b.Schema) })
+		slices.SortFunc(part, func(a, b TenantState) int { return strings.Compare(a.Schema, b.Schema) })
 		out = append(out, part...)
 	}
 	return out
 }
 
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
+// ErrNotServed is TenantHealthy's answer for an outbox the Group does not
+// serve (not selected, gone, or refused: Tenants says why).
+var ErrNotServed = errors.New("relay: outbox not served")
+
+// TenantHealthy is the health (Relay.Healthy) of the relay serving schema in
+// database, or ErrNotServed.
+func (g *Group) TenantHealthy(database, schema string) error {
+	for _, d := range g.dbs {
+		if d.Name != database {
+			continue
+		}
+		d.mu.Lock()
+		t := d.tenants[schema]
+		d.mu.Unlock()
+		if t != nil {
+			return t.relay.Healthy()
+		}
 	}
-	return 0
+	return ErrNotServed
 }
 
 // ErrTenant is wrapped by the errors of Group.Healthy that concern one outbox.

@@ -158,14 +158,16 @@ var durationFloors = map[string]time.Duration{
 	"interval":         50 * time.Millisecond, // status --watch
 	"retention":        time.Millisecond,      // and retentionFloor without --force
 	"inbox-retention":  time.Millisecond,
+	// relay --tenants: each listing is a catalog query per database.
+	"discover-interval": 100 * time.Millisecond,
 }
 
 // boundsHelp documents durationFloors in the verbs' help.
 const boundsHelp = `Lower bounds (exit status 2 below them, docs/operations.md "Lower bounds"):
 --poll-interval 10ms, --lease 1s, --publish-timeout 100ms, --backoff-base and
 --backoff-max 10ms, --ack-timeout 100ms, --connect-timeout 100ms, --shutdown-timeout
-100ms, --cleanup-interval 100ms, status --interval 50ms; a --retention under 1h
-needs --force.`
+100ms, --cleanup-interval 100ms, --discover-interval 100ms, status --interval 50ms;
+a --retention under 1h needs --force.`
 
 // zeroOK are the flags of durationFloors whose 0 means "off" or "the default".
 var zeroOK = map[string]bool{"cleanup-interval": true, "publish-timeout": true, "inbox-retention": true}

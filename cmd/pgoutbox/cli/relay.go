@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokerotel"
 	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -33,8 +34,9 @@ type relayFlags struct {
 	retention       time.Duration
 
 	metricsAddr string
-	stdout      io.Writer // console trace exporter
-	cdc         cdcFlags  // --source and the CDC source's names (relay_cdc.go)
+	stdout      io.Writer   // console trace exporter
+	cdc         cdcFlags    // --source and the CDC source's names (relay_cdc.go)
+	tenants     tenantFlags // --tenants: many outboxes (relay_tenants.go)
 }
 
 func newRelayCmd() *cobra.Command {
@@ -55,20 +57,29 @@ SIGTERM or SIGINT stops it gracefully: no new claims, in-flight publishes finish
 An unreachable database or broker is retried with backoff; nothing is lost.
 The polling relay runs Go's garbage collector at GOGC=200 unless GOGC is set.
 
-` + cdcHelp + "\n\n" + brokerHelp + "\n\n" + boundsHelp + "\n\n" + metricsHelp + "\n\n" + tracingHelp,
+` + cdcHelp + "\n\n" + tenantsHelp + "\n\n" + brokerHelp + "\n\n" + boundsHelp + "\n\n" + metricsHelp + "\n\n" + tracingHelp,
 		Example: `  DATABASE_URL=postgres://app@db/app pgoutbox relay --broker nats://nats:4222
   PGOUTBOX_BROKER=kafka://kafka:9092 pgoutbox relay
   pgoutbox relay --broker embedded --embedded-dir /var/lib/pgoutbox/nats --embedded-port 4222   # trying it out only
-  pgoutbox relay --broker 'nats://a:4222,nats://b:4222' --topic-template 'events.{aggregate_type}' --nats-stream EVENTS`,
+  pgoutbox relay --broker 'nats://a:4222,nats://b:4222' --topic-template 'events.{aggregate_type}' --nats-stream EVENTS
+  pgoutbox relay --broker nats://nats:4222 --tenants 'tenant_*'          # every tenant_* outbox schema, found as they come
+  pgoutbox relay --broker kafka://kafka:9092 --tenants-file /etc/pgoutbox/tenants.yaml`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := rejectZero(cmd.Flags(), "batch-size", "run-length", "workers", "lease", "publish-timeout",
 				"poll-interval", "max-attempts", "backoff-base", "backoff-max"); err != nil {
 				return err
 			}
 			f.stdout = cmd.OutOrStdout()
-			if isCDC, err := f.cdc.isCDC(); err != nil {
+			isCDC, err := f.cdc.isCDC()
+			switch {
+			case err != nil:
 				return err
-			} else if isCDC {
+			case isCDC && f.tenants.enabled():
+				return usagef("--source cdc serves one schema per replication slot: run a CDC relay per tenant, or poll with --tenants (docs/operations.md, \"Many tenants\")")
+			case f.tenants.enabled():
+				tuneGC()
+				return runRelayTenants(cmd.Context(), &f, cmd.Flags(), cmd.ErrOrStderr())
+			case isCDC:
 				return runRelayCDC(cmd.Context(), &f, cmd.ErrOrStderr())
 			}
 			tuneGC() // the polling relay only: the CDC source holds more memory, for no gain measured
@@ -80,6 +91,7 @@ The polling relay runs Go's garbage collector at GOGC=200 unless GOGC is set.
 	f.broker.register(fs)
 	f.log.register(fs)
 	f.cdc.register(fs)
+	f.tenants.register(fs)
 	fs.StringVar(&f.cfg.ID, "id", "", "relay id written in claimed_by; unique per running relay (env PGOUTBOX_RELAY_ID) (default <hostname>-<pid>)")
 	fs.IntVar(&f.cfg.BatchSize, "batch-size", 500, "most events claimed at once (env PGOUTBOX_BATCH_SIZE)")
 	fs.IntVar(&f.cfg.RunLength, "run-length", 10, "most events of one aggregate claimed at once (env PGOUTBOX_RUN_LENGTH)")
@@ -162,13 +174,7 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := traces.shutdown(fctx); err != nil {
-			logger.Warn("could not flush traces", slog.Any("error", err))
-		}
-	}()
+	defer flushTraces(traces, logger)
 
 	poolCfg, err := pgxpool.ParseConfig("")
 	if err != nil {
@@ -202,16 +208,11 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 		return err
 	}
 
-	pub, closeBroker, err := target.open(ctx, logger)
+	pub, closeBroker, err := openPublisher(ctx, target, traces, logger)
 	if err != nil {
 		return err
 	}
 	defer closeBroker()
-	if tp := traces.provider(); tp != nil {
-		if pub, err = brokerotel.New(pub, &brokerotel.Config{TracerProvider: tp, System: target.system(), Destination: target.destination()}); err != nil {
-			return err
-		}
-	}
 
 	r, err := relay.New(pool, pub, &cfg)
 	if err != nil {
@@ -262,6 +263,30 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 		return fmt.Errorf("relay did not stop within --shutdown-timeout %s; unreleased leases expire after --lease", f.stopMax)
 	}
 	return nil
+}
+
+// flushTraces flushes the spans still buffered, for at most 5s.
+func flushTraces(traces *tracing, logger *slog.Logger) {
+	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := traces.shutdown(fctx); err != nil {
+		logger.Warn("could not flush traces", slog.Any("error", err))
+	}
+}
+
+// openPublisher connects to the broker, with publish spans when tracing is on.
+func openPublisher(ctx context.Context, target *brokerTarget, traces *tracing, logger *slog.Logger) (broker.Publisher, func(), error) {
+	pub, closeBroker, err := target.open(ctx, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	if tp := traces.provider(); tp != nil {
+		if pub, err = brokerotel.New(pub, &brokerotel.Config{TracerProvider: tp, System: target.system(), Destination: target.destination()}); err != nil {
+			closeBroker()
+			return nil, nil, err
+		}
+	}
+	return pub, closeBroker, nil
 }
 
 // rejectZero refuses an explicit zero for flags whose zero would silently mean

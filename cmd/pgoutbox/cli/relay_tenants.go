@@ -1,0 +1,356 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/health"
+	"github.com/pgoutbox/pgoutbox/migrate"
+	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/relay/relayprom"
+)
+
+// tenantFlags choose the outboxes of a relay serving many (relay.Group).
+type tenantFlags struct {
+	selector   string // --tenants
+	file       string // --tenants-file
+	maxConns   int    // --db-max-conns
+	discover   time.Duration
+	metrics    string // --tenant-metrics
+	metricsMax int    // --tenant-metrics-max
+}
+
+const tenantsHelp = `Many outboxes (--tenants or --tenants-file): one relay process serves every
+outbox schema of the --database-url database that the selector names (names and
+globs, e.g. 'tenant_*'; '*' for all), or those of several databases listed in a
+YAML file. Outboxes are listed again every --discover-interval: tenants come and go
+without a restart. Each outbox keeps every guarantee; per database the relay uses
+one pool of --db-max-conns connections, one LISTEN session and one idle-lock
+session, whatever the number of outboxes. A tenant whose schema is broken or whose
+database is down is logged, named in /readyz and isolated; the others keep flowing.
+Destinations must tell tenants apart: the default templates become
+outbox.{tenant}.{aggregate_type}.{event_type} (NATS), outbox.{tenant}.{aggregate_type}
+(Kafka), {tenant}.{aggregate_type}.{event_type} (RabbitMQ), and a --topic-template or
+webhook URL without {tenant} is refused. The tenant name is the schema name (with
+the database's tenant_prefix in a file). docs/operations.md, "Many tenants", has
+the file's format.`
+
+func (t *tenantFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&t.selector, "tenants", "", "serve every outbox schema of the database matching these names/globs, e.g. 'tenant_*' or '*' (env PGOUTBOX_TENANTS) (default: the one --schema)")
+	fs.StringVar(&t.file, "tenants-file", "", "YAML file listing the databases and schemas to serve (env PGOUTBOX_TENANTS_FILE)")
+	fs.IntVar(&t.maxConns, "db-max-conns", 10, "with --tenants: connections per database for all its outboxes together (env PGOUTBOX_DB_MAX_CONNS)")
+	fs.DurationVar(&t.discover, "discover-interval", relay.DefaultDiscoverInterval, "with --tenants: how often to list the outboxes again (env PGOUTBOX_DISCOVER_INTERVAL)")
+	fs.StringVar(&t.metrics, "tenant-metrics", "per-tenant", "with --tenants: per-tenant (a tenant label, see --tenant-metrics-max) or aggregate (env PGOUTBOX_TENANT_METRICS)")
+	fs.IntVar(&t.metricsMax, "tenant-metrics-max", relayprom.DefaultMaxTenants, "with --tenant-metrics per-tenant: tenants with a label of their own; the others are counted as _other (env PGOUTBOX_TENANT_METRICS_MAX)")
+}
+
+func (t *tenantFlags) enabled() bool { return t.selector != "" || t.file != "" }
+
+// tenantsFile is the --tenants-file format.
+type tenantsFile struct {
+	Databases []tenantsFileDB `yaml:"databases"`
+}
+
+type tenantsFileDB struct {
+	Name string `yaml:"name"`
+	// URL or URLEnv (the name of an environment variable holding it).
+	URL          string `yaml:"url"`
+	URLEnv       string `yaml:"url_env"`
+	Schemas      string `yaml:"schemas"`
+	TenantPrefix string `yaml:"tenant_prefix"`
+	MaxConns     int    `yaml:"max_conns"`
+}
+
+// maxTenantsFile bounds the --tenants-file.
+const maxTenantsFile = 1 << 20
+
+// readTenantsFile reads and checks path. Errors name the file and the entry,
+// never a database URL (it may hold a password).
+func readTenantsFile(path string) (*tenantsFile, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, usagef("--tenants-file: %v", err)
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, maxTenantsFile+1))
+	if err != nil {
+		return nil, usagef("--tenants-file: %v", err)
+	}
+	if len(raw) > maxTenantsFile {
+		return nil, usagef("--tenants-file %s is larger than %d bytes", path, maxTenantsFile)
+	}
+	var tf tenantsFile
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	if err := dec.Decode(&tf); err != nil && !errors.Is(err, io.EOF) {
+		return nil, usagef("--tenants-file %s: %v", path, redactYAMLError(err))
+	}
+	if len(tf.Databases) == 0 {
+		return nil, usagef("--tenants-file %s lists no databases (want a 'databases:' list)", path)
+	}
+	for i, d := range tf.Databases {
+		where := fmt.Sprintf("--tenants-file %s: databases[%d]", path, i)
+		switch {
+		case (d.URL == "") == (d.URLEnv == ""):
+			return nil, usagef("%s: set exactly one of url and url_env", where)
+		case d.URLEnv != "" && os.Getenv(d.URLEnv) == "":
+			return nil, usagef("%s: url_env %s is not set", where, d.URLEnv)
+		case d.MaxConns < 0:
+			return nil, usagef("%s: max_conns must be positive", where)
+		}
+		if _, err := migrate.ParseSelector(d.Schemas); err != nil {
+			return nil, usagef("%s: schemas: %v", where, err)
+		}
+	}
+	return &tf, nil
+}
+
+// redactYAMLError keeps a YAML error's position and drops the quoted value,
+// which may be a URL with a password.
+func redactYAMLError(err error) string {
+	msg := err.Error()
+	if i := strings.Index(msg, "`"); i >= 0 {
+		return msg[:i] + "(value hidden)"
+	}
+	return msg
+}
+
+// tenantDatabase is one database a Group serves, and how to connect to it.
+type tenantDatabase struct {
+	name, schemas, prefix string
+	conn                  *pgx.ConnConfig
+	maxConns              int
+}
+
+// databases returns the databases of the flags or the file.
+func (f *relayFlags) tenantDatabases() ([]tenantDatabase, error) {
+	t := &f.tenants
+	if t.selector != "" && t.file != "" {
+		return nil, usagef("--tenants and --tenants-file exclude each other: list the schemas in the file")
+	}
+	if t.maxConns <= 0 {
+		return nil, usagef("--db-max-conns must be positive, got %d", t.maxConns)
+	}
+	if t.selector != "" {
+		if _, err := migrate.ParseSelector(t.selector); err != nil {
+			return nil, usagef("--tenants: %v", err)
+		}
+		conn, err := f.db.parse()
+		if err != nil {
+			return nil, err
+		}
+		return []tenantDatabase{{name: conn.Database, schemas: t.selector, conn: conn, maxConns: t.maxConns}}, nil
+	}
+	tf, err := readTenantsFile(t.file)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.db.validate(); err != nil {
+		return nil, err
+	}
+	var out []tenantDatabase
+	for i, d := range tf.Databases {
+		url := d.URL
+		if d.URLEnv != "" {
+			url = os.Getenv(d.URLEnv)
+		}
+		conn, err := pgx.ParseConfig(url)
+		if err != nil {
+			// pgx's parse errors hide the password; the URL itself is not shown.
+			return nil, usagef("--tenants-file %s: databases[%d]: invalid database URL: %v", t.file, i, err)
+		}
+		conn.ConnectTimeout = perHostConnectTimeout(f.db.connectTimeout, conn.Config)
+		name := d.Name
+		if name == "" {
+			name = conn.Database
+		}
+		maxConns := d.MaxConns
+		if maxConns == 0 {
+			maxConns = t.maxConns
+		}
+		out = append(out, tenantDatabase{name: name, schemas: d.Schemas, prefix: d.TenantPrefix, conn: conn, maxConns: maxConns})
+	}
+	return out, nil
+}
+
+// forTenants makes the broker target tell tenants apart: a default template
+// with {tenant}, and an explicit one without it refused.
+func (t *brokerTarget) forTenants() error {
+	if t.encoding.CloudEventsSource != "" && t.flags.ceSource == "" {
+		t.encoding.CloudEventsSource = "/pgoutbox" // ids are unique across tenants; the subject names the aggregate
+	}
+	switch t.kind {
+	case "null":
+		return nil
+	case "webhook":
+		if !strings.Contains(t.flags.url, "{tenant}") {
+			return usagef("--broker: serving several outboxes (--tenants), the webhook URL must hold {tenant} so that tenants' events stay apart")
+		}
+		return nil
+	}
+	if t.template != nil {
+		if !t.template.Uses("tenant") {
+			return usagef("--topic-template %q: serving several outboxes (--tenants), the destination must hold {tenant}, or tenants' events would share it (and consumers' aggregates could collide)", t.template.String())
+		}
+		return nil
+	}
+	var def string
+	switch t.kind {
+	case "nats", "embedded":
+		def = "outbox.{tenant}.{aggregate_type}.{event_type}"
+	case "kafka":
+		def = "outbox.{tenant}.{aggregate_type}"
+	case "rabbitmq":
+		def = "{tenant}.{aggregate_type}.{event_type}"
+	default:
+		return fmt.Errorf("no tenant template for broker kind %q", t.kind)
+	}
+	tmpl, err := broker.ParseTemplate(def)
+	if err != nil {
+		return err
+	}
+	t.template = &tmpl
+	if len(t.streamSubjects) == 0 {
+		t.streamSubjects = []string{"outbox.>"}
+	}
+	return nil
+}
+
+// runRelayTenants runs a relay.Group until SIGTERM/SIGINT.
+func runRelayTenants(ctx context.Context, f *relayFlags, flags *pflag.FlagSet, stderr io.Writer) error {
+	switch {
+	case flags.Changed("schema"):
+		return usagef("--schema names one outbox: with --tenants or --tenants-file, select the schemas there")
+	case f.cleanupInterval != 0:
+		return usagef("--cleanup-interval runs inside a single-outbox relay only: with many tenants, schedule 'pgoutbox cleanup' per tenant")
+	case f.stopMax <= 0:
+		return usagef("--shutdown-timeout must be positive, got %s", f.stopMax)
+	case f.tenants.discover <= 0:
+		return usagef("--discover-interval must be positive, got %s", f.tenants.discover)
+	case f.tenants.metrics != "per-tenant" && f.tenants.metrics != "aggregate":
+		return usagef("--tenant-metrics %q: want per-tenant or aggregate", f.tenants.metrics)
+	case f.tenants.metricsMax <= 0:
+		return usagef("--tenant-metrics-max must be positive, got %d", f.tenants.metricsMax)
+	}
+	logger, err := f.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	cfg := relay.GroupConfig{Config: f.cfg, DiscoverInterval: f.tenants.discover}
+	cfg.Config.Logger = logger
+	one := cfg.Config
+	one.Schema = migrate.DefaultSchema
+	if err := one.Validate(); err != nil {
+		return usageError{flagNames(err)}
+	}
+	dbs, err := f.tenantDatabases()
+	if err != nil {
+		return err
+	}
+	target, err := f.broker.parse("")
+	if err != nil {
+		return err
+	}
+	if err := target.forTenants(); err != nil {
+		return err
+	}
+	// Every line of the relays names where events go.
+	cfg.Config.Logger = logger.With(slog.String("broker", target.describe()))
+
+	var (
+		reg     *prometheus.Registry
+		tenants *relayprom.Tenants
+	)
+	if f.metricsAddr != "" {
+		if _, err := newRelayOps(f.metricsAddr); err != nil { // checks the address
+			return err
+		}
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		tenants, err = relayprom.NewTenants(reg, &relayprom.TenantsConfig{MaxTenants: f.tenants.metricsMax,
+			Aggregate: f.tenants.metrics == "aggregate", Logger: logger})
+		if err != nil {
+			return err
+		}
+		cfg.Config.Observer = tenants
+	}
+	traces, err := setupTracing(ctx, f.stdout)
+	if err != nil {
+		return err
+	}
+	defer flushTraces(traces, logger)
+
+	for _, d := range dbs {
+		poolCfg, err := pgxpool.ParseConfig("")
+		if err != nil {
+			return err
+		}
+		poolCfg.ConnConfig = d.conn
+		poolCfg.ShouldPing = pingAfterLongIdle
+		poolCfg.MaxConns = int32(d.maxConns)
+		// Lazy: a database that is down is reported, and the others served.
+		pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+		if err != nil {
+			return fmt.Errorf("database %s: %w", d.name, err)
+		}
+		defer closePool(pool, logger)
+		cfg.Databases = append(cfg.Databases, relay.Database{Name: d.name, Pool: pool, Schemas: d.schemas, TenantPrefix: d.prefix})
+	}
+
+	pub, closeBroker, err := openPublisher(ctx, target, traces, logger)
+	if err != nil {
+		return err
+	}
+	defer closeBroker()
+
+	g, err := relay.NewGroup(pub, &cfg)
+	if err != nil {
+		return usageError{flagNames(err)}
+	}
+	if reg != nil {
+		if err := tenants.Watch(g); err != nil {
+			return err
+		}
+		h, err := health.Handler(&health.Config{Gatherer: reg, Logger: logger,
+			Checks: []health.Check{{Name: "tenants", Func: health.Status(g.Healthy)}}})
+		if err != nil {
+			return err
+		}
+		srv, err := health.Start(f.metricsAddr, h, logger)
+		if err != nil {
+			return usagef("--metrics-addr: %v", err)
+		}
+		logger.Info("serving metrics and health probes", slog.String("addr", srv.Addr()), slog.String("endpoints", "/metrics /healthz /readyz"))
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Stop(sctx)
+		}()
+	}
+	if err := g.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	<-ctx.Done() // SIGTERM or SIGINT
+	logger.Info("stopping: finishing in-flight publishes", slog.Duration("shutdown_timeout", f.stopMax))
+	sctx, cancel := context.WithTimeout(context.Background(), f.stopMax)
+	defer cancel()
+	if err := g.Stop(sctx); err != nil {
+		return fmt.Errorf("relay did not stop within --shutdown-timeout %s; unreleased leases expire after --lease", f.stopMax)
+	}
+	return nil
+}
