@@ -133,6 +133,12 @@ type Group struct {
 	log *slog.Logger
 	lc  lifecycle.Lifecycle
 	dbs []*groupDB
+
+	// names holds each served tenant name's database: a name is reserved
+	// before its relay starts, so that two outboxes never publish under one
+	// name (their events would share destinations).
+	namesMu sync.Mutex
+	names   map[string]*groupDB
 }
 
 type groupDB struct {
@@ -164,7 +170,7 @@ func NewGroup(pub broker.Publisher, cfg *GroupConfig) (*Group, error) {
 	one.Schema = migrate.DefaultSchema
 	resolved, _ := one.withDefaults()
 	c.Config.ID = resolved.ID
-	g := &Group{cfg: c, pub: pub, log: resolved.Logger.With(slog.String("relay", resolved.ID))}
+	g := &Group{cfg: c, pub: pub, log: resolved.Logger.With(slog.String("relay", resolved.ID)), names: map[string]*groupDB{}}
 	for _, d := range c.Databases {
 		g.dbs = append(g.dbs, &groupDB{
 			Database: d,
@@ -273,7 +279,6 @@ func (g *Group) discover() {
 		}()
 	}
 	wg.Wait()
-	g.checkNames()
 }
 
 // discoverTimeout bounds listing a database's outboxes and checking a new
@@ -327,26 +332,14 @@ func (g *Group) discoverIn(d *groupDB) {
 		sctx, cancel := context.WithTimeout(context.Background(), tenantStopTimeout)
 		_ = t.relay.Stop(sctx)
 		cancel()
+		g.release(t.name)
 	}
 }
 
 // serve checks schema's outbox and starts its relay, or records why not.
 func (g *Group) serve(ctx context.Context, d *groupDB, schema string) {
 	name := d.TenantPrefix + schema
-	err := ValidateTenant(name)
-	if err == nil {
-		err = checkOutbox(ctx, d.Pool, schema)
-	}
-	var r *Relay
-	if err == nil {
-		cfg := g.cfg.Config
-		cfg.Schema, cfg.Tenant = schema, name
-		r, err = newRelay(d.Pool, g.pub, &cfg, d.hub)
-	}
-	if err == nil {
-		// Not stopped through this context, but by stopRelays.
-		err = r.Start(context.WithoutCancel(g.lc.Hard()))
-	}
+	r, err := g.start(ctx, d, schema, name)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err != nil {
@@ -362,36 +355,51 @@ func (g *Group) serve(ctx context.Context, d *groupDB, schema string) {
 	d.hub.log.Info("serving outbox", slog.String("tenant", name), slog.String("schema", schema))
 }
 
-// checkNames stops serving a tenant name served twice (the same schema in two
-// databases without a TenantPrefix): both outboxes' events would share their
-// destinations. The database listed first keeps it.
-func (g *Group) checkNames() {
-	owner := map[string]string{}
-	for _, d := range g.dbs {
-		d.mu.Lock()
-		var dup []string
-		for s, t := range d.tenants {
-			if o, taken := owner[t.name]; taken {
-				dup = append(dup, s)
-				d.problems[s] = fmt.Errorf("relay: tenant name %q is already served from database %q: set a TenantPrefix", t.name, o)
-				d.hub.log.Error("outbox not served", slog.String("schema", s), slog.Any("error", d.problems[s]))
-				continue
-			}
-			owner[t.name] = d.Name
-		}
-		var stop []*Relay
-		for _, s := range dup {
-			stop = append(stop, d.tenants[s].relay)
-			d.hub.remove(d.tenants[s].relay)
-			delete(d.tenants, s)
-		}
-		d.mu.Unlock()
-		for _, r := range stop {
-			sctx, cancel := context.WithTimeout(context.Background(), tenantStopTimeout)
-			_ = r.Stop(sctx)
-			cancel()
-		}
+// start reserves the tenant name, checks the outbox and starts its relay.
+func (g *Group) start(ctx context.Context, d *groupDB, schema, name string) (*Relay, error) {
+	if err := ValidateTenant(name); err != nil {
+		return nil, err
 	}
+	if err := g.reserve(name, d); err != nil {
+		return nil, err
+	}
+	r, err := func() (*Relay, error) {
+		if err := checkOutbox(ctx, d.Pool, schema); err != nil {
+			return nil, err
+		}
+		cfg := g.cfg.Config
+		cfg.Schema, cfg.Tenant = schema, name
+		r, err := newRelay(d.Pool, g.pub, &cfg, d.hub)
+		if err != nil {
+			return nil, err
+		}
+		// Not stopped through this context, but by stopRelays.
+		return r, r.Start(context.WithoutCancel(g.lc.Hard()))
+	}()
+	if err != nil {
+		g.release(name)
+		return nil, err
+	}
+	return r, nil
+}
+
+// reserve records that d serves the tenant name, unless another database
+// does.
+func (g *Group) reserve(name string, d *groupDB) error {
+	g.namesMu.Lock()
+	defer g.namesMu.Unlock()
+	if o := g.names[name]; o != nil && o != d {
+		return fmt.Errorf("relay: tenant name %q is already served from database %q: set a TenantPrefix", name, o.Name)
+	}
+	g.names[name] = d
+	return nil
+}
+
+// release frees a tenant name.
+func (g *Group) release(name string) {
+	g.namesMu.Lock()
+	delete(g.names, name)
+	g.namesMu.Unlock()
 }
 
 // checkOutbox refuses a schema whose outbox migrations are missing, or newer
