@@ -35,7 +35,9 @@ func newCLITenants(t *testing.T, tenants ...string) *cliTenants {
 	return e
 }
 
-func (e *cliTenants) table(tenant, name string) string { return pgx.Identifier{tenant, name}.Sanitize() }
+func (e *cliTenants) table(tenant, name string) string {
+	return pgx.Identifier{tenant, name}.Sanitize()
+}
 
 func (e *cliTenants) exec(q string, args ...any) {
 	e.t.Helper()
