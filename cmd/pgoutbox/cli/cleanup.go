@@ -8,8 +8,10 @@ import (
 	"io"
 	"os"
 	"strings"
+	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgoutbox/pgoutbox/admin"
@@ -18,10 +20,11 @@ import (
 
 func newCleanupCmd() *cobra.Command {
 	var (
-		db     dbFlags
-		lf     logFlags
-		cfg    admin.CleanupConfig
-		asJSON bool
+		db      dbFlags
+		lf      logFlags
+		cfg     admin.CleanupConfig
+		asJSON  bool
+		tenants tenantFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "cleanup",
@@ -42,10 +45,16 @@ be at least --retention. It prints its progress on a terminal and a summary line
 (--json: one JSON object). "pgoutbox relay --cleanup-interval" runs it periodically.
 
 --dry-run prints what a run would delete now (published events, dedup rows, the
-partitions it would drop) and deletes nothing. A --retention under 1h needs --force.`,
+partitions it would drop) and deletes nothing. A --retention under 1h needs --force.
+
+--tenants cleans many outboxes of the database, one after the other, with the
+same flags (--inbox-retention: each tenant's inbox in its own schema), and prints
+one row per tenant (--json: an array). A tenant that fails is reported in its row
+and the others are still cleaned; the exit status is then 1.`,
 		Example: `  pgoutbox cleanup                                  # 7 days
   pgoutbox cleanup --retention 72h --batch-size 10000
-  pgoutbox cleanup --inbox-schema app --inbox-retention 336h --json`,
+  pgoutbox cleanup --inbox-schema app --inbox-retention 336h --json
+  pgoutbox cleanup --tenants 'tenant_*' --retention 72h`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := db.validate(); err != nil {
 				return err
@@ -63,6 +72,16 @@ partitions it would drop) and deletes nothing. A --retention under 1h needs --fo
 			case cfg.InboxSchema != "" && cfg.InboxRetention == 0:
 				return usagef("--inbox-schema needs --inbox-retention")
 			}
+			many, err := tenants.parse(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			if many {
+				if cfg.InboxSchema != "" {
+					return usagef("--inbox-schema (PGOUTBOX_INBOX_SCHEMA) does not go with --tenants: each tenant's inbox is in its own schema")
+				}
+				return runCleanupTenants(cmd.Context(), &db, &lf, &tenants, cfg, asJSON, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			}
 			return runCleanup(cmd.Context(), &db, &lf, cfg, asJSON, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -75,6 +94,7 @@ partitions it would drop) and deletes nothing. A --retention under 1h needs --fo
 	fs.DurationVar(&cfg.InboxRetention, "inbox-retention", 0, "also delete dedup rows older than this; at least --retention (env PGOUTBOX_INBOX_RETENTION) (default off)")
 	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON (env PGOUTBOX_JSON)")
 	fs.Bool("force", false, "accept a --retention below 1h (no environment variable: it must be said on the command line)")
+	tenants.register(fs, "cleans each in turn, one result row per tenant")
 	fs.BoolVar(&cfg.DryRun, "dry-run", false, "count what would be deleted (rows per table, partitions that would be dropped) and delete nothing")
 	return cmd
 }
@@ -200,4 +220,120 @@ func checkMigratedConn(ctx context.Context, q migrate.Querier, schema string) er
 		}
 	}
 	return nil
+}
+
+// tenantCleanup is one row of cleanup --tenants (--json: an array of them).
+type tenantCleanup struct {
+	Tenant string `json:"tenant"`
+	cleanupSummary
+	// Error says why the tenant's cleanup failed or stopped; null when it ran.
+	Error *string `json:"error"`
+}
+
+// runCleanupTenants is cleanup --tenants: each tenant in turn, so that the load on
+// the database is one cleanup's, whatever the number of tenants.
+func runCleanupTenants(ctx context.Context, db *dbFlags, lf *logFlags, tf *tenantFlags, cfg admin.CleanupConfig, asJSON bool,
+	stdout, stderr io.Writer) error {
+	logger, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	pool, err := openPool(ctx, db, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	tenants, err := listTenants(ctx, pool, tf)
+	if err != nil {
+		return err
+	}
+	rows := make([]tenantCleanup, 0, len(tenants))
+	failed := 0
+	for _, tenant := range tenants {
+		if ctx.Err() != nil {
+			break
+		}
+		c := cfg
+		c.Schema, c.Logger = tenant, logger.With("tenant", tenant)
+		res, err := cleanupTenant(ctx, pool, c)
+		row := tenantCleanup{Tenant: tenant, cleanupSummary: cleanupSummary{
+			Cutoff: res.Cutoff.UTC(), Deleted: res.Deleted, Batches: res.Batches,
+			DroppedPartitions: nonNil(res.DroppedPartitions), DroppedRows: res.DroppedRows,
+			CreatedPartitions: nonNil(res.CreatedPartitions), InboxDeleted: res.InboxDeleted,
+			DurationSeconds: res.Duration.Seconds(), DryRun: cfg.DryRun,
+		}}
+		if err != nil {
+			failed++
+			msg := errLine(err)
+			row.Error = &msg
+		}
+		rows = append(rows, row)
+	}
+	if asJSON {
+		if err := dlqWriteJSON(stdout, rows); err != nil {
+			return err
+		}
+	} else if err := writeTenantCleanup(stdout, rows, cfg); err != nil {
+		return err
+	}
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("cleanup: stopped after %d of %d tenants: %w", len(rows), len(tenants), ctx.Err())
+	case failed > 0:
+		return fmt.Errorf("cleanup failed for %d of %d tenants (see their rows); the others were cleaned", failed, len(tenants))
+	}
+	return nil
+}
+
+// cleanupTenant checks one tenant's outbox (and its inbox, with
+// --inbox-retention) and cleans it.
+func cleanupTenant(ctx context.Context, pool *pgxpool.Pool, cfg admin.CleanupConfig) (admin.CleanupResult, error) {
+	if err := checkMigratedConn(ctx, pool, cfg.Schema); err != nil {
+		return admin.CleanupResult{}, err
+	}
+	if cfg.InboxRetention > 0 {
+		if err := checkCompatible(ctx, pool, cfg.Schema, migrate.LineInbox); err != nil {
+			return admin.CleanupResult{}, err
+		}
+	}
+	return admin.Cleanup(ctx, pool, cfg)
+}
+
+func writeTenantCleanup(w io.Writer, rows []tenantCleanup, cfg admin.CleanupConfig) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	verb := "DELETED"
+	if cfg.DryRun {
+		verb = "WOULD DELETE"
+	}
+	header := "TENANT\t" + verb + "\tBATCHES\tPARTITIONS DROPPED\tPARTITION ROWS"
+	if cfg.InboxRetention > 0 {
+		header += "\tDEDUP ROWS " + verb
+	}
+	fmt.Fprintln(tw, header+"\tDURATION\tERROR")
+	for _, r := range rows {
+		line := fmt.Sprintf("%s\t%d\t%d\t%d\t%d", tenantName(r.Tenant), r.Deleted, r.Batches, len(r.DroppedPartitions), r.DroppedRows)
+		if cfg.InboxRetention > 0 {
+			line += fmt.Sprintf("\t%d", r.InboxDeleted)
+		}
+		errText := "-"
+		if r.Error != nil {
+			errText = *r.Error
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", line, time.Duration(r.DurationSeconds*float64(time.Second)).Round(time.Millisecond), errText)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	summary := dlqPlural(len(rows), "tenant")
+	for _, r := range rows {
+		if !r.Cutoff.IsZero() {
+			summary += ", published events older than about " + r.Cutoff.Format(time.RFC3339)
+			break
+		}
+	}
+	if cfg.DryRun {
+		summary += "; dry run: nothing deleted"
+	}
+	_, err := fmt.Fprintln(w, summary)
+	return err
 }

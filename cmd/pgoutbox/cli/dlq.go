@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,11 +40,21 @@ of its aggregate, which wait so that order is kept.
           never see a skipped event, so skipping breaks that aggregate's order on
           purpose: prefer retry when the cause can be fixed.
   audit   the operator audit: every retry, skip and replay, newest first, with
-          who (--actor and the database user), when, why (--reason) and what.`,
+          who (--actor and the database user), when, why (--reason) and what.
+
+--tenants (list, show, retry, skip) works across the outbox schemas it selects
+(names and globs, '*' for all) instead of --schema. list shows every selected
+tenant's dead letters with a tenant column; show finds the tenant holding the
+event. retry and skip with event ids act on each id in the one tenant that holds
+it (refused if an id is in none or several, or a tenant cannot be read), one
+transaction and one audit row per tenant; retry with a filter or --all needs a
+selector that matches exactly one tenant. audit reads one outbox (--schema).`,
 		Example: `  pgoutbox dlq list --aggregate-type order
   pgoutbox dlq show 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11
   pgoutbox dlq retry --error-contains "schema registry"
-  pgoutbox dlq skip 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11 --reason "refund issued by hand, TICKET-1234"`,
+  pgoutbox dlq skip 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11 --reason "refund issued by hand, TICKET-1234"
+  pgoutbox dlq list --tenants '*'
+  pgoutbox dlq retry 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11 --tenants 'tenant_*'`,
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() },
 	}
 	cmd.AddCommand(newDLQListCmd(), newDLQShowCmd(), newDLQRetryCmd(), newDLQSkipCmd(), newDLQAuditCmd())
@@ -145,6 +156,7 @@ func newDLQListCmd() *cobra.Command {
 	var db dbFlags
 	var filter dlqFilterFlags
 	var asJSON bool
+	var tenants tenantFlags
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List quarantined events, oldest quarantine first",
@@ -152,6 +164,12 @@ func newDLQListCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := dlqLimit(filter.f.Limit); err != nil {
 				return err
+			}
+			if many, err := tenants.parse(cmd.Flags()); err != nil || many {
+				if err != nil {
+					return err
+				}
+				return runDLQListTenants(cmd, &db, &tenants, filter.f, asJSON)
 			}
 			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
 			if err != nil {
@@ -184,7 +202,75 @@ func newDLQListCmd() *cobra.Command {
 	filter.register(cmd.Flags())
 	cmd.Flags().IntVar(&filter.f.Limit, "limit", 100, "most events listed, 0 for all (env PGOUTBOX_DLQ_LIMIT)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array instead of a table (env PGOUTBOX_JSON)")
+	tenants.register(cmd.Flags(), "lists their dead letters together with a tenant column")
 	return cmd
+}
+
+// tenantEvent is an event and the tenant (outbox schema) that holds it.
+type tenantEvent struct {
+	Tenant string `json:"tenant"`
+	admin.Event
+}
+
+// runDLQListTenants is dlq list --tenants: the dead letters of every tenant,
+// oldest quarantine first, --limit over them all.
+func runDLQListTenants(cmd *cobra.Command, db *dbFlags, tf *tenantFlags, f admin.Filter, asJSON bool) error {
+	ctx := cmd.Context()
+	pool, err := openPool(ctx, db, tenantConcurrency)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	per, err := admin.QuarantinedAll(ctx, pool, tf.sel, f, &admin.TenantsConfig{Concurrency: tenantConcurrency})
+	if err != nil {
+		return err
+	}
+	if len(per) == 0 {
+		return fmt.Errorf("no outbox schema of this database matches --tenants %s", tenantName(tf.sel.String()))
+	}
+	var evs []tenantEvent
+	var failed []string
+	for _, t := range per {
+		if t.Err != nil {
+			failed = append(failed, fmt.Sprintf("tenant %s: %s", tenantName(t.Tenant), errLine(t.Err)))
+		}
+		for _, e := range t.Events {
+			evs = append(evs, tenantEvent{Tenant: t.Tenant, Event: e})
+		}
+	}
+	// Each tenant's list is in order already; the stable sort keeps it.
+	slices.SortStableFunc(evs, func(a, b tenantEvent) int {
+		return cmp.Or(a.QuarantinedAt.Compare(*b.QuarantinedAt), cmp.Compare(a.Tenant, b.Tenant))
+	})
+	if f.Limit > 0 && len(evs) > f.Limit {
+		evs = evs[:f.Limit]
+	}
+	out := cmd.OutOrStdout()
+	table, err := printList(out, asJSON, evs, "no quarantined events",
+		"TENANT\tEVENT ID\tAGGREGATE\tSEQ\tEVENT TYPE\tATTEMPTS\tQUARANTINED AT\tLAST ERROR",
+		func(w io.Writer, e tenantEvent) {
+			fmt.Fprintf(w, "%s\t%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", tenantName(e.Tenant), e.ID, e.AggregateType, e.AggregateID, e.AggregateSequence,
+				e.EventType, e.AttemptCount, dlqTime(e.QuarantinedAt), dlqShorten(e.LastError, 80))
+		})
+	if err != nil {
+		return err
+	}
+	if table {
+		summary := dlqPlural(len(evs), "quarantined event") + " in " + dlqPlural(len(per), "tenant")
+		if f.Limit > 0 && len(evs) == f.Limit {
+			summary += fmt.Sprintf(" (the first %d; raise --limit for more)", f.Limit)
+		}
+		if _, err := fmt.Fprintln(out, summary); err != nil {
+			return err
+		}
+	}
+	if len(failed) > 0 {
+		for _, msg := range failed {
+			fmt.Fprintf(cmd.ErrOrStderr(), "pgoutbox: %s\n", msg)
+		}
+		return fmt.Errorf("dlq list: %d of %d tenants could not be read", len(failed), len(per))
+	}
+	return nil
 }
 
 // dlqShorten keeps error texts on one table line.
@@ -199,6 +285,7 @@ func dlqShorten(s string, n int) string {
 func newDLQShowCmd() *cobra.Command {
 	var db dbFlags
 	var asJSON bool
+	var tenants tenantFlags
 	cmd := &cobra.Command{
 		Use:   "show EVENT_ID",
 		Short: "Show one event (any state) with its payload, headers and last error",
@@ -213,6 +300,17 @@ func newDLQShowCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			many, err := tenants.parse(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			if many {
+				found, err := findTenants(cmd.Context(), &db, &tenants, ids)
+				if err != nil {
+					return err
+				}
+				db.schema = found[0].Tenant
+			}
 			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
 			if err != nil {
 				return err
@@ -222,14 +320,20 @@ func newDLQShowCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
+			switch {
+			case asJSON && many:
+				return dlqWriteJSON(cmd.OutOrStdout(), tenantEvent{Tenant: db.schema, Event: *e})
+			case asJSON:
 				return dlqWriteJSON(cmd.OutOrStdout(), e)
+			case many:
+				fmt.Fprintf(cmd.OutOrStdout(), "tenant  %s\n", tenantName(db.schema))
 			}
 			return dlqWriteEvent(cmd.OutOrStdout(), e)
 		},
 	}
 	db.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of text (env PGOUTBOX_JSON)")
+	tenants.register(cmd.Flags(), "finds the one that holds the event")
 	return cmd
 }
 
@@ -277,6 +381,7 @@ func dlqWriteEvent(w io.Writer, e *admin.Event) error {
 
 func newDLQRetryCmd() *cobra.Command {
 	var db dbFlags
+	var tenants tenantFlags
 	var filter dlqFilterFlags
 	var all bool
 	var op operatorFlags
@@ -316,31 +421,18 @@ the time.`,
 			case filter.f.Limit > 0 && !filter.set():
 				return usagef("dlq retry: --limit goes with a filter")
 			}
-			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
+			groups, many, err := dlqTenantGroups(cmd, &db, &tenants, ids, "dlq retry with a filter or --all")
 			if err != nil {
 				return err
 			}
-			defer closeDB()
-			retried, err := a.RetryEvents(cmd.Context(), admin.RetryRequest{IDs: ids, All: all, Filter: filter.f,
-				Actor: op.actor, Reason: op.reason})
-			if errors.Is(err, admin.ErrInvalidAuditText) {
-				return usageError{err}
-			}
-			if err != nil {
-				return err
-			}
-			var left []string
-			for _, id := range ids {
-				if !slices.Contains(retried, id) {
-					left = append(left, id.String())
+			for _, g := range groups {
+				db.schema = g.Tenant
+				if err := dlqRetryIn(cmd, &db, admin.RetryRequest{IDs: g.IDs, All: all, Filter: filter.f,
+					Actor: op.actor, Reason: op.reason}, many); err != nil {
+					return err
 				}
 			}
-			summary := "retried " + dlqPlural(len(retried), "event")
-			if len(left) > 0 {
-				summary += "; not quarantined, left alone: " + strings.Join(left, ", ")
-			}
-			_, err = fmt.Fprintln(cmd.OutOrStdout(), summary)
-			return err
+			return nil
 		},
 	}
 	db.register(cmd.Flags())
@@ -348,11 +440,64 @@ the time.`,
 	cmd.Flags().IntVar(&filter.f.Limit, "limit", 0, "with a filter, retry at most this many events, oldest quarantine first (0: all that match)")
 	cmd.Flags().BoolVar(&all, "all", false, "retry every quarantined event")
 	op.register(cmd.Flags(), "retrying")
+	tenants.register(cmd.Flags(), "with event ids, each id is retried in the one tenant holding it; with a filter or --all, it must match one tenant")
 	return cmd
+}
+
+// dlqTenantGroups resolves --tenants for a state-changing dlq verb: with event
+// ids, each id goes to the one selected tenant holding it (several tenants
+// possible); without, the selector must match exactly one tenant. Without
+// --tenants it is --schema with ids as given. many reports --tenants.
+func dlqTenantGroups(cmd *cobra.Command, db *dbFlags, tf *tenantFlags, ids []pgoutbox.UUID, verb string) (groups []admin.TenantIDs, many bool, err error) {
+	many, err = tf.parse(cmd.Flags())
+	switch {
+	case err != nil:
+		return nil, false, err
+	case !many:
+		return []admin.TenantIDs{{Tenant: db.schema, IDs: ids}}, false, nil
+	case len(ids) > 0:
+		groups, err = findTenants(cmd.Context(), db, tf, ids)
+		return groups, true, err
+	}
+	tenant, err := oneTenant(cmd.Context(), db, tf, verb, ", or give event ids")
+	return []admin.TenantIDs{{Tenant: tenant}}, true, err
+}
+
+// dlqRetryIn runs one retry in the outbox of db.schema and prints its summary,
+// naming the tenant when many.
+func dlqRetryIn(cmd *cobra.Command, db *dbFlags, req admin.RetryRequest, many bool) error {
+	a, closeDB, err := statusOpenAdmin(cmd.Context(), db, "")
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	retried, err := a.RetryEvents(cmd.Context(), req)
+	if errors.Is(err, admin.ErrInvalidAuditText) {
+		return usageError{err}
+	}
+	if err != nil {
+		return err
+	}
+	var left []string
+	for _, id := range req.IDs {
+		if !slices.Contains(retried, id) {
+			left = append(left, id.String())
+		}
+	}
+	summary := "retried " + dlqPlural(len(retried), "event")
+	if len(left) > 0 {
+		summary += "; not quarantined, left alone: " + strings.Join(left, ", ")
+	}
+	if many {
+		summary = "tenant " + tenantName(db.schema) + ": " + summary
+	}
+	_, err = fmt.Fprintln(cmd.OutOrStdout(), summary)
+	return err
 }
 
 func newDLQSkipCmd() *cobra.Command {
 	var db dbFlags
+	var tenants tenantFlags
 	var reason, actor string
 	cmd := &cobra.Command{
 		Use:   "skip EVENT_ID... --reason TEXT",
@@ -377,34 +522,86 @@ Only quarantined events can be skipped; if any id is not, nothing is skipped.`,
 			if err != nil {
 				return err
 			}
-			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
+			groups, many, err := dlqTenantGroups(cmd, &db, &tenants, ids, "dlq skip")
 			if err != nil {
 				return err
 			}
-			defer closeDB()
-			skipped, err := a.Skip(cmd.Context(), admin.SkipRequest{IDs: ids, Reason: reason, Actor: actor})
-			if errors.Is(err, admin.ErrInvalidAuditText) {
-				return usageError{err}
+			if len(groups) > 1 {
+				// One transaction per tenant: check them all first, so that a
+				// refusal in one tenant comes before any skip in another.
+				if err := dlqCheckQuarantined(cmd, db, groups); err != nil {
+					return err
+				}
 			}
-			if err != nil {
-				return err
+			for _, g := range groups {
+				db.schema = g.Tenant
+				if err := dlqSkipIn(cmd, &db, admin.SkipRequest{IDs: g.IDs, Reason: reason, Actor: actor}, many); err != nil {
+					return err
+				}
 			}
-			var lanes []string
-			for _, s := range skipped {
-				lanes = append(lanes, fmt.Sprintf("%s/%s #%d", s.AggregateType, s.AggregateID, s.AggregateSequence))
-			}
-			by := actor
-			if len(skipped) > 0 {
-				by = skipped[0].SkippedBy
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "skipped %s (%s) as %s\n", dlqPlural(len(skipped), "event"), strings.Join(lanes, ", "), by)
-			return err
+			return nil
 		},
 	}
 	db.register(cmd.Flags())
 	cmd.Flags().StringVar(&reason, "reason", "", "why the events may be dropped; required, recorded in outbox_skipped_events")
 	cmd.Flags().StringVar(&actor, "actor", "", "who is skipping, recorded with the reason (env PGOUTBOX_ACTOR) (default <os user>@<hostname>)")
+	tenants.register(cmd.Flags(), "each id is skipped in the one tenant holding it, audited there")
 	return cmd
+}
+
+// dlqCheckQuarantined refuses, before anything is skipped, ids that are not
+// quarantined in their tenant.
+func dlqCheckQuarantined(cmd *cobra.Command, db dbFlags, groups []admin.TenantIDs) error {
+	for _, g := range groups {
+		db.schema = g.Tenant
+		a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
+		if err != nil {
+			return err
+		}
+		for _, id := range g.IDs {
+			e, err := a.Get(cmd.Context(), id)
+			if err == nil && e.State != admin.StateQuarantined {
+				err = fmt.Errorf("event %s of tenant %s is %s: %w; nothing was skipped", id, tenantName(g.Tenant), e.State, admin.ErrNotQuarantined)
+			}
+			if err != nil {
+				closeDB()
+				return err
+			}
+		}
+		closeDB()
+	}
+	return nil
+}
+
+// dlqSkipIn runs one skip in the outbox of db.schema and prints its summary,
+// naming the tenant when many.
+func dlqSkipIn(cmd *cobra.Command, db *dbFlags, req admin.SkipRequest, many bool) error {
+	a, closeDB, err := statusOpenAdmin(cmd.Context(), db, "")
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	skipped, err := a.Skip(cmd.Context(), req)
+	if errors.Is(err, admin.ErrInvalidAuditText) {
+		return usageError{err}
+	}
+	if err != nil {
+		return err
+	}
+	var lanes []string
+	for _, s := range skipped {
+		lanes = append(lanes, fmt.Sprintf("%s/%s #%d", s.AggregateType, s.AggregateID, s.AggregateSequence))
+	}
+	by := req.Actor
+	if len(skipped) > 0 {
+		by = skipped[0].SkippedBy
+	}
+	prefix := ""
+	if many {
+		prefix = "tenant " + tenantName(db.schema) + ": "
+	}
+	_, err = fmt.Fprintf(cmd.OutOrStdout(), "%sskipped %s (%s) as %s\n", prefix, dlqPlural(len(skipped), "event"), strings.Join(lanes, ", "), by)
+	return err
 }
 
 func newDLQAuditCmd() *cobra.Command {

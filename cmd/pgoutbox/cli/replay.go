@@ -26,6 +26,7 @@ func newReplayCmd() *cobra.Command {
 		eventIDs     []string
 		all          bool
 		op           operatorFlags
+		tenants      tenantFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "replay",
@@ -49,6 +50,10 @@ NATS JetStream: each replayed message has its own Nats-Msg-Id (<event id>:replay
 Each replay is recorded in the operator audit (pgoutbox dlq audit) before it
 publishes anything: --actor, --reason, the database user, the selection, the
 destination and the count, then its outcome.
+
+--tenants: a replay works on one outbox. The selector must match exactly one
+tenant; with --event-id as the only selection, the ids are looked up in the
+selected tenants and must all be in the same one.
 
 ` + brokerHelp,
 		Example: `  pgoutbox replay --aggregate-type order --since 24h --dry-run
@@ -91,6 +96,15 @@ destination and the count, then its outcome.
 				return usagef("replay: give a selection or --all, not both")
 			}
 			req.Actor, req.Reason = op.actor, op.reason
+			many, err := tenants.parse(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			if many {
+				if db.schema, err = replayTenant(cmd.Context(), &db, &tenants, f); err != nil {
+					return err
+				}
+			}
 			return runReplay(cmd.Context(), &db, &bf, &lf, req, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -108,7 +122,32 @@ destination and the count, then its outcome.
 	op.register(fs, "replaying")
 	fs.BoolVar(&all, "all", false, "replay every published event still in the outbox (needed when no other selection is given)")
 	fs.IntVar(&req.BatchSize, "batch-size", 500, "events read and published at once (env PGOUTBOX_REPLAY_BATCH_SIZE)")
+	tenants.register(fs, "a replay works on one outbox: the selector must match one tenant, or with --event-id alone the ids must all be in one of them")
 	return cmd
+}
+
+// replayTenant resolves --tenants to the one outbox a replay works on: the
+// tenant holding every --event-id when the ids are the whole selection, else the
+// one tenant the selector matches. A replay publishes to a broker under one
+// audit row: one run never spans tenants.
+func replayTenant(ctx context.Context, db *dbFlags, tf *tenantFlags, f admin.ReplayFilter) (string, error) {
+	byID := len(f.EventIDs) > 0 && f.AggregateType == "" && f.AggregateID == "" && f.EventType == "" && f.Since.IsZero() && f.Until.IsZero()
+	if !byID {
+		return oneTenant(ctx, db, tf, "replay", ", or select by --event-id alone")
+	}
+	groups, err := findTenants(ctx, db, tf, f.EventIDs)
+	if err != nil {
+		return "", err
+	}
+	if len(groups) > 1 {
+		var where []string
+		for _, g := range groups {
+			where = append(where, fmt.Sprintf("%s: %d", tenantName(g.Tenant), len(g.IDs)))
+		}
+		return "", usagef("replay works on one outbox, but the --event-id events are in %d tenants (%s): run one replay per tenant",
+			len(groups), strings.Join(where, ", "))
+	}
+	return groups[0].Tenant, nil
 }
 
 // parseWhen reads a --since/--until value: empty (open), RFC 3339, a date

@@ -25,6 +25,7 @@ func newStatusCmd() *cobra.Command {
 		watch       bool
 		interval    time.Duration
 		inboxSchema string
+		tenants     tenantFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -48,13 +49,35 @@ The queries read only unpublished rows and recent index ranges, so status is che
 on a table with a long published history. --json prints the same figures as one
 JSON object (durations in seconds, sizes in bytes). --watch repeats every
 --interval: in place on a terminal, as successive snapshots separated by a blank
-line otherwise; Ctrl-C stops it.`,
+line otherwise; Ctrl-C stops it.
+
+--tenants reads many outboxes of the database at once (4 at a time, each within
+10s) and prints one row per tenant: pending, oldest pending age, quarantined,
+backing off, live and expired leases, published last minute, and the error of a
+tenant that could not be read (not migrated, dropped, permission denied, locked).
+Rows come worst first: unreadable tenants, then by oldest pending age. --json
+prints a JSON array of the same rows in the same order ("error" null or a
+string). The exit status is 0 when every row was read, whatever the figures (as
+without --tenants), 1 when the selector matches no outbox or some tenant could
+not be read (every row is printed first).`,
 		Example: `  pgoutbox status
   pgoutbox status --watch --interval 5s
-  pgoutbox status --json | jq .oldest_pending_age_seconds`,
+  pgoutbox status --json | jq .oldest_pending_age_seconds
+  pgoutbox status --tenants '*'
+  pgoutbox status --tenants 'tenant_*,billing' --json | jq '.[0]'`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if interval <= 0 {
 				return usagef("--interval must be positive, got %s", interval)
+			}
+			many, err := tenants.parse(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			if many {
+				if cmd.Flags().Changed("inbox-schema") {
+					return usagef("--inbox-schema (PGOUTBOX_INBOX_SCHEMA) does not go with --tenants: each tenant's inbox is in its own schema")
+				}
+				return runStatusTenants(cmd.Context(), &db, &tenants, cmd.OutOrStdout(), cmd.ErrOrStderr(), asJSON, watch, interval)
 			}
 			if inboxSchema == "" {
 				inboxSchema = db.schema
@@ -87,42 +110,37 @@ line otherwise; Ctrl-C stops it.`,
 	fs.DurationVar(&interval, "interval", 2*time.Second, "refresh period of --watch (env PGOUTBOX_STATUS_INTERVAL)")
 	fs.StringVar(&inboxSchema, "inbox-schema", "",
 		"schema of the consumer inbox's processed_events table (env PGOUTBOX_INBOX_SCHEMA) (default --schema)")
+	tenants.register(fs, "prints one row per tenant, worst first")
 	return cmd
 }
 
 // statusOpenAdmin connects a small pool (it reconnects by itself, which --watch needs),
 // checks that the schema is migrated and returns an Admin on it.
 func statusOpenAdmin(ctx context.Context, db *dbFlags, inboxSchema string) (*admin.Admin, func(), error) {
-	connCfg, err := db.parse()
+	pool, err := openPool(ctx, db, 2)
 	if err != nil {
 		return nil, nil, err
 	}
-	poolCfg, err := pgxpool.ParseConfig("")
+	a, err := adminOn(ctx, pool, db, db.schema, inboxSchema)
 	if err != nil {
-		return nil, nil, err
-	}
-	poolCfg.ConnConfig = connCfg
-	poolCfg.MaxConns = 2
-	cctx, cancel := context.WithTimeout(ctx, db.connectTimeout)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(cctx, poolCfg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("connect to database: %w", err)
-	}
-	if err := pool.Ping(cctx); err != nil {
-		pool.Close()
-		return nil, nil, fmt.Errorf("connect to database: %w", err)
-	}
-	if err := checkMigrated(cctx, pool, db.schema); err != nil {
 		pool.Close()
 		return nil, nil, err
-	}
-	a, err := admin.New(pool, &admin.Config{Schema: db.schema, InboxSchema: inboxSchema})
-	if err != nil {
-		pool.Close()
-		return nil, nil, usageError{err}
 	}
 	return a, pool.Close, nil
+}
+
+// adminOn checks that schema is migrated and returns an Admin on it.
+func adminOn(ctx context.Context, pool *pgxpool.Pool, db *dbFlags, schema, inboxSchema string) (*admin.Admin, error) {
+	cctx, cancel := context.WithTimeout(ctx, db.connectTimeout)
+	defer cancel()
+	if err := checkMigrated(cctx, pool, schema); err != nil {
+		return nil, err
+	}
+	a, err := admin.New(pool, &admin.Config{Schema: schema, InboxSchema: inboxSchema})
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return a, nil
 }
 
 // statusIsTerminal reports whether w is a terminal (a character device).
@@ -143,11 +161,27 @@ const statusClearScreen = "\x1b[H\x1b[2J"
 // snapshots follow each other, separated by a blank line. A failed snapshot (the
 // database restarting) is reported and the watch goes on.
 func watchStatus(ctx context.Context, out, errOut io.Writer, a *admin.Admin, interval time.Duration, asJSON, tty bool) error {
+	return watchSnapshots(ctx, out, errOut, interval, max(interval, 10*time.Second), tty, func(ctx context.Context) (func(io.Writer) error, error) {
+		st, err := a.Status(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return func(w io.Writer) error { return writeStatus(w, st, asJSON) }, nil
+	})
+}
+
+// watchSnapshots is the loop of --watch: snap reads a snapshot (within timeout,
+// when positive) and returns how to print it.
+func watchSnapshots(ctx context.Context, out, errOut io.Writer, interval, timeout time.Duration, tty bool,
+	snap func(context.Context) (func(io.Writer) error, error)) error {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for n := 0; ; n++ {
-		qctx, cancel := context.WithTimeout(ctx, max(interval, 10*time.Second))
-		st, err := a.Status(qctx)
+		qctx, cancel := ctx, context.CancelFunc(func() {})
+		if timeout > 0 {
+			qctx, cancel = context.WithTimeout(ctx, timeout)
+		}
+		write, err := snap(qctx)
 		cancel()
 		if ctx.Err() != nil {
 			return nil
@@ -166,7 +200,7 @@ func watchStatus(ctx context.Context, out, errOut io.Writer, a *admin.Admin, int
 			} else {
 				fmt.Fprint(errOut, "pgoutbox: "+msg)
 			}
-		} else if err := writeStatus(&buf, st, asJSON); err != nil {
+		} else if err := write(&buf); err != nil {
 			return err
 		}
 		if tty {
@@ -181,6 +215,83 @@ func watchStatus(ctx context.Context, out, errOut io.Writer, a *admin.Admin, int
 		case <-tick.C:
 		}
 	}
+}
+
+// runStatusTenants is status --tenants: one row per tenant (admin.StatusAll).
+func runStatusTenants(ctx context.Context, db *dbFlags, tf *tenantFlags, out, errOut io.Writer, asJSON, watch bool, interval time.Duration) error {
+	pool, err := openPool(ctx, db, tenantConcurrency)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	read := func(ctx context.Context) ([]admin.TenantStatus, error) {
+		rows, err := admin.StatusAll(ctx, pool, tf.sel, &admin.TenantsConfig{Concurrency: tenantConcurrency})
+		if err == nil && len(rows) == 0 {
+			err = fmt.Errorf("no outbox schema of this database matches --tenants %s", tenantName(tf.sel.String()))
+		}
+		return rows, err
+	}
+	if watch {
+		// No deadline over the whole snapshot: each tenant has its own.
+		return watchSnapshots(ctx, out, errOut, interval, 0, statusIsTerminal(out), func(ctx context.Context) (func(io.Writer) error, error) {
+			rows, err := read(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return func(w io.Writer) error { return writeTenantStatus(w, rows, asJSON) }, nil
+		})
+	}
+	rows, err := read(ctx)
+	if err != nil {
+		return err
+	}
+	if err := writeTenantStatus(out, rows, asJSON); err != nil {
+		return err
+	}
+	if n := failedTenants(rows); n > 0 {
+		return fmt.Errorf("status: %d of %d tenants could not be read (see their rows)", n, len(rows))
+	}
+	return nil
+}
+
+func failedTenants(rows []admin.TenantStatus) int {
+	n := 0
+	for _, r := range rows {
+		if r.Err != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// writeTenantStatus prints the rows of status --tenants as a JSON array or a table.
+func writeTenantStatus(w io.Writer, rows []admin.TenantStatus, asJSON bool) error {
+	if asJSON {
+		return dlqWriteJSON(w, rows)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tPENDING\tOLDEST PENDING AGE\tQUARANTINED\tBACKING OFF\tLEASES LIVE\tLEASES EXPIRED\tPUBLISHED LAST MINUTE\tERROR")
+	for _, r := range rows {
+		if r.Err != nil {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t%s\n", tenantName(r.Tenant), errLine(r.Err))
+			continue
+		}
+		age := statusAge(time.Duration(r.OldestPendingAge))
+		if r.Pending == 0 {
+			age = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t-\n", tenantName(r.Tenant), r.Pending, age, r.Quarantined, r.BackingOff,
+			r.LeasesLive, r.LeasesExpired, r.PublishedLastMinute)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	summary := dlqPlural(len(rows), "tenant")
+	if n := failedTenants(rows); n > 0 {
+		summary += fmt.Sprintf(", %d could not be read", n)
+	}
+	_, err := fmt.Fprintln(w, summary)
+	return err
 }
 
 // writeStatus prints st as indented JSON or as aligned tables.

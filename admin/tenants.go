@@ -1,0 +1,372 @@
+package admin
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/migrate"
+)
+
+// A tenant is one outbox: a schema of one database that holds a migrated outbox
+// (migrate.Outboxes). The across-tenants operations (StatusAll, QuarantinedAll)
+// list the tenants a migrate.Selector chooses, then work on each with the same
+// code as the one-outbox operations, a few at a time, each tenant's statements
+// under their own deadline. A tenant that fails (its schema not migrated, dropped
+// mid-scan, unreadable for the role) is reported in its row; the others are
+// still read.
+
+// Defaults of TenantsConfig.
+const (
+	DefaultTenantConcurrency = 4
+	DefaultTenantTimeout     = 10 * time.Second
+)
+
+// TenantsConfig bounds the work of an across-tenants operation. A nil
+// *TenantsConfig and the zero value are ready to use; each field names its
+// default.
+type TenantsConfig struct {
+	// Concurrency is how many tenants are read at once; the pool must allow
+	// that many connections for it to be reached. Defaults to
+	// DefaultTenantConcurrency (4).
+	Concurrency int
+	// Timeout bounds all the statements of one tenant together; a tenant that
+	// takes longer (a lock held on its tables) is reported with an error
+	// wrapping context.DeadlineExceeded. Defaults to DefaultTenantTimeout (10s).
+	Timeout time.Duration
+}
+
+func (c *TenantsConfig) withDefaults() (TenantsConfig, error) {
+	return config.Resolve("admin", c, func(c *TenantsConfig) {
+		config.Default(&c.Concurrency, DefaultTenantConcurrency)
+		config.Default(&c.Timeout, DefaultTenantTimeout)
+	}, func(c *TenantsConfig, p *config.Problems) {
+		p.Check(c.Concurrency > 0, "TenantsConfig.Concurrency (%d) must be positive", c.Concurrency)
+		p.Check(c.Timeout > 0, "TenantsConfig.Timeout (%s) must be positive", c.Timeout)
+	})
+}
+
+// Validate reports what the across-tenants operations would reject in c, zero
+// fields meaning their defaults. A nil c is valid.
+func (c *TenantsConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+// Tenants lists the outboxes of pool's database that sel chooses, in name order
+// (migrate.Outboxes); the zero Selector chooses every outbox.
+func Tenants(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selector) ([]string, error) {
+	tenants, err := migrate.Outboxes(ctx, pool, sel.String())
+	if err != nil {
+		return nil, fmt.Errorf("admin: list tenants: %w", err)
+	}
+	return tenants, nil
+}
+
+// CheckOutbox reports whether schema holds an outbox this binary can work on:
+// an error wrapping migrate.ErrDatabaseNewer when it was migrated by a newer
+// pgoutbox, an error naming the first missing migration when it is not fully
+// migrated. It changes nothing.
+func CheckOutbox(ctx context.Context, db migrate.Querier, schema string) error {
+	if err := migrate.CheckCompatible(ctx, db, schema, migrate.LineOutbox); err != nil {
+		return err
+	}
+	st, err := migrate.State(ctx, db, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
+	if err != nil {
+		return err
+	}
+	for _, s := range st {
+		if !s.Applied {
+			return fmt.Errorf("schema %s lacks migration %s/%d %s: run 'pgoutbox migrate --schema %s' first",
+				schema, s.Line, s.Version, s.Name, schema)
+		}
+	}
+	return nil
+}
+
+// forTenants runs fn for each tenant, at most c.Concurrency at once, each under
+// its own c.Timeout, and returns each tenant's error in tenants' order. It
+// returns early only when ctx ends, with ctx's error: what fn reported for the
+// tenants read so far would then blame them for the caller's cancellation.
+func forTenants(ctx context.Context, c TenantsConfig, tenants []string, fn func(ctx context.Context, i int, tenant string) error) ([]error, error) {
+	errs := make([]error, len(tenants))
+	var g errgroup.Group
+	g.SetLimit(c.Concurrency)
+	for i, tenant := range tenants {
+		if ctx.Err() != nil {
+			break
+		}
+		g.Go(func() error {
+			tctx, cancel := context.WithTimeout(ctx, c.Timeout)
+			defer cancel()
+			err := fn(tctx, i, tenant)
+			if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
+				err = fmt.Errorf("gave up after %s: %w", c.Timeout, err)
+			}
+			errs[i] = err
+			return nil
+		})
+	}
+	_ = g.Wait() // the goroutines report through errs
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// TenantStatus is one tenant's row of StatusAll: the headline figures of its
+// Status, or the error that kept them from being read.
+type TenantStatus struct {
+	// Tenant is the outbox's schema.
+	Tenant string
+	// The figures of Status (zero when Err is set); Leases are summed over the
+	// relays.
+	Pending             int64
+	OldestPendingAge    Duration
+	Quarantined         int64
+	BackingOff          int64
+	LeasesLive          int64
+	LeasesExpired       int64
+	PublishedLastMinute int64
+	// Status is the tenant's whole snapshot (table sizes, leases per relay),
+	// nil when Err is set. It is not written by MarshalJSON.
+	Status *Status
+	// Err says why the tenant could not be read; nil when it was.
+	Err error
+}
+
+// tenantStatusJSON is the JSON form of a TenantStatus: always the same keys,
+// "error" null when the tenant was read.
+type tenantStatusJSON struct {
+	Tenant              string   `json:"tenant"`
+	Pending             int64    `json:"pending"`
+	OldestPendingAge    Duration `json:"oldest_pending_age_seconds"`
+	Quarantined         int64    `json:"quarantined"`
+	BackingOff          int64    `json:"backing_off"`
+	LeasesLive          int64    `json:"leases_live"`
+	LeasesExpired       int64    `json:"leases_expired"`
+	PublishedLastMinute int64    `json:"published_last_minute"`
+	Error               *string  `json:"error"`
+}
+
+// MarshalJSON writes the row as one object: tenant, the figures (durations in
+// seconds) and "error", a string or null.
+func (t TenantStatus) MarshalJSON() ([]byte, error) {
+	j := tenantStatusJSON{Tenant: t.Tenant, Pending: t.Pending, OldestPendingAge: t.OldestPendingAge,
+		Quarantined: t.Quarantined, BackingOff: t.BackingOff, LeasesLive: t.LeasesLive,
+		LeasesExpired: t.LeasesExpired, PublishedLastMinute: t.PublishedLastMinute}
+	if t.Err != nil {
+		msg := t.Err.Error()
+		j.Error = &msg
+	}
+	return json.Marshal(j)
+}
+
+// StatusAll reads the status of every tenant of pool's database that sel chooses
+// (the zero Selector: every outbox), each tenant's inbox being in its own schema.
+// Each tenant is first checked to be a fully migrated outbox this binary knows
+// (CheckOutbox), then read with Admin.Status. The rows come worst first: the
+// tenants that could not be read, then by oldest pending age, longest first, then
+// by name.
+//
+// The error is non-nil only when the tenants could not be listed or ctx ended; a
+// tenant that fails is reported in its row's Err and the others are read. pool
+// must allow cfg.Concurrency connections for the reads to run that many at once.
+func StatusAll(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selector, cfg *TenantsConfig) ([]TenantStatus, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	tenants, err := Tenants(ctx, pool, sel)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]TenantStatus, len(tenants))
+	errs, err := forTenants(ctx, c, tenants, func(ctx context.Context, i int, tenant string) error {
+		if err := CheckOutbox(ctx, pool, tenant); err != nil {
+			return err
+		}
+		a, err := New(pool, &Config{Schema: tenant})
+		if err != nil {
+			return err
+		}
+		st, err := a.Status(ctx)
+		if err != nil {
+			return err
+		}
+		rows[i].Status = st
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, tenant := range tenants {
+		r := &rows[i]
+		r.Tenant, r.Err = tenant, errs[i]
+		if r.Err != nil || r.Status == nil {
+			r.Status = nil
+			continue
+		}
+		st := r.Status
+		r.Pending, r.OldestPendingAge, r.Quarantined = st.Pending, st.OldestPendingAge, st.Quarantined
+		r.BackingOff, r.PublishedLastMinute = st.BackingOff, st.PublishedLastMinute
+		for _, l := range st.Leases {
+			r.LeasesLive += l.Live
+			r.LeasesExpired += l.Expired
+		}
+	}
+	slices.SortStableFunc(rows, func(a, b TenantStatus) int {
+		if (a.Err != nil) != (b.Err != nil) {
+			if a.Err != nil {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(cmp.Compare(b.OldestPendingAge, a.OldestPendingAge), cmp.Compare(a.Tenant, b.Tenant))
+	})
+	return rows, nil
+}
+
+// TenantEvents is one tenant's part of QuarantinedAll.
+type TenantEvents struct {
+	Tenant string
+	// Events are the tenant's quarantined events matching the filter, oldest
+	// quarantine first.
+	Events []Event
+	// Err says why the tenant could not be read; nil when it was.
+	Err error
+}
+
+// QuarantinedAll lists the quarantined events matching f (ListQuarantined) of
+// every tenant sel chooses, one TenantEvents per tenant in name order. f.Limit
+// applies to each tenant. The error is non-nil only when the tenants could not
+// be listed or ctx ended; a tenant that fails is reported in its Err.
+func QuarantinedAll(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selector, f Filter, cfg *TenantsConfig) ([]TenantEvents, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	tenants, err := Tenants(ctx, pool, sel)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TenantEvents, len(tenants))
+	errs, err := forTenants(ctx, c, tenants, func(ctx context.Context, i int, tenant string) error {
+		if err := CheckOutbox(ctx, pool, tenant); err != nil {
+			return err
+		}
+		a, err := New(pool, &Config{Schema: tenant})
+		if err != nil {
+			return err
+		}
+		out[i].Events, err = a.ListQuarantined(ctx, f)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, tenant := range tenants {
+		out[i].Tenant, out[i].Err = tenant, errs[i]
+		if out[i].Err != nil {
+			out[i].Events = nil
+		}
+	}
+	return out, nil
+}
+
+// ErrAmbiguousEvent is wrapped by FindEvents' error when an event id is found in
+// more than one tenant (an outbox copied into another schema): acting on it
+// could act on the wrong tenant.
+var ErrAmbiguousEvent = errors.New("event id found in more than one tenant")
+
+// TenantIDs are event ids of one tenant.
+type TenantIDs struct {
+	Tenant string
+	IDs    []pgoutbox.UUID
+}
+
+// FindEvents says which of tenants holds each of ids (in any state), reading
+// only, so that an action by event id can be sent to the one outbox that holds
+// each event. It returns the ids grouped by tenant, tenants in the order given,
+// ids in the order given. Every id must be found in exactly one tenant, and every
+// tenant must be readable (the id might be in one that is not): otherwise the
+// error wraps ErrNotFound, ErrAmbiguousEvent or the tenant's error, names the
+// ids or tenants concerned, and nothing is returned.
+func FindEvents(ctx context.Context, pool *pgxpool.Pool, tenants []string, ids []pgoutbox.UUID, cfg *TenantsConfig) ([]TenantIDs, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if len(ids) == 0 {
+		return nil, ErrNoEvents
+	}
+	found := make([][]pgoutbox.UUID, len(tenants))
+	errs, err := forTenants(ctx, c, tenants, func(ctx context.Context, i int, tenant string) error {
+		if err := CheckOutbox(ctx, pool, tenant); err != nil {
+			return err
+		}
+		rows, err := pool.Query(ctx, "SELECT event_id FROM "+pgx.Identifier{tenant, "outbox_events"}.Sanitize()+" WHERE event_id = ANY($1)", ids)
+		if err != nil {
+			return err
+		}
+		found[i], err = pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	var bad []error
+	for i, e := range errs {
+		if e != nil {
+			bad = append(bad, fmt.Errorf("tenant %q: %w", tenants[i], e))
+		}
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("admin: find events: %w", errors.Join(bad...))
+	}
+	where := map[pgoutbox.UUID][]string{}
+	for i, ids := range found {
+		for _, id := range ids {
+			where[id] = append(where[id], tenants[i])
+		}
+	}
+	var missing, ambiguous []string
+	for _, id := range ids {
+		switch ts := where[id]; {
+		case len(ts) == 0:
+			missing = append(missing, id.String())
+		case len(ts) > 1:
+			ambiguous = append(ambiguous, fmt.Sprintf("%s (in %q)", id, ts))
+		}
+	}
+	switch {
+	case len(missing) > 0:
+		return nil, fmt.Errorf("admin: find events: %w in the %d selected tenants: %s", ErrNotFound, len(tenants), strings.Join(missing, ", "))
+	case len(ambiguous) > 0:
+		return nil, fmt.Errorf("admin: find events: %w: %s", ErrAmbiguousEvent, strings.Join(ambiguous, ", "))
+	}
+	var out []TenantIDs
+	for _, tenant := range tenants {
+		var mine []pgoutbox.UUID
+		for _, id := range ids {
+			if where[id][0] == tenant && !slices.Contains(mine, id) {
+				mine = append(mine, id)
+			}
+		}
+		if len(mine) > 0 {
+			out = append(out, TenantIDs{Tenant: tenant, IDs: mine})
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,166 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/pflag"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/migrate"
+)
+
+// tenantFlags is the --tenants selector of the operator verbs: a tenant is one
+// outbox schema of the database. It has no environment variable, like the dlq
+// selection flags: a variable left set in a shell must never widen a command to
+// other tenants.
+type tenantFlags struct {
+	raw string
+	sel migrate.Selector
+	on  bool // --tenants was given
+}
+
+func (t *tenantFlags) register(fs *pflag.FlagSet, help string) {
+	fs.StringVar(&t.raw, "tenants", "", "outbox schemas to work on, a comma list of names and globs ('tenant_*,billing'; '*' for every outbox "+
+		"of the database) instead of --schema; "+help+" (no environment variable)")
+}
+
+// parse checks --tenants and reports whether it was given. It refuses --schema
+// (or PGOUTBOX_SCHEMA) beside it, and an empty selector: "every outbox" must
+// be said with '*'.
+func (t *tenantFlags) parse(fs *pflag.FlagSet) (bool, error) {
+	f := fs.Lookup("tenants")
+	if f == nil || !f.Changed {
+		return false, nil
+	}
+	if s := fs.Lookup("schema"); s != nil && s.Changed {
+		return false, usagef("--tenants chooses the schemas: give it or --schema (PGOUTBOX_SCHEMA), not both")
+	}
+	sel, err := migrate.ParseSelector(t.raw)
+	if err != nil {
+		return false, usagef("--tenants: %v", err)
+	}
+	if sel.String() == "" {
+		return false, usagef("--tenants is empty: give schema names or globs, or '*' for every outbox of the database")
+	}
+	t.sel, t.on = sel, true
+	return true, nil
+}
+
+// tenantConcurrency is how many tenants the CLI reads at once (admin's default),
+// and the size of its pool.
+const tenantConcurrency = admin.DefaultTenantConcurrency
+
+// openPool connects a small pool (it reconnects by itself, which status --watch
+// needs) of at most maxConns connections.
+func openPool(ctx context.Context, db *dbFlags, maxConns int32) (*pgxpool.Pool, error) {
+	connCfg, err := db.parse()
+	if err != nil {
+		return nil, err
+	}
+	poolCfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return nil, err
+	}
+	poolCfg.ConnConfig = connCfg
+	poolCfg.MaxConns = maxConns
+	cctx, cancel := context.WithTimeout(ctx, db.connectTimeout)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(cctx, poolCfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	if err := pool.Ping(cctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return pool, nil
+}
+
+// listTenants lists the outboxes --tenants chooses; none is an error, so that a
+// mistyped selector never looks like a healthy, empty database.
+func listTenants(ctx context.Context, pool *pgxpool.Pool, t *tenantFlags) ([]string, error) {
+	tenants, err := admin.Tenants(ctx, pool, t.sel)
+	if err != nil {
+		return nil, err
+	}
+	if len(tenants) == 0 {
+		return nil, fmt.Errorf("no outbox schema of this database matches --tenants %s", tenantName(t.sel.String()))
+	}
+	return tenants, nil
+}
+
+// oneTenant resolves --tenants for a verb that acts on one outbox: the selector
+// must match exactly one.
+func oneTenant(ctx context.Context, db *dbFlags, t *tenantFlags, verb, hint string) (string, error) {
+	pool, err := openPool(ctx, db, 2)
+	if err != nil {
+		return "", err
+	}
+	defer pool.Close()
+	tenants, err := listTenants(ctx, pool, t)
+	if err != nil {
+		return "", err
+	}
+	if len(tenants) > 1 {
+		return "", usagef("%s acts on one outbox, but --tenants %s matches %d (%s): name one tenant%s", verb, tenantName(t.sel.String()),
+			len(tenants), tenantList(tenants), hint)
+	}
+	return tenants[0], nil
+}
+
+// findTenants sends each event id to the one tenant of --tenants holding it
+// (admin.FindEvents): refused unless every id is found, each in one tenant.
+func findTenants(ctx context.Context, db *dbFlags, t *tenantFlags, ids []pgoutbox.UUID) ([]admin.TenantIDs, error) {
+	pool, err := openPool(ctx, db, tenantConcurrency)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	tenants, err := listTenants(ctx, pool, t)
+	if err != nil {
+		return nil, err
+	}
+	return admin.FindEvents(ctx, pool, tenants, ids, nil)
+}
+
+// tenantList names a few tenants for a message.
+func tenantList(tenants []string) string {
+	const most = 5
+	var names []string
+	for i, s := range tenants {
+		if i == most {
+			names = append(names, fmt.Sprintf("and %d more", len(tenants)-most))
+			break
+		}
+		names = append(names, tenantName(s))
+	}
+	return strings.Join(names, ", ")
+}
+
+// tenantName prints a schema name on a terminal: as it is when every character
+// is printable, quoted (Go syntax) when not, so that a hostile name can neither
+// break a table nor send escape sequences to the terminal.
+func tenantName(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// errLine prints an error on one table cell: whitespace folded, unprintable
+// characters replaced.
+func errLine(err error) string {
+	s := strings.Join(strings.Fields(err.Error()), " ")
+	return strings.Map(func(r rune) rune {
+		if !unicode.IsPrint(r) {
+			return unicode.ReplacementChar
+		}
+		return r
+	}, s)
+}
