@@ -34,9 +34,9 @@ type relayFlags struct {
 	retention       time.Duration
 
 	metricsAddr string
-	stdout      io.Writer   // console trace exporter
-	cdc         cdcFlags    // --source and the CDC source's names (relay_cdc.go)
-	tenants     tenantFlags // --tenants: many outboxes (relay_tenants.go)
+	stdout      io.Writer        // console trace exporter
+	cdc         cdcFlags         // --source and the CDC source's names (relay_cdc.go)
+	tenants     relayTenantFlags // --tenants: many outboxes (relay_tenants.go)
 }
 
 func newRelayCmd() *cobra.Command {

@@ -25,8 +25,8 @@ import (
 	"github.com/pgoutbox/pgoutbox/relay/relayprom"
 )
 
-// tenantFlags choose the outboxes of a relay serving many (relay.Group).
-type tenantFlags struct {
+// relayTenantFlags choose the outboxes of a relay serving many (relay.Group).
+type relayTenantFlags struct {
 	selector   string // --tenants
 	file       string // --tenants-file
 	maxConns   int    // --db-max-conns
@@ -50,7 +50,7 @@ webhook URL without {tenant} is refused. The tenant name is the schema name (wit
 the database's tenant_prefix in a file). docs/operations.md, "Many tenants", has
 the file's format.`
 
-func (t *tenantFlags) register(fs *pflag.FlagSet) {
+func (t *relayTenantFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&t.selector, "tenants", "", "serve every outbox schema of the database matching these names/globs, e.g. 'tenant_*' or '*' (env PGOUTBOX_TENANTS) (default: the one --schema)")
 	fs.StringVar(&t.file, "tenants-file", "", "YAML file listing the databases and schemas to serve (env PGOUTBOX_TENANTS_FILE)")
 	fs.IntVar(&t.maxConns, "db-max-conns", 10, "with --tenants: connections per database for all its outboxes together (env PGOUTBOX_DB_MAX_CONNS)")
@@ -59,7 +59,7 @@ func (t *tenantFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&t.metricsMax, "tenant-metrics-max", relayprom.DefaultMaxTenants, "with --tenant-metrics per-tenant: tenants with a label of their own; the others are counted as _other (env PGOUTBOX_TENANT_METRICS_MAX)")
 }
 
-func (t *tenantFlags) enabled() bool { return t.selector != "" || t.file != "" }
+func (t *relayTenantFlags) enabled() bool { return t.selector != "" || t.file != "" }
 
 // tenantsFile is the --tenants-file format.
 type tenantsFile struct {
