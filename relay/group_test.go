@@ -312,3 +312,31 @@ func TestGroupsRacingKeepLaneOrder(t *testing.T) {
 	})
 	checkLanes(t, rec.Messages(), map[string]int{"r_1": 600, "r_2": 600, "r_3": 600})
 }
+
+// An outbox whose table is renamed away under its relay is reported as
+// unusable, by tenant name, while the database's other outboxes flow.
+func TestGroupOutboxUnusable(t *testing.T) {
+	t.Parallel()
+	d := newTenantDB(t, 6)
+	d.migrate(t, "u_ok")
+	d.migrate(t, "u_bad")
+	rec := &brokertest.Recorder{}
+	g := startGroup(t, rec, relay.GroupConfig{
+		Config:    relay.Config{PollInterval: 100 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond},
+		Databases: []relay.Database{{Pool: d.pool}},
+	})
+	wait.For(t, 30*time.Second, "both served", func() bool { return len(g.Tenants()) == 2 })
+	_, err := d.pool.Exec(context.Background(), "ALTER TABLE u_bad.outbox_events RENAME TO moved")
+	pgtest.Must(t, err, "rename")
+	d.enqueue(t, "u_ok", 2, 20)
+	wait.For(t, 30*time.Second, "u_bad unusable, u_ok drained", func() bool {
+		err := g.TenantHealthy(g.Tenants()[0].Database, "u_bad")
+		return errors.Is(err, relay.ErrOutboxUnusable) && !errors.Is(err, relay.ErrDatabaseUnreachable) && d.pending(t, "u_ok") == 0
+	})
+	if err := g.TenantHealthy(g.Tenants()[0].Database, "u_ok"); err != nil {
+		t.Fatalf("u_ok: %v", err)
+	}
+	if err := g.Healthy(); !errors.Is(err, relay.ErrTenant) || !strings.Contains(err.Error(), "u_bad") || strings.Contains(err.Error(), "u_ok") {
+		t.Fatalf("Healthy = %v, want u_bad named alone", err)
+	}
+}

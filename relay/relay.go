@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,6 +73,10 @@ type Relay struct {
 	// error that was a missing privilege, nil once that kind succeeds again
 	// (dbFailed, dbOK): a role may be allowed to claim and not to settle.
 	denied [2]atomic.Pointer[error]
+	// unusable holds the last error of a statement that the database refused
+	// because the outbox's objects are not as the relay needs them (a table
+	// or schema gone: SQLSTATE classes 42 and 3F), nil once one succeeds.
+	unusable atomic.Pointer[error]
 
 	idleWorkers atomic.Int32 // workers waiting for a wake-up (idle.go)
 	lastFound   atomic.Int64 // when a claim last found events (unix ns)
@@ -172,6 +177,9 @@ var (
 	// statements for want of a privilege (SQLSTATE 42501). It also matches
 	// migrate.ErrPermissionDenied.
 	ErrPermissionDenied = fmt.Errorf("relay: %w", migrate.ErrPermissionDenied)
+	// ErrOutboxUnusable: the database answers but the outbox's tables are not
+	// there or not as migrated (a schema dropped or altered under the relay).
+	ErrOutboxUnusable = errors.New("relay: the outbox's tables are missing or altered")
 )
 
 // Healthy reports nil when the last contact with the database and with the broker
@@ -188,6 +196,9 @@ func (r *Relay) Healthy() error {
 		if err := r.denied[i].Load(); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %w", ErrPermissionDenied, *err))
 		}
+	}
+	if err := r.unusable.Load(); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrOutboxUnusable, *err))
 	}
 	errs = append(errs, r.broker.Errors(ErrBrokerUnreachable, ErrBrokerMisconfigured)...)
 	return errors.Join(errs...)
@@ -558,6 +569,13 @@ func (r *Relay) announceBacklog() {
 // answered, and will refuse again until someone grants it) or an unreachable
 // database. Either is retried with backoff; only the change is logged.
 func (r *Relay) dbFailed(kind int, err error) {
+	if outboxUnusable(err) {
+		retry.MarkUp(&r.dbDown, r.log, "database")
+		if r.unusable.Swap(&err) == nil {
+			r.log.Error("the outbox's tables are missing or altered; retrying with backoff", slog.Any("error", err))
+		}
+		return
+	}
 	if !migrate.IsPermissionDenied(err) {
 		retry.MarkDown(&r.dbDown, r.log, "database", err)
 		r.dropHungConnections(err)
@@ -601,8 +619,22 @@ const (
 	stmtSettle
 )
 
+// outboxUnusable reports whether err is the database refusing a statement
+// for the outbox's objects: undefined or wrong tables, columns, functions
+// (SQLSTATE class 42 but a missing privilege) or schema (class 3F).
+func outboxUnusable(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code == "42501" {
+		return false
+	}
+	return strings.HasPrefix(pgErr.Code, "42") || strings.HasPrefix(pgErr.Code, "3F")
+}
+
 // dbOK records a statement of the kind that succeeded.
 func (r *Relay) dbOK(kind int) {
+	if r.unusable.Swap(nil) != nil {
+		r.log.Info("the outbox's tables are usable again")
+	}
 	if r.denied[kind].Swap(nil) != nil {
 		r.log.Info("the relay's statements are permitted again")
 	}
