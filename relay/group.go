@@ -267,28 +267,37 @@ func (g *Group) rediscover() {
 	}
 }
 
-// discover lists every database's outboxes, starts relays for new ones and
-// stops those of outboxes gone.
+// discover lists every database's outboxes, all at once, then, database by
+// database in their listed order (so that a tenant name wanted by two goes
+// to the first), starts relays for new outboxes and stops those gone.
 func (g *Group) discover() {
 	var wg sync.WaitGroup
-	for _, d := range g.dbs {
+	listed := make([][]string, len(g.dbs))
+	errs := make([]error, len(g.dbs))
+	for i, d := range g.dbs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			g.discoverIn(d)
+			ctx, cancel := context.WithTimeout(g.lc.Hard(), discoverTimeout)
+			defer cancel()
+			listed[i], errs[i] = migrate.Outboxes(ctx, d.Pool, d.Schemas)
 		}()
 	}
 	wg.Wait()
+	for i, d := range g.dbs {
+		g.reconcile(d, listed[i], errs[i])
+	}
 }
 
-// discoverTimeout bounds listing a database's outboxes and checking a new
-// one.
+// discoverTimeout bounds listing a database's outboxes, and checking the new
+// ones.
 const discoverTimeout = 10 * time.Second
 
-func (g *Group) discoverIn(d *groupDB) {
+// reconcile serves the outboxes of d that listing found, and lets go those
+// it no longer finds.
+func (g *Group) reconcile(d *groupDB, schemas []string, err error) {
 	ctx, cancel := context.WithTimeout(g.lc.Hard(), discoverTimeout)
 	defer cancel()
-	schemas, err := migrate.Outboxes(ctx, d.Pool, d.Schemas)
 	d.mu.Lock()
 	prev := d.listErr
 	d.listErr = err
