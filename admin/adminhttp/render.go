@@ -171,7 +171,7 @@ func showHeaders(m map[string]string) []header {
 	out := make([]header, 0, len(m))
 	for k, v := range m {
 		if secretHeader(k) {
-			out = append(out, header{Name: k, Value: fmt.Sprintf("(masked, %d bytes)", len(v)), Masked: true})
+			out = append(out, header{Name: k, Value: "(masked)", Masked: true})
 		} else {
 			out = append(out, header{Name: k, Value: v})
 		}
@@ -262,9 +262,11 @@ func chart(title, unit string, at []time.Time, values []float64) template.HTML {
 			fmt.Fprintf(&b, `<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f"><title>%s: %s%s</title></rect>`,
 				x+0.5, top+plotH-bh, math.Max(bw-1, 0.5), bh, esc(at[i].UTC().Format("15:04")), esc(fmtRate(v)), esc(unit))
 		}
-		for _, i := range []int{0, n / 2, n - 1} {
-			fmt.Fprintf(&b, `<text class="tick" x="%.1f" y="%.0f" text-anchor="middle">%s</text>`,
-				left+float64(i)*bw+bw/2, hgt-4, esc(at[i].UTC().Format("15:04")))
+		for k, i := range []int{0, n / 2, n - 1} {
+			anchor := [...]string{"start", "middle", "end"}[k]
+			x := left + float64(i)*bw + [...]float64{0, bw / 2, bw}[k]
+			fmt.Fprintf(&b, `<text class="tick" x="%.1f" y="%.0f" text-anchor="%s">%s UTC</text>`,
+				x, hgt-4, anchor, esc(at[i].UTC().Format("15:04")))
 		}
 	}
 	b.WriteString(`</svg>`)
