@@ -18,7 +18,7 @@ type ReplicationSlot struct {
 	// lost (a lost slot needs pgoutbox cdc recover).
 	WALStatus string
 	// LagBytes is how much WAL the slot's consumer has not confirmed yet
-	// (current WAL position minus confirmed_flush_lsn); RetainedBytes how much
+	// (the WAL insert position minus confirmed_flush_lsn); RetainedBytes how much
 	// WAL the server keeps for it (minus restart_lsn). Nil on a standby or when
 	// the slot has no position.
 	LagBytes, RetainedBytes *int64
@@ -29,8 +29,8 @@ type ReplicationSlot struct {
 func (a *Admin) ReplicationSlots(ctx context.Context) ([]ReplicationSlot, error) {
 	rows, err := a.db.Query(ctx, `
 SELECT s.slot_name::text, coalesce(s.plugin::text, ''), s.active, coalesce(s.wal_status, ''),
-       CASE WHEN NOT pg_is_in_recovery() THEN pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint END,
-       CASE WHEN NOT pg_is_in_recovery() THEN pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint END
+       CASE WHEN NOT pg_is_in_recovery() THEN pg_wal_lsn_diff(pg_current_wal_insert_lsn(), s.confirmed_flush_lsn)::bigint END,
+       CASE WHEN NOT pg_is_in_recovery() THEN pg_wal_lsn_diff(pg_current_wal_insert_lsn(), s.restart_lsn)::bigint END
   FROM pg_replication_slots s
  WHERE s.slot_type = 'logical' AND s.database = current_database()
  ORDER BY s.slot_name`)

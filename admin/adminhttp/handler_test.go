@@ -25,7 +25,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(pgtest.Main(m)) }
 
 func secret() string {
 	b := make([]byte, 16)
