@@ -104,6 +104,8 @@ SELECT gen_random_uuid(), 'type' || (i / 10 % 20), 'agg' || (i / 10), i % 10 + 1
 	_, err = big.pool.Exec(context.Background(), "VACUUM ANALYZE "+big.table("outbox_events"))
 	pgtest.Must(t, err, "vacuum")
 	vs, vp := measure(big)
+	page := big.get("/?schema=" + big.schema)
+	t.Logf("overview HTML with 1M events: %d bytes", len(page.body))
 	t.Logf("overview, median of 5: empty outbox: server %s, first contentful paint %s; "+
 		"1M events after VACUUM: server %s, first contentful paint %s (%.1fx the empty outbox); "+
 		"1M events freshly bulk-loaded, before any vacuum: server %s, first contentful paint %s (%.1fx)",
