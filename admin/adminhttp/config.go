@@ -21,6 +21,8 @@ const (
 	DefaultMaxTenants = 200
 	// DefaultReplayTimeout bounds one replay started from the console.
 	DefaultReplayTimeout = 10 * time.Minute
+	// DefaultQueryTimeout bounds the database work of one page or action.
+	DefaultQueryTimeout = 30 * time.Second
 
 	minRefresh   = time.Second
 	maxTenants   = 10000
@@ -74,6 +76,11 @@ type Config struct {
 	// DefaultReplayTimeout (10m).
 	ReplayTimeout time.Duration
 
+	// QueryTimeout bounds the database work of one page or action (a replay
+	// has ReplayTimeout instead); past it the page says the database did not
+	// answer in time. Defaults to DefaultQueryTimeout (30s).
+	QueryTimeout time.Duration
+
 	// CSRFKey signs the forms' anti-forgery tokens: 32 bytes. Empty means a
 	// random key made by New (tokens then last as long as the process). Give
 	// every replica behind one load balancer the same key.
@@ -98,6 +105,7 @@ func (c *Config) withDefaults() (Config, error) {
 		config.Default(&c.Refresh, DefaultRefresh)
 		config.Default(&c.MaxTenants, DefaultMaxTenants)
 		config.Default(&c.ReplayTimeout, DefaultReplayTimeout)
+		config.Default(&c.QueryTimeout, DefaultQueryTimeout)
 		if c.Logger == nil {
 			c.Logger = slog.Default()
 		}
@@ -123,6 +131,7 @@ func (c *Config) withDefaults() (Config, error) {
 		p.Check(c.Refresh >= minRefresh, "Config.Refresh (%s) must be at least %s", c.Refresh, minRefresh)
 		p.Check(c.MaxTenants > 0 && c.MaxTenants <= maxTenants, "Config.MaxTenants (%d) must be in 1..%d", c.MaxTenants, maxTenants)
 		p.Check(c.ReplayTimeout > 0, "Config.ReplayTimeout (%s) must be positive", c.ReplayTimeout)
+		p.Check(c.QueryTimeout > 0, "Config.QueryTimeout (%s) must be positive", c.QueryTimeout)
 		p.Check(len(c.CSRFKey) == 0 || len(c.CSRFKey) == csrfKeyBytes, "Config.CSRFKey (%d bytes) must be %d bytes", len(c.CSRFKey), csrfKeyBytes)
 	})
 }

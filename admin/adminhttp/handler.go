@@ -168,7 +168,13 @@ func (h *Handler) authenticate(next http.Handler) http.Handler {
 			http.Error(w, "sign in: HTTP basic auth or a bearer token", http.StatusUnauthorized)
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, p)))
+		ctx := context.WithValue(r.Context(), ctxKey{}, p)
+		if !(r.Method == http.MethodPost && r.URL.Path == "/replay") { // a replay has its own bound
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, h.cfg.QueryTimeout)
+			defer cancel()
+		}
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 

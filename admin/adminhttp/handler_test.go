@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -662,6 +663,11 @@ func TestReplayPreviewAndRun(t *testing.T) {
 	if !strings.Contains(prev.body, `id="run-replay"`) {
 		t.Fatalf("no run form:\n%s", prev.body)
 	}
+	// A relative time is carried to the run as the instant the preview used.
+	rel := e2.get("/replay?preview=1&aggregate_type=order&since=2h&schema=" + e2.schema)
+	if strings.Contains(rel.body, `name="since" value="2h"`) || !strings.Contains(rel.body, `name="since" value="20`) {
+		t.Errorf("the run form does not carry an instant for since=2h")
+	}
 	tok = e2.csrfOf("alice", e2.aliceKey)
 	r := e2.do("POST", "/replay", "alice", e2.aliceKey, url.Values{"csrf": {tok}, "schema": {e2.schema}, "aggregate_type": {"order"}, "reason": {"consumer rebuilt"}}, nil)
 	if r.status != 200 || !strings.Contains(r.body, "Published <strong>3</strong>") || pub.Published() != 3 {
@@ -740,5 +746,26 @@ func TestParseUsers(t *testing.T) {
 		if err != nil && (strings.Contains(err.Error(), s1) || strings.Contains(err.Error(), s2)) {
 			t.Errorf("%s: the error shows a secret: %v", name, err)
 		}
+	}
+}
+
+// A page whose queries wait on a lock answers 503 once Config.QueryTimeout
+// passes, instead of hanging with the database.
+func TestQueryTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *adminhttp.Config) { c.QueryTimeout = 300 * time.Millisecond })
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	pgtest.Must(t, err, "begin")
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, "LOCK TABLE "+e.table("outbox_events")+" IN ACCESS EXCLUSIVE MODE")
+	pgtest.Must(t, err, "lock")
+	r := e.get("/?schema=" + e.schema)
+	if r.status != http.StatusServiceUnavailable || !strings.Contains(r.body, "did not answer in time") {
+		t.Fatalf("overview on a locked table: %d %s", r.status, r.body)
+	}
+	pgtest.Must(t, tx.Rollback(ctx), "rollback")
+	if r := e.get("/?schema=" + e.schema); r.status != http.StatusOK {
+		t.Fatalf("after the lock: %d", r.status)
 	}
 }

@@ -434,6 +434,13 @@ func replayRequest(r *http.Request) (admin.ReplayFilter, map[string]string, erro
 	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Until.After(f.Since) {
 		return f, form, badInput("until must be after since")
 	}
+	// The run form carries the preview's times as instants: "24h ago" must
+	// select at run time what the preview counted.
+	for k, at := range map[string]time.Time{"since": f.Since, "until": f.Until} {
+		if !at.IsZero() {
+			form[k] = at.UTC().Format(time.RFC3339Nano)
+		}
+	}
 	if f.EventIDs, err = idsOf(r, "event_ids"); err != nil {
 		return f, form, err
 	}

@@ -88,7 +88,7 @@ func TestConsoleServesAndStops(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- Run(ctx, []string{"console", "--database-url", pgtest.URL(), "--schema", schema, "--listen", "127.0.0.1:0",
-			"--auth-file", users}, io.Discard, &errb)
+			"--auth-file", users, "--broker", "null://"}, io.Discard, &errb)
 	}()
 	addr := regexp.MustCompile(`url=http://(127\.0\.0\.1:\d+)/`)
 	var base string
@@ -99,21 +99,26 @@ func TestConsoleServesAndStops(t *testing.T) {
 		}
 		return false
 	})
-	get := func(auth string) int {
-		req, _ := http.NewRequest("GET", base+"/?schema="+schema, nil)
+	get := func(path, auth string) (int, string) {
+		req, _ := http.NewRequest("GET", base+path, nil)
 		if auth != "" {
 			req.Header.Set("Authorization", auth)
 		}
 		res, err := http.DefaultClient.Do(req)
 		pgtest.Must(t, err, "get")
-		res.Body.Close()
-		return res.StatusCode
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
 	}
-	if s := get(""); s != http.StatusUnauthorized {
+	if s, _ := get("/?schema="+schema, ""); s != http.StatusUnauthorized {
 		t.Errorf("without credentials: %d", s)
 	}
-	if s := get("Bearer " + tok); s != http.StatusOK {
+	if s, _ := get("/?schema="+schema, "Bearer "+tok); s != http.StatusOK {
 		t.Errorf("with the token: %d", s)
+	}
+	// With --broker the replay page offers to replay, naming the destination.
+	if s, body := get("/replay?schema="+schema, "Bearer "+tok); s != http.StatusOK || strings.Contains(body, "preview-only") || !strings.Contains(body, "null") {
+		t.Errorf("replay page with --broker: %d\n%s", s, body)
 	}
 	if strings.Contains(errb.String(), tok) {
 		t.Errorf("the token is in the log")
