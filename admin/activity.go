@@ -1,0 +1,210 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Activity is what an outbox did over a recent window, minute by minute, and its
+// backlog per aggregate type: the figures of the web console's overview
+// (package admin/adminhttp). Like Status it reads unpublished rows through their
+// partial index and published rows through the BRIN index on published_at, so
+// its cost follows the backlog and the window, never the published history.
+type Activity struct {
+	// At is the database's clock when the figures were read; Since is At minus
+	// the window, truncated to the minute.
+	At, Since time.Time
+	// Minutes has one entry per minute from Since to At, oldest first, zeros
+	// included.
+	Minutes []MinuteActivity
+	// ByAggregateType has the backlog and the window's publishes per aggregate
+	// type, ordered by name; types with nothing pending, quarantined or
+	// published in the window are absent.
+	ByAggregateType []TypeActivity
+	// Relays lists the relay ids that published in the window (claimed_by stays
+	// on the rows a relay marks published), ordered by id.
+	Relays []RelaySeen
+}
+
+// MinuteActivity counts one minute's events.
+type MinuteActivity struct {
+	At time.Time
+	// Published counts events the broker acknowledged in the minute (skips
+	// excluded).
+	Published int64
+	// Quarantined counts events quarantined in the minute that are still
+	// quarantined: the failures that stopped a lane. Failed attempts that led
+	// to a backoff leave no timestamp in the table and are not counted here
+	// (Status.BackingOff counts the events waiting for their retry).
+	Quarantined int64
+}
+
+// TypeActivity is the backlog of one aggregate type.
+type TypeActivity struct {
+	AggregateType string
+	Pending       int64
+	Quarantined   int64
+	// OldestPendingAge is the age of the type's oldest pending event (zero when
+	// none is pending).
+	OldestPendingAge Duration
+	// Published counts the type's events published in the window.
+	Published int64
+}
+
+// RelaySeen is one relay that published events in the window.
+type RelaySeen struct {
+	RelayID       string
+	Published     int64
+	LastPublished time.Time
+}
+
+// MaxActivityWindow is the longest window Activity accepts.
+const MaxActivityWindow = 24 * time.Hour
+
+// activityUnpublishedSQL reads the backlog per type in one pass over the partial
+// index of unpublished rows.
+const activityUnpublishedSQL = `
+SELECT e.aggregate_type,
+       count(*) FILTER (WHERE e.quarantined_at IS NULL),
+       count(*) FILTER (WHERE e.quarantined_at IS NOT NULL),
+       coalesce(extract(epoch FROM $1::timestamptz - min(e.occurred_at) FILTER (WHERE e.quarantined_at IS NULL)), 0)::float8
+  FROM %[1]s e
+ WHERE e.published_at IS NULL
+ GROUP BY e.aggregate_type`
+
+// activityQuarantinedSQL counts the window's quarantines by minute, through the
+// same partial index.
+const activityQuarantinedSQL = `
+SELECT date_trunc('minute', e.quarantined_at), count(*)
+  FROM %s e
+ WHERE e.published_at IS NULL AND e.quarantined_at >= $1
+ GROUP BY 1`
+
+// activityPublishedSQL counts the window's publishes by minute, type and relay
+// through the BRIN index on published_at. Skipped events are published_at too;
+// the (small) skip table tells them apart.
+const activityPublishedSQL = `
+SELECT date_trunc('minute', e.published_at), e.aggregate_type, coalesce(e.claimed_by, ''), count(*), max(e.published_at)
+  FROM %s e
+ WHERE e.published_at >= $1
+   AND NOT EXISTS (SELECT 1 FROM %s s WHERE s.event_id = e.event_id)
+ GROUP BY 1, 2, 3`
+
+// Activity reads the outbox's activity over the last window (at most
+// MaxActivityWindow; a minute at least).
+func (a *Admin) Activity(ctx context.Context, window time.Duration) (*Activity, error) {
+	if window < time.Minute || window > MaxActivityWindow {
+		return nil, fmt.Errorf("admin: activity: window %s must be between 1m and %s", window, MaxActivityWindow)
+	}
+	act := &Activity{}
+	if err := queryRow(ctx, a.db, "SELECT now()", nil, &act.At); err != nil {
+		return nil, fmt.Errorf("admin: activity: %w", err)
+	}
+	act.Since = act.At.Add(-window).Truncate(time.Minute)
+	n := int(act.At.Truncate(time.Minute).Sub(act.Since)/time.Minute) + 1
+	act.Minutes = make([]MinuteActivity, n)
+	for i := range act.Minutes {
+		act.Minutes[i].At = act.Since.Add(time.Duration(i) * time.Minute)
+	}
+	minute := func(t time.Time) *MinuteActivity {
+		i := int(t.Sub(act.Since) / time.Minute)
+		if i < 0 || i >= n {
+			return nil
+		}
+		return &act.Minutes[i]
+	}
+	types := map[string]*TypeActivity{}
+	typ := func(name string) *TypeActivity {
+		t := types[name]
+		if t == nil {
+			t = &TypeActivity{AggregateType: name}
+			types[name] = t
+		}
+		return t
+	}
+
+	rows, err := a.db.Query(ctx, fmt.Sprintf(activityUnpublishedSQL, a.events), act.At)
+	if err != nil {
+		return nil, fmt.Errorf("admin: activity: backlog: %w", err)
+	}
+	var (
+		name                 string
+		pending, quarantined int64
+		oldest               float64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&name, &pending, &quarantined, &oldest}, func() error {
+		t := typ(name)
+		t.Pending, t.Quarantined = pending, quarantined
+		t.OldestPendingAge = Duration(oldest * float64(time.Second))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: activity: backlog: %w", err)
+	}
+
+	rows, err = a.db.Query(ctx, fmt.Sprintf(activityQuarantinedSQL, a.events), act.Since)
+	if err != nil {
+		return nil, fmt.Errorf("admin: activity: quarantines: %w", err)
+	}
+	var (
+		at    time.Time
+		count int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&at, &count}, func() error {
+		if m := minute(at); m != nil {
+			m.Quarantined += count
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: activity: quarantines: %w", err)
+	}
+
+	rows, err = a.db.Query(ctx, fmt.Sprintf(activityPublishedSQL, a.events, a.skipped), act.Since)
+	if err != nil {
+		return nil, fmt.Errorf("admin: activity: publishes: %w", err)
+	}
+	relays := map[string]*RelaySeen{}
+	var (
+		last  time.Time
+		relay string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&at, &name, &relay, &count, &last}, func() error {
+		if m := minute(at); m != nil {
+			m.Published += count
+		}
+		typ(name).Published += count
+		if relay != "" {
+			r := relays[relay]
+			if r == nil {
+				r = &RelaySeen{RelayID: relay}
+				relays[relay] = r
+			}
+			r.Published += count
+			if last.After(r.LastPublished) {
+				r.LastPublished = last
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: activity: publishes: %w", err)
+	}
+	for _, t := range types {
+		if t.Pending+t.Quarantined+t.Published > 0 {
+			act.ByAggregateType = append(act.ByAggregateType, *t)
+		}
+	}
+	sort.Slice(act.ByAggregateType, func(i, j int) bool {
+		return act.ByAggregateType[i].AggregateType < act.ByAggregateType[j].AggregateType
+	})
+	for _, r := range relays {
+		act.Relays = append(act.Relays, *r)
+	}
+	sort.Slice(act.Relays, func(i, j int) bool { return act.Relays[i].RelayID < act.Relays[j].RelayID })
+	return act, nil
+}

@@ -1,0 +1,61 @@
+package adminhttp_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrate"
+)
+
+// A service mounts the console under /console in its own mux. Users come from a
+// file (adminhttp.LoadUsers) or, as here, from text; viewers read, operators act.
+func ExampleNew() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.URL()) // your DATABASE_URL
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	schema := pgtest.Name("example")
+	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema}); err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+
+	users, err := adminhttp.ParseUsers(strings.NewReader("ops operator correct-horse-battery-staple\n"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	console, err := adminhttp.New(pool, &adminhttp.Config{Schemas: []string{schema}, Users: users, BasePath: "/console"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/console/", http.StripPrefix("/console", console))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	for _, token := range []string{"", "correct-horse-battery-staple"} {
+		req, _ := http.NewRequest("GET", srv.URL+"/console/", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		res.Body.Close()
+		fmt.Println(res.Status)
+	}
+	// Output:
+	// 401 Unauthorized
+	// 200 OK
+}

@@ -1,0 +1,599 @@
+package adminhttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/admin"
+)
+
+// Bounds of what a request may ask for.
+const (
+	maxField     = 1024 // a filter value
+	defaultLimit = 100
+	maxLimit     = 1000
+	maxIDs       = 1000
+	activityWin  = time.Hour
+)
+
+// field returns the request's value of name, checked: valid UTF-8, no NUL or
+// control characters but tab and newlines, at most max bytes.
+func field(r *http.Request, name string, max int) (string, error) {
+	v := r.FormValue(name)
+	if len(v) > max {
+		return "", badInput("%s: at most %d bytes, got %d", name, max, len(v))
+	}
+	if !utf8.ValidString(v) || strings.ContainsFunc(v, func(c rune) bool { return c < ' ' && c != '\t' && c != '\n' && c != '\r' || c == 0x7f }) {
+		return "", badInput("%s: must be text without control characters", name)
+	}
+	return strings.TrimSpace(v), nil
+}
+
+func limitOf(r *http.Request) (int, error) {
+	s, err := field(r, "limit", 10)
+	if err != nil || s == "" {
+		return defaultLimit, err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > maxLimit {
+		return 0, badInput("limit: a number in 1..%d", maxLimit)
+	}
+	return n, nil
+}
+
+// idsOf reads event ids from the repeated parameter name, each possibly a list
+// separated by commas or white space.
+func idsOf(r *http.Request, name string) ([]pgoutbox.UUID, error) {
+	if err := r.ParseForm(); err != nil {
+		return nil, badInput("unreadable form")
+	}
+	var out []pgoutbox.UUID
+	for _, v := range r.Form[name] {
+		if len(v) > maxIDs*40 {
+			return nil, badInput("%s: at most %d ids", name, maxIDs)
+		}
+		for s := range strings.FieldsFuncSeq(v, func(c rune) bool { return c == ',' || c == ' ' || c == '\n' || c == '\r' || c == '\t' }) {
+			id, err := pgoutbox.ParseUUID(s)
+			if err != nil {
+				return nil, badInput("%s: %q is not an event id", name, truncate(s, 40))
+			}
+			if !slices.Contains(out, id) {
+				out = append(out, id)
+			}
+			if len(out) > maxIDs {
+				return nil, badInput("%s: at most %d ids", name, maxIDs)
+			}
+		}
+	}
+	return out, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+// ---- overview ----
+
+type tenantRow struct {
+	Schema string
+	Status *admin.Status
+	Err    string
+	Link   string
+}
+
+type overviewBody struct {
+	Status     *admin.Status
+	Activity   *admin.Activity
+	Published  any
+	Failures   any
+	Tenants    []tenantRow
+	NotShown   int
+	MultiTenan bool
+}
+
+func (h *Handler) overviewData(ctx context.Context, schema string, all []string, a *admin.Admin) (*overviewBody, error) {
+	st, err := a.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	act, err := a.Activity(ctx, activityWin)
+	if err != nil {
+		return nil, err
+	}
+	b := &overviewBody{Status: st, Activity: act, MultiTenan: len(all) > 1}
+	at := make([]time.Time, len(act.Minutes))
+	pub := make([]float64, len(act.Minutes))
+	quar := make([]float64, len(act.Minutes))
+	for i, m := range act.Minutes {
+		at[i], pub[i], quar[i] = m.At, float64(m.Published)/60, float64(m.Quarantined)/60
+	}
+	b.Published = chart("Published per second (per-minute average), last hour", "/s", at, pub)
+	b.Failures = chart("Quarantined per second (per-minute average), last hour", "/s", at, quar)
+	if len(all) > 1 {
+		shown := all
+		if len(shown) > h.cfg.MaxTenants {
+			shown, b.NotShown = shown[:h.cfg.MaxTenants], len(all)-h.cfg.MaxTenants
+		}
+		for _, s := range shown {
+			row := tenantRow{Schema: s, Link: h.link("/", s)}
+			ta, err := admin.New(h.pool, &admin.Config{Schema: s})
+			if err == nil {
+				row.Status, err = ta.Status(ctx)
+			}
+			if err != nil {
+				row.Err = "could not read its status (see the console's log)"
+				h.log.Warn("console: tenant status", slog.String("schema", s), slog.Any("error", err))
+			}
+			b.Tenants = append(b.Tenants, row)
+		}
+	}
+	return b, nil
+}
+
+func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
+	schema, all, a, err := h.schemaOf(r)
+	v := &view{Title: "Overview", Nav: "overview", Schema: schema, Schemas: all, Live: h.link("/", schema, "partial", "1")}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	b, err := h.overviewData(r.Context(), schema, all, a)
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	v.Body = b
+	h.render(w, r, "overview", http.StatusOK, v)
+}
+
+// apiOverview is the overview's figures as JSON, for scripts and dashboards.
+func (h *Handler) apiOverview(w http.ResponseWriter, r *http.Request) {
+	_, _, a, err := h.schemaOf(r)
+	if err == nil {
+		var st *admin.Status
+		var act *admin.Activity
+		if st, err = a.Status(r.Context()); err == nil {
+			if act, err = a.Activity(r.Context(), activityWin); err == nil {
+				writeJSON(w, map[string]any{"status": st, "activity": act})
+				return
+			}
+		}
+	}
+	status, msg := errStatus(err)
+	if status >= 500 {
+		h.log.Error("console: api", slog.Any("error", err))
+	}
+	w.WriteHeader(status)
+	writeJSON(w, map[string]string{"error": msg})
+}
+
+// ---- lanes ----
+
+type lanesBody struct {
+	Lanes []laneRow
+	Limit int
+}
+
+type laneRow struct {
+	admin.BlockedLane
+	Link string
+}
+
+func (h *Handler) lanes(w http.ResponseWriter, r *http.Request) {
+	schema, all, a, err := h.schemaOf(r)
+	v := &view{Title: "Blocked lanes", Nav: "lanes", Schema: schema, Schemas: all}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	limit, err := limitOf(r)
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	v.Live = h.link("/lanes", schema, "partial", "1", "limit", strconv.Itoa(limit))
+	lanes, err := a.BlockedLanes(r.Context(), limit)
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	b := &lanesBody{Limit: limit}
+	for _, l := range lanes {
+		b.Lanes = append(b.Lanes, laneRow{BlockedLane: l, Link: h.link("/event", schema, "id", l.Head.ID.String())})
+	}
+	v.Body = b
+	h.render(w, r, "lanes", http.StatusOK, v)
+}
+
+// ---- dead letters ----
+
+type dlqBody struct {
+	Filter admin.Filter
+	Events []eventRow
+	Full   bool
+}
+
+type eventRow struct {
+	admin.Event
+	Link string
+}
+
+func filterOf(r *http.Request) (admin.Filter, error) {
+	var f admin.Filter
+	var err error
+	for _, p := range []struct {
+		name string
+		dst  *string
+	}{{"aggregate_type", &f.AggregateType}, {"aggregate_id", &f.AggregateID}, {"event_type", &f.EventType}, {"error", &f.ErrorContains}} {
+		if *p.dst, err = field(r, p.name, maxField); err != nil {
+			return f, err
+		}
+	}
+	f.Limit, err = limitOf(r)
+	return f, err
+}
+
+func (h *Handler) dlq(w http.ResponseWriter, r *http.Request) {
+	schema, all, a, err := h.schemaOf(r)
+	v := &view{Title: "Dead letters", Nav: "dlq", Schema: schema, Schemas: all}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	f, err := filterOf(r)
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	evs, err := a.ListQuarantined(r.Context(), f)
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	b := &dlqBody{Filter: f, Full: len(evs) == f.Limit}
+	for _, e := range evs {
+		b.Events = append(b.Events, eventRow{Event: e, Link: h.link("/event", schema, "id", e.ID.String())})
+	}
+	v.Body = b
+	v.Notice = doneNotice(r)
+	h.render(w, r, "dlq", http.StatusOK, v)
+}
+
+// doneNotice says what the action that redirected here did; only fixed texts
+// and a number, whatever the query says.
+func doneNotice(r *http.Request) string {
+	n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+	switch r.URL.Query().Get("done") {
+	case "retry":
+		return fmt.Sprintf("Retried %d event(s): the relays take them at once.", n)
+	case "skip":
+		return fmt.Sprintf("Skipped %d event(s): their lanes move on; the skip is in the audit.", n)
+	}
+	return ""
+}
+
+type eventBody struct {
+	Event      *admin.Event
+	Payload    string
+	PayloadCut int
+	Headers    []header
+	Lane       []eventRow
+	LaneLink   string
+}
+
+func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
+	schema, all, a, err := h.schemaOf(r)
+	v := &view{Title: "Event", Nav: "dlq", Schema: schema, Schemas: all}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	ids, err := idsOf(r, "id")
+	if err == nil && len(ids) != 1 {
+		err = badInput("id: give one event id")
+	}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	e, err := a.Get(r.Context(), ids[0])
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	b := &eventBody{Event: e, Headers: showHeaders(e.Headers)}
+	b.Payload, b.PayloadCut = showPayload(e.Payload)
+	if e.State != admin.StatePublished && e.State != admin.StateSkipped {
+		lane, err := a.Lane(r.Context(), e.AggregateType, e.AggregateID, 50)
+		if err != nil {
+			h.fail(w, r, v, err)
+			return
+		}
+		for _, l := range lane {
+			b.Lane = append(b.Lane, eventRow{Event: l, Link: h.link("/event", schema, "id", l.ID.String())})
+		}
+	}
+	v.Title, v.Body, v.Notice = "Event "+e.ID.String(), b, doneNotice(r)
+	h.render(w, r, "event", http.StatusOK, v)
+}
+
+// back returns where an action redirects: the event page for one event, else
+// the dead-letter list.
+func (h *Handler) back(schema string, ids []pgoutbox.UUID, done string, n int) string {
+	if len(ids) == 1 {
+		return h.link("/event", schema, "id", ids[0].String(), "done", done, "n", strconv.Itoa(n))
+	}
+	return h.link("/dlq", schema, "done", done, "n", strconv.Itoa(n))
+}
+
+func (h *Handler) retry(w http.ResponseWriter, r *http.Request) {
+	schema, all, a, err := h.schemaOf(r)
+	v := &view{Title: "Retry", Nav: "dlq", Schema: schema, Schemas: all}
+	var ids []pgoutbox.UUID
+	var reason string
+	if err == nil {
+		ids, err = idsOf(r, "id")
+	}
+	if err == nil {
+		reason, err = field(r, "reason", admin.MaxAuditText)
+	}
+	if err == nil && len(ids) == 0 {
+		err = badInput("choose the events to retry")
+	}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	p := who(r)
+	done, err := a.RetryEvents(r.Context(), admin.RetryRequest{IDs: ids, Reason: reason, Actor: p.actor})
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	h.log.Info("console: retried dead letters", slog.String("actor", p.actor), slog.String("schema", schema), slog.Int("events", len(done)))
+	http.Redirect(w, r, h.back(schema, ids, "retry", len(done)), http.StatusSeeOther)
+}
+
+func (h *Handler) skip(w http.ResponseWriter, r *http.Request) {
+	schema, all, a, err := h.schemaOf(r)
+	v := &view{Title: "Skip", Nav: "dlq", Schema: schema, Schemas: all}
+	var ids []pgoutbox.UUID
+	var reason string
+	if err == nil {
+		ids, err = idsOf(r, "id")
+	}
+	if err == nil {
+		reason, err = field(r, "reason", admin.MaxAuditText)
+	}
+	switch {
+	case err != nil:
+	case len(ids) == 0:
+		err = badInput("choose the events to skip")
+	case reason == "":
+		err = badInput("a skip needs a reason: it is recorded in the audit")
+	}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	p := who(r)
+	done, err := a.Skip(r.Context(), admin.SkipRequest{IDs: ids, Reason: reason, Actor: p.actor})
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	h.log.Info("console: skipped dead letters", slog.String("actor", p.actor), slog.String("schema", schema), slog.Int("events", len(done)))
+	http.Redirect(w, r, h.back(schema, ids, "skip", len(done)), http.StatusSeeOther)
+}
+
+// ---- replay ----
+
+type replayBody struct {
+	Form        map[string]string
+	Preview     *admin.ReplayResult
+	Result      *admin.ReplayResult
+	Failed      string
+	CanPublish  bool
+	Destination string
+}
+
+// replayRequest reads a replay's selection; an empty one needs all=1, as the
+// CLI's --all.
+func replayRequest(r *http.Request) (admin.ReplayFilter, map[string]string, error) {
+	form := map[string]string{}
+	for _, n := range []string{"aggregate_type", "aggregate_id", "event_type", "since", "until", "all"} {
+		v, err := field(r, n, maxField)
+		if err != nil {
+			return admin.ReplayFilter{}, form, err
+		}
+		form[n] = v
+	}
+	f := admin.ReplayFilter{AggregateType: form["aggregate_type"], AggregateID: form["aggregate_id"], EventType: form["event_type"]}
+	var err error
+	if f.Since, err = parseWhen(form["since"]); err != nil {
+		return f, form, badInput("since: %v", err)
+	}
+	if f.Until, err = parseWhen(form["until"]); err != nil {
+		return f, form, badInput("until: %v", err)
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Until.After(f.Since) {
+		return f, form, badInput("until must be after since")
+	}
+	// The run form carries the preview's times as instants: "24h ago" must
+	// select at run time what the preview counted.
+	for k, at := range map[string]time.Time{"since": f.Since, "until": f.Until} {
+		if !at.IsZero() {
+			form[k] = at.UTC().Format(time.RFC3339Nano)
+		}
+	}
+	if f.EventIDs, err = idsOf(r, "event_ids"); err != nil {
+		return f, form, err
+	}
+	ids := make([]string, len(f.EventIDs))
+	for i, id := range f.EventIDs {
+		ids[i] = id.String()
+	}
+	form["event_ids"] = strings.Join(ids, "\n")
+	selected := f.AggregateType != "" || f.AggregateID != "" || f.EventType != "" || !f.Since.IsZero() || !f.Until.IsZero() || len(f.EventIDs) > 0
+	switch {
+	case !selected && form["all"] != "1":
+		return f, form, errNoSelection
+	case selected && form["all"] == "1":
+		return f, form, badInput("give a selection or \"every published event\", not both")
+	}
+	return f, form, nil
+}
+
+var errNoSelection = badInput("say which events: an aggregate type, id, event type, time range or event ids, or tick \"every published event\"")
+
+// parseWhen reads RFC 3339, a date, an HTML datetime-local value (UTC) or a
+// duration ago ("24h").
+func parseWhen(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04", "2006-01-02T15:04:05", time.DateOnly} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t, nil
+		}
+	}
+	if d, err := time.ParseDuration(s); err == nil && d > 0 {
+		return time.Now().Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("%q is not a time (2024-05-01T12:00:00Z, 2024-05-01) or a duration ago (24h)", truncate(s, 40))
+}
+
+func (h *Handler) replayPage(w http.ResponseWriter, r *http.Request) {
+	schema, all, _, err := h.schemaOf(r)
+	v := &view{Title: "Replay", Nav: "replay", Schema: schema, Schemas: all}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	b := &replayBody{Form: map[string]string{}, CanPublish: h.cfg.Publisher != nil, Destination: h.cfg.Destination}
+	v.Body = b
+	if r.URL.Query().Get("preview") != "1" {
+		h.render(w, r, "replay", http.StatusOK, v)
+		return
+	}
+	f, form, err := replayRequest(r)
+	b.Form = form
+	if err != nil {
+		_, b.Failed = errStatus(err)
+		h.render(w, r, "replay", http.StatusBadRequest, v)
+		return
+	}
+	res, err := admin.Replay(r.Context(), h.pool, nil, admin.ReplayRequest{Schema: schema, Filter: f, DryRun: true})
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	b.Preview = &res
+	h.render(w, r, "replay", http.StatusOK, v)
+}
+
+func (h *Handler) replayRun(w http.ResponseWriter, r *http.Request) {
+	schema, all, _, err := h.schemaOf(r)
+	v := &view{Title: "Replay", Nav: "replay", Schema: schema, Schemas: all}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	if h.cfg.Publisher == nil {
+		h.fail(w, r, v, &httpError{status: http.StatusConflict,
+			msg: "this console has no broker to replay to: it previews only (start it with --broker to replay)"})
+		return
+	}
+	f, form, err := replayRequest(r)
+	b := &replayBody{Form: form, CanPublish: true, Destination: h.cfg.Destination}
+	v.Body = b
+	if err != nil {
+		_, b.Failed = errStatus(err)
+		h.render(w, r, "replay", http.StatusBadRequest, v)
+		return
+	}
+	reason, err := field(r, "reason", admin.MaxAuditText)
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	p := who(r)
+	// The replay runs while the page waits; closing it cancels the replay,
+	// whose outcome the audit records either way.
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.ReplayTimeout)
+	defer cancel()
+	res, err := admin.Replay(ctx, h.pool, h.cfg.Publisher, admin.ReplayRequest{Schema: schema, Filter: f,
+		Reason: reason, Actor: p.actor, Destination: h.cfg.Destination})
+	h.log.Info("console: replay", slog.String("actor", p.actor), slog.String("schema", schema),
+		slog.Int64("published", res.Published), slog.Int64("selected", res.Total), slog.Any("error", err))
+	b.Result = &res
+	if err != nil {
+		var re *admin.ReplayError
+		if !errors.As(err, &re) && !errors.Is(err, context.DeadlineExceeded) {
+			h.fail(w, r, v, err)
+			return
+		}
+		b.Failed = fmt.Sprintf("the replay stopped after publishing %d of %d events (the audit has the broker's answer)", res.Published, res.Total)
+	}
+	h.render(w, r, "replay", http.StatusOK, v)
+}
+
+// ---- relays, audit ----
+
+type relaysBody struct {
+	Status   *admin.Status
+	Activity *admin.Activity
+	Slots    []admin.ReplicationSlot
+}
+
+func (h *Handler) relays(w http.ResponseWriter, r *http.Request) {
+	schema, all, a, err := h.schemaOf(r)
+	v := &view{Title: "Relays and CDC", Nav: "relays", Schema: schema, Schemas: all, Live: h.link("/relays", schema, "partial", "1")}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	b := &relaysBody{}
+	if b.Status, err = a.Status(r.Context()); err == nil {
+		if b.Activity, err = a.Activity(r.Context(), activityWin); err == nil {
+			b.Slots, err = a.ReplicationSlots(r.Context())
+		}
+	}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	v.Body = b
+	h.render(w, r, "relays", http.StatusOK, v)
+}
+
+func (h *Handler) audit(w http.ResponseWriter, r *http.Request) {
+	schema, all, a, err := h.schemaOf(r)
+	v := &view{Title: "Audit", Nav: "audit", Schema: schema, Schemas: all, Live: h.link("/audit", schema, "partial", "1")}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	entries, err := a.Audit(r.Context(), 100)
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	v.Body = entries
+	h.render(w, r, "audit", http.StatusOK, v)
+}
