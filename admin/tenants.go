@@ -192,6 +192,25 @@ func StatusAll(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selector, cf
 	if err != nil {
 		return nil, err
 	}
+	return statusOf(ctx, pool, tenants, c)
+}
+
+// StatusOf is StatusAll for the given tenants (outbox schemas, taken as names,
+// never as globs), in the same order: worst first.
+func StatusOf(ctx context.Context, pool *pgxpool.Pool, tenants []string, cfg *TenantsConfig) ([]TenantStatus, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range tenants {
+		if err := migrate.ValidateSchema(t); err != nil {
+			return nil, err
+		}
+	}
+	return statusOf(ctx, pool, tenants, c)
+}
+
+func statusOf(ctx context.Context, pool *pgxpool.Pool, tenants []string, c TenantsConfig) ([]TenantStatus, error) {
 	rows := make([]TenantStatus, len(tenants))
 	errs, err := forTenants(ctx, c, tenants, func(ctx context.Context, i int, tenant string) error {
 		if err := CheckOutbox(ctx, pool, tenant); err != nil {

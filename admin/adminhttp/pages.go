@@ -96,14 +96,33 @@ type tenantRow struct {
 	Link   string
 }
 
+// tenantRows reads the status of the shown tenants, a few at a time, each
+// within the per-tenant timeout of admin.TenantsConfig: worst first.
+func (h *Handler) tenantRows(ctx context.Context, shown []string) ([]tenantRow, error) {
+	sts, err := admin.StatusOf(ctx, h.pool, shown, nil)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]tenantRow, 0, len(sts))
+	for _, st := range sts {
+		row := tenantRow{Schema: st.Tenant, Status: st.Status, Link: h.link("/", st.Tenant)}
+		if st.Err != nil {
+			row.Err = "could not read its status (see the console's log)"
+			h.log.Warn("console: tenant status", slog.String("schema", st.Tenant), slog.Any("error", st.Err))
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
 type overviewBody struct {
-	Status     *admin.Status
-	Activity   *admin.Activity
-	Published  any
-	Failures   any
-	Tenants    []tenantRow
-	NotShown   int
-	MultiTenan bool
+	Status      *admin.Status
+	Activity    *admin.Activity
+	Published   any
+	Failures    any
+	Tenants     []tenantRow
+	NotShown    int
+	MultiTenant bool
 }
 
 func (h *Handler) overviewData(ctx context.Context, schema string, all []string, a *admin.Admin) (*overviewBody, error) {
@@ -115,7 +134,7 @@ func (h *Handler) overviewData(ctx context.Context, schema string, all []string,
 	if err != nil {
 		return nil, err
 	}
-	b := &overviewBody{Status: st, Activity: act, MultiTenan: len(all) > 1}
+	b := &overviewBody{Status: st, Activity: act, MultiTenant: len(all) > 1}
 	at := make([]time.Time, len(act.Minutes))
 	pub := make([]float64, len(act.Minutes))
 	quar := make([]float64, len(act.Minutes))
@@ -129,17 +148,8 @@ func (h *Handler) overviewData(ctx context.Context, schema string, all []string,
 		if len(shown) > h.cfg.MaxTenants {
 			shown, b.NotShown = shown[:h.cfg.MaxTenants], len(all)-h.cfg.MaxTenants
 		}
-		for _, s := range shown {
-			row := tenantRow{Schema: s, Link: h.link("/", s)}
-			ta, err := admin.New(h.pool, &admin.Config{Schema: s})
-			if err == nil {
-				row.Status, err = ta.Status(ctx)
-			}
-			if err != nil {
-				row.Err = "could not read its status (see the console's log)"
-				h.log.Warn("console: tenant status", slog.String("schema", s), slog.Any("error", err))
-			}
-			b.Tenants = append(b.Tenants, row)
+		if b.Tenants, err = h.tenantRows(ctx, shown); err != nil {
+			return nil, err
 		}
 	}
 	return b, nil
