@@ -22,10 +22,11 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
-// hub serves the relays of a Group that share one database. A lone Relay holds
-// a LISTEN session and an idle-lock session of its own and claims once per
-// PollInterval; at a hundred outboxes that would be two hundred sessions and
-// fifty claims a second of an idle database. The hub instead keeps:
+// hub listens, holds idle locks and polls for the relays of one database: a
+// lone Relay's own, or those of a Group's database. Per relay, that would be
+// two sessions and a claim per PollInterval each; at a hundred outboxes, two
+// hundred sessions and fifty claims a second of an idle database. The hub
+// keeps instead:
 //
 //   - one LISTEN session for the channels of all its relays (listen), routing
 //     each notification to its relay;
@@ -260,10 +261,7 @@ func (h *hub) listen() {
 
 func (h *hub) setListening(on bool) {
 	h.listening.Store(on)
-	for _, r := range h.snapshot() {
-		r.listening.Store(on)
-	}
-	h.idleChanged.Poke()
+	h.idleChanged.Poke() // the guard takes locks only while the listener hears
 }
 
 func (h *hub) listenOnce(ctx context.Context, up func()) error {
@@ -353,7 +351,6 @@ func (h *hub) sync(ctx context.Context, conn *pgx.Conn, heard map[string]*Relay)
 				return fmt.Errorf("listen: %w", err)
 			}
 			if h.listening.Load() {
-				r.listening.Store(true)
 				r.poke() // commits before the LISTEN went unnoticed
 			}
 		}
@@ -512,14 +509,14 @@ func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[*Relay]ti
 func (h *hub) guardConnect(ctx context.Context) (*pgx.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, guardConnectTimeout)
 	defer cancel()
-	cfg := h.pool.Config().ConnConfig.Copy()
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	cfg.RuntimeParams["lock_timeout"] = strconv.FormatInt(guardLockTimeout.Milliseconds(), 10)
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := pgx.ConnectConfig(ctx, h.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
+	}
+	// A SET, not a startup parameter, which PgBouncer refuses.
+	if _, err := conn.Exec(ctx, "SET lock_timeout = "+strconv.FormatInt(guardLockTimeout.Milliseconds(), 10)); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, fmt.Errorf("set lock_timeout: %w", err)
 	}
 	return conn, nil
 }

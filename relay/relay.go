@@ -18,8 +18,6 @@ package relay
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,10 +44,13 @@ import (
 // Relay moves events from the outbox to a broker. Create it with New, then Start
 // it; Stop it to shut down gracefully. A Relay is not restartable.
 type Relay struct {
-	cfg    Config
-	pool   *pgxpool.Pool
-	pub    broker.Publisher
-	hub    *hub // the Group's helpers of this database; nil: the relay's own
+	cfg  Config
+	pool *pgxpool.Pool
+	pub  broker.Publisher
+	// hub listens, holds the idle lock and polls for the relay: the Group's
+	// hub of its database, or one of the relay's own (ownHub).
+	hub    *hub
+	ownHub bool
 	q      queries
 	log    *slog.Logger
 	policy retry.Policy // what becomes of a failed publish
@@ -90,8 +91,7 @@ type Relay struct {
 	// ones in index order; the zero Lane starts from the first lanes.
 	cur         pgoutbox.Lane
 	hotPoller   atomic.Bool    // a worker polls quickly instead of waiting (work)
-	idleChanged lifecycle.Wake // the relay became idle or busy, or its listener came up
-	listening   atomic.Bool    // the LISTEN session is up and was proven to hear (listenOnce)
+	idleChanged lifecycle.Wake // the relay became idle or busy: the hub's, shared by its relays
 	stats       counters
 }
 
@@ -122,8 +122,9 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Relay, error) 
 	return newRelay(pool, pub, cfg, nil)
 }
 
-// newRelay is New, for a Group when h is not nil: the hub then listens,
-// guards the idle lock and polls for the relay.
+// newRelay is New, for a Group when h is not nil: the Group's hub then
+// listens, guards the idle lock and polls for the relay, beside the other
+// relays of its database. Without one the relay has a hub of its own.
 func newRelay(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config, h *hub) (*Relay, error) {
 	if pool == nil || pub == nil {
 		return nil, errors.New("relay: New needs a pool and a publisher")
@@ -147,9 +148,11 @@ func newRelay(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config, h *hub) (*R
 		idleChanged: lifecycle.NewWake(),
 	}
 	if h != nil {
-		r.idleChanged = h.idleChanged
 		r.log = r.log.With(slog.String("tenant", c.Tenant))
+	} else {
+		h, r.ownHub = newHub(pool, r.log, c.PollInterval, c.DisableNotify), true
 	}
+	r.hub, r.idleChanged = h, h.idleChanged
 	r.lc.Name = "relay"
 	r.lc.Stopped = r.stopped
 	return r, nil
@@ -243,9 +246,11 @@ func (r *Relay) Start(ctx context.Context) error {
 			r.lc.Go(func() { r.work(i) })
 		}
 		r.lc.Go(r.poll)
-		if !r.cfg.DisableNotify && r.hub == nil {
-			r.lc.Go(r.listen)
-			r.lc.Go(r.guard)
+		if r.ownHub {
+			if err := r.hub.start(context.WithoutCancel(ctx)); err != nil {
+				return err
+			}
+			r.hub.add(r)
 		}
 		return nil
 	})
@@ -261,8 +266,15 @@ func (r *Relay) Stop(ctx context.Context) error { return r.lc.Stop(ctx) }
 
 // stopped runs once every goroutine of the relay has returned (the lifecycle's
 // Stopped hook). Workers settle every batch; this only finds leases whose
-// settling failed (database down), and tries once more to release them.
+// settling failed (database down), and tries once more to release them. It
+// stops the relay's own hub, which ends its LISTEN and idle-lock sessions.
 func (r *Relay) stopped(bool) {
+	if r.ownHub {
+		r.hub.remove(r)
+		ctx, cancel := context.WithTimeout(context.Background(), stopReleaseTimeout)
+		_ = r.hub.stop(ctx)
+		cancel()
+	}
 	if ids := r.outstanding(); len(ids) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), stopReleaseTimeout)
 		defer cancel()
@@ -277,33 +289,13 @@ func (r *Relay) stopped(bool) {
 		slog.Int64("quarantined", s.Quarantined))
 }
 
-// helperContext returns the context of a helper's calls (listen, guard): it
-// ends when the relay begins to stop, since helpers hold no work in flight.
-func (r *Relay) helperContext() (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(r.lc.Hard())
-	stopping := r.lc.Stopping()
-	go func() {
-		select {
-		case <-stopping:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return ctx, cancel
-}
-
 // poke asks one idle worker to claim.
 func (r *Relay) poke() { r.wake.Poke() }
 
-// poll wakes a worker every PollInterval, and when the earliest backoff that a
-// worker reported comes due. In a Group the hub polls instead, for all the
-// relays of a database at once (hub.probe): this only waits for backoffs.
+// poll wakes a worker when the earliest backoff that a worker reported comes
+// due. Polling for new events is the hub's (hub.probe), for all the relays of
+// a database at once.
 func (r *Relay) poll() {
-	t := time.NewTicker(r.cfg.PollInterval)
-	defer t.Stop()
-	if r.hub != nil {
-		t.Stop()
-	}
 	due := time.NewTimer(time.Hour)
 	due.Stop()
 	defer due.Stop()
@@ -313,8 +305,6 @@ func (r *Relay) poll() {
 		select {
 		case <-stopping:
 			return
-		case <-t.C:
-			r.poke()
 		case at := <-r.retry:
 			if dueAt.IsZero() || at.Before(dueAt) {
 				dueAt = at
@@ -327,75 +317,6 @@ func (r *Relay) poll() {
 	}
 }
 
-// listen keeps a dedicated connection LISTENing on the schema's channel and turns
-// notifications into wake-ups. After any reconnect it wakes a worker, since commits
-// may have gone unnoticed meanwhile.
-func (r *Relay) listen() {
-	ctx, cancel := r.helperContext()
-	defer cancel()
-	var wait retry.Backoff
-	failing := false
-	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, func() {
-			if failing {
-				r.log.Info("listening for notifications again")
-				failing = false
-			}
-			wait.Reset()
-		})
-		if ctx.Err() != nil {
-			return
-		}
-		if !failing {
-			r.log.Warn("notification listener down; polling every "+r.cfg.PollInterval.String()+" until it is back", slog.Any("error", err))
-			failing = true
-		}
-		if !retry.Sleep(ctx, wait.Next()) {
-			return
-		}
-	}
-}
-
-func (r *Relay) listenOnce(ctx context.Context, up func()) error {
-	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
-	if err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.q.channel}.Sanitize()); err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	if err := r.probeListener(ctx, conn); err != nil {
-		return err
-	}
-	up()
-	r.listening.Store(true)
-	defer r.listening.Store(false)
-	r.idleChanged.Poke() // the guard may take the idle lock now (idle.go)
-	r.poke()
-	for {
-		// A LISTEN session on a hung host would wait for ever, deaf to the new
-		// primary after a failover: every listenCheck without a notification,
-		// the session must answer a ping.
-		wctx, cancel := context.WithTimeout(ctx, listenCheck)
-		_, err := conn.WaitForNotification(wctx)
-		cancel()
-		switch {
-		case err == nil:
-			r.poke()
-		case ctx.Err() == nil && pgconn.Timeout(err):
-			pctx, cancel := context.WithTimeout(ctx, listenPingTimeout)
-			err := conn.Ping(pctx)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("listening session does not answer: %w", err)
-			}
-		default:
-			return fmt.Errorf("wait for notification: %w", err)
-		}
-	}
-}
-
 // errListenerDeaf is a LISTEN session that does not hear a notification sent
 // to its channel.
 var errListenerDeaf = errors.New("the LISTEN session did not hear the relay's own notification within " +
@@ -404,39 +325,7 @@ var errListenerDeaf = errors.New("the LISTEN session did not hear the relay's ow
 	"run the relay with --no-notify (Config.DisableNotify) or give it a URL with session pooling or none " +
 	"(docs/operations.md, \"Connection poolers\")")
 
-// probeListener proves that conn, which has just run LISTEN, hears its channel:
-// it sends a notification of its own through the pool and waits for it.
-// Through a pooler in transaction mode the LISTEN ran on a server session
-// that went back to the pooler's pool at once: the notifications reach that
-// session, never this client, and the relay would be deaf without knowing
-// it, waiting a poll interval for every event, while the guard's session
-// advisory lock would stay held by a pooled server session. A notification
-// from a producer that arrives meanwhile wakes a worker.
-func (r *Relay) probeListener(ctx context.Context, conn *pgx.Conn) error {
-	token := make([]byte, 8)
-	_, _ = rand.Read(token)
-	payload := "pgoutbox.probe." + hex.EncodeToString(token)
-	pctx, cancel := context.WithTimeout(ctx, listenProbeTimeout)
-	defer cancel()
-	if _, err := r.pool.Exec(pctx, "SELECT pg_notify($1, $2)", r.q.channel, payload); err != nil {
-		return fmt.Errorf("listen: send the probe notification: %w", err)
-	}
-	for {
-		n, err := conn.WaitForNotification(pctx)
-		switch {
-		case err == nil && n.Payload == payload:
-			return nil
-		case err == nil:
-			r.poke()
-		case ctx.Err() == nil && pctx.Err() != nil:
-			return errListenerDeaf
-		default:
-			return fmt.Errorf("listen: wait for the probe notification: %w", err)
-		}
-	}
-}
-
-// The LISTEN session's liveness check (listenOnce).
+// The LISTEN session's liveness check (hub.listenOnce).
 const (
 	// listenProbeTimeout bounds the wait for the probe notification that
 	// proves a new LISTEN session hears its channel (probeListener).
