@@ -385,13 +385,15 @@ func (h *hub) probeListener(ctx context.Context, conn *pgx.Conn, heard map[strin
 	}
 }
 
-// guardLockTimeout bounds the guard's wait for one outbox's idle lock: a
-// producer holding it (in shared mode, until its transaction ends) must not
-// hold up the locks of the other outboxes. The guard tries again later.
+// guardLockTimeout bounds one request of the guard for an outbox's idle lock:
+// a producer holding it (in shared mode, until its transaction ends) must not
+// hold up the locks of the other outboxes. The guard asks again at once, after
+// the other outboxes' turn: between two requests of one outbox (a round trip,
+// and the others' requests) a committing producer of it neither notifies nor
+// is waited for, but it holds the lock in shared mode until it commits, so the
+// guard's next grant comes after that commit, and the claim that follows the
+// grant finds its events.
 const guardLockTimeout = 100 * time.Millisecond
-
-// guardRetry is how soon the guard tries again for a lock it could not take.
-const guardRetry = 50 * time.Millisecond
 
 // guard holds, on one session, the idle lock of every idle relay of the hub:
 // idle.go's protocol, per outbox. A relay's lock is taken once all its workers
@@ -419,7 +421,7 @@ func (h *hub) guard() {
 	}
 	defer drop()
 	for {
-		next, err := h.guardOnce(ctx, &conn, held)
+		next, again, err := h.guardOnce(ctx, &conn, held)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -429,6 +431,9 @@ func (h *hub) guard() {
 			next = wait.Next()
 		default:
 			wait.Reset()
+			if again {
+				continue // a lock still wanted: queue for it again at once
+			}
 		}
 		if next > 0 {
 			timer.Reset(next)
@@ -444,11 +449,11 @@ func (h *hub) guard() {
 }
 
 // guardOnce takes and releases locks as the relays' states ask, and returns
-// when to look again (0: at the next change).
-func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[*Relay]time.Time) (time.Duration, error) {
+// when to look again (0: at the next change), or again when a lock it wants
+// could not be had within guardLockTimeout.
+func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[*Relay]time.Time) (next time.Duration, again bool, err error) {
 	relays := h.snapshot()
 	present := make(map[*Relay]bool, len(relays))
-	var next time.Duration
 	later := func(d time.Duration) {
 		if next == 0 || d < next {
 			next = d
@@ -456,11 +461,11 @@ func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[*Relay]ti
 	}
 	if *conn == nil {
 		if !h.listening.Load() {
-			return 0, nil
+			return 0, false, nil
 		}
 		c, err := h.guardConnect(ctx)
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		*conn = c
 	}
@@ -471,10 +476,10 @@ func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[*Relay]ti
 		case idle && !isHeld && h.listening.Load():
 			ok, err := h.lockIdle(ctx, *conn, r.cfg.Schema)
 			if err != nil {
-				return 0, err
+				return 0, false, err
 			}
 			if !ok {
-				later(guardRetry)
+				again = true
 				continue
 			}
 			held[r] = time.Time{}
@@ -490,7 +495,7 @@ func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[*Relay]ti
 				continue
 			}
 			if err := h.unlockIdle(ctx, *conn, r.cfg.Schema); err != nil {
-				return 0, err
+				return 0, false, err
 			}
 			delete(held, r)
 		}
@@ -498,12 +503,12 @@ func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[*Relay]ti
 	for r := range held {
 		if !present[r] {
 			if err := h.unlockIdle(ctx, *conn, r.cfg.Schema); err != nil {
-				return 0, err
+				return 0, false, err
 			}
 			delete(held, r)
 		}
 	}
-	return next, nil
+	return next, again, nil
 }
 
 func (h *hub) guardConnect(ctx context.Context) (*pgx.Conn, error) {
