@@ -64,9 +64,10 @@ type tenantDB struct {
 // takeover.
 const tenantsWithin = 90 * time.Second
 
-// newTenantWorld starts a server with one database per name (tenant prefix
-// name + "-"), a stream for every tenant, and writes the tenants file of
-// relays that rediscover the outboxes every discover.
+// newTenantWorld starts a server with one database per name (tenants_name,
+// tenant prefix name + "-"), creates the one stream of every tenant's events,
+// and writes the tenants file of relays that list the outboxes again every
+// discover.
 func newTenantWorld(t *testing.T, discover time.Duration, names ...string) *tenantWorld {
 	t.Helper()
 	cluster, err := pgtest.StartCluster(&pgtest.ClusterConfig{MaxConnections: 200})
@@ -237,7 +238,11 @@ func readSubject(ctx context.Context, js jetstream.JetStream, stream, filter str
 		return nil, fmt.Errorf("stream %s: ordered consumer on %s: %w", stream, filter, err)
 	}
 	for len(out) < total {
-		batch, err := c.Fetch(min(total-len(out), 1000), jetstream.FetchMaxWait(5*time.Second))
+		maxWait := 5 * time.Second
+		if d, ok := ctx.Deadline(); ok {
+			maxWait = max(min(maxWait, time.Until(d)), 100*time.Millisecond)
+		}
+		batch, err := c.Fetch(min(total-len(out), 1000), jetstream.FetchMaxWait(maxWait))
 		if err != nil {
 			return nil, fmt.Errorf("stream %s: fetch %s: %w", stream, filter, err)
 		}
@@ -262,6 +267,9 @@ func readSubject(ctx context.Context, js jetstream.JetStream, stream, filter str
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, natsgo.ErrTimeout) {
 			return nil, fmt.Errorf("stream %s: fetch %s: %w", stream, filter, err)
+		}
+		if err := ctx.Err(); err != nil && len(out) < total {
+			return nil, fmt.Errorf("stream %s: read %d of the %d messages on %s, then: %w", stream, len(out), total, filter, err)
 		}
 		if n == 0 {
 			return nil, fmt.Errorf("stream %s: read %d of the %d messages on %s, then nothing came", stream, len(out), total, filter)
