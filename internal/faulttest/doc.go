@@ -7,6 +7,13 @@
 // internal/netns), and then ask package checker whether every guarantee of the
 // README held.
 //
+// The tenant tests (tenants_test.go) run relays serving many outboxes from a
+// --tenants-file — schemas of two databases of a server of their own, all
+// tenants' events in one stream under subjects that name the tenant — and run
+// the checker per tenant on its own subjects: relays SIGKILLed and restarted,
+// a tenant database and a tenant schema dropped mid-run (the others flow on,
+// /readyz names the lost ones), a tenant migrated while the relays run.
+//
 // The chaos soak runs for about a minute in the default test run; run the long
 // one with
 //

@@ -95,6 +95,11 @@ type env struct {
 	// durable keeps the server's synchronous_commit (a test of a server's own);
 	// on the shared server, commits do not wait for the flush (see dbURL).
 	durable bool
+	// For one tenant of relays serving many (tenants_test.go), whose stream
+	// holds every tenant's events: inbox is the consumer's inbox and durable
+	// name (empty: consumerName), and subject the filter of the tenant's
+	// subjects, which alone the checker reads (empty: the whole stream).
+	inbox, subject string
 
 	mu       sync.Mutex
 	journals []string
@@ -140,7 +145,21 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 	}
 	e := &env{t: t, pool: pool, schema: schema, natsURL: cfg.natsURL, stream: target.Stream,
 		template: target.Template, js: target.JS, dir: t.TempDir(), dbServer: cfg.dbServer, via: cfg.via, durable: durable}
-	_, err := pool.Exec(context.Background(), `
+	e.createTables()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: e.stream, Subjects: target.Subjects(),
+		Storage: jetstream.FileStorage, Duplicates: cfg.dedup})
+	pgtest.Must(t, err, "create stream")
+	e.createDurable("")
+	e.logOnFailure()
+	return e
+}
+
+// createTables creates the business and effects tables in the env's schema.
+func (e *env) createTables() {
+	e.t.Helper()
+	_, err := e.pool.Exec(context.Background(), `
 		CREATE TABLE `+e.table("business")+` (
 			key          text PRIMARY KEY,
 			event_id     uuid NOT NULL,
@@ -153,15 +172,23 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 			aggregate_id   text   NOT NULL,
 			sequence       bigint NOT NULL,
 			applied_at     timestamptz NOT NULL DEFAULT clock_timestamp())`)
-	pgtest.Must(t, err, "create business and effects tables")
+	pgtest.Must(e.t, err, "create business and effects tables")
+}
+
+// createDurable creates the consumer's durable (inboxName) on the env's
+// stream, restricted to the subject filter when one is given.
+func (e *env) createDurable(filter string) {
+	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err = e.js.CreateStream(ctx, jetstream.StreamConfig{Name: e.stream, Subjects: target.Subjects(),
-		Storage: jetstream.FileStorage, Duplicates: cfg.dedup})
-	pgtest.Must(t, err, "create stream")
-	_, err = e.js.CreateConsumer(ctx, e.stream, jetstream.ConsumerConfig{Durable: consumerName,
+	_, err := e.js.CreateConsumer(ctx, e.stream, jetstream.ConsumerConfig{Durable: e.inboxName(), FilterSubject: filter,
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 2 * time.Second, MaxAckPending: 1000, MaxDeliver: -1})
-	pgtest.Must(t, err, "create durable consumer")
+	pgtest.Must(e.t, err, "create durable consumer")
+}
+
+// logOnFailure prints the output of the env's processes when the test fails.
+func (e *env) logOnFailure() {
+	t := e.t
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
@@ -172,7 +199,14 @@ func newEnv(t *testing.T, cfg envConfig) *env {
 			t.Logf("---- output of %s (%s):\n%s", p.name, p.status(), tail(p.out.String(), 60))
 		}
 	})
-	return e
+}
+
+// inboxName is the consumer's inbox name, which is also its durable's.
+func (e *env) inboxName() string {
+	if e.inbox != "" {
+		return e.inbox
+	}
+	return consumerName
 }
 
 func (e *env) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
@@ -472,7 +506,7 @@ func (e *env) producer(name string, extraEnv []string, o producerOpts) *proc {
 func (e *env) consumer(name string, extraEnv []string) *proc {
 	e.t.Helper()
 	return e.start("consumer "+name, extraEnv, bin.consumer, "--database-url", e.dbURL("faulttest-consumer"),
-		"--schema", e.schema, "--nats", e.natsURL, "--stream", e.stream, "--name", consumerName, "--log-level", "info")
+		"--schema", e.schema, "--nats", e.natsURL, "--stream", e.stream, "--name", e.inboxName(), "--log-level", "info")
 }
 
 // backlog reports what is left to do: unpublished outbox rows, outbox rows the
@@ -487,7 +521,7 @@ func (e *env) backlog() (unpublished, unapplied, unacked int, err error) {
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	c, err := e.js.Consumer(ctx, e.stream, consumerName)
+	c, err := e.js.Consumer(ctx, e.stream, e.inboxName())
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -553,9 +587,13 @@ func (e *env) verdict(adjust ...func(*checker.Input)) *checker.Verdict {
 	pgtest.Must(e.t, err, "read business rows")
 	in.Effects, err = checker.ReadEffects(ctx, e.pool, "SELECT consumer, event_id, aggregate_type, aggregate_id, sequence FROM "+e.table("effects")+" ORDER BY n")
 	pgtest.Must(e.t, err, "read effects")
-	in.Broker, err = checker.ReadJetStream(ctx, e.js, e.stream)
+	if e.subject != "" {
+		in.Broker, err = readSubject(ctx, e.js, e.stream, e.subject)
+	} else {
+		in.Broker, err = checker.ReadJetStream(ctx, e.js, e.stream)
+	}
 	pgtest.Must(e.t, err, "read stream")
-	in.Consumers = []string{consumerName}
+	in.Consumers = []string{e.inboxName()}
 	for _, f := range adjust {
 		f(&in)
 	}
