@@ -37,13 +37,8 @@ type tenantDB struct {
 
 func newTenantDB(t *testing.T, tenants ...string) *tenantDB {
 	t.Helper()
-	url := pgtest.Database(t)
-	d := &tenantDB{t: t, url: url, pool: pgtest.Pool(t, url, 8)}
-	for _, s := range tenants {
-		_, err := migrate.Up(context.Background(), d.pool, &migrate.Config{Schema: s})
-		pgtest.Must(t, err, "migrate %q", s)
-	}
-	return d
+	url, pool := pgtest.Outboxes(t, 8, tenants...)
+	return &tenantDB{t: t, url: url, pool: pool}
 }
 
 func (d *tenantDB) table(tenant, name string) string { return pgx.Identifier{tenant, name}.Sanitize() }

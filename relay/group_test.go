@@ -28,8 +28,8 @@ type tenantDB struct {
 
 func newTenantDB(t testing.TB, maxConns int32) *tenantDB {
 	t.Helper()
-	url := pgtest.Database(t)
-	return &tenantDB{url: url, pool: pgtest.Pool(t, url, maxConns)}
+	url, pool := pgtest.Outboxes(t, maxConns)
+	return &tenantDB{url: url, pool: pool}
 }
 
 // migrate makes schema an outbox.

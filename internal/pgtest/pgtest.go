@@ -122,6 +122,27 @@ func MigratedOn(tb testing.TB, url string, maxConns int32) (*pgxpool.Pool, strin
 	return pool, schema
 }
 
+// Outboxes creates a database of the test's own (Database) with an outbox and
+// an inbox (every migration line) in each of schemas, and returns its URL and
+// a pool of maxConns on it: the tenants of the many-outbox tests.
+func Outboxes(tb testing.TB, maxConns int32, schemas ...string) (string, *pgxpool.Pool) {
+	tb.Helper()
+	url := Database(tb)
+	pool := Pool(tb, url, maxConns)
+	for _, s := range schemas {
+		MigrateSchema(tb, pool, s)
+	}
+	return url, pool
+}
+
+// MigrateSchema applies every migration to schema through pool.
+func MigrateSchema(tb testing.TB, pool *pgxpool.Pool, schema string) {
+	tb.Helper()
+	if _, err := migrate.Up(context.Background(), pool, &migrate.Config{Schema: schema}); err != nil {
+		tb.Fatalf("pgtest: migrate %q: %v", schema, err)
+	}
+}
+
 // Database creates an empty database with a unique name on the test server
 // (URL), dropped when the test ends, and returns its connection string.
 func Database(tb testing.TB) string {

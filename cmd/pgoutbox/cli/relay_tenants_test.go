@@ -2,66 +2,18 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
-	"github.com/pgoutbox/pgoutbox/migrate"
 )
-
-// tenantsEnv is a database of one test's own holding outbox schemas.
-type tenantsEnv struct {
-	t    *testing.T
-	url  string
-	pool *pgxpool.Pool
-}
-
-func newTenantsEnv(t *testing.T, schemas ...string) *tenantsEnv {
-	t.Helper()
-	url := pgtest.Database(t)
-	e := &tenantsEnv{t: t, url: url, pool: pgtest.Pool(t, url, 4)}
-	for _, s := range schemas {
-		e.migrate(s)
-	}
-	return e
-}
-
-func (e *tenantsEnv) migrate(schema string) {
-	e.t.Helper()
-	_, err := migrate.Up(context.Background(), e.pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
-	pgtest.Must(e.t, err, "migrate %s", schema)
-}
-
-func (e *tenantsEnv) enqueue(schema string, n int) {
-	e.t.Helper()
-	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
-	pgtest.Must(e.t, err, "producer")
-	evs := make([]pgoutbox.Event, n)
-	for i := range evs {
-		evs[i] = pgoutbox.Event{AggregateType: "acct", AggregateID: fmt.Sprintf("a%d", i%5), EventType: "changed", Payload: i}
-	}
-	_, err = p.EnqueueTx(context.Background(), e.pool, evs...)
-	pgtest.Must(e.t, err, "enqueue into %s", schema)
-}
-
-func (e *tenantsEnv) pending(schema string) int {
-	e.t.Helper()
-	var n int
-	pgtest.Must(e.t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+
-		pgx.Identifier{schema, "outbox_events"}.Sanitize()+" WHERE published_at IS NULL").Scan(&n), "pending")
-	return n
-}
 
 // perSubjectToken counts a stream's messages by the subject's second token
 // (the tenant in prefix.{tenant}.…).
@@ -86,17 +38,17 @@ func perSubjectToken(t *testing.T, target natstest.Target) map[string]int {
 // the others flow, and stops with status 0.
 func TestRelayTenantsProcess(t *testing.T) {
 	t.Parallel()
-	e := newTenantsEnv(t, "t_a", "t_b", "t_c", "other")
+	e := newCLITenants(t, "t_a", "t_b", "t_c", "other")
 	for _, s := range []string{"t_a", "t_b", "t_c", "other"} {
-		e.enqueue(s, 40)
+		e.enqueue(s, 40, 0)
 	}
 	target := natstest.New(t, natstest.URL())
 	p := startOpsRelay(t, nil, "--database-url", e.url, "--tenants", "t_*", "--broker", natstest.URL(),
 		"--nats-stream", target.Stream, "--topic-template", target.Prefix+".{tenant}.{aggregate_type}.{event_type}",
 		"--discover-interval", "200ms", "--metrics-addr", "127.0.0.1:0", "--workers", "2")
 	wait.For(t, time.Minute, "t_* drained", func() bool { return e.pending("t_a")+e.pending("t_b")+e.pending("t_c") == 0 })
-	e.migrate("t_new")
-	e.enqueue("t_new", 10)
+	pgtest.MigrateSchema(t, e.pool, "t_new")
+	e.enqueue("t_new", 10, 0)
 	wait.For(t, time.Minute, "t_new found and drained", func() bool { return e.pending("t_new") == 0 })
 	if n := e.pending("other"); n != 40 {
 		t.Fatalf("schema other is not selected, yet %d of its 40 events are pending", n)
@@ -123,7 +75,7 @@ func TestRelayTenantsProcess(t *testing.T) {
 		code, body := p.get(t, "/readyz")
 		return code == 503 && strings.Contains(body, "t_c")
 	})
-	e.enqueue("t_a", 5)
+	e.enqueue("t_a", 5, 0)
 	wait.For(t, time.Minute, "t_a keeps flowing", func() bool { return e.pending("t_a") == 0 })
 	if v := p.metric(t, `pgoutbox_relay_tenant_healthy{tenant="t_c"}`); v != 0 {
 		t.Errorf("tenant_healthy{t_c} = %v, want 0", v)

@@ -26,13 +26,14 @@ type cliTenants struct {
 
 func newCLITenants(t *testing.T, tenants ...string) *cliTenants {
 	t.Helper()
-	url := pgtest.Database(t)
-	e := &cliTenants{t: t, url: url, pool: pgtest.Pool(t, url, 4)}
-	for _, s := range tenants {
-		_, err := migrate.Up(context.Background(), e.pool, &migrate.Config{Schema: s})
-		pgtest.Must(t, err, "migrate %q", s)
-	}
-	return e
+	url, pool := pgtest.Outboxes(t, 4, tenants...)
+	return &cliTenants{t: t, url: url, pool: pool}
+}
+
+// pending counts tenant's unpublished events.
+func (e *cliTenants) pending(tenant string) int {
+	e.t.Helper()
+	return e.count(tenant, "outbox_events", "published_at IS NULL")
 }
 
 func (e *cliTenants) table(tenant, name string) string {
