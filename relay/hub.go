@@ -133,7 +133,6 @@ func (h *hub) probe() {
 	defer cancel()
 	t := time.NewTicker(h.pollInterval)
 	defer t.Stop()
-	down := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -170,15 +169,15 @@ func (h *hub) probe() {
 			if ctx.Err() != nil {
 				return
 			}
-			if !down {
-				h.log.Warn("probe for events failed; retrying at the next poll", slog.Any("error", err))
-				down = true
+			// The relays learn it as from a claim of theirs: their health,
+			// their log, and hung connections dropped (once).
+			for i, r := range idle {
+				r.probeFailed(err, i == 0)
 			}
 			continue
 		}
-		if down {
-			h.log.Info("probe for events works again")
-			down = false
+		for _, r := range idle {
+			r.probeOK()
 		}
 		for _, r := range due {
 			r.poke()

@@ -477,6 +477,19 @@ func (r *Relay) dbFailed(kind int, err error) {
 	}
 }
 
+// probeFailed records that the hub's probe for the relay's events found the
+// database unreachable, as a failed claim would; reset drops hung connections
+// (the hub asks one of its relays to, for the pool they share).
+func (r *Relay) probeFailed(err error, reset bool) {
+	retry.MarkDown(&r.dbDown, r.log, "database", err)
+	if reset {
+		r.dropHungConnections(err)
+	}
+}
+
+// probeOK records that the hub's probe reached the database.
+func (r *Relay) probeOK() { retry.MarkUp(&r.dbDown, r.log, "database") }
+
 // dropHungConnections empties the pool after a statement timed out. A timeout,
 // unlike a refused or reset connection, is what a hung server or a network
 // black hole looks like (a frozen primary, before or after its standby is

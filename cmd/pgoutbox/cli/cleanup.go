@@ -238,7 +238,7 @@ func runCleanupTenants(ctx context.Context, db *dbFlags, lf *logFlags, tf *tenan
 	if err != nil {
 		return err
 	}
-	pool, err := openPool(ctx, db, 2)
+	pool, err := db.openPool(ctx, 2)
 	if err != nil {
 		return err
 	}

@@ -258,6 +258,41 @@ func (d *dbFlags) parse() (*pgx.ConnConfig, error) {
 const poolCloseTimeout = 2 * time.Second
 
 // closePool closes pool, giving up waiting after poolCloseTimeout.
+// newPool makes a verb's pool on conn, of at most maxConns connections, which
+// pings only connections idle for over a minute (pingAfterLongIdle). It does
+// not connect.
+func newPool(ctx context.Context, conn *pgx.ConnConfig, maxConns int32) (*pgxpool.Pool, error) {
+	poolCfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return nil, err
+	}
+	poolCfg.ConnConfig = conn
+	poolCfg.ShouldPing = pingAfterLongIdle
+	poolCfg.MaxConns = maxConns
+	return pgxpool.NewWithConfig(ctx, poolCfg)
+}
+
+// openPool is newPool on --database-url, connected within --connect-timeout:
+// a database that does not answer fails the verb at once. The pool reconnects
+// by itself later (status --watch, long-running verbs).
+func (d *dbFlags) openPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	connCfg, err := d.parse()
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, d.connectTimeout)
+	defer cancel()
+	pool, err := newPool(cctx, connCfg, maxConns)
+	if err != nil {
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	if err := pool.Ping(cctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return pool, nil
+}
+
 func closePool(pool *pgxpool.Pool, logger *slog.Logger) {
 	done := make(chan struct{})
 	go func() {

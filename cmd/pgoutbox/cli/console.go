@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
@@ -167,27 +166,13 @@ func runConsole(ctx context.Context, f *consoleFlags, stderr io.Writer) error {
 		return usageError{consoleFlagNames(err)}
 	}
 
-	connCfg, err := f.db.parse()
+	pool, err := f.db.openPool(ctx, 4)
 	if err != nil {
 		return err
-	}
-	poolCfg, err := pgxpool.ParseConfig("")
-	if err != nil {
-		return err
-	}
-	poolCfg.ConnConfig = connCfg
-	poolCfg.ShouldPing = pingAfterLongIdle
-	poolCfg.MaxConns = 4
-	cctx, cancel := context.WithTimeout(ctx, f.db.connectTimeout)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(cctx, poolCfg)
-	if err != nil {
-		return fmt.Errorf("connect to database: %w", err)
 	}
 	defer closePool(pool, logger)
-	if err := pool.Ping(cctx); err != nil {
-		return fmt.Errorf("connect to database: %w", err)
-	}
+	cctx, cancel := context.WithTimeout(ctx, f.db.connectTimeout)
+	defer cancel()
 	found, err := migrate.Outboxes(cctx, pool, schemas...)
 	if err != nil {
 		return err

@@ -216,7 +216,7 @@ type tenantEvent struct {
 // oldest quarantine first, --limit over them all.
 func runDLQListTenants(cmd *cobra.Command, db *dbFlags, tf *tenantFlags, f admin.Filter, asJSON bool) error {
 	ctx := cmd.Context()
-	pool, err := openPool(ctx, db, tenantConcurrency)
+	pool, err := db.openPool(ctx, tenantConcurrency)
 	if err != nil {
 		return err
 	}

@@ -159,8 +159,7 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	}
 	// Every line of the relay, "relay starting" first, names where events go.
 	cfg.Logger = logger.With(slog.String("broker", target.describe()))
-	connCfg, err := f.db.parse()
-	if err != nil {
+	if _, err := f.db.parse(); err != nil { // a bad URL fails before anything starts
 		return err
 	}
 	ops, err := newRelayOps(f.metricsAddr)
@@ -176,29 +175,20 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	}
 	defer flushTraces(traces, logger)
 
-	poolCfg, err := pgxpool.ParseConfig("")
+	maxConns := int32(cfg.Workers + 2)
+	if f.cleanupInterval > 0 {
+		maxConns++ // the cleanup job's connection
+	}
+	if ops != nil {
+		maxConns++ // scrapes and readiness probes
+	}
+	pool, err := f.db.openPool(ctx, maxConns)
 	if err != nil {
 		return err
 	}
-	poolCfg.ConnConfig = connCfg
-	poolCfg.ShouldPing = pingAfterLongIdle
-	poolCfg.MaxConns = int32(cfg.Workers + 2)
-	if f.cleanupInterval > 0 {
-		poolCfg.MaxConns++ // the cleanup job's connection
-	}
-	if ops != nil {
-		poolCfg.MaxConns++ // scrapes and readiness probes
-	}
+	defer closePool(pool, logger)
 	cctx, cancel := context.WithTimeout(ctx, f.db.connectTimeout)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(cctx, poolCfg)
-	if err != nil {
-		return fmt.Errorf("connect to database: %w", err)
-	}
-	defer closePool(pool, logger)
-	if err := pool.Ping(cctx); err != nil {
-		return fmt.Errorf("connect to database: %w", err)
-	}
 	// A missing privilege fails here, naming each one, instead of as a claim
 	// retried for ever.
 	if err := migrate.CheckPrivileges(cctx, pool, cfg.Schema, migrate.RoleRelay, false); err != nil {

@@ -149,27 +149,14 @@ func cdcFlagNames(err error) error {
 	return errors.New(r.Replace(err.Error()))
 }
 
+// openCDCPool opens the CDC verbs' pool on a migrated outbox.
 func openCDCPool(ctx context.Context, db *dbFlags) (*pgxpool.Pool, error) {
-	connCfg, err := db.parse()
+	pool, err := db.openPool(ctx, 6)
 	if err != nil {
 		return nil, err
 	}
-	poolCfg, err := pgxpool.ParseConfig("")
-	if err != nil {
-		return nil, err
-	}
-	poolCfg.ConnConfig = connCfg
-	poolCfg.MaxConns = 6
 	cctx, cancel := context.WithTimeout(ctx, db.connectTimeout)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(cctx, poolCfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect to database: %w", err)
-	}
-	if err := pool.Ping(cctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connect to database: %w", err)
-	}
 	if err := checkMigrated(cctx, pool, db.schema); err != nil {
 		pool.Close()
 		return nil, err

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
@@ -296,15 +295,8 @@ func runRelayTenants(ctx context.Context, f *relayFlags, flags *pflag.FlagSet, s
 	defer flushTraces(traces, logger)
 
 	for _, d := range dbs {
-		poolCfg, err := pgxpool.ParseConfig("")
-		if err != nil {
-			return err
-		}
-		poolCfg.ConnConfig = d.conn
-		poolCfg.ShouldPing = pingAfterLongIdle
-		poolCfg.MaxConns = int32(d.maxConns)
-		// Lazy: a database that is down is reported, and the others served.
-		pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+		// Not pinged: a database that is down is reported, and the others served.
+		pool, err := newPool(ctx, d.conn, int32(d.maxConns))
 		if err != nil {
 			return fmt.Errorf("database %s: %w", d.name, err)
 		}

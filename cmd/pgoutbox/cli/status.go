@@ -117,7 +117,7 @@ not be read (every row is printed first).`,
 // statusOpenAdmin connects a small pool (it reconnects by itself, which --watch needs),
 // checks that the schema is migrated and returns an Admin on it.
 func statusOpenAdmin(ctx context.Context, db *dbFlags, inboxSchema string) (*admin.Admin, func(), error) {
-	pool, err := openPool(ctx, db, 2)
+	pool, err := db.openPool(ctx, 2)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -219,7 +219,7 @@ func watchSnapshots(ctx context.Context, out, errOut io.Writer, interval, timeou
 
 // runStatusTenants is status --tenants: one row per tenant (admin.StatusAll).
 func runStatusTenants(ctx context.Context, db *dbFlags, tf *tenantFlags, out, errOut io.Writer, asJSON, watch bool, interval time.Duration) error {
-	pool, err := openPool(ctx, db, tenantConcurrency)
+	pool, err := db.openPool(ctx, tenantConcurrency)
 	if err != nil {
 		return err
 	}

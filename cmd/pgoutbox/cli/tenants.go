@@ -56,32 +56,6 @@ func (t *tenantFlags) parse(fs *pflag.FlagSet) (bool, error) {
 // and the size of its pool.
 const tenantConcurrency = admin.DefaultTenantConcurrency
 
-// openPool connects a small pool (it reconnects by itself, which status --watch
-// needs) of at most maxConns connections.
-func openPool(ctx context.Context, db *dbFlags, maxConns int32) (*pgxpool.Pool, error) {
-	connCfg, err := db.parse()
-	if err != nil {
-		return nil, err
-	}
-	poolCfg, err := pgxpool.ParseConfig("")
-	if err != nil {
-		return nil, err
-	}
-	poolCfg.ConnConfig = connCfg
-	poolCfg.MaxConns = maxConns
-	cctx, cancel := context.WithTimeout(ctx, db.connectTimeout)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(cctx, poolCfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect to database: %w", err)
-	}
-	if err := pool.Ping(cctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connect to database: %w", err)
-	}
-	return pool, nil
-}
-
 // listTenants lists the outboxes --tenants chooses; none is an error, so that a
 // mistyped selector never looks like a healthy, empty database.
 func listTenants(ctx context.Context, pool *pgxpool.Pool, t *tenantFlags) ([]string, error) {
@@ -98,7 +72,7 @@ func listTenants(ctx context.Context, pool *pgxpool.Pool, t *tenantFlags) ([]str
 // oneTenant resolves --tenants for a verb that acts on one outbox: the selector
 // must match exactly one.
 func oneTenant(ctx context.Context, db *dbFlags, t *tenantFlags, verb, hint string) (string, error) {
-	pool, err := openPool(ctx, db, 2)
+	pool, err := db.openPool(ctx, 2)
 	if err != nil {
 		return "", err
 	}
@@ -117,7 +91,7 @@ func oneTenant(ctx context.Context, db *dbFlags, t *tenantFlags, verb, hint stri
 // findTenants sends each event id to the one tenant of --tenants holding it
 // (admin.FindEvents): refused unless every id is found, each in one tenant.
 func findTenants(ctx context.Context, db *dbFlags, t *tenantFlags, ids []pgoutbox.UUID) ([]admin.TenantIDs, error) {
-	pool, err := openPool(ctx, db, tenantConcurrency)
+	pool, err := db.openPool(ctx, tenantConcurrency)
 	if err != nil {
 		return nil, err
 	}
