@@ -34,7 +34,6 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
@@ -513,11 +512,11 @@ func (s *Source) process(batch []item) time.Duration {
 	// position; what was marked published then is not sent twice.
 	var done []pgoutbox.UUID
 	if !s.retryDB("look up published events", func(ctx context.Context) error {
-		rows, err := s.pool.Query(ctx, s.q.alreadyPublished, ids)
+		rows, err := s.pool.Query(ctx, s.q.alreadyPublished, pgUUIDs(ids))
 		if err != nil {
 			return err
 		}
-		done, err = pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
+		done, err = collectIDs(rows)
 		return err
 	}) {
 		return 0 // hard stop: nothing settled, nothing confirmed
@@ -719,7 +718,7 @@ func (s *Source) recordFailures(failed []failure) bool {
 		ids[i], texts[i], delays[i], quarantine[i] = f.id, f.v.Text, f.delay.Milliseconds(), f.v.Quarantine
 	}
 	return s.retryDB("record failed attempts", func(ctx context.Context) error {
-		_, err := s.pool.Exec(ctx, s.q.fail, ids, texts, delays, quarantine, s.cfg.Owner())
+		_, err := s.pool.Exec(ctx, s.q.fail, pgUUIDs(ids), texts, delays, quarantine, s.cfg.Owner())
 		return err
 	})
 }
@@ -733,31 +732,34 @@ func (s *Source) recordFailures(failed []failure) bool {
 func (s *Source) markAll(ids []pgoutbox.UUID) bool {
 	left := ids
 	for try := 0; ; try++ {
-		var marked, published []pgoutbox.UUID
+		var done []pgoutbox.UUID
+		all := false
 		if !s.retryDB("mark events published", func(ctx context.Context) error {
-			rows, err := s.pool.Query(ctx, s.q.mark, left)
+			arg := pgUUIDs(left)
+			tag, err := s.pool.Exec(ctx, s.q.mark, arg)
 			if err != nil {
 				return err
 			}
-			if marked, err = pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID]); err != nil {
-				return err
-			}
-			if len(marked) == len(left) {
+			if all = tag.RowsAffected() == int64(len(left)); all {
 				return nil
 			}
 			if s.afterMark != nil {
 				s.afterMark()
 			}
-			rows, err = s.pool.Query(ctx, s.q.alreadyPublished, minus(left, marked))
+			// Those published now: marked by this statement, or before it.
+			rows, err := s.pool.Query(ctx, s.q.alreadyPublished, arg)
 			if err != nil {
 				return err
 			}
-			published, err = pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
+			done, err = collectIDs(rows)
 			return err
 		}) {
 			return false
 		}
-		left = minus(minus(left, marked), published)
+		if all {
+			return true
+		}
+		left = minus(left, done)
 		if len(left) == 0 {
 			return true
 		}

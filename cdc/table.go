@@ -208,11 +208,11 @@ func (s *Source) leaseCandidates(candidates []item, p roundPlan, now time.Time) 
 	}
 	var got []pgoutbox.UUID
 	if !s.retryDB("lease owned events", func(ctx context.Context) error {
-		r, err := s.pool.Query(ctx, s.q.lease, cids, s.cfg.Owner())
+		r, err := s.pool.Query(ctx, s.q.lease, pgUUIDs(cids), s.cfg.Owner())
 		if err != nil {
 			return err
 		}
-		got, err = pgx.CollectRows(r, pgx.RowTo[pgoutbox.UUID])
+		got, err = collectIDs(r)
 		return err
 	}) {
 		return nil, false
