@@ -75,6 +75,9 @@ type item struct {
 	tx       *txn  // nil for the table path
 	attempts int   // attempt_count before this attempt
 	refused  error // see txn.refused
+	// check: the event may have been published already (Source.checkUntil);
+	// the stream looks it up before publishing.
+	check bool
 }
 
 // Source streams outbox inserts from a replication slot to a broker. Create it
@@ -96,7 +99,13 @@ type Source struct {
 	confirmed  pglogrepl.LSN
 	lastPushed pglogrepl.LSN
 	walEnd     pglogrepl.LSN // a keepalive's position, safe to confirm once queue is empty
-	sb         standbyState  // the wait for synchronous standbys (standby.go)
+	// checkUntil: the events of transactions that end at or before it may
+	// have been published by someone else (a previous run, or the table path
+	// before it handed their lane back); they are looked up in the table
+	// before publishing. Later ones cannot have been: their commit was not
+	// made yet when the position was read.
+	checkUntil pglogrepl.LSN
+	sb         standbyState // the wait for synchronous standbys (standby.go)
 
 	// lc is the start/stop protocol (package lifecycle): the one rule for Start
 	// twice, Stop twice, Start after Stop, Stop before Start and Start's context
@@ -249,6 +258,9 @@ func (s *Source) start(ctx context.Context) error {
 		return err
 	}
 	s.confirmed, s.lastPushed = lsn, lsn
+	if s.checkUntil, err = walInsertPosition(sctx, s.pool); err != nil {
+		return err
+	}
 	now := time.Now()
 	for _, l := range lanes {
 		s.blocked[l.key] = &laneState{seen: l.seen, due: now}
@@ -319,6 +331,21 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries, rec
 		return nil, 0, fmt.Errorf("cdc: read unpublished events: %w", err)
 	}
 	return lanes, lsn, nil
+}
+
+// walInsertPosition reads the server's WAL insert position: every transaction
+// visible now ends at or before it (a commit record is inserted before the
+// transaction becomes visible).
+func walInsertPosition(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, error) {
+	var text string
+	if err := pool.QueryRow(ctx, walInsertPositionSQL).Scan(&text); err != nil {
+		return 0, fmt.Errorf("cdc: read the WAL position: %w", err)
+	}
+	lsn, err := pglogrepl.ParseLSN(text)
+	if err != nil {
+		return 0, fmt.Errorf("cdc: read the WAL position: %w", err)
+	}
+	return lsn, nil
 }
 
 // Stop shuts the source down: no new batches, the batch in flight is published
@@ -487,7 +514,7 @@ func (s *Source) assemble() []item {
 				skipped++
 				continue
 			}
-			out = append(out, item{msg: m, tx: t, refused: t.refused[m.EventID]})
+			out = append(out, item{msg: m, tx: t, refused: t.refused[m.EventID], check: t.end <= s.checkUntil})
 		}
 		if len(out) >= s.cfg.BatchSize {
 			break
@@ -504,14 +531,19 @@ func (s *Source) assemble() []item {
 // process publishes one batch from the stream and settles it. It returns how long
 // to pause when the broker looked unreachable.
 func (s *Source) process(batch []item) time.Duration {
-	ids := make([]pgoutbox.UUID, len(batch))
+	var ids []pgoutbox.UUID
 	for i := range batch {
-		ids[i] = batch[i].msg.EventID
+		if batch[i].check {
+			ids = append(ids, batch[i].msg.EventID)
+		}
 	}
 	// After a restart the stream sends again what followed the confirmed
-	// position; what was marked published then is not sent twice.
+	// position, and after the table path handed a lane back the stream may
+	// bring events it published: what was marked published then is not sent
+	// twice. Events committed after both cannot be published yet, and are not
+	// looked up: in a steady stream, no batch is.
 	var done []pgoutbox.UUID
-	if !s.retryDB("look up published events", func(ctx context.Context) error {
+	if len(ids) > 0 && !s.retryDB("look up published events", func(ctx context.Context) error {
 		rows, err := s.pool.Query(ctx, s.q.alreadyPublished, pgUUIDs(ids))
 		if err != nil {
 			return err

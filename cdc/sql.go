@@ -128,8 +128,12 @@ RETURNING event_id`
 // visible and published, and nothing at or below it is unpublished. Visibility of
 // that row implies visibility of every lower sequence (each was committed before
 // the next could be allocated), so the NOT EXISTS cannot miss a late commit.
+// With each lane comes the WAL insert position (walInsertPositionSQL), read
+// after every event the table path published was visible to it: the stream
+// looks up the events of transactions ending there or before (it may bring
+// some the table path published, later sequences of the lane).
 const unblockableSQL = `
-SELECT l.aggregate_type, l.aggregate_id
+SELECT l.aggregate_type, l.aggregate_id, (` + walInsertPositionSQL + `)
   FROM unnest($1::text[], $2::text[], $3::bigint[]) AS l (aggregate_type, aggregate_id, seen)
  WHERE EXISTS (SELECT 1 FROM %[1]s e
                 WHERE e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
@@ -138,6 +142,12 @@ SELECT l.aggregate_type, l.aggregate_id
                     WHERE e.published_at IS NULL
                       AND e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
                       AND e.aggregate_sequence <= l.seen)`
+
+// walInsertPositionSQL reads the server's WAL insert position as text. Every
+// transaction visible to a later snapshot has its commit record inserted, so
+// it ends at or before the position. (A standby, where nothing is marked,
+// answers its replay position.)
+const walInsertPositionSQL = `SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END::text`
 
 // eventsBehindSQL counts the events not yet published (the partial index only).
 const eventsBehindSQL = `SELECT count(*) FROM %[1]s WHERE published_at IS NULL`
