@@ -121,7 +121,13 @@ type Source struct {
 
 	work, space, tableWake, brokerBack, standbyWake lifecycle.Wake
 
-	inFlight   atomic.Bool // the dispatcher has a batch out
+	inFlight atomic.Bool // the dispatcher has a batch out
+	// marks takes the dispatcher's wholly acknowledged batches to the marker,
+	// which marks and settles them while the next batch is published; marking
+	// counts the batches handed over and not yet settled. Both belong to the
+	// dispatcher's goroutine (marks is made and closed there).
+	marks      chan markJob
+	marking    atomic.Int32
 	dbDown     atomic.Bool
 	broker     retry.BrokerHealth    // reachable or refusing, after each batch
 	streamDown atomic.Pointer[error] // why the replication stream is down (a redactedError), or nil
@@ -451,9 +457,22 @@ func (s *Source) oldestUnconfirmed() time.Time {
 	return s.queue[0].commit
 }
 
-// dispatch turns queued transactions into batches: one batch in flight at a time,
-// so that a lane whose event fails is blocked before its next event is looked at.
+// dispatch turns queued transactions into batches: one batch published at a
+// time, so that a lane whose event fails is blocked before its next event is
+// looked at. A batch the broker acknowledged whole is marked by the marker
+// while the next one is published (markDepth batches at most); a batch with a
+// failure waits for the marks before it, then is settled here.
 func (s *Source) dispatch() {
+	s.marks = make(chan markJob, markDepth-1)
+	markerDone := make(chan struct{})
+	go func() {
+		defer close(markerDone)
+		s.marker()
+	}()
+	defer func() {
+		close(s.marks) // the marker settles what it holds (or, hard-stopped, gives up) and returns
+		<-markerDone
+	}()
 	for {
 		select {
 		case <-s.stopping:
@@ -489,6 +508,42 @@ func (s *Source) dispatch() {
 			}
 		}
 	}
+}
+
+// markJob is a batch for the marker: acknowledged whole, to be marked and
+// settled; or, with barrier set, a request to close barrier once every batch
+// handed over before it is settled.
+type markJob struct {
+	batch, sent []item
+	acked       []pgoutbox.UUID
+	outcomes    []EventOutcome
+	took        time.Duration
+	barrier     chan struct{}
+}
+
+// marker marks and settles the batches the dispatcher hands over, in order.
+func (s *Source) marker() {
+	for j := range s.marks {
+		if j.barrier != nil {
+			close(j.barrier)
+			continue
+		}
+		var res settled
+		if s.record(PathStream, j.acked, nil, j.outcomes, j.took, &res) {
+			s.settleBatch(j.batch, j.sent, res)
+		} // else hard-stopped: nothing settled, nothing confirmed
+		s.marking.Add(-1)
+	}
+}
+
+// waitMarks waits until the marker settled every batch handed to it.
+func (s *Source) waitMarks() {
+	if s.marking.Load() == 0 {
+		return
+	}
+	b := make(chan struct{})
+	s.marks <- markJob{barrier: b}
+	<-b
 }
 
 // assemble takes the next batch from the queue. Events of lanes the table path
@@ -567,20 +622,50 @@ func (s *Source) process(batch []item) time.Duration {
 		}
 		s.stats.duplicates.Add(int64(len(batch) - len(send)))
 	}
-	var res settled
+	res := settled{failedLanes: map[pgoutbox.Lane]time.Duration{}}
 	if len(send) > 0 {
 		results, took := s.publish(send)
 		_ = failpoint.Inject(failpoint.CDCAfterPublish) // crash or delay only: the broker has spoken
-		var ok bool
-		if res, ok = s.settle(PathStream, send, results, took); !ok {
+		if s.hardCtx.Err() != nil {
+			return 0 // abandoned: leave everything for the restart
+		}
+		acked, failed, outcomes := s.judge(send, results, res.failedLanes)
+		if len(acked) == len(send) {
+			// Acknowledged whole: the marker marks it while the next batch goes
+			// out. Nothing of it blocks a lane, so the next batch may be assembled
+			// at once.
+			s.marking.Add(1)
+			s.marks <- markJob{batch: batch, sent: send, acked: acked, outcomes: outcomes, took: took}
+			return 0
+		}
+		// A failure blocks its lane: the marks before it land first, so that the
+		// table path, reading the lane from the table, does not find their events
+		// unpublished and send them again.
+		s.waitMarks()
+		if !s.record(PathStream, acked, failed, outcomes, took, &res) {
 			return 0
 		}
 	}
+	s.settleBatch(batch, send, res)
+	if res.allUnavailable {
+		// Hold the stream (the slot's lag grows, the server keeps the WAL) rather
+		// than hand every lane to the table path one failure at a time; the table
+		// path's retries of the failed lanes tell when the broker is back.
+		return brokerOutagePause
+	}
+	return 0
+}
+
+// settleBatch counts a stream batch settled (sent is what was published of
+// it, res what settling found): lanes with a failed event go to the table
+// path, and the confirmed position moves past transactions now wholly
+// settled.
+func (s *Source) settleBatch(batch, sent []item, res settled) {
 	now := time.Now()
 	s.mu.Lock()
 	for l, delay := range res.failedLanes {
 		st := &laneState{due: now.Add(delay)}
-		for _, it := range send {
+		for _, it := range sent {
 			if laneOf(&it.msg) == l {
 				st.seen = max(st.seen, it.msg.AggregateSequence)
 			}
@@ -597,13 +682,6 @@ func (s *Source) process(batch []item) time.Duration {
 	if len(res.failedLanes) > 0 {
 		s.tableWake.Poke()
 	}
-	if res.allUnavailable {
-		// Hold the stream (the slot's lag grows, the server keeps the WAL) rather
-		// than hand every lane to the table path one failure at a time; the table
-		// path's retries of the failed lanes tell when the broker is back.
-		return brokerOutagePause
-	}
-	return 0
 }
 
 // publish sends items (sorted per lane by sequence) and returns one result
@@ -668,12 +746,20 @@ func (s *Source) settle(path Path, items []item, results []error, took time.Dura
 		return res, false // abandoned: leave everything for the restart
 	}
 	acked, failed, outcomes := s.judge(items, results, res.failedLanes)
+	return res, s.record(path, acked, failed, outcomes, took, &res)
+}
+
+// record writes what judge found in the table (acked events published,
+// failures recorded), counts it and tells the Observer and the broker's
+// health; res gets the counts. It returns false if the source was
+// hard-stopped before the outcome was recorded.
+func (s *Source) record(path Path, acked []pgoutbox.UUID, failed []failure, outcomes []EventOutcome, took time.Duration, res *settled) bool {
 	start := time.Now()
 	if len(acked) > 0 && !s.markAll(acked) {
-		return res, false
+		return false
 	}
 	if len(failed) > 0 && !s.recordFailures(failed) {
-		return res, false
+		return false
 	}
 	allUnavailable, refused, quarantined := len(failed) > 0 && len(acked) == 0, "", 0
 	for _, f := range failed {
@@ -697,7 +783,7 @@ func (s *Source) settle(path Path, items []item, results []error, took time.Dura
 		o.FirstError = failed[0].v.Text
 	}
 	s.broker.Settled(s.log, o)
-	return res, true
+	return true
 }
 
 // judge sorts a publish's results into acked events and failures (with the
