@@ -24,14 +24,16 @@ import (
 )
 
 // drainBacklog is the backlog one iteration of BenchmarkDrainToNATS drains.
-const drainBacklog = 20_000
+const drainBacklog = 50_000
 
 // BenchmarkDrainToNATS drains a backlog of drainBacklog events, committed in one
 // transaction while the source already streams (as `pgoutbox bench`'s drain
 // does), to the NATS server at natstest.URL(): with the CDC source, and with a
 // polling relay on the same cluster for comparison. Beside ns/op it reports
 // events/s, this process's CPU per event (the relay: decode, publish, settle)
-// and the PostgreSQL cluster's (every backend and the walsender). Profile the
+// and the PostgreSQL cluster's (every backend and the walsender; the
+// walsenders' share apart: the polling relay's LISTEN-less cluster has none
+// unless another test streams). Profile the
 // source with
 //
 //	go test -run '^$' -bench 'DrainToNATS/cdc' -benchtime 5x -cpuprofile cpu.out ./cdc/
@@ -65,24 +67,27 @@ func benchDrain(b *testing.B, cdcSource bool) {
 	}
 	postmaster := postmasterPID(b, e.pool)
 	var wall time.Duration
-	var relayCPU, pgCPU time.Duration
+	var relayCPU, pgCPU, walCPU time.Duration
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
 		loadBacklog(b, e, i, drainBacklog)
-		p0, r0 := clusterCPU(b, postmaster), processCPU()
+		p0, w0 := clusterCPU(b, postmaster)
+		r0 := processCPU()
 		start := time.Now()
 		b.StartTimer()
 		waitDrained(b, e)
 		b.StopTimer()
 		wall += time.Since(start)
 		relayCPU += processCPU() - r0
-		pgCPU += clusterCPU(b, postmaster) - p0
+		p1, w1 := clusterCPU(b, postmaster)
+		pgCPU, walCPU = pgCPU+p1-p0, walCPU+w1-w0
 	}
 	events := float64(b.N * drainBacklog)
 	b.ReportMetric(events/wall.Seconds(), "events/s")
 	b.ReportMetric(float64(relayCPU.Microseconds())/events, "relay-µs/event")
 	b.ReportMetric(float64(pgCPU.Microseconds())/events, "pg-µs/event")
+	b.ReportMetric(float64(walCPU.Microseconds())/events, "walsender-µs/event")
 }
 
 // loadBacklog commits n events over 1,000 aggregates (256-byte payloads) in one
@@ -139,24 +144,28 @@ func postmasterPID(b *testing.B, pool *pgxpool.Pool) int {
 	return st.ppid
 }
 
-// clusterCPU is the CPU time of the postmaster and every process it started:
-// the live ones' own, and the exited ones' through the postmaster's
-// cutime/cstime (it reaps them).
-func clusterCPU(b *testing.B, postmaster int) time.Duration {
+// clusterCPU is the CPU time of the postmaster and every process it started
+// (the live ones' own, and the exited ones' through the postmaster's
+// cutime/cstime: it reaps them), and of that the walsenders'.
+func clusterCPU(b *testing.B, postmaster int) (all, walsenders time.Duration) {
 	b.Helper()
 	pm, err := procStat(postmaster)
 	if err != nil {
 		b.Fatalf("postmaster: %v", err)
 	}
-	ticks := pm.utime + pm.stime + pm.cutime + pm.cstime
+	ticks, wal := pm.utime+pm.stime+pm.cutime+pm.cstime, int64(0)
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
 		pid, _ := strconv.Atoi(filepath.Base(d))
 		if st, err := procStat(pid); err == nil && st.ppid == postmaster {
 			ticks += st.utime + st.stime
+			if cmd, _ := os.ReadFile(d + "/cmdline"); strings.Contains(string(cmd), "walsender") {
+				wal += st.utime + st.stime
+			}
 		}
 	}
-	return time.Duration(ticks) * (time.Second / 100) // USER_HZ
+	const tick = time.Second / 100 // USER_HZ
+	return time.Duration(ticks) * tick, time.Duration(wal) * tick
 }
 
 type procTimes struct {
