@@ -92,8 +92,12 @@ type Source struct {
 	// look for events published meanwhile.
 	afterMark func()
 
-	mu         sync.Mutex
-	blocked    map[pgoutbox.Lane]*laneState
+	mu      sync.Mutex
+	blocked map[pgoutbox.Lane]*laneState
+	// lanesOut holds the lanes of the stream's batches being published: a
+	// lane is in one batch at a time, so its next event goes out only once
+	// the previous one's ack is in (and a failure blocked the lane).
+	lanesOut   map[pgoutbox.Lane]struct{}
 	queue      []*txn // received, not wholly settled, in commit order
 	buffered   int    // events of queue not settled
 	confirmed  pglogrepl.LSN
@@ -121,13 +125,16 @@ type Source struct {
 
 	work, space, tableWake, brokerBack, standbyWake lifecycle.Wake
 
-	inFlight atomic.Bool // the dispatcher has a batch out
-	// marks takes the dispatcher's wholly acknowledged batches to the marker,
-	// which marks and settles them while the next batch is published; marking
-	// counts the batches handed over and not yet settled. Both belong to the
-	// dispatcher's goroutine (marks is made and closed there).
-	marks      chan markJob
-	marking    atomic.Int32
+	// inFlight counts the stream's batches assembled and not yet settled
+	// (published, or being marked).
+	inFlight atomic.Int32
+	// pausedUntil (unix nanoseconds): the broker looked unreachable; the
+	// dispatcher assembles nothing before then unless the table path gets an
+	// ack through (brokerBack).
+	pausedUntil atomic.Int64
+	// marks tracks the marks of wholly acknowledged batches in progress, so
+	// that a batch with a failure can wait for the marks begun before it.
+	marks      markTickets
 	dbDown     atomic.Bool
 	broker     retry.BrokerHealth    // reachable or refusing, after each batch
 	streamDown atomic.Pointer[error] // why the replication stream is down (a redactedError), or nil
@@ -168,6 +175,7 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Source, error)
 		cfg: c, pool: pool, pub: pub, q: newQueries(c.Schema),
 		log:        c.Logger.With(slog.String("source", "cdc"), slog.String("slot", c.Slot)),
 		blocked:    map[pgoutbox.Lane]*laneState{},
+		lanesOut:   map[pgoutbox.Lane]struct{}{},
 		work:       lifecycle.NewWake(),
 		space:      lifecycle.NewWake(),
 		tableWake:  lifecycle.NewWake(),
@@ -457,22 +465,18 @@ func (s *Source) oldestUnconfirmed() time.Time {
 	return s.queue[0].commit
 }
 
-// dispatch turns queued transactions into batches: one batch published at a
-// time, so that a lane whose event fails is blocked before its next event is
-// looked at. A batch the broker acknowledged whole is marked by the marker
-// while the next one is published (markDepth batches at most); a batch with a
-// failure waits for the marks before it, then is settled here.
+// dispatch turns queued transactions into batches and publishes up to
+// Config.Workers of them at once, each on a goroutine of its own. The batches
+// out share no lane: an event whose lane is in a batch being published waits
+// for that batch's acks, so a lane whose event fails is blocked before its
+// next event is looked at, as with one batch at a time. A batch the broker
+// acknowledged whole gives its lanes back at once and is marked while the
+// next ones go out; a batch with a failure first waits for the marks begun
+// before it, then records the failure and blocks the lane.
 func (s *Source) dispatch() {
-	s.marks = make(chan markJob, markDepth-1)
-	markerDone := make(chan struct{})
-	go func() {
-		defer close(markerDone)
-		s.marker()
-	}()
-	defer func() {
-		close(s.marks) // the marker settles what it holds (or, hard-stopped, gives up) and returns
-		<-markerDone
-	}()
+	slots := make(chan struct{}, s.cfg.Workers)
+	var workers sync.WaitGroup
+	defer workers.Wait() // a stop lets the batches out finish and settle
 	for {
 		select {
 		case <-s.stopping:
@@ -480,100 +484,157 @@ func (s *Source) dispatch() {
 		case <-s.work:
 		}
 		for {
+			if !s.waitPause() {
+				return
+			}
 			select {
 			case <-s.stopping:
 				return
-			default:
+			case slots <- struct{}{}:
 			}
-			s.inFlight.Store(true)
+			s.inFlight.Add(1)
 			batch := s.assemble()
 			if len(batch) == 0 {
-				s.inFlight.Store(false)
+				s.inFlight.Add(-1)
+				<-slots
+				break // until a push, a hand-back of lanes or a settled batch pokes work
+			}
+			workers.Add(1)
+			go func() {
+				defer workers.Done()
+				if pause := s.process(batch); pause > 0 {
+					s.pausedUntil.Store(time.Now().Add(pause).UnixNano())
+				}
+				s.inFlight.Add(-1)
+				<-slots
+				s.work.Poke()
+			}()
+		}
+	}
+}
+
+// waitPause waits while the broker looks unreachable: for the table path to
+// get an ack through, or for the pause to end. It returns false on stop.
+func (s *Source) waitPause() bool {
+	until := s.pausedUntil.Load()
+	if until == 0 {
+		return true
+	}
+	if d := time.Until(time.Unix(0, until)); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-s.stopping:
+			return false
+		case <-s.brokerBack:
+		case <-t.C:
+		}
+	}
+	s.pausedUntil.CompareAndSwap(until, 0)
+	return true
+}
+
+// markTickets numbers the marks of wholly acknowledged batches, so that a
+// batch with a failure can wait for every mark begun before it: those may hold
+// earlier events of its failed lane, which the table path must find published.
+type markTickets struct {
+	mu      sync.Mutex
+	cond    sync.Cond
+	next    uint64
+	pending map[uint64]struct{}
+}
+
+// begin registers a mark about to start.
+func (m *markTickets) begin() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pending == nil {
+		m.pending, m.cond.L = map[uint64]struct{}{}, &m.mu
+	}
+	t := m.next
+	m.next++
+	m.pending[t] = struct{}{}
+	return t
+}
+
+// end records that mark t is over (done, or abandoned by a hard stop).
+func (m *markTickets) end(t uint64) {
+	m.mu.Lock()
+	delete(m.pending, t)
+	m.mu.Unlock()
+	m.cond.Broadcast()
+}
+
+// waitBegun waits until every mark begun so far is over.
+func (m *markTickets) waitBegun() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	until := m.next
+	for {
+		waiting := false
+		for t := range m.pending {
+			if t < until {
+				waiting = true
 				break
 			}
-			pause := s.process(batch)
-			s.inFlight.Store(false)
-			if pause > 0 {
-				// The broker is unreachable: wait for the table path to get an ack
-				// through (or for the pause to end) instead of failing every lane.
-				t := time.NewTimer(pause)
-				select {
-				case <-s.stopping:
-					t.Stop()
-					return
-				case <-s.brokerBack:
-				case <-t.C:
-				}
-				t.Stop()
-			}
 		}
-	}
-}
-
-// markJob is a batch for the marker: acknowledged whole, to be marked and
-// settled; or, with barrier set, a request to close barrier once every batch
-// handed over before it is settled.
-type markJob struct {
-	batch, sent []item
-	acked       []pgoutbox.UUID
-	outcomes    []EventOutcome
-	took        time.Duration
-	barrier     chan struct{}
-}
-
-// marker marks and settles the batches the dispatcher hands over, in order.
-func (s *Source) marker() {
-	for j := range s.marks {
-		if j.barrier != nil {
-			close(j.barrier)
-			continue
+		if !waiting {
+			return
 		}
-		var res settled
-		if s.record(PathStream, j.acked, nil, j.outcomes, j.took, &res) {
-			s.settleBatch(j.batch, j.sent, res)
-		} // else hard-stopped: nothing settled, nothing confirmed
-		s.marking.Add(-1)
+		m.cond.Wait()
 	}
-}
-
-// waitMarks waits until the marker settled every batch handed to it.
-func (s *Source) waitMarks() {
-	if s.marking.Load() == 0 {
-		return
-	}
-	b := make(chan struct{})
-	s.marks <- markJob{barrier: b}
-	<-b
 }
 
 // assemble takes the next batch from the queue. Events of lanes the table path
 // owns are skipped (settled at once: the table has them); the lane remembers the
 // highest sequence skipped.
+//
+// Events are taken in commit order, up to the first whose lane is in a batch
+// being published (lanesOut). Stopped there with less than a quarter of a
+// batch while other batches are out, it takes nothing: small batches cost a
+// publish and a mark each, and the lanes come back with the next acks.
 func (s *Source) assemble() []item {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(s.lanesOut) > 0 && s.takeableLocked() < max(1, s.cfg.BatchSize/4) {
+		return nil
+	}
 	var out []item
 	skipped := 0
+	mine := map[pgoutbox.Lane]struct{}{}
+	conflict := false
 	for _, t := range s.queue {
 		if t.next < len(t.events) && !s.releasableLocked(t) {
 			break // this and every later transaction wait for the synchronous standbys
 		}
 		t.released = true
 		for t.next < len(t.events) && len(out) < s.cfg.BatchSize {
-			m := t.events[t.next]
-			t.next++
-			if st := s.blocked[laneOf(&m)]; st != nil {
+			m := &t.events[t.next]
+			l := laneOf(m)
+			if st := s.blocked[l]; st != nil {
+				t.next++
 				st.seen = max(st.seen, m.AggregateSequence)
 				t.unsettled--
 				s.buffered--
 				skipped++
 				continue
 			}
-			out = append(out, item{msg: m, tx: t, refused: t.refused[m.EventID], check: t.end <= s.checkUntil})
+			if _, out := s.lanesOut[l]; out {
+				if _, ours := mine[l]; !ours {
+					conflict = true // its previous event's ack is not in yet
+					break
+				}
+			}
+			t.next++
+			mine[l] = struct{}{}
+			out = append(out, item{msg: *m, tx: t, refused: t.refused[m.EventID], check: t.end <= s.checkUntil})
 		}
-		if len(out) >= s.cfg.BatchSize {
+		if conflict || len(out) >= s.cfg.BatchSize {
 			break
 		}
+	}
+	for l := range mine {
+		s.lanesOut[l] = struct{}{}
 	}
 	if skipped > 0 {
 		s.stats.skipped.Add(int64(skipped))
@@ -581,6 +642,45 @@ func (s *Source) assemble() []item {
 		s.space.Poke()
 	}
 	return out
+}
+
+// takeableLocked counts the events assemble would take now, up to a batch:
+// in commit order, up to the first whose lane is out in another batch (s.mu
+// held).
+func (s *Source) takeableLocked() int {
+	n := 0
+	seen := map[pgoutbox.Lane]struct{}{}
+	for _, t := range s.queue {
+		if t.next < len(t.events) && !s.releasableLocked(t) {
+			return n
+		}
+		for i := t.next; i < len(t.events) && n < s.cfg.BatchSize; i++ {
+			l := laneOf(&t.events[i])
+			if s.blocked[l] != nil {
+				continue
+			}
+			if _, out := s.lanesOut[l]; out {
+				if _, ours := seen[l]; !ours {
+					return n
+				}
+			}
+			seen[l] = struct{}{}
+			n++
+		}
+		if n >= s.cfg.BatchSize {
+			return n
+		}
+	}
+	// The queue's end: everything there is goes, however little.
+	return s.cfg.BatchSize
+}
+
+// releaseLanesLocked gives a batch's lanes back for the next batches (s.mu
+// held).
+func (s *Source) releaseLanesLocked(batch []item) {
+	for i := range batch {
+		delete(s.lanesOut, laneOf(&batch[i].msg))
+	}
 }
 
 // process publishes one batch from the stream and settles it. It returns how long
@@ -627,26 +727,39 @@ func (s *Source) process(batch []item) time.Duration {
 		results, took := s.publish(send)
 		_ = failpoint.Inject(failpoint.CDCAfterPublish) // crash or delay only: the broker has spoken
 		if s.hardCtx.Err() != nil {
+			s.mu.Lock()
+			s.releaseLanesLocked(batch)
+			s.mu.Unlock()
 			return 0 // abandoned: leave everything for the restart
 		}
 		acked, failed, outcomes := s.judge(send, results, res.failedLanes)
 		if len(acked) == len(send) {
-			// Acknowledged whole: the marker marks it while the next batch goes
-			// out. Nothing of it blocks a lane, so the next batch may be assembled
-			// at once.
-			s.marking.Add(1)
-			s.marks <- markJob{batch: batch, sent: send, acked: acked, outcomes: outcomes, took: took}
+			// Acknowledged whole: the lanes may go on in the next batches while
+			// this one is marked.
+			ticket := s.marks.begin()
+			s.mu.Lock()
+			s.releaseLanesLocked(batch)
+			s.mu.Unlock()
+			s.work.Poke()
+			ok := s.record(PathStream, acked, nil, outcomes, took, &res)
+			s.marks.end(ticket)
+			if ok {
+				s.settleBatch(batch, send, res, false)
+			} // else hard-stopped: nothing settled, nothing confirmed
 			return 0
 		}
-		// A failure blocks its lane: the marks before it land first, so that the
-		// table path, reading the lane from the table, does not find their events
-		// unpublished and send them again.
-		s.waitMarks()
+		// A failure blocks its lane: the marks begun before land first, so that
+		// the table path, reading the lane from the table, does not find their
+		// events unpublished and send them again.
+		s.marks.waitBegun()
 		if !s.record(PathStream, acked, failed, outcomes, took, &res) {
+			s.mu.Lock()
+			s.releaseLanesLocked(batch)
+			s.mu.Unlock()
 			return 0
 		}
 	}
-	s.settleBatch(batch, send, res)
+	s.settleBatch(batch, send, res, true)
 	if res.allUnavailable {
 		// Hold the stream (the slot's lag grows, the server keeps the WAL) rather
 		// than hand every lane to the table path one failure at a time; the table
@@ -658,11 +771,16 @@ func (s *Source) process(batch []item) time.Duration {
 
 // settleBatch counts a stream batch settled (sent is what was published of
 // it, res what settling found): lanes with a failed event go to the table
-// path, and the confirmed position moves past transactions now wholly
+// path, the batch's lanes are given back when release (a batch acknowledged
+// whole gave them back before its mark: they may be out in a later batch
+// now), and the confirmed position moves past transactions now wholly
 // settled.
-func (s *Source) settleBatch(batch, sent []item, res settled) {
+func (s *Source) settleBatch(batch, sent []item, res settled, release bool) {
 	now := time.Now()
 	s.mu.Lock()
+	if release {
+		s.releaseLanesLocked(batch)
+	}
 	for l, delay := range res.failedLanes {
 		st := &laneState{due: now.Add(delay)}
 		for _, it := range sent {

@@ -268,7 +268,7 @@ func (w *receiveWindow) end() {
 // that the final status report covers it.
 func (s *Source) waitDispatcherIdle() {
 	deadline := time.Now().Add(s.cfg.PublishTimeout + settleGrace)
-	for (s.inFlight.Load() || s.marking.Load() > 0) && time.Now().Before(deadline) && s.hardCtx.Err() == nil {
+	for s.inFlight.Load() > 0 && time.Now().Before(deadline) && s.hardCtx.Err() == nil {
 		time.Sleep(idlePoll)
 	}
 }

@@ -61,12 +61,6 @@ const (
 	settleGrace = 10 * time.Second
 	idlePoll    = 10 * time.Millisecond
 
-	// markDepth is how many acknowledged batches may wait for their mark (one
-	// being marked, the others queued) while the next batch is published.
-	// Each is a batch the broker has and the table does not say so: after a
-	// crash they are published again (duplicates), never lost.
-	markDepth = 2
-
 	// minTableWait is the shortest timer of the table path between rounds.
 	minTableWait = time.Millisecond
 

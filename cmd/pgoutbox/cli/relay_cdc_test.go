@@ -101,9 +101,8 @@ func (e *relayEnv) dropCDC() string {
 
 // Acceptance: a CDC relay process is SIGKILLed after the broker acknowledged a
 // batch, before marking it or confirming the slot position. The restarted relay
-// re-publishes at most that batch and the ones acknowledged before it that were
-// still waiting for their mark (the marks run while the next batch is
-// published: cdc's markDepth, 2): a bounded tail of duplicates. It loses
+// re-publishes at most the batches out at the crash (published or being marked:
+// --workers, cdc.DefaultWorkers), a bounded tail of duplicates. It loses
 // nothing and keeps each aggregate's order. Then, with the relay stopped, the slot is dropped
 // and `pgoutbox cdc recover` publishes every event committed meanwhile.
 func TestCDCRelaySIGKILLAfterAckThenRecover(t *testing.T) {
@@ -111,7 +110,7 @@ func TestCDCRelaySIGKILLAfterAckThenRecover(t *testing.T) {
 	e := newCDCRelayEnv(t)
 	slot := e.dropCDC()
 	const batch = 100
-	const unmarked = 3 * batch // the batch at the crash, and markDepth (2) batches acknowledged before it
+	const unmarked = cdc.DefaultWorkers * batch // the batches out at the crash
 	victim := e.startCDCRelay([]string{failpoint.EnvVar + "=" + failpoint.CDCAfterPublish + "=3*crash"}, "--batch-size", "100")
 	ids := e.enqueue(100, 30) // 3,000 events in transactions of 1,000, written while the victim streams
 	select {
