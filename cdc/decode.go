@@ -46,9 +46,66 @@ type relation struct {
 // straight from the received bytes into the message: pglogrepl's decoder
 // allocates and copies every column of every row first, which was a tenth of
 // the source's CPU in a drain.
+//
+// What a transaction holds in memory is what its events cost: the payloads
+// share the transaction's arena (a few large blocks, which the garbage
+// collector need not scan, instead of one allocation per event), and the
+// aggregate and event types, few and repeated, are interned.
 type decoder struct {
 	types  *pgtype.Map // for timestamps not in the ISO form fast path reads
 	schema string
+	names  map[string]string // interned aggregate and event types, at most maxInterned
+}
+
+// maxInterned bounds the decoder's interned names: past it, names are
+// allocated per event (a schema with that many aggregate and event types
+// gains little from interning).
+const maxInterned = 4096
+
+// A transaction arena's blocks grow with the transaction, from minArenaBlock
+// to arenaBlock: a one-event transaction allocates little more than its
+// payload, a large one a block per hundreds of events.
+const (
+	minArenaBlock = 512
+	arenaBlock    = 64 << 10
+)
+
+// arena holds the payloads of one transaction's events: a payload is a
+// capped slice of a block (appending to it copies), and the blocks live as
+// long as the transaction's events.
+type arena struct {
+	block []byte
+	total int // bytes of the blocks allocated so far
+}
+
+// clone copies b into the arena.
+func (a *arena) clone(b []byte) []byte {
+	if len(b) > arenaBlock/4 {
+		return bytes.Clone(b) // a large payload gets its own allocation
+	}
+	if cap(a.block)-len(a.block) < len(b) {
+		size := min(max(a.total, 2*len(b), minArenaBlock), arenaBlock)
+		a.block = make([]byte, 0, size)
+		a.total += size
+	}
+	off := len(a.block)
+	a.block = append(a.block, b...)
+	return a.block[off:len(a.block):len(a.block)]
+}
+
+// intern returns b as a string, shared with earlier equal names.
+func (d *decoder) intern(b []byte) string {
+	if s, ok := d.names[string(b)]; ok { // no allocation: the compiler's map lookup by []byte
+		return s
+	}
+	s := string(b)
+	if len(d.names) < maxInterned {
+		if d.names == nil {
+			d.names = map[string]string{}
+		}
+		d.names[s] = s
+	}
+	return s
 }
 
 // relation records a Relation message.
@@ -86,7 +143,7 @@ func parseInsert(b []byte) (relID uint32, tuple []byte, err error) {
 // cannot be published although it decoded (its headers are not a JSON object
 // of strings). Text values only (the source asks for no binary ones); a NULL
 // or an unchanged TOAST value of a column read here counts as missing.
-func (d *decoder) insert(rel *relation, tuple []byte) (m broker.Message, refused error, err error) {
+func (d *decoder) insert(rel *relation, tuple []byte, mem *arena) (m broker.Message, refused error, err error) {
 	if len(tuple) < 2 {
 		return m, nil, errShortMessage
 	}
@@ -123,17 +180,17 @@ func (d *decoder) insert(rel *relation, tuple []byte) (m broker.Message, refused
 		case fieldEventID:
 			m.EventID, err = parseUUIDText(v)
 		case fieldAggregateType:
-			m.AggregateType = string(v)
+			m.AggregateType = d.intern(v)
 		case fieldAggregateID:
 			m.AggregateID = string(v)
 		case fieldAggregateSequence:
 			m.AggregateSequence, err = strconv.ParseInt(string(v), 10, 64)
 		case fieldEventType:
-			m.EventType = string(v)
+			m.EventType = d.intern(v)
 		case fieldSchemaVersion:
 			m.SchemaVersion, err = strconv.Atoi(string(v))
 		case fieldPayload:
-			m.Payload = bytes.Clone(v)
+			m.Payload = mem.clone(v)
 		case fieldHeaders:
 			if m.Headers, refused = decodeHeaders(v); refused != nil {
 				m.Headers = nil
@@ -157,12 +214,12 @@ func (d *decoder) insert(rel *relation, tuple []byte) (m broker.Message, refused
 
 // decodeHeaders reads the headers column (a JSON object of strings), as the
 // polling relay does. Most events carry none: "{}" is not worth encoding/json's
-// reflection.
+// reflection, nor a map (publishers only read Headers; nil is no headers).
 func decodeHeaders(raw []byte) (map[string]string, error) {
-	h := map[string]string{}
 	if string(raw) == "{}" {
-		return h, nil
+		return nil, nil
 	}
+	h := map[string]string{}
 	if err := json.Unmarshal(raw, &h); err != nil {
 		return nil, err
 	}

@@ -68,7 +68,7 @@ func TestDecodeInsert(t *testing.T) {
 	if err != nil || relID != 7 {
 		t.Fatalf("parseInsert: %d, %v", relID, err)
 	}
-	m, refused, err := d.insert(rel, tuple)
+	m, refused, err := d.insert(rel, tuple, &arena{})
 	if err != nil || refused != nil {
 		t.Fatalf("insert: %v, refused %v", err, refused)
 	}
@@ -84,13 +84,13 @@ func TestDecodeInsert(t *testing.T) {
 	cols := validColumns()
 	cols[9].v = `{"n": 1}`
 	_, tuple, _ = parseInsert(insertMessage(7, cols))
-	if _, refused, err := d.insert(rel, tuple); err != nil || refused == nil {
+	if _, refused, err := d.insert(rel, tuple, &arena{}); err != nil || refused == nil {
 		t.Fatalf("headers with a number: err %v, refused %v; want refused", err, refused)
 	}
 	cols[9].v = "{}"
 	_, tuple, _ = parseInsert(insertMessage(7, cols))
-	if m, refused, err := d.insert(rel, tuple); err != nil || refused != nil || m.Headers == nil || len(m.Headers) != 0 {
-		t.Fatalf("no headers: %v, %v, %v; want an empty map as the polling relay reads", m.Headers, refused, err)
+	if m, refused, err := d.insert(rel, tuple, &arena{}); err != nil || refused != nil || len(m.Headers) != 0 {
+		t.Fatalf("no headers: %v, %v, %v; want none", m.Headers, refused, err)
 	}
 
 	// A column read here that is NULL, unchanged TOAST or binary counts as
@@ -99,7 +99,7 @@ func TestDecodeInsert(t *testing.T) {
 		cols := validColumns()
 		cols[1] = c
 		_, tuple, _ := parseInsert(insertMessage(7, cols))
-		if _, _, err := d.insert(rel, tuple); err == nil || !strings.Contains(err.Error(), "lacks columns") {
+		if _, _, err := d.insert(rel, tuple, &arena{}); err == nil || !strings.Contains(err.Error(), "lacks columns") {
 			t.Errorf("case %d: aggregate_type %q %q: %v, want lacks columns", i, c.kind, c.v, err)
 		}
 	}
@@ -107,7 +107,7 @@ func TestDecodeInsert(t *testing.T) {
 		cols := validColumns()
 		cols[i].v = bad
 		_, tuple, _ := parseInsert(insertMessage(7, cols))
-		if _, _, err := d.insert(rel, tuple); err == nil || !strings.Contains(err.Error(), "decode column") {
+		if _, _, err := d.insert(rel, tuple, &arena{}); err == nil || !strings.Contains(err.Error(), "decode column") {
 			t.Errorf("column %d = %q: %v, want a decode error", i, bad, err)
 		}
 	}
@@ -123,7 +123,7 @@ func TestDecodeInsertHostileBytes(t *testing.T) {
 	for n := range len(msg) {
 		_, tuple, err := parseInsert(msg[:n])
 		if err == nil {
-			_, _, err = d.insert(rel, tuple)
+			_, _, err = d.insert(rel, tuple, &arena{})
 		}
 		if err == nil {
 			t.Fatalf("a message cut to %d of %d bytes decoded", n, len(msg))
@@ -140,19 +140,19 @@ func TestDecodeInsertHostileBytes(t *testing.T) {
 	// A column count or a length far beyond the message.
 	huge := insertMessage(7, []col{{'t', "x"}})
 	binary.BigEndian.PutUint32(huge[9:], 0xFFFFFFFF)
-	if _, tuple, err := parseInsert(huge); err != nil || !errors.Is(func() error { _, _, err := d.insert(rel, tuple); return err }(), errShortMessage) {
+	if _, tuple, err := parseInsert(huge); err != nil || !errors.Is(func() error { _, _, err := d.insert(rel, tuple, &arena{}); return err }(), errShortMessage) {
 		t.Fatal("a length past the end is not reported as a truncated message")
 	}
 	many := insertMessage(7, nil)
 	binary.BigEndian.PutUint16(many[6:], 0xFFFF)
-	if _, tuple, _ := parseInsert(many); !errors.Is(func() error { _, _, err := d.insert(rel, tuple); return err }(), errShortMessage) {
+	if _, tuple, _ := parseInsert(many); !errors.Is(func() error { _, _, err := d.insert(rel, tuple, &arena{}); return err }(), errShortMessage) {
 		t.Fatal("a column count past the end is not reported as a truncated message")
 	}
 }
 
 func decodeAny(d *decoder, rel *relation, b []byte) {
 	if _, tuple, err := parseInsert(b); err == nil {
-		_, _, _ = d.insert(rel, tuple)
+		_, _, _ = d.insert(rel, tuple, &arena{})
 	}
 }
 
@@ -232,5 +232,36 @@ func TestParseUUIDText(t *testing.T) {
 		if got != want || (err == nil) != (werr == nil) {
 			t.Errorf("%q: %v, %v; ParseUUID %v, %v", s, got, err, want, werr)
 		}
+	}
+}
+
+// Payloads copied into a transaction's arena are each what was received,
+// stay intact when the next ones are copied or one of them is appended to,
+// and a large one gets its own allocation.
+func TestArena(t *testing.T) {
+	t.Parallel()
+	var a arena
+	var got [][]byte
+	var want []string
+	for i := range 2000 {
+		p := []byte(strings.Repeat(string(rune('a'+i%26)), 1+i%700))
+		got = append(got, a.clone(p))
+		want = append(want, string(p))
+		p[0] = '!' // the received buffer is reused
+	}
+	_ = append(got[0], "overwrite?"...)
+	big := a.clone(make([]byte, arenaBlock))
+	for i := range got {
+		if string(got[i]) != want[i] {
+			t.Fatalf("payload %d: %q, want %q", i, got[i], want[i])
+		}
+	}
+	if len(big) != arenaBlock || a.total > 2*2000*700 {
+		t.Fatalf("large payload %d bytes; arena blocks %d bytes", len(big), a.total)
+	}
+	var small arena
+	small.clone(make([]byte, 100))
+	if small.total > minArenaBlock {
+		t.Fatalf("a one-event transaction's arena holds %d bytes", small.total)
 	}
 }

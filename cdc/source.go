@@ -61,7 +61,8 @@ type txn struct {
 	// refused holds why an event cannot become a message (headers that are not
 	// a JSON object of strings, written by a raw INSERT): it is quarantined.
 	refused   map[pgoutbox.UUID]error
-	next      int // events[:next] were handed out or skipped
+	mem       arena // the events' payloads
+	next      int   // events[:next] were handed out or skipped
 	unsettled int
 	received  time.Time // when push queued it
 	// released: the synchronous standbys have it (or none is waited for); its

@@ -201,7 +201,7 @@ func (s *Source) streamOnce(up func()) error {
 					if cur == nil || !rel.outbox {
 						continue
 					}
-					msg, refused, err := dec.insert(rel, tuple)
+					msg, refused, err := dec.insert(rel, tuple, &cur.mem)
 					if err != nil {
 						return err
 					}
