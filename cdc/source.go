@@ -592,13 +592,17 @@ func (m *markTickets) waitBegun() {
 //
 // Events are taken in commit order, up to the first whose lane is in a batch
 // being published (lanesOut). Stopped there with less than a quarter of a
-// batch while other batches are out, it takes nothing: small batches cost a
-// publish and a mark each, and the lanes come back with the next acks.
+// batch while at least that many events wait, it takes nothing: under load,
+// small batches cost a publish and a mark each, and the lanes come back with
+// the next acks. With few events waiting it takes what may go (latency).
 func (s *Source) assemble() []item {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.lanesOut) > 0 && s.takeableLocked() < max(1, s.cfg.BatchSize/4) {
-		return nil
+	if len(s.lanesOut) > 0 {
+		quarter := max(1, s.cfg.BatchSize/4)
+		if n, waiting := s.takeableLocked(); n < quarter && waiting >= quarter {
+			return nil
+		}
 	}
 	var out []item
 	skipped := 0
@@ -646,34 +650,38 @@ func (s *Source) assemble() []item {
 }
 
 // takeableLocked counts the events assemble would take now, up to a batch:
-// in commit order, up to the first whose lane is out in another batch (s.mu
-// held).
-func (s *Source) takeableLocked() int {
-	n := 0
+// in commit order, up to the first whose lane is out in another batch; and
+// the events waiting to be handed out, up to a batch (s.mu held).
+func (s *Source) takeableLocked() (n, waiting int) {
 	seen := map[pgoutbox.Lane]struct{}{}
+	stopped := false
 	for _, t := range s.queue {
 		if t.next < len(t.events) && !s.releasableLocked(t) {
-			return n
+			break
 		}
-		for i := t.next; i < len(t.events) && n < s.cfg.BatchSize; i++ {
+		for i := t.next; i < len(t.events) && waiting < s.cfg.BatchSize; i++ {
 			l := laneOf(&t.events[i])
 			if s.blocked[l] != nil {
 				continue
 			}
+			waiting++
+			if stopped {
+				continue
+			}
 			if _, out := s.lanesOut[l]; out {
 				if _, ours := seen[l]; !ours {
-					return n
+					stopped = true
+					continue
 				}
 			}
 			seen[l] = struct{}{}
 			n++
 		}
-		if n >= s.cfg.BatchSize {
-			return n
+		if waiting >= s.cfg.BatchSize {
+			break
 		}
 	}
-	// The queue's end: everything there is goes, however little.
-	return s.cfg.BatchSize
+	return n, waiting
 }
 
 // releaseLanesLocked gives a batch's lanes back for the next batches (s.mu

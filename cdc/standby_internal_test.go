@@ -131,8 +131,8 @@ func TestAssembleStopsAtAHeldTransaction(t *testing.T) {
 
 // Batches out at once share no lane: the dispatcher takes events in commit
 // order up to the first whose lane is in a batch not yet acknowledged, takes
-// nothing when that leaves less than a quarter of a batch, and goes on once
-// the lane is given back.
+// nothing when that leaves less than a quarter of a batch while more wait,
+// and goes on once the lane is given back.
 func TestAssembleKeepsALaneInOneBatch(t *testing.T) {
 	s, err := New(&pgxpool.Pool{}, &null.Publisher{}, &Config{BatchSize: 8, PublishUnreplicated: true})
 	pgtest.Must(t, err, "new source")
@@ -177,5 +177,26 @@ func TestAssembleKeepsALaneInOneBatch(t *testing.T) {
 	}
 	if len(s.lanesOut) != 4 {
 		t.Fatalf("lanes out %v, want the second batch's: 1, 5, 6, 9", s.lanesOut)
+	}
+}
+
+// With few events waiting, those before a lane that is out go at once rather
+// than wait for a quarter of a batch: latency at low rates.
+func TestAssembleSendsFewEventsAtOnce(t *testing.T) {
+	s, err := New(&pgxpool.Pool{}, &null.Publisher{}, &Config{BatchSize: 40, PublishUnreplicated: true})
+	pgtest.Must(t, err, "new source")
+	msg := func(id string, seq int64) broker.Message {
+		return broker.Message{AggregateType: "a", AggregateID: id, AggregateSequence: seq}
+	}
+	s.queue, s.buffered = []*txn{{end: 100, events: []broker.Message{msg("1", 1)}, unsettled: 1}}, 1
+	if got := s.assemble(); len(got) != 1 {
+		t.Fatalf("first batch: %d events, want 1#1", len(got))
+	}
+	// Received while 1#1 is out.
+	s.queue = append(s.queue, &txn{end: 200, events: []broker.Message{msg("2", 1), msg("1", 2)}, unsettled: 2})
+	s.buffered += 2
+	got := s.assemble()
+	if len(got) != 1 || got[0].msg.AggregateID != "2" {
+		t.Fatalf("with lane 1 out and two events waiting: assembled %v, want 2#1 at once", got)
 	}
 }
