@@ -185,6 +185,7 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Source, error)
 		standbyWake: lifecycle.NewWake(),
 	}
 	s.sb.off = c.PublishUnreplicated
+	s.marks.cond.L = &s.marks.mu
 	s.lc.Name = "cdc"
 	s.lc.Stopped = s.stopped
 	s.stopping = s.lc.Stopping()
@@ -538,6 +539,7 @@ func (s *Source) waitPause() bool {
 // markTickets numbers the marks of wholly acknowledged batches, so that a
 // batch with a failure can wait for every mark begun before it: those may hold
 // earlier events of its failed lane, which the table path must find published.
+// Its cond's L is its mu (set by New).
 type markTickets struct {
 	mu      sync.Mutex
 	cond    sync.Cond
@@ -550,7 +552,7 @@ func (m *markTickets) begin() uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.pending == nil {
-		m.pending, m.cond.L = map[uint64]struct{}{}, &m.mu
+		m.pending = map[uint64]struct{}{}
 	}
 	t := m.next
 	m.next++
