@@ -571,8 +571,15 @@ func (m *markTickets) end(t uint64) {
 // waitBegun waits until every mark begun so far is over.
 func (m *markTickets) waitBegun() {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	until := m.next
+	m.mu.Unlock()
+	m.waitBefore(until)
+}
+
+// waitBefore waits until every mark numbered below until is over.
+func (m *markTickets) waitBefore(until uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for {
 		waiting := false
 		for t := range m.pending {

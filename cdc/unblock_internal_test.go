@@ -50,3 +50,30 @@ func TestUnblockExtendsTheLookUp(t *testing.T) {
 		t.Fatalf("look-up up to %s after the hand-back, want at least %s (past the events the table path published)", until, before)
 	}
 }
+
+// A batch with a failure waits for every mark begun before it, and for no
+// mark begun after it started waiting.
+func TestMarkTicketsWaitForMarksBegunBefore(t *testing.T) {
+	t.Parallel()
+	m := &markTickets{}
+	m.cond.L = &m.mu
+	m.waitBegun() // nothing begun: returns at once
+	a, b := m.begin(), m.begin()
+	m.end(b)
+	m.waitBefore(a) // below a: nothing
+	done := make(chan struct{})
+	go func() {
+		m.waitBefore(b + 1) // a and b; b is over
+		close(done)
+	}()
+	later := m.begin() // after the waiter's number
+	select {
+	case <-done:
+		t.Fatal("returned while a mark begun before it runs")
+	default:
+	}
+	m.end(a)
+	<-done // returns although later still runs
+	m.end(later)
+	m.waitBegun()
+}
