@@ -16,6 +16,10 @@ import (
 const (
 	// DefaultBatchSize is Config.BatchSize's default.
 	DefaultBatchSize = 500
+	// DefaultWorkers is Config.Workers's default.
+	DefaultWorkers = 4
+	// MaxWorkers is the largest Config.Workers allowed.
+	MaxWorkers = 64
 	// DefaultRunLength is Config.RunLength's default.
 	DefaultRunLength = 10
 	// DefaultMaxBufferedBatches is how many batches Config.MaxBuffered holds by
@@ -63,6 +67,13 @@ type Config struct {
 	// BatchSize is the most events handed to the broker in one Publish call, at
 	// most MaxBatchSize. Zero means DefaultBatchSize (500).
 	BatchSize int
+
+	// Workers is how many batches the stream publishes at once, at most
+	// MaxWorkers. The batches out share no aggregate: an event waits while an
+	// earlier event of its aggregate is being published. More workers keep
+	// more publishes in flight (and, after a crash, more acknowledged events
+	// unmarked: published again, never lost). Zero means DefaultWorkers (4).
+	Workers int
 
 	// RunLength is the most events of one aggregate the table path reads per round
 	// for a lane it owns (a failed, quarantined or backfilled lane). Zero means
@@ -170,6 +181,7 @@ func configDefaults(c *Config) {
 	config.Default(&c.Slot, DefaultSlot(c.Schema))
 	config.Default(&c.Publication, DefaultSlot(c.Schema))
 	config.Default(&c.BatchSize, DefaultBatchSize)
+	config.Default(&c.Workers, DefaultWorkers)
 	config.Default(&c.RunLength, DefaultRunLength)
 	config.Default(&c.MaxBuffered, DefaultMaxBufferedBatches*c.BatchSize)
 	config.Default(&c.PublishTimeout, DefaultPublishTimeout)
@@ -190,6 +202,7 @@ func checkConfig(c *Config, p *config.Problems) {
 	p.Check(slotName.MatchString(c.Slot), "Config.Slot %q: want 1-63 lower-case letters, digits or underscores", c.Slot)
 	p.Check(slotName.MatchString(c.Publication), "Config.Publication %q: want 1-63 lower-case letters, digits or underscores", c.Publication)
 	p.Check(c.BatchSize > 0 && c.BatchSize <= MaxBatchSize, "Config.BatchSize must be in 1..%d, got %d", MaxBatchSize, c.BatchSize)
+	p.Check(c.Workers > 0 && c.Workers <= MaxWorkers, "Config.Workers must be in 1..%d, got %d", MaxWorkers, c.Workers)
 	p.Check(c.RunLength > 0, "Config.RunLength must be positive, got %d", c.RunLength)
 	p.Check(c.MaxBuffered >= c.BatchSize, "Config.MaxBuffered (%d) must be at least Config.BatchSize (%d)", c.MaxBuffered, c.BatchSize)
 	p.Check(c.PublishTimeout > 0, "Config.PublishTimeout must be positive, got %s", c.PublishTimeout)

@@ -31,7 +31,7 @@ func TestConfigValidation(t *testing.T) {
 	for _, c := range []cdc.Config{
 		{Slot: "Bad-Name"}, {Publication: "x y"}, {BatchSize: -1}, {BatchSize: 100, MaxBuffered: 10},
 		{StatusInterval: time.Minute}, {BackoffBase: 2 * time.Second, BackoffMax: time.Second},
-		{StandbyPollInterval: -time.Millisecond},
+		{StandbyPollInterval: -time.Millisecond}, {Workers: -1}, {Workers: cdc.MaxWorkers + 1},
 	} {
 		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "cdc: Config.") {
 			t.Errorf("%+v: %v, want a cdc: Config.<field> error", c, err)
@@ -46,7 +46,7 @@ func TestConfigDefaults(t *testing.T) {
 	if err := nilCfg.Validate(); err != nil {
 		t.Fatalf("nil Config: %v", err)
 	}
-	for _, c := range []cdc.Config{{BatchSize: cdc.MaxBatchSize}, {StatusInterval: cdc.MaxStatusInterval}} {
+	for _, c := range []cdc.Config{{BatchSize: cdc.MaxBatchSize}, {StatusInterval: cdc.MaxStatusInterval}, {Workers: 1}, {Workers: cdc.MaxWorkers}} {
 		if err := c.Validate(); err != nil {
 			t.Errorf("%+v: %v", c, err)
 		}

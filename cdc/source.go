@@ -34,7 +34,6 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
@@ -62,7 +61,8 @@ type txn struct {
 	// refused holds why an event cannot become a message (headers that are not
 	// a JSON object of strings, written by a raw INSERT): it is quarantined.
 	refused   map[pgoutbox.UUID]error
-	next      int // events[:next] were handed out or skipped
+	mem       arena // the events' payloads
+	next      int   // events[:next] were handed out or skipped
 	unsettled int
 	received  time.Time // when push queued it
 	// released: the synchronous standbys have it (or none is waited for); its
@@ -76,6 +76,9 @@ type item struct {
 	tx       *txn  // nil for the table path
 	attempts int   // attempt_count before this attempt
 	refused  error // see txn.refused
+	// check: the event may have been published already (Source.checkUntil);
+	// the stream looks it up before publishing.
+	check bool
 }
 
 // Source streams outbox inserts from a replication slot to a broker. Create it
@@ -90,14 +93,24 @@ type Source struct {
 	// look for events published meanwhile.
 	afterMark func()
 
-	mu         sync.Mutex
-	blocked    map[pgoutbox.Lane]*laneState
+	mu      sync.Mutex
+	blocked map[pgoutbox.Lane]*laneState
+	// lanesOut holds the lanes of the stream's batches being published: a
+	// lane is in one batch at a time, so its next event goes out only once
+	// the previous one's ack is in (and a failure blocked the lane).
+	lanesOut   map[pgoutbox.Lane]struct{}
 	queue      []*txn // received, not wholly settled, in commit order
 	buffered   int    // events of queue not settled
 	confirmed  pglogrepl.LSN
 	lastPushed pglogrepl.LSN
 	walEnd     pglogrepl.LSN // a keepalive's position, safe to confirm once queue is empty
-	sb         standbyState  // the wait for synchronous standbys (standby.go)
+	// checkUntil: the events of transactions that end at or before it may
+	// have been published by someone else (a previous run, or the table path
+	// before it handed their lane back); they are looked up in the table
+	// before publishing. Later ones cannot have been: their commit was not
+	// made yet when the position was read.
+	checkUntil pglogrepl.LSN
+	sb         standbyState // the wait for synchronous standbys (standby.go)
 
 	// lc is the start/stop protocol (package lifecycle): the one rule for Start
 	// twice, Stop twice, Start after Stop, Stop before Start and Start's context
@@ -113,7 +126,16 @@ type Source struct {
 
 	work, space, tableWake, brokerBack, standbyWake lifecycle.Wake
 
-	inFlight   atomic.Bool // the dispatcher has a batch out
+	// inFlight counts the stream's batches assembled and not yet settled
+	// (published, or being marked).
+	inFlight atomic.Int32
+	// pausedUntil (unix nanoseconds): the broker looked unreachable; the
+	// dispatcher assembles nothing before then unless the table path gets an
+	// ack through (brokerBack).
+	pausedUntil atomic.Int64
+	// marks tracks the marks of wholly acknowledged batches in progress, so
+	// that a batch with a failure can wait for the marks begun before it.
+	marks      markTickets
 	dbDown     atomic.Bool
 	broker     retry.BrokerHealth    // reachable or refusing, after each batch
 	streamDown atomic.Pointer[error] // why the replication stream is down (a redactedError), or nil
@@ -154,6 +176,7 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Source, error)
 		cfg: c, pool: pool, pub: pub, q: newQueries(c.Schema),
 		log:        c.Logger.With(slog.String("source", "cdc"), slog.String("slot", c.Slot)),
 		blocked:    map[pgoutbox.Lane]*laneState{},
+		lanesOut:   map[pgoutbox.Lane]struct{}{},
 		work:       lifecycle.NewWake(),
 		space:      lifecycle.NewWake(),
 		tableWake:  lifecycle.NewWake(),
@@ -162,6 +185,7 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Source, error)
 		standbyWake: lifecycle.NewWake(),
 	}
 	s.sb.off = c.PublishUnreplicated
+	s.marks.cond.L = &s.marks.mu
 	s.lc.Name = "cdc"
 	s.lc.Stopped = s.stopped
 	s.stopping = s.lc.Stopping()
@@ -250,6 +274,9 @@ func (s *Source) start(ctx context.Context) error {
 		return err
 	}
 	s.confirmed, s.lastPushed = lsn, lsn
+	if s.checkUntil, err = walInsertPosition(sctx, s.pool); err != nil {
+		return err
+	}
 	now := time.Now()
 	for _, l := range lanes {
 		s.blocked[l.key] = &laneState{seen: l.seen, due: now}
@@ -320,6 +347,21 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries, rec
 		return nil, 0, fmt.Errorf("cdc: read unpublished events: %w", err)
 	}
 	return lanes, lsn, nil
+}
+
+// walInsertPosition reads the server's WAL insert position: every transaction
+// visible now ends at or before it (a commit record is inserted before the
+// transaction becomes visible).
+func walInsertPosition(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, error) {
+	var text string
+	if err := pool.QueryRow(ctx, walInsertPositionSQL).Scan(&text); err != nil {
+		return 0, fmt.Errorf("cdc: read the WAL position: %w", err)
+	}
+	lsn, err := pglogrepl.ParseLSN(text)
+	if err != nil {
+		return 0, fmt.Errorf("cdc: read the WAL position: %w", err)
+	}
+	return lsn, nil
 }
 
 // Stop shuts the source down: no new batches, the batch in flight is published
@@ -425,9 +467,18 @@ func (s *Source) oldestUnconfirmed() time.Time {
 	return s.queue[0].commit
 }
 
-// dispatch turns queued transactions into batches: one batch in flight at a time,
-// so that a lane whose event fails is blocked before its next event is looked at.
+// dispatch turns queued transactions into batches and publishes up to
+// Config.Workers of them at once, each on a goroutine of its own. The batches
+// out share no lane: an event whose lane is in a batch being published waits
+// for that batch's acks, so a lane whose event fails is blocked before its
+// next event is looked at, as with one batch at a time. A batch the broker
+// acknowledged whole gives its lanes back at once and is marked while the
+// next ones go out; a batch with a failure first waits for the marks begun
+// before it, then records the failure and blocks the lane.
 func (s *Source) dispatch() {
+	slots := make(chan struct{}, s.cfg.Workers)
+	var workers sync.WaitGroup
+	defer workers.Wait() // a stop lets the batches out finish and settle
 	for {
 		select {
 		case <-s.stopping:
@@ -435,64 +486,169 @@ func (s *Source) dispatch() {
 		case <-s.work:
 		}
 		for {
+			if !s.waitPause() {
+				return
+			}
 			select {
 			case <-s.stopping:
 				return
-			default:
+			case slots <- struct{}{}:
 			}
-			s.inFlight.Store(true)
+			s.inFlight.Add(1)
 			batch := s.assemble()
 			if len(batch) == 0 {
-				s.inFlight.Store(false)
+				s.inFlight.Add(-1)
+				<-slots
+				break // until a push, a hand-back of lanes or a settled batch pokes work
+			}
+			workers.Add(1)
+			go func() {
+				defer workers.Done()
+				if pause := s.process(batch); pause > 0 {
+					s.pausedUntil.Store(time.Now().Add(pause).UnixNano())
+				}
+				s.inFlight.Add(-1)
+				<-slots
+				s.work.Poke()
+			}()
+		}
+	}
+}
+
+// waitPause waits while the broker looks unreachable: for the table path to
+// get an ack through, or for the pause to end. It returns false on stop.
+func (s *Source) waitPause() bool {
+	until := s.pausedUntil.Load()
+	if until == 0 {
+		return true
+	}
+	if d := time.Until(time.Unix(0, until)); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-s.stopping:
+			return false
+		case <-s.brokerBack:
+		case <-t.C:
+		}
+	}
+	s.pausedUntil.CompareAndSwap(until, 0)
+	return true
+}
+
+// markTickets numbers the marks of wholly acknowledged batches, so that a
+// batch with a failure can wait for every mark begun before it: those may hold
+// earlier events of its failed lane, which the table path must find published.
+// Its cond's L is its mu (set by New).
+type markTickets struct {
+	mu      sync.Mutex
+	cond    sync.Cond
+	next    uint64
+	pending map[uint64]struct{}
+}
+
+// begin registers a mark about to start.
+func (m *markTickets) begin() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pending == nil {
+		m.pending = map[uint64]struct{}{}
+	}
+	t := m.next
+	m.next++
+	m.pending[t] = struct{}{}
+	return t
+}
+
+// end records that mark t is over (done, or abandoned by a hard stop).
+func (m *markTickets) end(t uint64) {
+	m.mu.Lock()
+	delete(m.pending, t)
+	m.mu.Unlock()
+	m.cond.Broadcast()
+}
+
+// waitBegun waits until every mark begun so far is over.
+func (m *markTickets) waitBegun() {
+	m.mu.Lock()
+	until := m.next
+	m.mu.Unlock()
+	m.waitBefore(until)
+}
+
+// waitBefore waits until every mark numbered below until is over.
+func (m *markTickets) waitBefore(until uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for {
+		waiting := false
+		for t := range m.pending {
+			if t < until {
+				waiting = true
 				break
 			}
-			pause := s.process(batch)
-			s.inFlight.Store(false)
-			if pause > 0 {
-				// The broker is unreachable: wait for the table path to get an ack
-				// through (or for the pause to end) instead of failing every lane.
-				t := time.NewTimer(pause)
-				select {
-				case <-s.stopping:
-					t.Stop()
-					return
-				case <-s.brokerBack:
-				case <-t.C:
-				}
-				t.Stop()
-			}
 		}
+		if !waiting {
+			return
+		}
+		m.cond.Wait()
 	}
 }
 
 // assemble takes the next batch from the queue. Events of lanes the table path
 // owns are skipped (settled at once: the table has them); the lane remembers the
 // highest sequence skipped.
+//
+// Events are taken in commit order, up to the first whose lane is in a batch
+// being published (lanesOut). Stopped there with less than a quarter of a
+// batch while at least that many events wait, it takes nothing: under load,
+// small batches cost a publish and a mark each, and the lanes come back with
+// the next acks. With few events waiting it takes what may go (latency).
 func (s *Source) assemble() []item {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(s.lanesOut) > 0 {
+		quarter := max(1, s.cfg.BatchSize/4)
+		if n, waiting := s.takeableLocked(); n < quarter && waiting >= quarter {
+			return nil
+		}
+	}
 	var out []item
 	skipped := 0
+	mine := map[pgoutbox.Lane]struct{}{}
+	conflict := false
 	for _, t := range s.queue {
 		if t.next < len(t.events) && !s.releasableLocked(t) {
 			break // this and every later transaction wait for the synchronous standbys
 		}
 		t.released = true
 		for t.next < len(t.events) && len(out) < s.cfg.BatchSize {
-			m := t.events[t.next]
-			t.next++
-			if st := s.blocked[laneOf(&m)]; st != nil {
+			m := &t.events[t.next]
+			l := laneOf(m)
+			if st := s.blocked[l]; st != nil {
+				t.next++
 				st.seen = max(st.seen, m.AggregateSequence)
 				t.unsettled--
 				s.buffered--
 				skipped++
 				continue
 			}
-			out = append(out, item{msg: m, tx: t, refused: t.refused[m.EventID]})
+			if _, out := s.lanesOut[l]; out {
+				if _, ours := mine[l]; !ours {
+					conflict = true // its previous event's ack is not in yet
+					break
+				}
+			}
+			t.next++
+			mine[l] = struct{}{}
+			out = append(out, item{msg: *m, tx: t, refused: t.refused[m.EventID], check: t.end <= s.checkUntil})
 		}
-		if len(out) >= s.cfg.BatchSize {
+		if conflict || len(out) >= s.cfg.BatchSize {
 			break
 		}
+	}
+	for l := range mine {
+		s.lanesOut[l] = struct{}{}
 	}
 	if skipped > 0 {
 		s.stats.skipped.Add(int64(skipped))
@@ -502,22 +658,70 @@ func (s *Source) assemble() []item {
 	return out
 }
 
+// takeableLocked counts the events assemble would take now, up to a batch:
+// in commit order, up to the first whose lane is out in another batch; and
+// the events waiting to be handed out, up to a batch (s.mu held).
+func (s *Source) takeableLocked() (n, waiting int) {
+	seen := map[pgoutbox.Lane]struct{}{}
+	stopped := false
+	for _, t := range s.queue {
+		if t.next < len(t.events) && !s.releasableLocked(t) {
+			break
+		}
+		for i := t.next; i < len(t.events) && waiting < s.cfg.BatchSize; i++ {
+			l := laneOf(&t.events[i])
+			if s.blocked[l] != nil {
+				continue
+			}
+			waiting++
+			if stopped {
+				continue
+			}
+			if _, out := s.lanesOut[l]; out {
+				if _, ours := seen[l]; !ours {
+					stopped = true
+					continue
+				}
+			}
+			seen[l] = struct{}{}
+			n++
+		}
+		if waiting >= s.cfg.BatchSize {
+			break
+		}
+	}
+	return n, waiting
+}
+
+// releaseLanesLocked gives a batch's lanes back for the next batches (s.mu
+// held).
+func (s *Source) releaseLanesLocked(batch []item) {
+	for i := range batch {
+		delete(s.lanesOut, laneOf(&batch[i].msg))
+	}
+}
+
 // process publishes one batch from the stream and settles it. It returns how long
 // to pause when the broker looked unreachable.
 func (s *Source) process(batch []item) time.Duration {
-	ids := make([]pgoutbox.UUID, len(batch))
+	var ids []pgoutbox.UUID
 	for i := range batch {
-		ids[i] = batch[i].msg.EventID
+		if batch[i].check {
+			ids = append(ids, batch[i].msg.EventID)
+		}
 	}
 	// After a restart the stream sends again what followed the confirmed
-	// position; what was marked published then is not sent twice.
+	// position, and after the table path handed a lane back the stream may
+	// bring events it published: what was marked published then is not sent
+	// twice. Events committed after both cannot be published yet, and are not
+	// looked up: in a steady stream, no batch is.
 	var done []pgoutbox.UUID
-	if !s.retryDB("look up published events", func(ctx context.Context) error {
-		rows, err := s.pool.Query(ctx, s.q.alreadyPublished, ids)
+	if len(ids) > 0 && !s.retryDB("look up published events", func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, s.q.alreadyPublished, pgUUIDs(ids))
 		if err != nil {
 			return err
 		}
-		done, err = pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
+		done, err = collectIDs(rows)
 		return err
 	}) {
 		return 0 // hard stop: nothing settled, nothing confirmed
@@ -536,20 +740,68 @@ func (s *Source) process(batch []item) time.Duration {
 		}
 		s.stats.duplicates.Add(int64(len(batch) - len(send)))
 	}
-	var res settled
+	res := settled{failedLanes: map[pgoutbox.Lane]time.Duration{}}
 	if len(send) > 0 {
 		results, took := s.publish(send)
 		_ = failpoint.Inject(failpoint.CDCAfterPublish) // crash or delay only: the broker has spoken
-		var ok bool
-		if res, ok = s.settle(PathStream, send, results, took); !ok {
+		if s.hardCtx.Err() != nil {
+			s.mu.Lock()
+			s.releaseLanesLocked(batch)
+			s.mu.Unlock()
+			return 0 // abandoned: leave everything for the restart
+		}
+		acked, failed, outcomes := s.judge(send, results, res.failedLanes)
+		if len(acked) == len(send) {
+			// Acknowledged whole: the lanes may go on in the next batches while
+			// this one is marked.
+			ticket := s.marks.begin()
+			s.mu.Lock()
+			s.releaseLanesLocked(batch)
+			s.mu.Unlock()
+			s.work.Poke()
+			ok := s.record(PathStream, acked, nil, outcomes, took, &res)
+			s.marks.end(ticket)
+			if ok {
+				s.settleBatch(batch, send, res, false)
+			} // else hard-stopped: nothing settled, nothing confirmed
+			return 0
+		}
+		// A failure blocks its lane: the marks begun before land first, so that
+		// the table path, reading the lane from the table, does not find their
+		// events unpublished and send them again.
+		s.marks.waitBegun()
+		if !s.record(PathStream, acked, failed, outcomes, took, &res) {
+			s.mu.Lock()
+			s.releaseLanesLocked(batch)
+			s.mu.Unlock()
 			return 0
 		}
 	}
+	s.settleBatch(batch, send, res, true)
+	if res.allUnavailable {
+		// Hold the stream (the slot's lag grows, the server keeps the WAL) rather
+		// than hand every lane to the table path one failure at a time; the table
+		// path's retries of the failed lanes tell when the broker is back.
+		return brokerOutagePause
+	}
+	return 0
+}
+
+// settleBatch counts a stream batch settled (sent is what was published of
+// it, res what settling found): lanes with a failed event go to the table
+// path, the batch's lanes are given back when release (a batch acknowledged
+// whole gave them back before its mark: they may be out in a later batch
+// now), and the confirmed position moves past transactions now wholly
+// settled.
+func (s *Source) settleBatch(batch, sent []item, res settled, release bool) {
 	now := time.Now()
 	s.mu.Lock()
+	if release {
+		s.releaseLanesLocked(batch)
+	}
 	for l, delay := range res.failedLanes {
 		st := &laneState{due: now.Add(delay)}
-		for _, it := range send {
+		for _, it := range sent {
 			if laneOf(&it.msg) == l {
 				st.seen = max(st.seen, it.msg.AggregateSequence)
 			}
@@ -566,13 +818,6 @@ func (s *Source) process(batch []item) time.Duration {
 	if len(res.failedLanes) > 0 {
 		s.tableWake.Poke()
 	}
-	if res.allUnavailable {
-		// Hold the stream (the slot's lag grows, the server keeps the WAL) rather
-		// than hand every lane to the table path one failure at a time; the table
-		// path's retries of the failed lanes tell when the broker is back.
-		return brokerOutagePause
-	}
-	return 0
 }
 
 // publish sends items (sorted per lane by sequence) and returns one result
@@ -637,12 +882,20 @@ func (s *Source) settle(path Path, items []item, results []error, took time.Dura
 		return res, false // abandoned: leave everything for the restart
 	}
 	acked, failed, outcomes := s.judge(items, results, res.failedLanes)
+	return res, s.record(path, acked, failed, outcomes, took, &res)
+}
+
+// record writes what judge found in the table (acked events published,
+// failures recorded), counts it and tells the Observer and the broker's
+// health; res gets the counts. It returns false if the source was
+// hard-stopped before the outcome was recorded.
+func (s *Source) record(path Path, acked []pgoutbox.UUID, failed []failure, outcomes []EventOutcome, took time.Duration, res *settled) bool {
 	start := time.Now()
 	if len(acked) > 0 && !s.markAll(acked) {
-		return res, false
+		return false
 	}
 	if len(failed) > 0 && !s.recordFailures(failed) {
-		return res, false
+		return false
 	}
 	allUnavailable, refused, quarantined := len(failed) > 0 && len(acked) == 0, "", 0
 	for _, f := range failed {
@@ -666,7 +919,7 @@ func (s *Source) settle(path Path, items []item, results []error, took time.Dura
 		o.FirstError = failed[0].v.Text
 	}
 	s.broker.Settled(s.log, o)
-	return res, true
+	return true
 }
 
 // judge sorts a publish's results into acked events and failures (with the
@@ -719,7 +972,7 @@ func (s *Source) recordFailures(failed []failure) bool {
 		ids[i], texts[i], delays[i], quarantine[i] = f.id, f.v.Text, f.delay.Milliseconds(), f.v.Quarantine
 	}
 	return s.retryDB("record failed attempts", func(ctx context.Context) error {
-		_, err := s.pool.Exec(ctx, s.q.fail, ids, texts, delays, quarantine, s.cfg.Owner())
+		_, err := s.pool.Exec(ctx, s.q.fail, pgUUIDs(ids), texts, delays, quarantine, s.cfg.Owner())
 		return err
 	})
 }
@@ -733,31 +986,34 @@ func (s *Source) recordFailures(failed []failure) bool {
 func (s *Source) markAll(ids []pgoutbox.UUID) bool {
 	left := ids
 	for try := 0; ; try++ {
-		var marked, published []pgoutbox.UUID
+		var done []pgoutbox.UUID
+		all := false
 		if !s.retryDB("mark events published", func(ctx context.Context) error {
-			rows, err := s.pool.Query(ctx, s.q.mark, left)
+			arg := pgUUIDs(left)
+			tag, err := s.pool.Exec(ctx, s.q.mark, arg)
 			if err != nil {
 				return err
 			}
-			if marked, err = pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID]); err != nil {
-				return err
-			}
-			if len(marked) == len(left) {
+			if all = tag.RowsAffected() == int64(len(left)); all {
 				return nil
 			}
 			if s.afterMark != nil {
 				s.afterMark()
 			}
-			rows, err = s.pool.Query(ctx, s.q.alreadyPublished, minus(left, marked))
+			// Those published now: marked by this statement, or before it.
+			rows, err := s.pool.Query(ctx, s.q.alreadyPublished, arg)
 			if err != nil {
 				return err
 			}
-			published, err = pgx.CollectRows(rows, pgx.RowTo[pgoutbox.UUID])
+			done, err = collectIDs(rows)
 			return err
 		}) {
 			return false
 		}
-		left = minus(minus(left, marked), published)
+		if all {
+			return true
+		}
+		left = minus(left, done)
 		if len(left) == 0 {
 			return true
 		}

@@ -344,3 +344,45 @@ func TestHealthyReportsTheStreamDown(t *testing.T) {
 		t.Errorf("Healthy = %v: only the stream is down", h)
 	}
 }
+
+// What a previous run marked published and did not confirm (it died between
+// the mark and the status update) comes through the stream again: it is looked
+// up and not sent twice. Events committed after the start are not looked up,
+// and go out.
+func TestRestartSkipsEventsMarkedPastTheConfirmedPosition(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rec := &brokertest.Recorder{}
+	first, err := cdc.New(e.pool, rec, &e.cfg)
+	pgtest.Must(t, err, "new")
+	pgtest.Must(t, first.Start(context.Background()), "start")
+	pgtest.Must(t, first.Stop(context.Background()), "stop") // the slot stays, at its position
+
+	// The previous run's last batch: published and marked, not confirmed.
+	marked := e.enqueue(t, 10, 2, 20)
+	_, err = e.pool.Exec(context.Background(), "UPDATE "+e.table()+" SET published_at = now() WHERE published_at IS NULL")
+	pgtest.Must(t, err, "mark")
+	var last string
+	pgtest.Must(t, e.pool.QueryRow(context.Background(), "SELECT pg_current_wal_insert_lsn()::text").Scan(&last), "insert position")
+
+	src := e.start(t, rec, e.cfg)
+	wait.For(t, 30*time.Second, "the stream to pass the marked events", func() bool { return src.Stats().Duplicates == int64(len(marked)) })
+	fresh := e.enqueue(t, 10, 2, 20)
+	wait.For(t, 30*time.Second, "the fresh events", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 30*time.Second, "the slot to pass the marked events", func() bool { return e.slotConfirmedAtLeast(t, last) })
+	sent := map[pgoutbox.UUID]int{}
+	for _, m := range rec.Messages() {
+		sent[m.EventID]++
+	}
+	for _, id := range fresh {
+		if sent[id] != 1 {
+			t.Fatalf("fresh event %s sent %d times, want once", id, sent[id])
+		}
+	}
+	if len(sent) != len(fresh) {
+		t.Fatalf("%d events sent, want the %d fresh ones", len(sent), len(fresh))
+	}
+	if st := src.Stats(); st.Published != int64(len(fresh)) || st.Duplicates != int64(len(marked)) {
+		t.Fatalf("stats %+v: want %d published, %d not sent again", st, len(fresh), len(marked))
+	}
+}

@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -107,9 +108,11 @@ func TestAssembleStopsAtAHeldTransaction(t *testing.T) {
 	c := &txn{end: 300, events: []broker.Message{msg(4)}, unsettled: 1, received: now}
 	s.queue, s.buffered = []*txn{a, empty, b, c}, 4
 	s.sb = standbyState{known: true, pos: 199, required: 1, connected: 1}
-	if got := s.assemble(); len(got) != 1 || got[0].msg.AggregateSequence != 1 {
+	got := s.assemble()
+	if len(got) != 1 || got[0].msg.AggregateSequence != 1 {
 		t.Fatalf("position 199: assembled %v, want the first transaction's event only", got)
 	}
+	s.releaseLanesLocked(got) // acknowledged: the lane may go on
 	if n, ev, oldest := s.heldLocked(now); n != 2 || ev != 3 || oldest < time.Second {
 		t.Fatalf("held %d transactions, %d events, oldest %s; want 2, 3, ≥1s", n, ev, oldest)
 	}
@@ -123,5 +126,77 @@ func TestAssembleStopsAtAHeldTransaction(t *testing.T) {
 	s.sb.pos = 0 // a standby behind the released ones does not take them back
 	if n, _, _ := s.heldLocked(now); n != 1 {
 		t.Fatalf("held %d, want the third transaction only", n)
+	}
+}
+
+// Batches out at once share no lane: the dispatcher takes events in commit
+// order up to the first whose lane is in a batch not yet acknowledged, takes
+// nothing when that leaves less than a quarter of a batch while more wait,
+// and goes on once the lane is given back.
+func TestAssembleKeepsALaneInOneBatch(t *testing.T) {
+	s, err := New(&pgxpool.Pool{}, &null.Publisher{}, &Config{BatchSize: 8, PublishUnreplicated: true})
+	pgtest.Must(t, err, "new source")
+	msg := func(id string, seq int64) broker.Message {
+		return broker.Message{AggregateType: "a", AggregateID: id, AggregateSequence: seq}
+	}
+	tx := func(end pglogrepl.LSN, msgs ...broker.Message) *txn {
+		return &txn{end: end, events: msgs, unsettled: len(msgs)}
+	}
+	s.queue = []*txn{
+		tx(100, msg("1", 1), msg("2", 1), msg("3", 1), msg("4", 1), msg("5", 1), msg("6", 1), msg("7", 1), msg("8", 1)),
+		tx(200, msg("1", 2)),
+		tx(300, msg("5", 2), msg("6", 2)),
+		tx(400, msg("9", 1), msg("9", 2)),
+	}
+	s.buffered = 13
+	lanes := func(batch []item) []string {
+		var out []string
+		for _, it := range batch {
+			out = append(out, fmt.Sprintf("%s#%d", it.msg.AggregateID, it.msg.AggregateSequence))
+		}
+		return out
+	}
+	first := s.assemble()
+	if len(first) != 8 {
+		t.Fatalf("first batch %v, want the first transaction", lanes(first))
+	}
+	// 1#2 waits for 1#1's ack, and what follows waits with it.
+	if got := s.assemble(); len(got) != 0 {
+		t.Fatalf("with lane 1 out: assembled %v, want nothing", lanes(got))
+	}
+	// Lanes 1-4 acknowledged, 5-8 not: 1#2 goes, 5#2 stops the batch there,
+	// which is less than a quarter of it (2): nothing.
+	s.releaseLanesLocked(first[:4])
+	if got := s.assemble(); len(got) != 0 {
+		t.Fatalf("one event before lane 5: assembled %v, want nothing (less than a quarter of a batch)", lanes(got))
+	}
+	s.releaseLanesLocked(first[4:])
+	second := s.assemble()
+	if got := lanes(second); len(got) != 5 || got[0] != "1#2" || got[3] != "9#1" || got[4] != "9#2" {
+		t.Fatalf("all lanes back: assembled %v, want 1#2 5#2 6#2 9#1 9#2", got)
+	}
+	if len(s.lanesOut) != 4 {
+		t.Fatalf("lanes out %v, want the second batch's: 1, 5, 6, 9", s.lanesOut)
+	}
+}
+
+// With few events waiting, those before a lane that is out go at once rather
+// than wait for a quarter of a batch: latency at low rates.
+func TestAssembleSendsFewEventsAtOnce(t *testing.T) {
+	s, err := New(&pgxpool.Pool{}, &null.Publisher{}, &Config{BatchSize: 40, PublishUnreplicated: true})
+	pgtest.Must(t, err, "new source")
+	msg := func(id string, seq int64) broker.Message {
+		return broker.Message{AggregateType: "a", AggregateID: id, AggregateSequence: seq}
+	}
+	s.queue, s.buffered = []*txn{{end: 100, events: []broker.Message{msg("1", 1)}, unsettled: 1}}, 1
+	if got := s.assemble(); len(got) != 1 {
+		t.Fatalf("first batch: %d events, want 1#1", len(got))
+	}
+	// Received while 1#1 is out.
+	s.queue = append(s.queue, &txn{end: 200, events: []broker.Message{msg("2", 1), msg("1", 2)}, unsettled: 2})
+	s.buffered += 2
+	got := s.assemble()
+	if len(got) != 1 || got[0].msg.AggregateID != "2" {
+		t.Fatalf("with lane 1 out and two events waiting: assembled %v, want 2#1 at once", got)
 	}
 }

@@ -1,13 +1,10 @@
 package cdc
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -16,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgoutbox/pgoutbox"
-	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
@@ -107,12 +103,13 @@ func (s *Source) streamOnce(up func()) error {
 	up()
 
 	var (
-		relations  = map[uint32]*pglogrepl.RelationMessage{}
+		relations  = map[uint32]*relation{}
 		cur        *txn
 		reported   pglogrepl.LSN
 		lastStatus time.Time
 		replyNow   bool
 		dec        = decoder{types: pgtype.NewMap(), schema: s.cfg.Schema}
+		win        receiveWindow
 		sendStatus = func() error {
 			lsn := s.reportable()
 			err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
@@ -127,6 +124,7 @@ func (s *Source) streamOnce(up func()) error {
 			return nil
 		}
 	)
+	defer win.end()
 	for {
 		select {
 		case <-s.stopping:
@@ -154,11 +152,10 @@ func (s *Source) streamOnce(up func()) error {
 			t.Stop()
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, receiveWait)
-		raw, err := conn.ReceiveMessage(rctx)
-		cancel()
+		raw, err := conn.ReceiveMessage(win.context(ctx))
 		if err != nil {
 			if pgconn.Timeout(err) && ctx.Err() == nil {
+				win.end()
 				continue
 			}
 			return fmt.Errorf("cdc: receive: %w", err)
@@ -191,24 +188,20 @@ func (s *Source) streamOnce(up func()) error {
 				if err != nil {
 					return fmt.Errorf("cdc: xlog data: %w", err)
 				}
-				lm, err := pglogrepl.Parse(x.WALData)
-				if err != nil {
-					return fmt.Errorf("cdc: decode pgoutput message: %w", err)
-				}
-				switch lm := lm.(type) {
-				case *pglogrepl.RelationMessage:
-					relations[lm.RelationID] = lm
-				case *pglogrepl.BeginMessage:
-					cur = &txn{commit: lm.CommitTime}
-				case *pglogrepl.InsertMessage:
-					rel := relations[lm.RelationID]
-					if rel == nil {
-						return fmt.Errorf("cdc: insert into unknown relation %d", lm.RelationID)
+				if len(x.WALData) > 0 && x.WALData[0] == 'I' {
+					// Inserts, nearly every message, are decoded here (decode.go).
+					relID, tuple, err := parseInsert(x.WALData)
+					if err != nil {
+						return fmt.Errorf("cdc: decode pgoutput message: %w", err)
 					}
-					if cur == nil || rel.Namespace != s.cfg.Schema || rel.RelationName != "outbox_events" {
+					rel := relations[relID]
+					if rel == nil {
+						return fmt.Errorf("cdc: insert into unknown relation %d", relID)
+					}
+					if cur == nil || !rel.outbox {
 						continue
 					}
-					msg, refused, err := dec.insert(rel, lm.Tuple)
+					msg, refused, err := dec.insert(rel, tuple, &cur.mem)
 					if err != nil {
 						return err
 					}
@@ -219,6 +212,17 @@ func (s *Source) streamOnce(up func()) error {
 						cur.refused[msg.EventID] = refused
 					}
 					cur.events = append(cur.events, msg)
+					continue
+				}
+				lm, err := pglogrepl.Parse(x.WALData)
+				if err != nil {
+					return fmt.Errorf("cdc: decode pgoutput message: %w", err)
+				}
+				switch lm := lm.(type) {
+				case *pglogrepl.RelationMessage:
+					relations[lm.RelationID] = dec.relation(lm)
+				case *pglogrepl.BeginMessage:
+					cur = &txn{commit: lm.CommitTime}
 				case *pglogrepl.CommitMessage:
 					if cur != nil {
 						cur.end = lm.TransactionEndLSN
@@ -231,73 +235,40 @@ func (s *Source) streamOnce(up func()) error {
 	}
 }
 
+// receiveWindow is the context of the stream's receives: one serves every
+// message of a receiveWait window (one per message, a timer each, cost more
+// than decoding the message), so that a receive returns at least every
+// receiveWait for the status reports and Stop.
+type receiveWindow struct {
+	ctx      context.Context
+	cancel   context.CancelFunc
+	deadline time.Time
+}
+
+// context returns the window's context, opening a new window when the last one
+// ended or expired.
+func (w *receiveWindow) context(parent context.Context) context.Context {
+	if now := time.Now(); w.ctx == nil || !now.Before(w.deadline) {
+		w.end()
+		w.deadline = now.Add(receiveWait)
+		w.ctx, w.cancel = context.WithDeadline(parent, w.deadline)
+	}
+	return w.ctx
+}
+
+// end ends the window (a receive timed out: its context is done).
+func (w *receiveWindow) end() {
+	if w.cancel != nil {
+		w.cancel()
+	}
+	w.ctx, w.cancel = nil, nil
+}
+
 // waitDispatcherIdle gives the dispatcher a moment to settle its last batch so
 // that the final status report covers it.
 func (s *Source) waitDispatcherIdle() {
 	deadline := time.Now().Add(s.cfg.PublishTimeout + settleGrace)
-	for s.inFlight.Load() && time.Now().Before(deadline) && s.hardCtx.Err() == nil {
+	for s.inFlight.Load() > 0 && time.Now().Before(deadline) && s.hardCtx.Err() == nil {
 		time.Sleep(idlePoll)
 	}
-}
-
-// decoder turns pgoutput inserts into broker messages, field for field what the
-// polling relay reads from the table.
-type decoder struct {
-	types  *pgtype.Map
-	schema string
-}
-
-// insert decodes an insert into outbox_events. refused is why the row cannot be
-// published although it decoded (its headers are not a JSON object of strings).
-func (d *decoder) insert(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (m broker.Message, refused error, err error) {
-	if tuple == nil {
-		return m, nil, errors.New("cdc: insert without a tuple")
-	}
-	var seen int
-	for i, col := range tuple.Columns {
-		if i >= len(rel.Columns) {
-			break
-		}
-		name := rel.Columns[i].Name
-		if col.DataType != 't' { // NULL (no outbox column read here may be) or unchanged TOAST (updates only)
-			continue
-		}
-		v := col.Data
-		switch name {
-		case "event_id":
-			m.EventID, err = pgoutbox.ParseUUID(string(v))
-		case "aggregate_type":
-			m.AggregateType = string(v)
-		case "aggregate_id":
-			m.AggregateID = string(v)
-		case "aggregate_sequence":
-			m.AggregateSequence, err = strconv.ParseInt(string(v), 10, 64)
-		case "event_type":
-			m.EventType = string(v)
-		case "schema_version":
-			m.SchemaVersion, err = strconv.Atoi(string(v))
-		case "payload":
-			m.Payload = bytes.Clone(v)
-		case "headers":
-			if herr := json.Unmarshal(v, &m.Headers); herr != nil {
-				m.Headers = nil
-				refused = herr
-			}
-		case "occurred_at":
-			err = d.types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, v, &m.OccurredAt)
-		default:
-			continue
-		}
-		if err != nil {
-			return m, nil, fmt.Errorf("cdc: decode column %s of an insert into %s.outbox_events: %w", name, d.schema, err)
-		}
-		seen++
-	}
-	if seen < 9 {
-		return m, nil, fmt.Errorf("cdc: an insert into %s.outbox_events lacks columns (got %d of 9): is the table migrated?", d.schema, seen)
-	}
-	if refused != nil {
-		refused = fmt.Errorf("cdc: event %s refused before publishing: headers are not a JSON object of strings: %w", m.EventID, refused)
-	}
-	return m, refused, nil
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox"
@@ -208,11 +209,11 @@ func (s *Source) leaseCandidates(candidates []item, p roundPlan, now time.Time) 
 	}
 	var got []pgoutbox.UUID
 	if !s.retryDB("lease owned events", func(ctx context.Context) error {
-		r, err := s.pool.Query(ctx, s.q.lease, cids, s.cfg.Owner())
+		r, err := s.pool.Query(ctx, s.q.lease, pgUUIDs(cids), s.cfg.Owner())
 		if err != nil {
 			return err
 		}
-		got, err = pgx.CollectRows(r, pgx.RowTo[pgoutbox.UUID])
+		got, err = collectIDs(r)
 		return err
 	}) {
 		return nil, false
@@ -309,9 +310,16 @@ func (s *Source) unblockLocked(lanes []pgoutbox.Lane) int {
 		s.log.Debug("could not hand lanes back to the stream", slog.Any("error", err))
 		return 0
 	}
+	var checkUntil pglogrepl.LSN
 	back, err := pgx.CollectRows(r, func(row pgx.CollectableRow) (pgoutbox.Lane, error) {
 		var l pgoutbox.Lane
-		return l, row.Scan(&l.AggregateType, &l.AggregateID)
+		var at string
+		if err := row.Scan(&l.AggregateType, &l.AggregateID, &at); err != nil {
+			return l, err
+		}
+		lsn, err := pglogrepl.ParseLSN(at)
+		checkUntil = max(checkUntil, lsn)
+		return l, err
 	})
 	if err != nil {
 		s.log.Debug("could not hand lanes back to the stream", slog.Any("error", err))
@@ -320,6 +328,7 @@ func (s *Source) unblockLocked(lanes []pgoutbox.Lane) int {
 	for _, l := range back {
 		delete(s.blocked, l)
 	}
+	s.checkUntil = max(s.checkUntil, checkUntil)
 	// The others are looked at again later: the skipped event is not visible yet
 	// (its commit is being made visible), or it was deleted.
 	later := time.Now().Add(s.cfg.PollInterval)

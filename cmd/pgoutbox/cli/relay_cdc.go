@@ -55,9 +55,10 @@ const cdcHelp = `CDC source (--source cdc): follow the outbox table through a lo
 replication slot (pgoutput) instead of polling it. Needs wal_level = logical and a role
 with REPLICATION; creates the publication --publication (inserts into the outbox table
 only) and the slot --slot if missing. One CDC relay per schema, and no polling relay
-beside it: the CDC source owns every unpublished event. --batch-size, --run-length,
---max-attempts, --backoff-base, --backoff-max, --poll-interval (how often failed lanes
-are looked at; default 1s for cdc) and --publish-timeout apply. If the slot is lost,
+beside it: the CDC source owns every unpublished event. --batch-size, --workers (batches
+published at once, sharing no aggregate), --run-length, --max-attempts, --backoff-base,
+--backoff-max, --poll-interval (how often failed lanes are looked at; default 1s for cdc)
+and --publish-timeout apply. If the slot is lost,
 run 'pgoutbox cdc recover'; 'pgoutbox cdc disable' hands the schema back to polling.`
 
 // runRelayCDC runs the relay with the CDC source until SIGTERM/SIGINT.
@@ -128,7 +129,7 @@ func runRelayCDC(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 func (f *relayFlags) cdcConfig(logger *slog.Logger) (cdc.Config, error) {
 	cfg := cdc.Config{
 		Schema: f.db.schema, Slot: f.cdc.slot, Publication: f.cdc.publication,
-		BatchSize: f.cfg.BatchSize, RunLength: f.cfg.RunLength, MaxAttempts: f.cfg.MaxAttempts,
+		BatchSize: f.cfg.BatchSize, Workers: f.cfg.Workers, RunLength: f.cfg.RunLength, MaxAttempts: f.cfg.MaxAttempts,
 		BackoffBase: f.cfg.BackoffBase, BackoffMax: f.cfg.BackoffMax, PublishTimeout: f.cfg.PublishTimeout,
 		Logger: logger,
 	}
@@ -142,7 +143,7 @@ func (f *relayFlags) cdcConfig(logger *slog.Logger) (cdc.Config, error) {
 }
 
 func cdcFlagNames(err error) error {
-	r := strings.NewReplacer("Config.BatchSize", "--batch-size", "Config.RunLength", "--run-length",
+	r := strings.NewReplacer("Config.BatchSize", "--batch-size", "Config.Workers", "--workers", "Config.RunLength", "--run-length",
 		"Config.MaxAttempts", "--max-attempts", "Config.BackoffBase", "--backoff-base", "Config.BackoffMax", "--backoff-max",
 		"Config.PublishTimeout", "--publish-timeout", "Config.PollInterval", "--poll-interval",
 		"Config.Slot", "--slot", "Config.Publication", "--publication", "Config.Schema", "--schema", "\n", "; ")
