@@ -452,6 +452,47 @@ func TestPayloadChecksAgreeWithJSONB(t *testing.T) {
 		if accepted != (pgErr == nil) {
 			t.Errorf("payload %s: we accept=%v, jsonb error=%v", p, accepted, pgErr)
 		}
+		// The same text from a MarshalJSON method takes the json.Marshal path,
+		// which skips the second JSON validation but none of jsonb's rules.
+		if err := prod.Validate(ev("1", marshalsAs(p))); (err == nil) != (pgErr == nil) {
+			t.Errorf("payload %s through MarshalJSON: we accept=%v, jsonb error=%v", p, err == nil, pgErr)
+		}
+	}
+}
+
+// marshalsAs is a payload whose MarshalJSON returns the given bytes verbatim.
+type marshalsAs string
+
+func (m marshalsAs) MarshalJSON() ([]byte, error) { return []byte(m), nil }
+
+// A payload encoded by json.Marshal skips a second JSON validation, never jsonb's
+// rules: what a MarshalJSON method returns is checked by encoding/json (invalid
+// JSON), by the producer (invalid UTF-8, \u0000, numbers beyond numeric), and
+// its stored size is measured as for raw JSON. The same texts as raw JSON get the
+// same verdicts.
+func TestMarshaledPayloadChecks(t *testing.T) {
+	t.Parallel()
+	p, err := pgoutbox.NewProducer(&pgoutbox.Config{MaxPayloadBytes: 64})
+	pgtest.Must(t, err, "producer")
+	for _, tc := range []struct {
+		text string
+		ok   bool
+	}{
+		{`{"a": 1}`, true},
+		{`{"a": 1`, false},
+		{`"\u0000"`, false},
+		{"\"\xff\"", false},
+		{`"\ud800"`, false},
+		{`1e131072`, false},
+		{`[` + strings.Repeat(`1,`, 40) + `1]`, false}, // 121 bytes as jsonb text, above 64
+		{`{"k": "v", "k": "` + strings.Repeat("x", 40) + `"}`, true},
+	} {
+		for _, payload := range []any{marshalsAs(tc.text), map[string]any{"x": marshalsAs(tc.text)}, json.RawMessage(tc.text)} {
+			err := p.Validate(pgoutbox.Event{AggregateType: "t", AggregateID: "1", EventType: "e", Payload: payload})
+			if (err == nil) != tc.ok {
+				t.Errorf("%T %q: err = %v, want ok = %v", payload, tc.text, err, tc.ok)
+			}
+		}
 	}
 }
 
@@ -484,8 +525,10 @@ func TestTraceContextSavedInHeaders(t *testing.T) {
 	if h := headers(res[1].EventID); h["traceparent"] != own.Headers["traceparent"] {
 		t.Errorf("the producer's own traceparent was overwritten: %v", h)
 	}
-	if h := headers(res2[0].EventID); len(h) != 0 {
-		t.Errorf("no trace in ctx, headers = %v, want none", h)
+	var stored string
+	pgtest.Must(t, f.pool.QueryRow(context.Background(), "SELECT headers::text FROM "+f.table("outbox_events")+" WHERE event_id = $1", res2[0].EventID).Scan(&stored), "headers text")
+	if stored != "{}" {
+		t.Errorf("no headers and no trace in ctx: headers = %s, want {}", stored)
 	}
 }
 

@@ -125,7 +125,7 @@ func encode(i int, ev *Event, maxPayload int, extra map[string]string) (row, err
 	// Measured on the text jsonb keeps, which is what the relay publishes: a payload
 	// with numbers like 1e100000 or with duplicate keys can be far longer or
 	// shorter than the JSON given.
-	size, err := JSONBTextLength(payload)
+	size, err := jsonbTextLength(payload) // encodePayload checked it is valid JSON
 	if err != nil {
 		return fail("Payload", "%v", err)
 	}
@@ -134,21 +134,23 @@ func encode(i int, ev *Event, maxPayload int, extra map[string]string) (row, err
 			Reason: fmt.Sprintf("is %d bytes as stored (jsonb text), above the limit of %d bytes (Config.MaxPayloadBytes)", size, maxPayload)}
 	}
 
-	headers := make(map[string]string, len(ev.Headers)+len(extra))
-	for k, v := range ev.Headers {
-		headers[k] = v
-	}
-	for k, v := range extra {
-		if !hasHeaderFold(ev.Headers, k) {
+	hdr := []byte("{}") // no headers and no trace context: the common case
+	if len(ev.Headers)+len(extra) > 0 {
+		headers := make(map[string]string, len(ev.Headers)+len(extra))
+		for k, v := range ev.Headers {
 			headers[k] = v
 		}
-	}
-	if err := CheckHeaders(headers); err != nil {
-		return fail("Headers", "%s", strings.TrimPrefix(err.Error(), ErrInvalidHeader.Error()+": "))
-	}
-	hdr, err := json.Marshal(headers)
-	if err != nil {
-		return fail("Headers", "cannot be encoded: %v", err)
+		for k, v := range extra {
+			if !hasHeaderFold(ev.Headers, k) {
+				headers[k] = v
+			}
+		}
+		if err := CheckHeaders(headers); err != nil {
+			return fail("Headers", "%s", strings.TrimPrefix(err.Error(), ErrInvalidHeader.Error()+": "))
+		}
+		if hdr, err = json.Marshal(headers); err != nil {
+			return fail("Headers", "cannot be encoded: %v", err)
+		}
 	}
 
 	r := row{
@@ -196,6 +198,7 @@ func checkText(s string) string {
 
 func encodePayload(p any) ([]byte, error) {
 	var b []byte
+	raw := true // b is the caller's bytes, not json.Marshal's output
 	switch v := p.(type) {
 	case nil:
 		return []byte("null"), nil
@@ -208,8 +211,11 @@ func encodePayload(p any) ([]byte, error) {
 		if b, err = json.Marshal(v); err != nil {
 			return nil, fmt.Errorf("cannot be encoded as JSON: %w", err)
 		}
+		// json.Marshal's output is valid JSON (it checks what MarshalJSON methods
+		// return): validating it again took a third of the encode path's time.
+		raw = false
 	}
-	if !json.Valid(b) {
+	if raw && !json.Valid(b) {
 		return nil, errors.New("is not valid JSON")
 	}
 	if !utf8.Valid(b) {

@@ -15,6 +15,11 @@ func JSONBTextLength(b []byte) (int, error) {
 	if !json.Valid(b) {
 		return 0, errors.New("pgoutbox: not valid JSON")
 	}
+	return jsonbTextLength(b)
+}
+
+// jsonbTextLength is JSONBTextLength for b already known to be valid JSON.
+func jsonbTextLength(b []byte) (int, error) {
 	s := jsonbSizer{b: b}
 	n := s.value()
 	if s.err != nil {

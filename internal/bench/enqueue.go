@@ -5,10 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
@@ -60,6 +63,17 @@ type EnqueueCell struct {
 	P99Ms         float64 `json:"p99_ms"`
 	// RoundCommitsPerSec is the cell's commits/s in each round, in order.
 	RoundCommitsPerSec []float64 `json:"round_commits_per_s,omitempty"`
+	// CPUUsPerCommit is the CPU time per commit of the producers' PostgreSQL
+	// backends (from /proc/<pid>/schedstat) plus the bench process's own, in
+	// µs, and RoundCPUUsPerCommit the same per round. Other processes on the
+	// machine do not add to it, so its ratios hold on a busy machine where
+	// commits/s do not. Zero when the backends' /proc cannot be read (a remote
+	// server) and in the relay cells (the relay's CPU is not counted).
+	CPUUsPerCommit       float64   `json:"cpu_us_per_commit,omitempty"`
+	ServerCPUUsPerCommit float64   `json:"server_cpu_us_per_commit,omitempty"`
+	RoundCPUUsPerCommit  []float64 `json:"round_cpu_us_per_commit,omitempty"`
+
+	cpuSum, serverSum float64 // ns over the rounds, while they are being run
 }
 
 // EnqueueRatios compare cells. Time ratios are (time per commit with) / (without):
@@ -94,6 +108,12 @@ type EnqueueRatios struct {
 	// Ranges holds the smallest and largest per-round value of each figure
 	// above, under its JSON name.
 	Ranges map[string][2]float64 `json:"ranges,omitempty"`
+	// CPU holds, under the same JSON names as the time ratios above, the
+	// ratios of CPU per commit (EnqueueCell.CPUUsPerCommit) of the same cells:
+	// the median of the rounds' ratios, and CPURanges their range. Empty when
+	// the CPU could not be read.
+	CPU       map[string]float64    `json:"cpu,omitempty"`
+	CPURanges map[string][2]float64 `json:"cpu_ranges,omitempty"`
 }
 
 const enqueueMethod = "Each producer loops BEGIN; INSERT one row into a business table (orders); " +
@@ -190,6 +210,9 @@ type enqueueBench struct {
 	payload map[string]any
 	next    atomic.Int64 // the last business row's id
 	res     *EnqueueResult
+	// backends are the producer pools' backend processes, by NOTIFY on; nil
+	// when their /proc/<pid>/schedstat cannot be read.
+	backends map[bool][]int
 }
 
 // newEnqueueBench creates the business tables in s and connects the producers.
@@ -215,6 +238,15 @@ func (r *Runner) newEnqueueBench(ctx context.Context, s *outboxSchema) (*enqueue
 			return nil, err
 		}
 		e.pools[notify] = p
+		if pids := backendPids(ctx, p, 16); pids != nil {
+			if e.backends == nil {
+				e.backends = map[bool][]int{}
+			}
+			e.backends[notify] = pids
+		}
+	}
+	if len(e.backends) != 2 {
+		e.backends = nil
 	}
 	e.payload = map[string]any{"customer": "c-42", "total_cents": 1999, "pad": string(make([]byte, 0))}
 	if pad := c.PayloadBytes - 50; pad > 0 {
@@ -243,6 +275,66 @@ func (r *Runner) producerPool(ctx context.Context, conns int, notify bool) (*pgx
 		return nil, fmt.Errorf("connect producers: %w", err)
 	}
 	return p, nil
+}
+
+// backendPids returns the PostgreSQL process ids of pool's n connections, or nil
+// if their on-CPU time cannot be read from /proc (a server on another machine,
+// or not Linux).
+func backendPids(ctx context.Context, pool *pgxpool.Pool, n int) []int {
+	var pids []int
+	var conns []*pgxpool.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range n {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return nil
+		}
+		conns = append(conns, c)
+		var pid int
+		if err := c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			return nil
+		}
+		if _, ok := schedNs(pid); !ok {
+			return nil
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// schedNs is the on-CPU time of process pid in ns, from /proc/<pid>/schedstat.
+func schedNs(pid int) (float64, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	return v, err == nil
+}
+
+// cpuNs is the on-CPU time so far of pids (server) and of this process
+// (client), in ns; ok is false if one could not be read (a backend gone).
+func cpuNs(pids []int) (server, client float64, ok bool) {
+	for _, pid := range pids {
+		v, ok := schedNs(pid)
+		if !ok {
+			return 0, 0, false
+		}
+		server += v
+	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, 0, false
+	}
+	return server, float64(ru.Utime.Nano() + ru.Stime.Nano()), true
 }
 
 // close closes the producers' pools.
@@ -309,6 +401,12 @@ func (e *enqueueBench) slice(ctx context.Context, sp enqueueSpec, d time.Duratio
 		}
 	}
 	var commits atomic.Int64
+	pids := e.backends[sp.notify]
+	if sp.relay {
+		pids = nil
+	}
+	server0, client0, cpuOK := cpuNs(pids)
+	cpuOK = cpuOK && pids != nil
 	hists := make([]*hdrhistogram.Histogram, sp.producers)
 	errs := make([]error, sp.producers)
 	start := time.Now()
@@ -348,6 +446,11 @@ func (e *enqueueBench) slice(ctx context.Context, sp enqueueSpec, d time.Duratio
 		hist.Merge(x)
 	}
 	n := commits.Load()
+	if server1, client1, ok := cpuNs(pids); cpuOK && ok && n > 0 {
+		cell.serverSum += server1 - server0
+		cell.cpuSum += server1 - server0 + client1 - client0
+		cell.RoundCPUUsPerCommit = append(cell.RoundCPUUsPerCommit, round2((server1-server0+client1-client0)/1000/float64(n)))
+	}
 	cell.Commits += n
 	cell.Seconds += el.Seconds()
 	cell.RoundCommitsPerSec = append(cell.RoundCommitsPerSec, round2(float64(n)/el.Seconds()))
@@ -401,6 +504,12 @@ func (e *enqueueBench) phase(ctx context.Context, specs []enqueueSpec, procs []*
 		cl.Seconds = round3(cl.Seconds)
 		cl.P50Ms = round3(float64(hists[i].ValueAtQuantile(50)) / 1000)
 		cl.P99Ms = round3(float64(hists[i].ValueAtQuantile(99)) / 1000)
+		if len(cl.RoundCPUUsPerCommit) == len(cl.RoundCommitsPerSec) && cl.Commits > 0 {
+			cl.CPUUsPerCommit = round2(cl.cpuSum / 1000 / float64(cl.Commits))
+			cl.ServerCPUUsPerCommit = round2(cl.serverSum / 1000 / float64(cl.Commits))
+		} else {
+			cl.RoundCPUUsPerCommit = nil // a round could not be read: no figure rather than a partial one
+		}
 	}
 	e.res.Cells = append(e.res.Cells, cells...)
 	return nil
@@ -432,7 +541,7 @@ func (e *enqueueBench) relayPhase(ctx context.Context) error {
 
 // ratios compares the cells round by round.
 func (res *EnqueueResult) ratios() EnqueueRatios {
-	out := EnqueueRatios{Ranges: map[string][2]float64{}}
+	out := EnqueueRatios{Ranges: map[string][2]float64{}, CPU: map[string]float64{}, CPURanges: map[string][2]float64{}}
 	// timeRatio is the median per-round ratio of base's commits/s to other's.
 	timeRatio := func(name string, dst *float64, base, other *EnqueueCell) {
 		if base == nil || other == nil || len(base.RoundCommitsPerSec) != len(other.RoundCommitsPerSec) || len(base.RoundCommitsPerSec) == 0 {
@@ -444,6 +553,15 @@ func (res *EnqueueResult) ratios() EnqueueRatios {
 		}
 		*dst = round3(median(xs))
 		out.Ranges[name] = [2]float64{round3(slices.Min(xs)), round3(slices.Max(xs))}
+		// The same cells' CPU per commit, other / base, when both were read.
+		if n := len(base.RoundCPUUsPerCommit); n > 0 && n == len(other.RoundCPUUsPerCommit) {
+			cs := make([]float64, n)
+			for i := range cs {
+				cs[i] = ratio(other.RoundCPUUsPerCommit[i], base.RoundCPUUsPerCommit[i])
+			}
+			out.CPU[name] = round3(median(cs))
+			out.CPURanges[name] = [2]float64{round3(slices.Min(cs)), round3(slices.Max(cs))}
+		}
 	}
 	// cost is 1 − the median per-round ratio of on's commits/s to off's.
 	cost := func(name string, dst *float64, on, off *EnqueueCell) {
@@ -453,6 +571,8 @@ func (res *EnqueueResult) ratios() EnqueueRatios {
 			return
 		}
 		*dst = round3(1 - 1/t)
+		delete(out.CPU, name) // a cost, not a ratio: its CPU side would read the other way round
+		delete(out.CPURanges, name)
 		rg := out.Ranges[name]
 		out.Ranges[name] = [2]float64{round3(1 - 1/rg[0]), round3(1 - 1/rg[1])}
 	}
@@ -476,10 +596,24 @@ func (res *EnqueueResult) ratios() EnqueueRatios {
 	timeRatio("enqueue_vs_watermill_16", &out.EnqueueVsWatermill16, wm(16), enq(16, true, false))
 	timeRatio("batched_vs_watermill_1", &out.BatchedVsWatermill1, wm(1), batched(1))
 	timeRatio("batched_vs_watermill_16", &out.BatchedVsWatermill16, wm(16), batched(16))
+	if len(out.CPU) == 0 {
+		out.CPU, out.CPURanges = nil, nil
+	}
 	cost("notify_cost_1_no_relay", &out.NotifyCost1NoRelay, enq(1, true, false), enq(1, false, false))
 	cost("notify_cost_16_no_relay", &out.NotifyCost16NoRelay, enq(16, true, false), enq(16, false, false))
 	cost("notify_cost_16", &out.NotifyCost16, enq(16, true, true), enq(16, false, true))
 	return out
+}
+
+// formatCPU prints the CPU ratio of name and its per-round range, or "–" if
+// there is none.
+func (rt EnqueueRatios) formatCPU(name string) string {
+	v, ok := rt.CPU[name]
+	if !ok {
+		return "–"
+	}
+	rg := rt.CPURanges[name]
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", v, rg[0], rg[1])
 }
 
 // format prints a ratio and, when known, its per-round range.

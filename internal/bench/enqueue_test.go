@@ -1,10 +1,14 @@
 package bench
 
 import (
+	"context"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
 // The ratios pair the cells round by round: a round where the machine ran slow
@@ -90,5 +94,88 @@ func TestEnqueueWatermillRatios(t *testing.T) {
 	var html strings.Builder
 	if err := WriteReport(&html, &Result{Enqueue: res}); err != nil || !strings.Contains(html.String(), "watermill-like") {
 		t.Errorf("report: %v", err)
+	}
+}
+
+// CPU per commit is compared as commits/s are, round by round, for the same pairs
+// of cells (with / without), but not for NOTIFY's cost; a cell whose CPU was not
+// read in every round gives no CPU ratio, and a run without CPU figures none.
+func TestEnqueueCPURatios(t *testing.T) {
+	cell := func(c EnqueueCell, cpu ...float64) EnqueueCell {
+		c.RoundCommitsPerSec = []float64{1000, 1000, 1000}
+		c.RoundCPUUsPerCommit = cpu
+		return c
+	}
+	res := &EnqueueResult{Rounds: 3, Cells: []EnqueueCell{
+		cell(EnqueueCell{Producers: 16, Notify: true}, 100, 100, 100),
+		cell(EnqueueCell{Producers: 16, Outbox: true, Notify: true}, 200, 250, 150),
+		cell(EnqueueCell{Producers: 16, Outbox: true}, 190, 190, 190),
+		cell(EnqueueCell{Producers: 16, Outbox: true, Batched: true, Notify: true}, 180),
+		cell(EnqueueCell{Producers: 16, Watermill: true, Notify: true}, 125, 125, 125),
+	}}
+	rt := res.ratios()
+	want := map[string]float64{"outbox_time_ratio_16": 2, "watermill_time_ratio_16": 1.25, "enqueue_vs_watermill_16": 1.6}
+	if !reflect.DeepEqual(rt.CPU, want) {
+		t.Errorf("CPU ratios %v, want %v", rt.CPU, want)
+	}
+	if got := rt.CPURanges["outbox_time_ratio_16"]; got != [2]float64{1.5, 2.5} {
+		t.Errorf("range %v", got)
+	}
+	res.Ratios = rt
+	values := map[string]string{}
+	for _, tg := range (&Result{Enqueue: res}).targets() {
+		values[tg.Name] = tg.Measured
+	}
+	if v := values["EnqueueTx / "+watermillName+", 16 producers"]; !strings.Contains(v, "(CPU 1.60)") {
+		t.Errorf("target value %q lacks its CPU twin: %v", v, values)
+	}
+	var text strings.Builder
+	(&Result{Enqueue: res}).WriteText(&text)
+	if !strings.Contains(text.String(), "16 producers: EnqueueTx 2.00 (1.50–2.50); QueueTx –;") {
+		t.Errorf("text:\n%s", text.String())
+	}
+	for i := range res.Cells {
+		res.Cells[i].RoundCPUUsPerCommit = nil
+	}
+	if rt := res.ratios(); rt.CPU != nil || rt.CPURanges != nil {
+		t.Errorf("without CPU figures: %v %v", rt.CPU, rt.CPURanges)
+	}
+}
+
+// The CPU of a local server's backends is read from /proc: each pooled connection
+// gives its own backend, and work done on them shows in their on-CPU time. A pid
+// that is no process gives no figure rather than a zero.
+func TestBackendCPU(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.URL(), 2)
+	pids := backendPids(ctx, pool, 2)
+	if len(pids) != 2 || pids[0] == pids[1] {
+		t.Fatalf("backend pids %v, want 2 distinct (the test server is local)", pids)
+	}
+	server0, client0, ok := cpuNs(pids)
+	if !ok {
+		t.Fatalf("cannot read the CPU of %v", pids)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(pids))
+	for i := range pids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var n int64
+			errs[i] = pool.QueryRow(ctx, "SELECT count(*) FROM generate_series(1, 2000000)").Scan(&n)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		pgtest.Must(t, err, "query")
+	}
+	server1, client1, ok := cpuNs(pids)
+	if !ok || server1 <= server0 || client1 < client0 {
+		t.Errorf("CPU before %v/%v, after %v/%v (ok %v): the backends' work did not show", server0, client0, server1, client1, ok)
+	}
+	if _, _, ok := cpuNs(append(pids, -1)); ok {
+		t.Errorf("a pid that is no process was read")
 	}
 }

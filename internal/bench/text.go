@@ -80,6 +80,19 @@ func (res *Result) WriteText(w io.Writer) {
 			fmt.Fprintf(w, "  %2d producer%s: %s %s; EnqueueTx / it %s; QueueTx / it %s\n", p.n, plural(p.n), watermillName,
 				rt.format("watermill_time_ratio"+p.suffix, p.wm), rt.format("enqueue_vs_watermill"+p.suffix, p.enqueue), rt.format("batched_vs_watermill"+p.suffix, p.batched))
 		}
+		if len(rt.CPU) > 0 {
+			fmt.Fprintf(w, "CPU per commit (the producers' PostgreSQL backends + the bench process; other processes do not count), with / without, median of the rounds:\n")
+			for _, p := range []struct {
+				n      int
+				suffix string
+			}{{1, "_1"}, {16, "_16"}} {
+				fmt.Fprintf(w, "  %2d producer%s: EnqueueTx %s; QueueTx %s; floor %s; %s %s\n", p.n, plural(p.n),
+					rt.formatCPU("outbox_time_ratio"+p.suffix), rt.formatCPU("batched_time_ratio"+p.suffix), rt.formatCPU("floor_time_ratio"+p.suffix),
+					watermillName, rt.formatCPU("watermill_time_ratio"+p.suffix))
+				fmt.Fprintf(w, "      / %s: EnqueueTx %s; QueueTx %s\n", watermillName,
+					rt.formatCPU("enqueue_vs_watermill"+p.suffix), rt.formatCPU("batched_vs_watermill"+p.suffix))
+			}
+		}
 		fmt.Fprintf(w, "NOTIFY costs %.0f%% of commits/s at 16 with a relay running (%.0f%% without a relay; %.0f%% at 1)\n",
 			100*rt.NotifyCost16, 100*rt.NotifyCost16NoRelay, 100*rt.NotifyCost1NoRelay)
 	}
