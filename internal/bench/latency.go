@@ -264,8 +264,7 @@ func (p *latencyProbe) warmUp(ctx context.Context) error {
 // offer commits the run's events on the open-loop schedule (event i due at
 // start + i/rate) and returns how long that took.
 func (p *latencyProbe) offer(ctx context.Context) (time.Duration, error) {
-	c := p.r.cfg
-	p.r.prog.step("%s: offering %g events/s for %s", p.label, p.rate, c.Duration)
+	p.r.prog.step("%s: offering %g events/s for %s", p.label, p.rate, time.Duration(float64(p.n)/p.rate*float64(time.Second)).Round(time.Millisecond))
 	due := make(chan int, p.n)
 	period := time.Duration(float64(time.Second) / p.rate)
 	start := time.Now()

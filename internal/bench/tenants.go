@@ -57,6 +57,9 @@ type TenantsResult struct {
 	ThroughputRatio float64 `json:"throughput_ratio"`
 
 	Fairness *TenantFairness `json:"fairness,omitempty"`
+
+	// Databases are the databases the run created and dropped.
+	Databases []string `json:"databases"`
 }
 
 // TenantCell is what one relay process serves.
@@ -105,6 +108,9 @@ type TenantIdleCell struct {
 	// PeakRSSMiB its peak since it started (VmHWM: start-up included).
 	RSSMiB     float64 `json:"rss_mib"`
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
+	// TopStatements are the most frequent statements of the window (with
+	// pg_stat_statements only).
+	TopStatements []StatementCalls `json:"top_statements,omitempty"`
 }
 
 // TenantDrainRun is one backlog, spread over a cell's tenants, drained by its
@@ -180,8 +186,9 @@ const tenantsMethod = "Every tenant is an outbox schema (t000, t001, …) of a d
 	"the clock runs from the first commit to the largest published_at (server clock); every event must be " +
 	"published and on the NATS stream. Fairness: one relay serves the largest count in one database; the " +
 	"quiet tenants (all but t000) receive a trickle of single-event transactions on an open-loop schedule " +
-	"(--tenant-rate per tenant, round-robin over the tenants, for --duration), first with no backlog, then " +
-	"right after t000's backlog of --events events is committed. Latency = the instant an ordered JetStream " +
+	"(--tenant-rate per tenant, round-robin over the tenants): for --duration right after t000's backlog of " +
+	"--events events is committed, and for --duration with no backlog, in two halves before and after " +
+	"(a CHECKPOINT before each run, where the role may). Latency = the instant an ordered JetStream " +
 	"consumer (filtered to the quiet tenants' subjects) sees the event − the instant the producer's COMMIT " +
 	"returned, as in the latency scenario; with the hot tenant, only events committed before the harness " +
 	"saw t000 drained count."
@@ -213,8 +220,11 @@ func (r *Runner) tenants(ctx context.Context) (*TenantsResult, error) {
 	for i := range most {
 		tr.names = append(tr.names, tenantName(i))
 	}
-	defer tr.cleanup()
 	res := &TenantsResult{Method: tenantsMethod, Counts: counts}
+	defer func() {
+		res.Databases = tr.dbs
+		tr.cleanup()
+	}()
 
 	r.prog.step("tenants: migrating %d outbox schemas", most)
 	if err := tr.template(ctx); err != nil {
@@ -326,14 +336,21 @@ func (r *Runner) tenants(ctx context.Context) (*TenantsResult, error) {
 			q, x  int64
 			epoch string
 			cpu   time.Duration
+			stmts map[string]int64
 		}
 		take := func() ([]snap, error) {
 			out := make([]snap, len(cells))
 			for i, cl := range cells {
 				for _, d := range cl.dbs {
-					q, x, _, ep, err := r.idleSnapshot(ctx, d.name, pgss)
+					q, x, st, ep, err := r.idleSnapshot(ctx, d.name, pgss)
 					if err != nil {
 						return nil, err
+					}
+					if out[i].stmts == nil {
+						out[i].stmts = map[string]int64{}
+					}
+					for k, v := range st {
+						out[i].stmts[k] += v
 					}
 					out[i].q += q
 					out[i].x += x
@@ -376,6 +393,13 @@ func (r *Runner) tenants(ctx context.Context) (*TenantsResult, error) {
 					return errors.New("pg_stat_statements evicted or reset entries during the idle window: run again")
 				}
 				ic.Queries = s1[i].q - s0[i].q
+				for q, n := range s1[i].stmts {
+					if d := n - s0[i].stmts[q]; d > 0 {
+						ic.TopStatements = append(ic.TopStatements, StatementCalls{Calls: d, Query: oneLine(q, 160)})
+					}
+				}
+				slices.SortFunc(ic.TopStatements, func(a, b StatementCalls) int { return int(b.Calls - a.Calls) })
+				ic.TopStatements = ic.TopStatements[:min(5, len(ic.TopStatements))]
 			}
 			ic.QueriesPerSec = round3(float64(ic.Queries) / el.Seconds())
 			res.Idle = append(res.Idle, ic)
@@ -775,8 +799,8 @@ func (tr *tenantsRun) fairness(ctx context.Context, d tenantDB, o relayOpts) (*T
 			return nil, ctx.Err()
 		}
 	}
-	n := max(1, int(rate*c.Duration.Seconds()))
-	newProbe := func(label string) *latencyProbe {
+	newProbe := func(label string, d time.Duration) *latencyProbe {
+		n := max(1, int(rate*d.Seconds()))
 		p := &latencyProbe{r: r, b: b, mode: "tenants", label: label, rate: rate, n: n, procs: procs,
 			producers: producers, pool: pool, prods: prods, payload: payload, filter: b.prefix + ".*.order",
 			ids: make([]pgoutbox.UUID, n), index: make(map[pgoutbox.UUID]int, n),
@@ -790,6 +814,13 @@ func (tr *tenantsRun) fairness(ctx context.Context, d tenantDB, o relayOpts) (*T
 	trickle := func(p *latencyProbe, during func()) (time.Duration, error) {
 		if err := b.reset(ctx); err != nil {
 			return 0, err
+		}
+		// Each run starts with no dirty buffers left by the one before (the
+		// drains, the hot backlog): a checkpoint in one run and not in the
+		// other would be in the ratio. Best effort: it needs a superuser or
+		// pg_checkpoint.
+		if _, err := r.admin.Exec(ctx, "CHECKPOINT"); err != nil {
+			r.cfg.Logger.Info("tenants: no CHECKPOINT before the fairness run", slog.Any("error", err))
 		}
 		cc, err := p.subscribe(ctx)
 		if err != nil {
@@ -806,13 +837,13 @@ func (tr *tenantsRun) fairness(ctx context.Context, d tenantDB, o relayOpts) (*T
 		return produced, p.awaitAll(ctx)
 	}
 
-	base := newProbe("tenants: fairness, no backlog")
-	produced, err := trickle(base, nil)
+	// The baseline runs in two halves, before and after the hot run, so that a
+	// drift of the machine's speed weighs on both sides of the ratio.
+	base1 := newProbe("tenants: fairness, no backlog (1/2)", c.Duration/2)
+	produced1, err := trickle(base1, nil)
 	if err != nil {
 		return nil, err
 	}
-	h, early := base.histogram(nil)
-	f.Baseline = latencyOf(h, early, base, produced)
 
 	// The hot tenant's backlog, committed just before the trickle starts; a
 	// watcher notes when the harness sees it drained.
@@ -856,8 +887,8 @@ func (tr *tenantsRun) fairness(ctx context.Context, d tenantDB, o relayOpts) (*T
 			}
 		}()
 	}
-	hp := newProbe("tenants: fairness, hot backlog")
-	produced, err = trickle(hp, load)
+	hp := newProbe("tenants: fairness, hot backlog", c.Duration)
+	produced, err := trickle(hp, load)
 	if loadErr != nil {
 		return nil, loadErr
 	}
@@ -884,9 +915,19 @@ func (tr *tenantsRun) fairness(ctx context.Context, d tenantDB, o relayOpts) (*T
 	}
 	f.HotDrainSeconds = round3(hotEnd.Sub(hotStart).Seconds())
 	endNs := hotEnd.UnixNano()
-	h, early = hp.histogram(func(i int) bool { return hp.committed[i].Load() < endNs })
-	f.Hot = latencyOf(h, early, hp, produced)
-	f.AfterHot = n - f.Hot.Events
+	h, early := hp.histogram(func(i int) bool { return hp.committed[i].Load() < endNs })
+	f.Hot = latencyOf(h, early, hp.n, hp.lagMax.Load(), produced)
+	f.AfterHot = hp.n - f.Hot.Events
+
+	base2 := newProbe("tenants: fairness, no backlog (2/2)", c.Duration-c.Duration/2)
+	produced2, err := trickle(base2, nil)
+	if err != nil {
+		return nil, err
+	}
+	h, early = base1.histogram(nil)
+	h2, early2 := base2.histogram(nil)
+	h.Merge(h2)
+	f.Baseline = latencyOf(h, early+early2, base1.n+base2.n, max(base1.lagMax.Load(), base2.lagMax.Load()), produced1+produced2)
 	if err := stopRelays(procs); err != nil {
 		return nil, err
 	}
@@ -926,11 +967,12 @@ func warmTenants(ctx context.Context, pool *pgxpool.Pool, conns int, prods []*pg
 	return errors.Join(errs...)
 }
 
-// latencyOf is a TenantLatency of h (µs).
-func latencyOf(h *hdrhistogram.Histogram, early int, p *latencyProbe, produced time.Duration) TenantLatency {
+// latencyOf is a TenantLatency of h (µs): offered events committed in
+// produced, the worst commit lagMax ns behind its schedule.
+func latencyOf(h *hdrhistogram.Histogram, early, offered int, lagMax int64, produced time.Duration) TenantLatency {
 	ms := func(q float64) float64 { return round3(float64(h.ValueAtQuantile(q)) / 1000) }
-	return TenantLatency{Events: int(h.TotalCount()), Early: early, AchievedRate: round2(float64(p.n) / produced.Seconds()),
-		MaxScheduleLagMs: round3(float64(p.lagMax.Load()) / 1e6),
+	return TenantLatency{Events: int(h.TotalCount()), Early: early, AchievedRate: round2(float64(offered) / produced.Seconds()),
+		MaxScheduleLagMs: round3(float64(lagMax) / 1e6),
 		P50Ms:            ms(50), P90Ms: ms(90), P99Ms: ms(99), MaxMs: round3(float64(h.Max()) / 1000), MeanMs: round3(h.Mean() / 1000)}
 }
 
@@ -1060,6 +1102,11 @@ func (t *TenantsResult) writeText(w io.Writer) {
 		}
 		tw.Flush()
 		fmt.Fprintf(w, "idle queries/s, most / fewest tenants of one database: %.2f; memory per tenant: %.0f KiB\n", t.IdleRatio, t.MemoryPerTenantKiB)
+		for _, c := range t.Idle {
+			for _, s := range c.TopStatements {
+				fmt.Fprintf(w, "  %s: %6d × %s\n", c.Label(), s.Calls, oneLine(s.Query, 90))
+			}
+		}
 	}
 	if len(t.Drains) > 0 {
 		fmt.Fprintf(w, "drain to %s, %d events spread over the tenants:\n", t.Broker, t.Drains[0].Events)
