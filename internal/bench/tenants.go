@@ -151,6 +151,14 @@ type TenantFairness struct {
 	RatioP50   float64 `json:"ratio_p50"`
 	RatioP99   float64 `json:"ratio_p99"`
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
+	// Control is the hot run again with the hot tenant served by a relay
+	// process of its own: what sharing the machine's CPUs with the drain costs
+	// the quiet tenants, without sharing a process. Its ratios divide by
+	// Baseline too.
+	Control             TenantLatency `json:"control"`
+	ControlDrainSeconds float64       `json:"control_hot_drain_s"`
+	ControlRatioP50     float64       `json:"control_ratio_p50"`
+	ControlRatioP99     float64       `json:"control_ratio_p99"`
 }
 
 // TenantLatency is a commit → seen-on-the-stream distribution, in ms.
@@ -188,7 +196,8 @@ const tenantsMethod = "Every tenant is an outbox schema (t000, t001, …) of a d
 	"quiet tenants (all but t000) receive a trickle of single-event transactions on an open-loop schedule " +
 	"(--tenant-rate per tenant, round-robin over the tenants): for --duration right after t000's backlog of " +
 	"--events events is committed, and for --duration with no backlog, in two halves before and after " +
-	"(a CHECKPOINT before each run, where the role may). Latency = the instant an ordered JetStream " +
+	"(a CHECKPOINT before each run, where the role may); then, as a control, the hot run again with t000 " +
+	"served by a relay process of its own beside one serving the quiet tenants. Latency = the instant an ordered JetStream " +
 	"consumer (filtered to the quiet tenants' subjects) sees the event − the instant the producer's COMMIT " +
 	"returned, as in the latency scenario; with the hot tenant, only events committed before the harness " +
 	"saw t000 drained count."
@@ -852,79 +861,42 @@ func (tr *tenantsRun) fairness(ctx context.Context, d tenantDB, o relayOpts) (*T
 		return nil, err
 	}
 	defer hotPool.Close()
-	// hotEnd and watchErr are the watcher's, read once it has returned.
-	var (
-		hotStart, hotEnd  time.Time
-		loadErr, watchErr error
-		watching          = make(chan struct{})
-	)
-	wctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	load := func() {
-		r.prog.step("tenants: fairness: loading %d events into %s", c.Events, hot.name)
-		if _, loadErr = commitBacklogs(ctx, []*pgxpool.Pool{hotPool}, [][]tenantBacklog{{{s: hot, events: c.Events, aggregates: c.Aggregates}}}, c.PayloadBytes); loadErr != nil {
-			close(watching)
-			return
+	// hotRun offers the trickle for --duration right after the hot backlog is
+	// committed, and keeps the events committed before the harness saw the
+	// backlog drained.
+	hotRun := func(label string) (lat TenantLatency, after int, drained time.Duration, err error) {
+		if _, err := hotPool.Exec(ctx, "TRUNCATE "+hot.events+", "+hot.seqs); err != nil {
+			return lat, 0, 0, fmt.Errorf("empty the hot tenant: %w", err)
 		}
-		hotStart = time.Now()
-		go func() {
-			defer close(watching)
-			for {
-				var done bool
-				if err := hotPool.QueryRow(wctx, "SELECT NOT EXISTS (SELECT 1 FROM "+hot.events+" WHERE published_at IS NULL)").Scan(&done); err != nil {
-					if wctx.Err() == nil {
-						watchErr = fmt.Errorf("check the hot tenant: %w", err)
-					}
-					return
-				}
-				if done {
-					hotEnd = time.Now()
-					return
-				}
-				if !sleepCtx(wctx, 100*time.Millisecond) {
-					return
-				}
-			}
-		}()
+		var w *hotWatch
+		hp := newProbe(label, c.Duration)
+		produced, err := trickle(hp, func() {
+			r.prog.step("tenants: fairness: loading %d events into %s", c.Events, hot.name)
+			w = watchHot(ctx, hotPool, hot, c.Events, c.Aggregates, c.PayloadBytes)
+		})
+		if werr := w.wait(ctx, max(5*time.Minute, time.Duration(c.Events/200)*time.Second)); werr != nil {
+			return lat, 0, 0, fmt.Errorf("%w: %s", werr, tails(procs))
+		}
+		if err != nil {
+			return lat, 0, 0, err
+		}
+		endNs := w.end.UnixNano()
+		h, early := hp.histogram(func(i int) bool { return hp.committed[i].Load() < endNs })
+		lat = latencyOf(h, early, hp.n, hp.lagMax.Load(), produced)
+		return lat, hp.n - lat.Events, w.end.Sub(w.start), nil
 	}
-	hp := newProbe("tenants: fairness, hot backlog", c.Duration)
-	produced, err := trickle(hp, load)
-	if loadErr != nil {
-		return nil, loadErr
-	}
+	hotLat, after, drained, err := hotRun("tenants: fairness, hot backlog")
 	if err != nil {
 		return nil, err
 	}
-	// The backlog drains within the drain's deadline.
-	r.prog.step("tenants: fairness: waiting for %s to be drained", hot.name)
-	select {
-	case <-watching:
-	case <-time.After(max(5*time.Minute, time.Duration(c.Events/200)*time.Second)):
-	case <-ctx.Done():
-	}
-	stopWatch()
-	<-watching
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
-	}
-	if watchErr != nil {
-		return nil, watchErr
-	}
-	if hotEnd.IsZero() {
-		return nil, fmt.Errorf("the hot tenant's backlog was not drained within the deadline: %s", tails(procs))
-	}
-	f.HotDrainSeconds = round3(hotEnd.Sub(hotStart).Seconds())
-	endNs := hotEnd.UnixNano()
-	h, early := hp.histogram(func(i int) bool { return hp.committed[i].Load() < endNs })
-	f.Hot = latencyOf(h, early, hp.n, hp.lagMax.Load(), produced)
-	f.AfterHot = hp.n - f.Hot.Events
+	f.Hot, f.AfterHot, f.HotDrainSeconds = hotLat, after, round3(drained.Seconds())
 
 	base2 := newProbe("tenants: fairness, no backlog (2/2)", c.Duration-c.Duration/2)
 	produced2, err := trickle(base2, nil)
 	if err != nil {
 		return nil, err
 	}
-	h, early = base1.histogram(nil)
+	h, early := base1.histogram(nil)
 	h2, early2 := base2.histogram(nil)
 	h.Merge(h2)
 	f.Baseline = latencyOf(h, early+early2, base1.n+base2.n, max(base1.lagMax.Load(), base2.lagMax.Load()), produced1+produced2)
@@ -934,7 +906,103 @@ func (tr *tenantsRun) fairness(ctx context.Context, d tenantDB, o relayOpts) (*T
 	f.PeakRSSMiB = maxRSSMiB(rssOf(procs))
 	f.RatioP50 = ratio(f.Hot.P50Ms, f.Baseline.P50Ms)
 	f.RatioP99 = ratio(f.Hot.P99Ms, f.Baseline.P99Ms)
+
+	// Control: the same backlog drained by a relay process of its own while
+	// another serves the quiet tenants. Its ratio is what sharing the machine's
+	// CPUs with the drain costs them; the difference is the shared process's.
+	r.prog.step("tenants: fairness control: starting a relay for %s and one for the quiet tenants", hot.name)
+	oq, oh := o, o
+	oq.tenants, oh.tenants = strings.Join(quiet, ","), hot.name
+	if procs, err = r.startRelays(ctx, 1, oq); err != nil {
+		return nil, err
+	}
+	defer stopRelays(procs)
+	hotProc, err := r.startRelays(ctx, 1, oh)
+	if err != nil {
+		return nil, err
+	}
+	defer stopRelays(hotProc)
+	procs = append(procs, hotProc...)
+	if err := r.waitIdleLocks(ctx, []string{d.name}, len(tr.names), procs); err != nil {
+		return nil, err
+	}
+	if f.Control, _, drained, err = hotRun("tenants: fairness control, hot backlog in another process"); err != nil {
+		return nil, fmt.Errorf("control: %w", err)
+	}
+	f.ControlDrainSeconds = round3(drained.Seconds())
+	if err := stopRelays(procs); err != nil {
+		return nil, err
+	}
+	f.ControlRatioP50 = ratio(f.Control.P50Ms, f.Baseline.P50Ms)
+	f.ControlRatioP99 = ratio(f.Control.P99Ms, f.Baseline.P99Ms)
 	return f, nil
+}
+
+// hotWatch is the hot backlog: committed at start, seen drained at end.
+type hotWatch struct {
+	start, end time.Time
+	err        error
+	done       chan struct{}
+	stop       context.CancelFunc
+}
+
+// watchHot commits a backlog of events to hot and watches, every 100 ms, for
+// it to be drained.
+func watchHot(ctx context.Context, pool *pgxpool.Pool, hot *outboxSchema, events, aggregates, payload int) *hotWatch {
+	w := &hotWatch{done: make(chan struct{})}
+	if _, w.err = commitBacklogs(ctx, []*pgxpool.Pool{pool}, [][]tenantBacklog{{{s: hot, events: events, aggregates: aggregates}}}, payload); w.err != nil {
+		close(w.done)
+		return w
+	}
+	w.start = time.Now()
+	wctx, stop := context.WithCancel(ctx)
+	w.stop = stop
+	go func() {
+		defer close(w.done)
+		for {
+			var done bool
+			if err := pool.QueryRow(wctx, "SELECT NOT EXISTS (SELECT 1 FROM "+hot.events+" WHERE published_at IS NULL)").Scan(&done); err != nil {
+				if wctx.Err() == nil {
+					w.err = fmt.Errorf("check the hot tenant: %w", err)
+				}
+				return
+			}
+			if done {
+				w.end = time.Now()
+				return
+			}
+			if !sleepCtx(wctx, 100*time.Millisecond) {
+				return
+			}
+		}
+	}()
+	return w
+}
+
+// wait waits up to within for the backlog to be drained (w nil: it was never
+// loaded).
+func (w *hotWatch) wait(ctx context.Context, within time.Duration) error {
+	if w == nil {
+		return errors.New("the hot backlog was not loaded")
+	}
+	select {
+	case <-w.done:
+	case <-time.After(within):
+	case <-ctx.Done():
+	}
+	if w.stop != nil {
+		w.stop()
+	}
+	<-w.done
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case w.err != nil:
+		return w.err
+	case w.end.IsZero():
+		return fmt.Errorf("the hot tenant's backlog was not drained within %s", within)
+	}
+	return nil
 }
 
 // warmTenants commits one event to every tenant on each producer connection,
@@ -1126,11 +1194,13 @@ func (t *TenantsResult) writeText(w io.Writer) {
 		for _, l := range []struct {
 			name string
 			TenantLatency
-		}{{"no backlog", f.Baseline}, {"hot tenant draining", f.Hot}} {
+		}{{"no backlog", f.Baseline}, {"hot tenant draining", f.Hot}, {"hot tenant in another process", f.Control}} {
 			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t\n", l.name, l.Events, l.P50Ms, l.P90Ms, l.P99Ms, l.MaxMs)
 		}
 		tw.Flush()
 		fmt.Fprintf(w, "with / without the hot tenant: p50 %.2f, p99 %.2f (%d events committed after the backlog drained left out)\n",
 			f.RatioP50, f.RatioP99, f.AfterHot)
+		fmt.Fprintf(w, "control, the hot tenant in a relay process of its own (drained in %.1fs) / without: p50 %.2f, p99 %.2f\n",
+			f.ControlDrainSeconds, f.ControlRatioP50, f.ControlRatioP99)
 	}
 }

@@ -25,7 +25,8 @@ func sampleTenants() *TenantsResult {
 			{TenantCell: cell(tenantModeFile, 100, 2), Events: 1000, EventsPerSec: 9000},
 		},
 		Fairness: &TenantFairness{Tenants: 100, QuietTenants: 99, RatePerTenant: 2, HotBacklog: 1000, HotDrainSeconds: 5,
-			Baseline: TenantLatency{Events: 1980, P50Ms: 4, P99Ms: 10}, Hot: TenantLatency{Events: 990, P50Ms: 6, P99Ms: 40}, AfterHot: 990},
+			Baseline: TenantLatency{Events: 1980, P50Ms: 4, P99Ms: 10}, Hot: TenantLatency{Events: 990, P50Ms: 6, P99Ms: 40}, AfterHot: 990,
+			Control: TenantLatency{Events: 1980, P50Ms: 5, P99Ms: 30}, ControlRatioP50: 1.25, ControlRatioP99: 3},
 	}
 	t.IdleRatio, t.MemoryPerTenantKiB = idleFigures(t.Idle)
 	t.ThroughputRatio = throughputFigures(t.Drains)
@@ -101,7 +102,7 @@ func TestTenantsReport(t *testing.T) {
 	var text strings.Builder
 	res.WriteText(&text)
 	for _, want := range []string{"single outbox (--schema)", "100 tenants in 2 databases", "memory per tenant: 103 KiB",
-		"throughput, most / fewest tenants of one database: 0.80", "with / without the hot tenant: p50 1.50, p99 4.00 (990 events"} {
+		"throughput, most / fewest tenants of one database: 0.80", "with / without the hot tenant: p50 1.50, p99 4.00 (990 events", "hot tenant in another process", "/ without: p50 1.25, p99 3.00"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text lacks %q:\n%s", want, text.String())
 		}
@@ -110,7 +111,7 @@ func TestTenantsReport(t *testing.T) {
 	if err := WriteReport(&page, res); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Tenants: one relay process", "100 tenants in 2 databases", "hot tenant draining", "<b>4.00</b>", "<b>0.80</b>"} {
+	for _, want := range []string{"Tenants: one relay process", "100 tenants in 2 databases", "hot tenant draining", "<b>4.00</b>", "<b>0.80</b>", "hot tenant in another process (control)", "<b>1.25</b>"} {
 		if !strings.Contains(page.String(), want) {
 			t.Errorf("report lacks %q", want)
 		}

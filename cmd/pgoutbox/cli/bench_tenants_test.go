@@ -86,6 +86,9 @@ func TestBenchTenantsSmall(t *testing.T) {
 	if f.Baseline.Events != offered || f.Hot.Events+f.AfterHot != offered {
 		t.Errorf("fairness: %d baseline events, %d + %d with the hot tenant; want %d each", f.Baseline.Events, f.Hot.Events, f.AfterHot, offered)
 	}
+	if f.Control.Events > offered || f.ControlDrainSeconds <= 0 {
+		t.Errorf("fairness control: %+v, drained in %vs", f.Control, f.ControlDrainSeconds)
+	}
 	if b := f.Baseline; !(b.P50Ms > 0 && b.P50Ms <= b.P99Ms && b.P99Ms <= b.MaxMs) || f.RatioP50 < 0 || f.RatioP99 < 0 {
 		t.Errorf("fairness percentiles: %+v", f)
 	}
