@@ -127,8 +127,11 @@ type TenantDrainRun struct {
 	// (start-up included) per event, in µs.
 	RelayCPUPerEventUs float64 `json:"relay_cpu_us_per_event"`
 	PeakRSSMiB         float64 `json:"peak_rss_mib"`
-	Published          int64   `json:"published"`
-	BrokerMessages     int64   `json:"broker_messages"` // distinct events on the NATS stream; -1 when not observable
+	// RoundEventsPerSec are the rounds' events/s; the other figures are their
+	// means (peak RSS: the largest).
+	RoundEventsPerSec []float64 `json:"round_events_per_s"`
+	Published         int64     `json:"published"`
+	BrokerMessages    int64     `json:"broker_messages"` // distinct events on the NATS stream; -1 when not observable
 }
 
 // TenantFairness is the quiet tenants' commit → broker latency without and
@@ -188,7 +191,7 @@ const tenantsMethod = "Every tenant is an outbox schema (t000, t001, …) of a d
 	"deltas include every statement the relay runs outside a transaction block. Nothing else connects to " +
 	"those databases. CPU from /proc/PID/stat, memory from /proc/PID/status (VmRSS at the window's end; " +
 	"the slope over the tenant counts is the memory per tenant). " +
-	"Drains: the same events (--events over --aggregates, spread evenly over the cell's tenants, each " +
+	"Drains, in two rounds (the second in the reverse order; figures are the rounds' means): the same events (--events over --aggregates, spread evenly over the cell's tenants, each " +
 	"tenant's aggregates holding the same number of events) are written in one transaction per " +
 	"database, committed back to back while the relay (default --db-max-conns, 10) runs and listens; " +
 	"the clock runs from the first commit to the largest published_at (server clock); every event must be " +
@@ -420,13 +423,24 @@ func (r *Runner) tenants(ctx context.Context) (*TenantsResult, error) {
 	}
 	res.IdleRatio, res.MemoryPerTenantKiB = idleFigures(res.Idle)
 
-	// Drains, one cell after the other, to NATS.
+	// Drains to NATS, in two rounds, the second in the reverse order, so that
+	// a drift of the machine's speed weighs on every cell alike; each cell's
+	// figures are the mean of its rounds.
 	b, err := r.natsBroker(ctx)
 	if err != nil {
 		return res, err
 	}
 	res.Broker = b.name
-	for _, cl := range cells {
+	order := make([]int, 0, 2*len(cells))
+	for i := range cells {
+		order = append(order, i)
+	}
+	for i := range cells {
+		order = append(order, len(cells)-1-i)
+	}
+	rounds := make([][]TenantDrainRun, len(cells))
+	for _, i := range order {
+		cl := cells[i]
 		o, err := opts(cl, b)
 		if err != nil {
 			return res, err
@@ -435,7 +449,10 @@ func (r *Runner) tenants(ctx context.Context) (*TenantsResult, error) {
 		if err != nil {
 			return res, fmt.Errorf("drain, %s: %w", cl.Label(), err)
 		}
-		res.Drains = append(res.Drains, *run)
+		rounds[i] = append(rounds[i], *run)
+	}
+	for _, rs := range rounds {
+		res.Drains = append(res.Drains, meanDrain(rs))
 	}
 	res.ThroughputRatio = throughputFigures(res.Drains)
 
@@ -617,6 +634,13 @@ func (tr *tenantsRun) drain(ctx context.Context, cell TenantCell, dbs []tenantDB
 		backlogs[i] = per[k : k+n]
 		k += n
 	}
+	for i, p := range pools { // empty after an earlier round
+		for _, b := range backlogs[i] {
+			if _, err := p.Exec(ctx, "TRUNCATE "+b.s.events+", "+b.s.seqs); err != nil {
+				return nil, fmt.Errorf("empty tenant %s: %w", b.s.name, err)
+			}
+		}
+	}
 	r.prog.step("tenants: drain, %s: starting the relay", cell.Label())
 	procs, err := r.startRelays(ctx, 1, o)
 	if err != nil {
@@ -714,6 +738,22 @@ func (tr *tenantsRun) drain(ctx context.Context, cell TenantCell, dbs []tenantDB
 		}
 	}
 	return run, nil
+}
+
+// meanDrain folds a cell's rounds into one run: mean seconds, events/s and
+// CPU, the largest peak RSS; every round published every event.
+func meanDrain(rs []TenantDrainRun) TenantDrainRun {
+	out := rs[0]
+	out.Seconds, out.EventsPerSec, out.RelayCPUPerEventUs = 0, 0, 0
+	for _, r := range rs {
+		out.RoundEventsPerSec = append(out.RoundEventsPerSec, r.EventsPerSec)
+		out.Seconds += r.Seconds / float64(len(rs))
+		out.EventsPerSec += r.EventsPerSec / float64(len(rs))
+		out.RelayCPUPerEventUs += r.RelayCPUPerEventUs / float64(len(rs))
+		out.PeakRSSMiB = max(out.PeakRSSMiB, r.PeakRSSMiB)
+	}
+	out.Seconds, out.EventsPerSec, out.RelayCPUPerEventUs = round3(out.Seconds), round2(out.EventsPerSec), round2(out.RelayCPUPerEventUs)
+	return out
 }
 
 // commitBacklogs writes each database's backlogs in a transaction of its own
@@ -1179,9 +1219,13 @@ func (t *TenantsResult) writeText(w io.Writer) {
 	if len(t.Drains) > 0 {
 		fmt.Fprintf(w, "drain to %s, %d events spread over the tenants:\n", t.Broker, t.Drains[0].Events)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "relay serves\tseconds\tevents/s\t× fewest\trelay CPU µs/event\tpeak RSS MiB\t")
+		fmt.Fprintln(tw, "relay serves\tseconds\tevents/s\trounds' events/s\t× fewest\trelay CPU µs/event\tpeak RSS MiB\t")
 		for _, r := range t.Drains {
-			fmt.Fprintf(tw, "%s\t%.3f\t%.0f\t%.2f\t%.1f\t%.1f\t\n", r.Label(), r.Seconds, r.EventsPerSec, r.RatioToFewest, r.RelayCPUPerEventUs, r.PeakRSSMiB)
+			var rounds []string
+			for _, e := range r.RoundEventsPerSec {
+				rounds = append(rounds, fmt.Sprintf("%.0f", e))
+			}
+			fmt.Fprintf(tw, "%s\t%.3f\t%.0f\t%s\t%.2f\t%.1f\t%.1f\t\n", r.Label(), r.Seconds, r.EventsPerSec, strings.Join(rounds, ", "), r.RatioToFewest, r.RelayCPUPerEventUs, r.PeakRSSMiB)
 		}
 		tw.Flush()
 		fmt.Fprintf(w, "throughput, most / fewest tenants of one database: %.2f\n", t.ThroughputRatio)

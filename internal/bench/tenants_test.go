@@ -53,6 +53,10 @@ func TestTenantsFigures(t *testing.T) {
 	if got, _ := idleFigures(tr.Idle[:2]); got != 0 {
 		t.Errorf("one tenant count only: idle ratio %v, want 0 (nothing to compare)", got)
 	}
+	m := meanDrain([]TenantDrainRun{{Events: 10, Published: 10, Seconds: 1, EventsPerSec: 10, PeakRSSMiB: 5}, {Events: 10, Published: 10, Seconds: 2, EventsPerSec: 5, PeakRSSMiB: 7}})
+	if m.EventsPerSec != 7.5 || m.Seconds != 1.5 || m.PeakRSSMiB != 7 || len(m.RoundEventsPerSec) != 2 || m.RoundEventsPerSec[1] != 5 {
+		t.Errorf("mean of two rounds: %+v", m)
+	}
 	if s := slope([]float64{5}, []float64{1}); s != 0 {
 		t.Errorf("slope of one point %v", s)
 	}

@@ -69,7 +69,7 @@ func TestBenchTenantsSmall(t *testing.T) {
 	}
 	for i, r := range tr.Drains {
 		if r.TenantCell != want[i] || r.Events != events || r.Published != events || r.BrokerMessages != events ||
-			r.EventsPerSec <= 0 || r.RatioToFewest <= 0 || r.RelayCPUPerEventUs <= 0 || r.PeakRSSMiB < 1 {
+			r.EventsPerSec <= 0 || r.RatioToFewest <= 0 || r.RelayCPUPerEventUs <= 0 || r.PeakRSSMiB < 1 || len(r.RoundEventsPerSec) != 2 {
 			t.Errorf("drain %d: %+v", i, r)
 		}
 	}
