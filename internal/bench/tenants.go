@@ -211,6 +211,39 @@ type tenantDB struct {
 	url  string
 }
 
+// tenantCellDBs is a cell and the databases it runs in.
+type tenantCellDBs struct {
+	TenantCell
+	dbs  []tenantDB
+	sels []string // per database: the selector (the schema, for single)
+}
+
+func (cl tenantCellDBs) dbNames() []string {
+	var out []string
+	for _, d := range cl.dbs {
+		out = append(out, d.name)
+	}
+	return out
+}
+
+// opts are the flags of the cell's relay, publishing to b.
+func (tr *tenantsRun) opts(cl tenantCellDBs, b *brokerEnv, extra ...string) (relayOpts, error) {
+	o := relayOpts{broker: b, dbURL: cl.dbs[0].url, extra: extra}
+	switch cl.Mode {
+	case tenantModeSingle:
+		o.schema = cl.sels[0]
+	case tenantModeGroup:
+		o.tenants = cl.sels[0]
+	default:
+		f, env, err := tr.tenantsFile(cl.dbs, cl.sels)
+		if err != nil {
+			return o, err
+		}
+		o.tenantsFile, o.env = f, env
+	}
+	return o, nil
+}
+
 // tenantsRun is the scenario's state: its databases and tenant names.
 type tenantsRun struct {
 	r     *Runner
@@ -243,14 +276,9 @@ func (r *Runner) tenants(ctx context.Context) (*TenantsResult, error) {
 		return nil, err
 	}
 	// The cells, each in databases of its own.
-	type cell struct {
-		TenantCell
-		dbs  []tenantDB
-		sels []string // per database: the selector (the schema, for single)
-	}
-	var cells []cell
+	var cells []tenantCellDBs
 	add := func(tc TenantCell, sels ...string) error {
-		cl := cell{TenantCell: tc, sels: sels}
+		cl := tenantCellDBs{TenantCell: tc, sels: sels}
 		for range sels {
 			d, err := tr.clone(ctx)
 			if err != nil {
@@ -275,30 +303,6 @@ func (r *Runner) tenants(ctx context.Context) (*TenantsResult, error) {
 		strings.Join(tr.names[:half], ","), strings.Join(tr.names[half:], ",")); err != nil {
 		return nil, err
 	}
-	opts := func(cl cell, b *brokerEnv, extra ...string) (relayOpts, error) {
-		o := relayOpts{broker: b, dbURL: cl.dbs[0].url, extra: extra}
-		switch cl.Mode {
-		case tenantModeSingle:
-			o.schema = cl.sels[0]
-		case tenantModeGroup:
-			o.tenants = cl.sels[0]
-		default:
-			f, env, err := tr.tenantsFile(cl.dbs, cl.sels)
-			if err != nil {
-				return o, err
-			}
-			o.tenantsFile, o.env = f, env
-		}
-		return o, nil
-	}
-	dbNames := func(cl cell) []string {
-		var out []string
-		for _, d := range cl.dbs {
-			out = append(out, d.name)
-		}
-		return out
-	}
-
 	// Idle: every cell at once, each in its own databases.
 	null, err := r.broker(ctx, "null")
 	if err != nil {
@@ -309,117 +313,8 @@ func (r *Runner) tenants(ctx context.Context) (*TenantsResult, error) {
 	if pgss {
 		res.IdleSource = "pg_stat_statements"
 	}
-	r.prog.step("tenants: starting %d idle relays", len(cells))
-	idle := make([]*relayProc, len(cells))
-	var all []*relayProc
-	var allDBs []string
-	want := 0
-	for i, cl := range cells {
-		var extra []string
-		if cl.Mode != tenantModeSingle {
-			extra = []string{"--db-max-conns", "4"}
-		}
-		o, err := opts(cl, null, extra...)
-		if err != nil {
-			stopRelays(all)
-			return nil, err
-		}
-		ps, err := r.startRelays(ctx, 1, o)
-		if err != nil {
-			stopRelays(all)
-			return nil, err
-		}
-		idle[i] = ps[0]
-		all = append(all, ps[0])
-		allDBs = append(allDBs, dbNames(cl)...)
-		want += cl.Tenants
-	}
-	idleErr := func() error {
-		defer stopRelays(all)
-		if err := r.waitIdleLocks(ctx, allDBs, want, all); err != nil {
-			return err
-		}
-		settle := min(11*time.Second, c.IdleDuration)
-		r.prog.step("tenants: every relay idle; settling %s", settle)
-		if !sleepCtx(ctx, settle) {
-			return ctx.Err()
-		}
-		type snap struct {
-			q, x  int64
-			epoch string
-			cpu   time.Duration
-			stmts map[string]int64
-		}
-		take := func() ([]snap, error) {
-			out := make([]snap, len(cells))
-			for i, cl := range cells {
-				for _, d := range cl.dbs {
-					q, x, st, ep, err := r.idleSnapshot(ctx, d.name, pgss)
-					if err != nil {
-						return nil, err
-					}
-					if out[i].stmts == nil {
-						out[i].stmts = map[string]int64{}
-					}
-					for k, v := range st {
-						out[i].stmts[k] += v
-					}
-					out[i].q += q
-					out[i].x += x
-					out[i].epoch += ep
-				}
-				out[i].cpu = procCPU(idle[i].cmd.Process.Pid)
-			}
-			return out, nil
-		}
-		s0, err := take()
-		if err != nil {
-			return err
-		}
-		start := time.Now()
-		for time.Since(start) < c.IdleDuration {
-			if err := sampleAll(all); err != nil {
-				return err
-			}
-			r.prog.update("tenants: watching %d idle relays, %.0fs left", len(all), (c.IdleDuration - time.Since(start)).Seconds())
-			if !sleepCtx(ctx, min(250*time.Millisecond, c.IdleDuration-time.Since(start))) {
-				return ctx.Err()
-			}
-		}
-		s1, err := take()
-		if err != nil {
-			return err
-		}
-		el := time.Since(start)
-		for i, cl := range cells {
-			rss := procRSS(idle[i].cmd.Process.Pid)
-			idle[i].sampleRSS()
-			ic := TenantIdleCell{TenantCell: cl.TenantCell, Seconds: round3(el.Seconds()),
-				Transactions: s1[i].x - s0[i].x, RSSMiB: round2(float64(rss) / (1 << 20)),
-				PeakRSSMiB:       round2(float64(idle[i].peak()) / (1 << 20)),
-				RelayCPUMsPerSec: round3(float64((s1[i].cpu - s0[i].cpu).Microseconds()) / 1000 / el.Seconds())}
-			ic.XactsPerSec = round3(float64(ic.Transactions) / el.Seconds())
-			ic.Queries = ic.Transactions
-			if pgss {
-				if s1[i].epoch != s0[i].epoch || s1[i].q < s0[i].q {
-					return errors.New("pg_stat_statements evicted or reset entries during the idle window: run again")
-				}
-				ic.Queries = s1[i].q - s0[i].q
-				for q, n := range s1[i].stmts {
-					if d := n - s0[i].stmts[q]; d > 0 {
-						ic.TopStatements = append(ic.TopStatements, StatementCalls{Calls: d, Query: oneLine(q, 160)})
-					}
-				}
-				slices.SortFunc(ic.TopStatements, func(a, b StatementCalls) int { return int(b.Calls - a.Calls) })
-				ic.TopStatements = ic.TopStatements[:min(5, len(ic.TopStatements))]
-			}
-			ic.QueriesPerSec = round3(float64(ic.Queries) / el.Seconds())
-			res.Idle = append(res.Idle, ic)
-		}
-		return stopRelays(all)
-	}()
-	if idleErr != nil {
-		return res, fmt.Errorf("idle: %w", idleErr)
+	if res.Idle, err = tr.idle(ctx, cells, null, pgss); err != nil {
+		return res, fmt.Errorf("idle: %w", err)
 	}
 	res.IdleRatio, res.MemoryPerTenantKiB = idleFigures(res.Idle)
 
@@ -441,7 +336,7 @@ func (r *Runner) tenants(ctx context.Context) (*TenantsResult, error) {
 	rounds := make([][]TenantDrainRun, len(cells))
 	for _, i := range order {
 		cl := cells[i]
-		o, err := opts(cl, b)
+		o, err := tr.opts(cl, b)
 		if err != nil {
 			return res, err
 		}
@@ -466,6 +361,120 @@ func (r *Runner) tenants(ctx context.Context) (*TenantsResult, error) {
 		return res, fmt.Errorf("fairness: %w", err)
 	}
 	return res, nil
+}
+
+// idle runs every cell's relay at once (null broker) against empty outboxes
+// and counts what each sends to its databases over the idle window.
+func (tr *tenantsRun) idle(ctx context.Context, cells []tenantCellDBs, null *brokerEnv, pgss bool) ([]TenantIdleCell, error) {
+	r, c := tr.r, tr.r.cfg
+	var out []TenantIdleCell
+	r.prog.step("tenants: starting %d idle relays", len(cells))
+	idle := make([]*relayProc, len(cells))
+	var all []*relayProc
+	var allDBs []string
+	want := 0
+	for i, cl := range cells {
+		var extra []string
+		if cl.Mode != tenantModeSingle {
+			extra = []string{"--db-max-conns", "4"}
+		}
+		o, err := tr.opts(cl, null, extra...)
+		if err != nil {
+			stopRelays(all)
+			return nil, err
+		}
+		ps, err := r.startRelays(ctx, 1, o)
+		if err != nil {
+			stopRelays(all)
+			return nil, err
+		}
+		idle[i] = ps[0]
+		all = append(all, ps[0])
+		allDBs = append(allDBs, cl.dbNames()...)
+		want += cl.Tenants
+	}
+	defer stopRelays(all)
+	if err := r.waitIdleLocks(ctx, allDBs, want, all); err != nil {
+		return nil, err
+	}
+	settle := min(11*time.Second, c.IdleDuration)
+	r.prog.step("tenants: every relay idle; settling %s", settle)
+	if !sleepCtx(ctx, settle) {
+		return nil, ctx.Err()
+	}
+	type snap struct {
+		q, x  int64
+		epoch string
+		cpu   time.Duration
+		stmts map[string]int64
+	}
+	take := func() ([]snap, error) {
+		out := make([]snap, len(cells))
+		for i, cl := range cells {
+			for _, d := range cl.dbs {
+				q, x, st, ep, err := r.idleSnapshot(ctx, d.name, pgss)
+				if err != nil {
+					return nil, err
+				}
+				if out[i].stmts == nil {
+					out[i].stmts = map[string]int64{}
+				}
+				for k, v := range st {
+					out[i].stmts[k] += v
+				}
+				out[i].q += q
+				out[i].x += x
+				out[i].epoch += ep
+			}
+			out[i].cpu = procCPU(idle[i].cmd.Process.Pid)
+		}
+		return out, nil
+	}
+	s0, err := take()
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	for time.Since(start) < c.IdleDuration {
+		if err := sampleAll(all); err != nil {
+			return nil, err
+		}
+		r.prog.update("tenants: watching %d idle relays, %.0fs left", len(all), (c.IdleDuration - time.Since(start)).Seconds())
+		if !sleepCtx(ctx, min(250*time.Millisecond, c.IdleDuration-time.Since(start))) {
+			return nil, ctx.Err()
+		}
+	}
+	s1, err := take()
+	if err != nil {
+		return nil, err
+	}
+	el := time.Since(start)
+	for i, cl := range cells {
+		rss := procRSS(idle[i].cmd.Process.Pid)
+		idle[i].sampleRSS()
+		ic := TenantIdleCell{TenantCell: cl.TenantCell, Seconds: round3(el.Seconds()),
+			Transactions: s1[i].x - s0[i].x, RSSMiB: round2(float64(rss) / (1 << 20)),
+			PeakRSSMiB:       round2(float64(idle[i].peak()) / (1 << 20)),
+			RelayCPUMsPerSec: round3(float64((s1[i].cpu - s0[i].cpu).Microseconds()) / 1000 / el.Seconds())}
+		ic.XactsPerSec = round3(float64(ic.Transactions) / el.Seconds())
+		ic.Queries = ic.Transactions
+		if pgss {
+			if s1[i].epoch != s0[i].epoch || s1[i].q < s0[i].q {
+				return nil, errors.New("pg_stat_statements evicted or reset entries during the idle window: run again")
+			}
+			ic.Queries = s1[i].q - s0[i].q
+			for q, n := range s1[i].stmts {
+				if d := n - s0[i].stmts[q]; d > 0 {
+					ic.TopStatements = append(ic.TopStatements, StatementCalls{Calls: d, Query: oneLine(q, 160)})
+				}
+			}
+			slices.SortFunc(ic.TopStatements, func(a, b StatementCalls) int { return int(b.Calls - a.Calls) })
+			ic.TopStatements = ic.TopStatements[:min(5, len(ic.TopStatements))]
+		}
+		ic.QueriesPerSec = round3(float64(ic.Queries) / el.Seconds())
+		out = append(out, ic)
+	}
+	return out, stopRelays(all)
 }
 
 // template creates the template database and migrates an outbox in each of
