@@ -3,10 +3,13 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -137,6 +140,68 @@ func TestBenchTenantsUsageErrors(t *testing.T) {
 		_, errOut, code := run(t, args...)
 		if code != exitUsage || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
 			t.Errorf("%v: code %d, stderr %q; want exit %d and one line with %q", tc.args, code, errOut, exitUsage, tc.want)
+		}
+	}
+}
+
+// The tenants scenario shows no database password: not in its output, files,
+// nor in the command line of any relay it starts (--tenants-file names the
+// databases' URLs by url_env; the URLs travel in the relays' environment).
+func TestBenchTenantsKeepsSecrets(t *testing.T) {
+	t.Parallel()
+	secret := "Zq" + strings.ToLower(rand.Text())
+	u, err := url.Parse(pgtest.Database(t))
+	pgtest.Must(t, err, "parse database URL")
+	u.User = url.UserPassword(u.User.Username(), secret) // the server trusts: any password works
+	dir := t.TempDir()
+	jsonFile, report := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.html")
+	cmd := exec.Command(binary, "bench", "--scenario", "tenants", "--tenant-counts", "2", "--events", "200",
+		"--aggregates", "10", "--broker", natstest.URL(), "--idle-duration", "1s", "--duration", "400ms",
+		"--tenant-rate", "10", "--poll-interval", "500ms", "--json", jsonFile, "--report", report)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+u.String())
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	pgtest.Must(t, cmd.Start(), "start bench")
+	seen := map[int]string{}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var runErr error
+watch:
+	for {
+		for pid, cl := range childCmdlines(cmd.Process.Pid) {
+			seen[pid] = cl
+		}
+		select {
+		case runErr = <-done:
+			break watch
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if runErr != nil {
+		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", runErr, stdout.String(), stderr.String())
+	}
+	files := 0
+	for _, cl := range seen {
+		if strings.Contains(cl, "--tenants-file") {
+			files++
+		}
+	}
+	if files == 0 || len(seen) < 4 {
+		t.Fatalf("saw %d relays, %d with --tenants-file: %v", len(seen), files, seen)
+	}
+	raw, err := os.ReadFile(jsonFile)
+	pgtest.Must(t, err, "read JSON")
+	page, err := os.ReadFile(report)
+	pgtest.Must(t, err, "read report")
+	outputs := map[string]string{"stdout": stdout.String(), "stderr": stderr.String(), "JSON": string(raw), "report": string(page)}
+	for pid, cl := range seen {
+		outputs["command line of "+strconv.Itoa(pid)] = cl
+	}
+	for what, out := range outputs {
+		for _, form := range []string{secret, url.QueryEscape(secret)} {
+			if strings.Contains(out, form) {
+				t.Errorf("%s holds the password:\n%s", what, out)
+			}
 		}
 	}
 }
