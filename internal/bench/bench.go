@@ -38,10 +38,11 @@ const (
 	ScenarioLatency = "latency"
 	ScenarioIdle    = "idle"
 	ScenarioHistory = "history"
+	ScenarioTenants = "tenants"
 )
 
 // Scenarios lists every scenario in run order.
-var Scenarios = []string{ScenarioDrain, ScenarioEnqueue, ScenarioLatency, ScenarioIdle, ScenarioHistory}
+var Scenarios = []string{ScenarioDrain, ScenarioEnqueue, ScenarioLatency, ScenarioIdle, ScenarioHistory, ScenarioTenants}
 
 // Relay sources drain and latency compare: the polling relay and the CDC source
 // (`pgoutbox relay --source cdc`, logical replication).
@@ -101,6 +102,15 @@ type Config struct {
 	// a drift of the machine's speed hits all cells alike. Defaults to 5.
 	EnqueueRounds int
 
+	// TenantCounts are the numbers of outboxes (tenants) of one database the
+	// tenants scenario serves from one relay process; the largest is also split
+	// over two databases, and is the fairness run's tenant count. Defaults to
+	// 1, 10, 100.
+	TenantCounts []int
+	// TenantRate is the fairness run's trickle: events/s committed to each
+	// quiet tenant. Defaults to 2.
+	TenantRate float64
+
 	// Sources are the relay sources drain and latency measure: SourcePoll and
 	// SourceCDC. CDC runs one relay (one source per schema). Defaults to both when
 	// the server has wal_level = logical and the role may replicate, else to poll
@@ -135,6 +145,7 @@ const (
 	defaultDuration      = 10 * time.Second
 	defaultPollInterval  = 2 * time.Second
 	defaultIdleDuration  = 30 * time.Second
+	defaultTenantRate    = 2
 )
 
 func (c *Config) withDefaults() (Config, error) {
@@ -162,6 +173,10 @@ func configDefaults(c *Config) {
 	if len(c.Brokers) == 0 {
 		c.Brokers = []string{"null", "nats"}
 	}
+	if len(c.TenantCounts) == 0 {
+		c.TenantCounts = []int{1, 10, 100}
+	}
+	config.Default(&c.TenantRate, defaultTenantRate)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -186,6 +201,13 @@ func checkConfig(c *Config, p *config.Problems) {
 	for _, n := range c.Relays {
 		p.Check(n >= 1 && n <= 64, "relay count %d: want 1..64", n)
 	}
+	for _, n := range c.TenantCounts {
+		p.Check(n >= 1 && n <= maxTenants, "tenant count %d: want 1..%d", n, maxTenants)
+	}
+	if slices.Contains(c.Scenarios, ScenarioTenants) {
+		p.Check(slices.Max(c.TenantCounts) >= 2, "tenants: the largest tenant count must be 2 or more (a hot tenant and quiet ones)")
+		p.Check(c.TenantRate > 0 && c.TenantRate <= 1000, "tenant rate %g: want more than 0 and at most 1000 events/s per tenant", c.TenantRate)
+	}
 	for _, s := range c.Sources {
 		p.Check(slices.Contains(Sources, s), "unknown source %q (want %s)", s, strings.Join(Sources, ", "))
 	}
@@ -201,6 +223,7 @@ type Result struct {
 	Latency *LatencyResult  `json:"latency,omitempty"`
 	Idle    *IdleResult     `json:"idle,omitempty"`
 	History *HistoryResult  `json:"history,omitempty"`
+	Tenants *TenantsResult  `json:"tenants,omitempty"`
 	Errors  []ScenarioError `json:"errors,omitempty"`
 	Targets []Target        `json:"targets,omitempty"`
 	// ScenarioSeconds is how long each scenario took, setup included.
@@ -233,6 +256,8 @@ type SettingsSnapshot struct {
 	HistoryRows    int      `json:"history_rows"`
 	HistoryTrials  int      `json:"history_trials"`
 	EnqueueRounds  int      `json:"enqueue_rounds,omitempty"`
+	TenantCounts   []int    `json:"tenant_counts,omitempty"`
+	TenantRate     float64  `json:"tenant_rate,omitempty"`
 	Sources        []string `json:"sources,omitempty"`
 	RelayArgs      []string `json:"relay_args,omitempty"`
 	RelayBinary    string   `json:"relay_binary,omitempty"`
@@ -313,6 +338,8 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 			res.Idle, err = r.idle(ctx)
 		case ScenarioHistory:
 			res.History, err = r.history(ctx)
+		case ScenarioTenants:
+			res.Tenants, err = r.tenants(ctx)
 		}
 		r.prog.done()
 		if res.ScenarioSeconds == nil {
@@ -422,7 +449,8 @@ func (c *Config) snapshot(cc *pgx.ConnConfig) SettingsSnapshot {
 		Scenarios: c.Scenarios, Events: c.Events, Aggregates: c.Aggregates, PayloadBytes: c.PayloadBytes,
 		BatchSize: c.BatchSize, Relays: c.Relays, Brokers: redactAll(c.Brokers), Rate: c.Rate,
 		DurationS: c.Duration.Seconds(), PollIntervalS: c.PollInterval.Seconds(), IdleDurationS: c.IdleDuration.Seconds(),
-		HistoryRows: c.HistoryRows, HistoryTrials: c.HistoryTrials, EnqueueRounds: c.EnqueueRounds, Sources: c.Sources, RelayArgs: redact.Args(c.RelayArgs), RelayBinary: c.Executable,
+		HistoryRows: c.HistoryRows, HistoryTrials: c.HistoryTrials, EnqueueRounds: c.EnqueueRounds,
+		TenantCounts: c.TenantCounts, TenantRate: c.TenantRate, Sources: c.Sources, RelayArgs: redact.Args(c.RelayArgs), RelayBinary: c.Executable,
 		DatabaseServer: fmt.Sprintf("%s:%d/%s", cc.Host, cc.Port, cc.Database),
 	}
 }
@@ -523,6 +551,21 @@ func (s *outboxSchema) count(ctx context.Context, q interface {
 // wakes them at commit. It returns the server's clock right
 // after the commit, when the backlog became visible.
 func (r *Runner) loadBacklog(ctx context.Context, s *outboxSchema, n, aggregates, payload int, aggPrefix string, published bool) (time.Time, error) {
+	err := pgx.BeginFunc(ctx, r.admin, func(tx pgx.Tx) error {
+		return backlogTx(ctx, tx, s, n, aggregates, payload, aggPrefix, published)
+	})
+	if err != nil {
+		return time.Time{}, err
+	}
+	var t time.Time
+	err = r.admin.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&t)
+	return t, err
+}
+
+// backlogTx writes loadBacklog's rows (and its ANALYZE and NOTIFY) in tx, which
+// the caller commits: the backlogs of several outboxes written in one
+// transaction become visible together.
+func backlogTx(ctx context.Context, tx pgx.Tx, s *outboxSchema, n, aggregates, payload int, aggPrefix string, published bool) error {
 	pad := max(payload-24, 0) // {"i": 12345, "pad": "…"} is ~24 bytes besides the padding
 	pub := "NULL"
 	if published {
@@ -540,33 +583,25 @@ SELECT (lpad(to_hex($1::bigint + i / 64), 12, '0') || '7' || substr(h, 1, 3) || 
 INSERT INTO %[1]s AS s (aggregate_type, aggregate_id, last_sequence)
 SELECT aggregate_type, aggregate_id, max(aggregate_sequence) FROM %[2]s GROUP BY 1, 2
 ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_sequence = excluded.last_sequence`, s.seqs, s.events)
-	err := pgx.BeginFunc(ctx, r.admin, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, q, time.Now().UnixMilli(), aggPrefix, aggregates, pad, n); err != nil {
-			return fmt.Errorf("load events: %w", err)
-		}
-		if _, err := tx.Exec(ctx, seq); err != nil {
-			return fmt.Errorf("load sequences: %w", err)
-		}
-		if _, err := tx.Exec(ctx, "ANALYZE "+s.events); err != nil {
-			return fmt.Errorf("analyze: %w", err)
-		}
-		if published {
-			return nil
-		}
-		// Rows written behind the producer API's back wake no relay by themselves
-		// (whether producers notify is the outbox's business); wake them as a
-		// producer would, at commit.
-		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, '')", migrate.NotifyChannel(s.name)); err != nil {
-			return fmt.Errorf("notify: %w", err)
-		}
-		return nil
-	})
-	if err != nil {
-		return time.Time{}, err
+	if _, err := tx.Exec(ctx, q, time.Now().UnixMilli(), aggPrefix, aggregates, pad, n); err != nil {
+		return fmt.Errorf("load events: %w", err)
 	}
-	var t time.Time
-	err = r.admin.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&t)
-	return t, err
+	if _, err := tx.Exec(ctx, seq); err != nil {
+		return fmt.Errorf("load sequences: %w", err)
+	}
+	if _, err := tx.Exec(ctx, "ANALYZE "+s.events); err != nil {
+		return fmt.Errorf("analyze: %w", err)
+	}
+	if published {
+		return nil
+	}
+	// Rows written behind the producer API's back wake no relay by themselves
+	// (whether producers notify is the outbox's business); wake them as a
+	// producer would, at commit.
+	if _, err := tx.Exec(ctx, "SELECT pg_notify($1, '')", migrate.NotifyChannel(s.name)); err != nil {
+		return fmt.Errorf("notify: %w", err)
+	}
+	return nil
 }
 
 // truncate empties a schema's outbox between runs.

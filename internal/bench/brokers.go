@@ -36,10 +36,16 @@ type brokerEnv struct {
 
 func (b *brokerEnv) isNATS() bool { return b.js != nil }
 
-func (b *brokerEnv) relayArgs() []string {
+// relayArgs are the relays' broker flags; a relay serving many outboxes
+// (tenants) puts the tenant in the subject, as it must.
+func (b *brokerEnv) relayArgs(tenants bool) []string {
 	var args []string
 	if b.isNATS() {
-		args = append(args, "--nats-stream", b.stream, "--topic-template", b.prefix+".{aggregate_type}")
+		tmpl := b.prefix + ".{aggregate_type}"
+		if tenants {
+			tmpl = b.prefix + ".{tenant}.{aggregate_type}"
+		}
+		args = append(args, "--nats-stream", b.stream, "--topic-template", tmpl)
 	}
 	return args
 }

@@ -262,7 +262,12 @@ func (r *Runner) newEnqueueBench(ctx context.Context, s *outboxSchema) (*enqueue
 // producerPool opens conns producer connections, with pgoutbox.notify off
 // unless notify.
 func (r *Runner) producerPool(ctx context.Context, conns int, notify bool) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(r.cfg.DatabaseURL)
+	return producerPoolOn(ctx, r.cfg.DatabaseURL, conns, notify)
+}
+
+// producerPoolOn is producerPool on the database of dbURL.
+func producerPoolOn(ctx context.Context, dbURL string, conns int, notify bool) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, err
 	}

@@ -47,12 +47,7 @@ const idleMethod = "One relay (null broker, LISTEN on, --poll-interval as set) r
 func (r *Runner) idle(ctx context.Context) (*IdleResult, error) {
 	c := r.cfg
 	res := &IdleResult{Method: idleMethod, PollIntervalS: c.PollInterval.Seconds()}
-	pgss := true
-	if _, err := r.admin.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
-		pgss = false
-	} else if err := r.admin.QueryRow(ctx, "SELECT count(*) >= 0 FROM pg_stat_statements").Scan(new(bool)); err != nil {
-		pgss = false // created but not preloaded
-	}
+	pgss := r.statStatements(ctx)
 	res.Source = "pg_stat_database"
 	if pgss {
 		res.Source = "pg_stat_statements"
@@ -145,6 +140,16 @@ func (r *Runner) idle(ctx context.Context) (*IdleResult, error) {
 	res.RelayRSS = rssOf(procs)
 	res.MaxRSSMiB = maxRSSMiB(res.RelayRSS)
 	return res, nil
+}
+
+// statStatements reports whether pg_stat_statements can be read (creating the
+// extension if it is preloaded but not created).
+func (r *Runner) statStatements(ctx context.Context) bool {
+	if _, err := r.admin.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		return false
+	}
+	// Created but not preloaded: reading it fails.
+	return r.admin.QueryRow(ctx, "SELECT count(*) >= 0 FROM pg_stat_statements").Scan(new(bool)) == nil
 }
 
 // idleSnapshot reads the database's transaction count and, with pgss, its

@@ -168,13 +168,20 @@ type latencyProbe struct {
 	r           *Runner
 	b           *brokerEnv
 	mode        string
+	label       string  // names the run in progress lines
+	rate        float64 // offered events/s
 	poll, isCDC bool
 	o           relayOpts
 	procs       []*relayProc
 	producers   int
 	pool        *pgxpool.Pool
 	prod        *pgoutbox.Producer
-	payload     map[string]any
+	// prods, when set, are the producers of several outboxes: event i goes
+	// to prods[i % len(prods)] (tenants' fairness run).
+	prods []*pgoutbox.Producer
+	// filter, when set, is the only subject the subscriber reads.
+	filter  string
+	payload map[string]any
 
 	n         int
 	ids       []pgoutbox.UUID
@@ -189,7 +196,8 @@ type latencyProbe struct {
 func (r *Runner) newLatencyProbe(s *outboxSchema, b *brokerEnv, mode string) (*latencyProbe, error) {
 	c := r.cfg
 	n := max(1, int(float64(c.Rate)*c.Duration.Seconds()))
-	p := &latencyProbe{r: r, b: b, mode: mode, poll: mode == "poll", isCDC: mode == SourceCDC, n: n,
+	p := &latencyProbe{r: r, b: b, mode: mode, label: "latency (" + mode + ")", rate: float64(c.Rate),
+		poll: mode == "poll", isCDC: mode == SourceCDC, n: n,
 		ids: make([]pgoutbox.UUID, n), index: make(map[pgoutbox.UUID]int, n),
 		committed: make([]atomic.Int64, n), seen: make([]atomic.Int64, n)}
 	p.o = relayOpts{schema: s.name, broker: b, noNotify: p.poll}
@@ -215,7 +223,11 @@ func (p *latencyProbe) subscribe(ctx context.Context) (jetstream.ConsumeContext,
 	if err != nil {
 		return nil, fmt.Errorf("stream: %w", err)
 	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	var occ jetstream.OrderedConsumerConfig
+	if p.filter != "" {
+		occ.FilterSubjects = []string{p.filter}
+	}
+	cons, err := stream.OrderedConsumer(ctx, occ)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
@@ -252,10 +264,9 @@ func (p *latencyProbe) warmUp(ctx context.Context) error {
 // offer commits the run's events on the open-loop schedule (event i due at
 // start + i/rate) and returns how long that took.
 func (p *latencyProbe) offer(ctx context.Context) (time.Duration, error) {
-	c := p.r.cfg
-	p.r.prog.step("latency (%s): offering %d events/s for %s", p.mode, c.Rate, c.Duration)
+	p.r.prog.step("%s: offering %g events/s for %s", p.label, p.rate, time.Duration(float64(p.n)/p.rate*float64(time.Second)).Round(time.Millisecond))
 	due := make(chan int, p.n)
-	period := time.Second / time.Duration(c.Rate)
+	period := time.Duration(float64(time.Second) / p.rate)
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make([]error, p.producers)
@@ -284,7 +295,7 @@ func (p *latencyProbe) offer(ctx context.Context) (time.Duration, error) {
 		due <- i
 		if i%50 == 0 {
 			_ = sampleAll(p.procs)
-			p.r.prog.update("latency (%s): %d/%d committed-or-due, %d seen", p.mode, i, p.n, p.received.Load())
+			p.r.prog.update("%s: %d/%d committed-or-due, %d seen", p.label, i, p.n, p.received.Load())
 		}
 	}
 	close(due)
@@ -302,8 +313,12 @@ func (p *latencyProbe) offer(ctx context.Context) (time.Duration, error) {
 // commit commits event i, which was due at due, and records when the commit
 // returned and how late it was.
 func (p *latencyProbe) commit(ctx context.Context, i int, due time.Time) error {
+	prod := p.prod
+	if len(p.prods) > 0 {
+		prod = p.prods[i%len(p.prods)]
+	}
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		_, err := p.prod.EnqueueTx(ctx, tx, pgoutbox.Event{ID: p.ids[i], AggregateType: "order",
+		_, err := prod.EnqueueTx(ctx, tx, pgoutbox.Event{ID: p.ids[i], AggregateType: "order",
 			AggregateID: strconv.Itoa(i % 1000), EventType: "order.placed", Payload: p.payload})
 		return err
 	})
@@ -326,7 +341,7 @@ func (p *latencyProbe) awaitAll(ctx context.Context) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("only %d of %d events reached the subscriber", p.received.Load(), p.n)
 		}
-		p.r.prog.update("latency (%s): waiting for the last events: %d/%d seen", p.mode, p.received.Load(), p.n)
+		p.r.prog.update("%s: waiting for the last events: %d/%d seen", p.label, p.received.Load(), p.n)
 		select {
 		case <-time.After(20 * time.Millisecond):
 		case <-ctx.Done():
@@ -339,16 +354,7 @@ func (p *latencyProbe) awaitAll(ctx context.Context) error {
 // result folds the latencies (arrival − commit) into the run's distribution.
 func (p *latencyProbe) result(produced time.Duration) *LatencyRun {
 	c := p.r.cfg
-	h := hdrhistogram.New(1, 600_000_000, 3) // µs, up to 10 min
-	early := 0
-	for i := range p.n {
-		d := p.seen[i].Load() - p.committed[i].Load()
-		if d < 0 {
-			early++
-			d = 0
-		}
-		_ = h.RecordValue(max(1, d/1000))
-	}
+	h, early := p.histogram(nil)
 	ms := func(q float64) float64 { return round3(float64(h.ValueAtQuantile(q)) / 1000) }
 	source := SourcePoll
 	if p.isCDC {
@@ -365,6 +371,25 @@ func (p *latencyProbe) result(produced time.Duration) *LatencyRun {
 	run.RelayRSS = rssOf(p.procs)
 	run.MaxRSSMiB = maxRSSMiB(run.RelayRSS)
 	return run
+}
+
+// histogram folds the latencies (arrival − commit, µs) of the events keep
+// accepts (nil: all) into a histogram; early counts those seen before their
+// commit returned, recorded as 0.
+func (p *latencyProbe) histogram(keep func(i int) bool) (h *hdrhistogram.Histogram, early int) {
+	h = hdrhistogram.New(1, 600_000_000, 3) // µs, up to 10 min
+	for i := range p.n {
+		if keep != nil && !keep(i) {
+			continue
+		}
+		d := p.seen[i].Load() - p.committed[i].Load()
+		if d < 0 {
+			early++
+			d = 0
+		}
+		_ = h.RecordValue(max(1, d/1000))
+	}
+	return h, early
 }
 
 // logBuckets folds an HDR histogram (µs) into power-of-two millisecond buckets

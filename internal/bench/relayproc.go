@@ -34,7 +34,13 @@ type relayOpts struct {
 	broker   *brokerEnv
 	noNotify bool
 	cdcSlot  string // non-empty: run the CDC source with this slot and publication
-	extra    []string
+	// tenants or tenantsFile: serve many outboxes (relay --tenants or
+	// --tenants-file) instead of --schema; env is added to the relay's
+	// environment (the file's url_env variables).
+	tenants     string
+	tenantsFile string
+	env         []string
+	extra       []string
 }
 
 // startRelays starts n relays and returns once each logged that it is running.
@@ -49,10 +55,21 @@ func (r *Runner) startRelays(ctx context.Context, n int, o relayOpts) ([]*relayP
 		// The database and broker URLs travel in the environment, not on the command
 		// line, where ps and /proc/PID/cmdline would show their credentials.
 		env := append(relayEnv(), "DATABASE_URL="+dbURL)
-		args := []string{"relay", "--schema", o.schema, "--id", id,
+		env = append(env, o.env...)
+		many := o.tenants != "" || o.tenantsFile != ""
+		var args []string
+		switch {
+		case o.tenants != "":
+			args = []string{"relay", "--tenants", o.tenants}
+		case o.tenantsFile != "":
+			args = []string{"relay", "--tenants-file", o.tenantsFile}
+		default:
+			args = []string{"relay", "--schema", o.schema}
+		}
+		args = append(args, "--id", id,
 			"--batch-size", strconv.Itoa(r.cfg.BatchSize), "--poll-interval", r.cfg.PollInterval.String(),
-			"--shutdown-timeout", "60s"}
-		args = append(args, o.broker.relayArgs()...)
+			"--shutdown-timeout", "60s")
+		args = append(args, o.broker.relayArgs(many)...)
 		env = append(env, o.broker.relayEnv()...)
 		if o.noNotify {
 			args = append(args, "--no-notify")

@@ -89,6 +89,18 @@ func (res *Result) targets() []Target {
 	if i := res.Idle; i != nil {
 		add("idle relay", "≤ 1 query/s", fmt.Sprintf("%.2f queries/s", i.QueriesPerSec), i.QueriesPerSec <= 1)
 	}
+	if t := res.Tenants; t != nil {
+		// Issue 20: idle cost must not grow linearly with the tenants, and a hot
+		// tenant's backlog keeps the quiet ones' latency within a small factor.
+		if t.IdleRatio > 0 && len(t.Counts) > 1 {
+			lo, hi := t.Counts[0], t.Counts[len(t.Counts)-1]
+			add(fmt.Sprintf("idle queries/s, %d tenants / %d", hi, lo), "≤ 2", fmt.Sprintf("%.2f", t.IdleRatio), t.IdleRatio <= 2)
+		}
+		if f := t.Fairness; f != nil && f.RatioP50 > 0 && f.RatioP99 > 0 {
+			add("quiet tenants' p50 with a hot tenant / without", "≤ 3", fmt.Sprintf("%.2f", f.RatioP50), f.RatioP50 <= 3)
+			add("quiet tenants' p99 with a hot tenant / without", "≤ 3", fmt.Sprintf("%.2f", f.RatioP99), f.RatioP99 <= 3)
+		}
+	}
 	if h := res.History; h != nil && len(h.Phases) == 2 {
 		add(fmt.Sprintf("pick-up p50 with %d kept rows / empty", h.HistoryRows), "≤ 1.2", fmt.Sprintf("%.2f", h.RatioP50), h.RatioP50 <= 1.2)
 	}

@@ -51,6 +51,9 @@ func (res *Result) writeTextMore(w io.Writer) {
 			fmt.Fprintf(w, "p50 with history / empty: %.2f (claim statement times need pg_stat_statements)\n", h.RatioP50)
 		}
 	}
+	if t := res.Tenants; t != nil {
+		t.writeText(w)
+	}
 	res.writeCPU(w)
 }
 

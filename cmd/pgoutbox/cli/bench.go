@@ -41,6 +41,11 @@ of its own that it creates and drops:
   idle     queries per second an idle relay sends (--idle-duration)
   history  time for a relay to pick up and publish fresh events with 0 and with
            --history-rows published rows kept in the table
+  tenants  one relay process serving --tenant-counts outboxes of one database (and
+           the largest count over two databases): idle queries/s, drain throughput
+           (--events spread over the tenants), relay memory per tenant, and the
+           quiet tenants' latency (--tenant-rate each) with and without one tenant
+           holding an --events backlog; needs NATS
 
 --sources poll,cdc adds rows for the CDC source ('relay --source cdc', one relay) to
 drain and latency; it needs wal_level = logical and a role with REPLICATION, and each
@@ -78,13 +83,15 @@ docs/performance.md explains each figure and what bounds it.`,
 	fs.IntVar(&f.cfg.HistoryRows, "history-rows", 5_000_000, "history: published rows kept in the table (env PGOUTBOX_BENCH_HISTORY_ROWS)")
 	fs.IntVar(&f.cfg.HistoryTrials, "history-trials", 40, "history: fresh batches timed per phase (env PGOUTBOX_BENCH_HISTORY_TRIALS)")
 	fs.IntVar(&f.cfg.EnqueueRounds, "enqueue-rounds", 5, "enqueue: interleaved rounds each cell's --duration is split into (env PGOUTBOX_BENCH_ENQUEUE_ROUNDS)")
+	fs.IntSliceVar(&f.cfg.TenantCounts, "tenant-counts", []int{1, 10, 100}, "tenants: outboxes of one database one relay serves (env PGOUTBOX_BENCH_TENANT_COUNTS)")
+	fs.Float64Var(&f.cfg.TenantRate, "tenant-rate", 2, "tenants: events/s committed to each quiet tenant in the fairness run (env PGOUTBOX_BENCH_TENANT_RATE)")
 	fs.StringArrayVar(&f.cfg.RelayArgs, "relay-arg", nil, "extra flag for every relay process, repeatable, e.g. --relay-arg=--workers=3 (env PGOUTBOX_BENCH_RELAY_ARG)")
 	return cmd
 }
 
 func runBench(cmd *cobra.Command, f *benchFlags) error {
 	if err := rejectZero(cmd.Flags(), "events", "aggregates", "batch-size", "rate", "duration", "poll-interval",
-		"idle-duration", "history-trials", "enqueue-rounds"); err != nil {
+		"idle-duration", "history-trials", "enqueue-rounds", "tenant-rate"); err != nil {
 		return err
 	}
 	if f.render != "" {
@@ -129,9 +136,16 @@ func runBench(cmd *cobra.Command, f *benchFlags) error {
 			return usagef("--relays %d: want 1..64", n)
 		}
 	}
+	for _, n := range cfg.TenantCounts {
+		if n < 1 || n > 1000 {
+			return usagef("--tenant-counts %d: want 1..1000", n)
+		}
+	}
 	switch {
 	case cfg.Events < 1 || cfg.Aggregates < 1 || cfg.Aggregates > cfg.Events:
 		return usagef("--aggregates %d: want 1..--events (%d)", cfg.Aggregates, cfg.Events)
+	case cfg.TenantRate < 0 || cfg.TenantRate > 1000:
+		return usagef("--tenant-rate %g: want more than 0 and at most 1000", cfg.TenantRate)
 	case cfg.PayloadBytes < 0 || cfg.HistoryRows < 0 || cfg.Rate < 0 || cfg.Duration < 0 || cfg.IdleDuration < 0 || cfg.PollInterval < 0:
 		return usagef("sizes, rates and durations must not be negative")
 	}
