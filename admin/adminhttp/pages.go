@@ -352,36 +352,28 @@ func (h *Handler) back(schema string, ids []pgoutbox.UUID, done string, n int) s
 }
 
 func (h *Handler) retry(w http.ResponseWriter, r *http.Request) {
-	schema, all, a, err := h.schemaOf(r)
-	v := &view{Title: "Retry", Nav: "dlq", Schema: schema, Schemas: all}
-	var ids []pgoutbox.UUID
-	var reason string
-	if err == nil {
-		ids, err = idsOf(r, "id")
-	}
-	if err == nil {
-		reason, err = field(r, "reason", admin.MaxAuditText)
-	}
-	if err == nil && len(ids) == 0 {
-		err = badInput("choose the events to retry")
-	}
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	p := who(r)
-	done, err := a.RetryEvents(r.Context(), admin.RetryRequest{IDs: ids, Reason: reason, Actor: p.actor})
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	h.log.Info("console: retried dead letters", slog.String("actor", p.actor), slog.String("schema", schema), slog.Int("events", len(done)))
-	http.Redirect(w, r, h.back(schema, ids, "retry", len(done)), http.StatusSeeOther)
+	h.deadLetterAction(w, r, "Retry", "retry", "retried", false,
+		func(ctx context.Context, a *admin.Admin, ids []pgoutbox.UUID, reason, actor string) (int, error) {
+			done, err := a.RetryEvents(ctx, admin.RetryRequest{IDs: ids, Reason: reason, Actor: actor})
+			return len(done), err
+		})
 }
 
 func (h *Handler) skip(w http.ResponseWriter, r *http.Request) {
+	h.deadLetterAction(w, r, "Skip", "skip", "skipped", true,
+		func(ctx context.Context, a *admin.Admin, ids []pgoutbox.UUID, reason, actor string) (int, error) {
+			done, err := a.Skip(ctx, admin.SkipRequest{IDs: ids, Reason: reason, Actor: actor})
+			return len(done), err
+		})
+}
+
+// deadLetterAction reads the form of a retry or a skip (the events' ids, and a
+// reason, which a skip requires), runs act as the signed-in user, and goes back
+// to the page the operator came from.
+func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title, verb, done string, needReason bool,
+	act func(ctx context.Context, a *admin.Admin, ids []pgoutbox.UUID, reason, actor string) (int, error)) {
 	schema, all, a, err := h.schemaOf(r)
-	v := &view{Title: "Skip", Nav: "dlq", Schema: schema, Schemas: all}
+	v := &view{Title: title, Nav: "dlq", Schema: schema, Schemas: all}
 	var ids []pgoutbox.UUID
 	var reason string
 	if err == nil {
@@ -393,22 +385,22 @@ func (h *Handler) skip(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err != nil:
 	case len(ids) == 0:
-		err = badInput("choose the events to skip")
-	case reason == "":
-		err = badInput("a skip needs a reason: it is recorded in the audit")
+		err = badInput("choose the events to %s", verb)
+	case needReason && reason == "":
+		err = badInput("a %s needs a reason: it is recorded in the audit", verb)
 	}
 	if err != nil {
 		h.fail(w, r, v, err)
 		return
 	}
 	p := who(r)
-	done, err := a.Skip(r.Context(), admin.SkipRequest{IDs: ids, Reason: reason, Actor: p.actor})
+	n, err := act(r.Context(), a, ids, reason, p.actor)
 	if err != nil {
 		h.fail(w, r, v, err)
 		return
 	}
-	h.log.Info("console: skipped dead letters", slog.String("actor", p.actor), slog.String("schema", schema), slog.Int("events", len(done)))
-	http.Redirect(w, r, h.back(schema, ids, "skip", len(done)), http.StatusSeeOther)
+	h.log.Info("console: "+done+" dead letters", slog.String("actor", p.actor), slog.String("schema", schema), slog.Int("events", n))
+	http.Redirect(w, r, h.back(schema, ids, verb, n), http.StatusSeeOther)
 }
 
 // ---- replay ----

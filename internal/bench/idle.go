@@ -39,8 +39,8 @@ type StatementCalls struct {
 }
 
 const idleMethod = "One relay (null broker, LISTEN on, --poll-interval as set) runs against an " +
-	"empty outbox in a database of its own, where nothing else connects. After 2 s of " +
-	"settling, the statements executed in that database over the window are counted from " +
+	"empty outbox in a database of its own, where nothing else connects. Once it holds its " +
+	"idle lock, and 11 s more (the server may report counters up to 10 s late), the statements executed in that database over the window are counted from " +
 	"pg_stat_statements (calls, every statement including LISTEN and pings that reach the " +
 	"server); without the extension, from pg_stat_database transaction counters."
 
@@ -88,7 +88,13 @@ func (r *Runner) idle(ctx context.Context) (*IdleResult, error) {
 		return nil, err
 	}
 	defer stopRelays(procs)
-	if !sleepCtx(ctx, 2*time.Second) {
+	// Idle: the relay holds its idle lock (it listens, and waits); then the
+	// server's statistics catch up with its start (an idle backend's counters
+	// may be reported up to 10 s late), as in the tenants scenario.
+	if err := r.waitIdleLocks(ctx, []string{dbName}, 1, procs); err != nil {
+		return nil, err
+	}
+	if !sleepCtx(ctx, min(11*time.Second, c.IdleDuration)) {
 		return nil, ctx.Err()
 	}
 	q0, x0, st0, ep0, err := r.idleSnapshot(ctx, dbName, pgss)
