@@ -139,11 +139,21 @@ func (h *hub) probe() {
 			return
 		case <-t.C:
 		}
-		var idle []*Relay
+		var idle, refused []*Relay
 		for _, r := range h.snapshot() {
-			if r.allIdle() {
+			switch {
+			case !r.allIdle():
+			case r.refused():
+				// Its own claims fail for a reason the database gave: left out
+				// of the probe, which it would fail every time, and woken to
+				// claim (and back off) on its own until a claim succeeds.
+				refused = append(refused, r)
+			default:
 				idle = append(idle, r)
 			}
+		}
+		for _, r := range refused {
+			r.poke()
 		}
 		if len(idle) == 0 {
 			continue

@@ -487,6 +487,13 @@ func (r *Relay) probeFailed(err error, reset bool) {
 	}
 }
 
+// refused reports whether the relay's last claim was refused by the database
+// for a reason it gave (the outbox's tables, a privilege); a claim that
+// succeeds clears it.
+func (r *Relay) refused() bool {
+	return r.unusable.Load() != nil || r.denied[stmtClaim].Load() != nil
+}
+
 // probeOK records that the hub's probe reached the database.
 func (r *Relay) probeOK() { retry.MarkUp(&r.dbDown, r.log, "database") }
 
