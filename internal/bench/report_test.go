@@ -100,6 +100,65 @@ func TestTargetsMetAndMissed(t *testing.T) {
 	}
 }
 
+// Issue 19's targets: the relay's CPU with a real broker (not the null broker's,
+// listed first), the CDC source against the polling relay in the same run, and
+// latency at 3 and 15 ms.
+func TestTargetsOfIssue19(t *testing.T) {
+	res := sampleResult()
+	res.Drain.Runs[0].RelayCPUPerEventUs = 9  // null
+	res.Drain.Runs[1].RelayCPUPerEventUs = 15 // CDC: not the polling relay's target
+	res.Drain.Runs[2].RelayCPUPerEventUs = 21 // nats
+	want := map[string]struct {
+		measured string
+		met      bool
+	}{
+		"relay process CPU per event, 1 relay, nats": {"21.0 µs", false},
+		"CDC drain / polling drain, 1 relay, nats":   {"5.00 (25000 / 5000 events/s)", true},
+		"latency p50, NOTIFY, 1000/s":                {"5.50 ms", false},
+		"latency p99, NOTIFY, 1000/s":                {"10.40 ms", true},
+		"CDC latency p50 / NOTIFY's":                 {"0.27 (1.50 / 5.50 ms)", true},
+		"CDC latency p99 / NOTIFY's":                 {"0.29 (3.00 / 10.40 ms)", true},
+	}
+	seen := map[string]bool{}
+	for _, tg := range res.targets() {
+		if strings.Contains(tg.Name, "with / without outbox") || strings.Contains(tg.Name, "batched with the INSERT") {
+			t.Errorf("superseded enqueue target still listed: %+v", tg)
+		}
+		w, ok := want[tg.Name]
+		if !ok {
+			continue
+		}
+		seen[tg.Name] = true
+		if tg.Measured != w.measured || tg.Met != w.met {
+			t.Errorf("%s: measured %q met %v, want %q %v", tg.Name, tg.Measured, tg.Met, w.measured, w.met)
+		}
+	}
+	for name := range want {
+		if !seen[name] {
+			t.Errorf("no target %q", name)
+		}
+	}
+
+	// With the CDC source slower than polling, and no CPU figure but the null
+	// broker's, the targets say so.
+	res.Drain.Runs[1].EventsPerSec = 4000
+	res.Drain.Runs[2].RelayCPUPerEventUs = 0
+	for _, tg := range res.targets() {
+		switch tg.Name {
+		case "CDC drain / polling drain, 1 relay, nats":
+			if tg.Met || tg.Measured != "0.80 (4000 / 5000 events/s)" {
+				t.Errorf("%+v", tg)
+			}
+		case "relay process CPU per event, 1 relay, null":
+			if !tg.Met || tg.Measured != "9.0 µs" {
+				t.Errorf("%+v", tg)
+			}
+		case "relay process CPU per event, 1 relay, nats":
+			t.Errorf("a row without a CPU figure was chosen: %+v", tg)
+		}
+	}
+}
+
 func TestWithDatabase(t *testing.T) {
 	for in, want := range map[string]string{
 		"postgres://u@h:5432/test?sslmode=disable": "postgres://u@h:5432/other?sslmode=disable",

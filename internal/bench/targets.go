@@ -2,8 +2,9 @@ package bench
 
 import "fmt"
 
-// Target is one of the performance targets of this machine class
-// (docs/performance.md, the benchmarks issue) beside the figure this run measured.
+// Target is one of the performance targets of this machine class (the benchmarks
+// issue as issue 19 restated it; docs/performance.md) beside the figure this run
+// measured.
 type Target struct {
 	Name     string `json:"name"`
 	Target   string `json:"target"`
@@ -36,36 +37,59 @@ func (res *Result) targets() []Target {
 		}
 	}
 	if d := res.Drain; d != nil {
-		for _, r := range d.Runs {
-			if r.Relays == 1 && r.Source != SourceCDC && r.RelayCPUPerEventUs > 0 {
-				add("relay process CPU per event, 1 relay, "+r.Broker, "≤ 20 µs", fmt.Sprintf("%.1f µs", r.RelayCPUPerEventUs), r.RelayCPUPerEventUs <= 20)
-				break
+		// Issue 19 sets the relay's CPU per event with a real broker: prefer a row
+		// that publishes (nats before any other), else the null broker's.
+		var best *DrainRun
+		for i := range d.Runs {
+			r := &d.Runs[i]
+			if r.Relays != 1 || r.Source == SourceCDC || r.RelayCPUPerEventUs <= 0 {
+				continue
+			}
+			if best == nil || cpuTargetRank(r) < cpuTargetRank(best) {
+				best = r
+			}
+		}
+		if best != nil {
+			add("relay process CPU per event, 1 relay, "+best.Broker, "≤ 20 µs", fmt.Sprintf("%.1f µs", best.RelayCPUPerEventUs), best.RelayCPUPerEventUs <= 20)
+		}
+		// Issue 19: the CDC source never claims, so it drains at least as fast as
+		// the polling relay to the same broker in the same run.
+		for _, c := range d.Runs {
+			if c.Source != SourceCDC {
+				continue
+			}
+			for _, p := range d.Runs {
+				if p.Source != SourceCDC && p.Relays == 1 && p.Broker == c.Broker && p.EventsPerSec > 0 {
+					ratio := c.EventsPerSec / p.EventsPerSec
+					add("CDC drain / polling drain, 1 relay, "+c.Broker, "≥ 1.0", fmt.Sprintf("%.2f (%.0f / %.0f events/s)", ratio, c.EventsPerSec, p.EventsPerSec), ratio >= 1)
+					break
+				}
 			}
 		}
 	}
 	if l := res.Latency; l != nil {
-		for _, r := range l.Runs {
+		var notify *LatencyRun
+		for i, r := range l.Runs {
 			if r.Mode == "notify" {
-				add(fmt.Sprintf("latency p50, NOTIFY, %d/s", r.OfferedRate), "≤ 5 ms", fmt.Sprintf("%.2f ms", r.P50Ms), r.P50Ms <= 5)
-				add(fmt.Sprintf("latency p99, NOTIFY, %d/s", r.OfferedRate), "≤ 25 ms", fmt.Sprintf("%.2f ms", r.P99Ms), r.P99Ms <= 25)
+				notify = &l.Runs[i]
+				add(fmt.Sprintf("latency p50, NOTIFY, %d/s", r.OfferedRate), "≤ 3 ms", fmt.Sprintf("%.2f ms", r.P50Ms), r.P50Ms <= 3)
+				add(fmt.Sprintf("latency p99, NOTIFY, %d/s", r.OfferedRate), "≤ 15 ms", fmt.Sprintf("%.2f ms", r.P99Ms), r.P99Ms <= 15)
+			}
+		}
+		// Issue 19: the CDC stream's latency is at most the polling relay's with
+		// NOTIFY, in the same run.
+		for _, r := range l.Runs {
+			if r.Mode == SourceCDC && notify != nil {
+				add("CDC latency p50 / NOTIFY's", "≤ 1.0", fmt.Sprintf("%.2f (%.2f / %.2f ms)", r.P50Ms/notify.P50Ms, r.P50Ms, notify.P50Ms), r.P50Ms <= notify.P50Ms)
+				add("CDC latency p99 / NOTIFY's", "≤ 1.0", fmt.Sprintf("%.2f (%.2f / %.2f ms)", r.P99Ms/notify.P99Ms, r.P99Ms, notify.P99Ms), r.P99Ms <= notify.P99Ms)
 			}
 		}
 	}
 	if e := res.Enqueue; e != nil {
 		rt := e.Ratios
-		// floor says what a row of the payload alone cost in the same run.
-		floor := func(v float64) string {
-			if v == 0 {
-				return ""
-			}
-			return fmt.Sprintf(" (floor %.2f)", v)
-		}
-		add("enqueue time with / without outbox, 1 producer", "≤ 1.3", fmt.Sprintf("%.2f", rt.OutboxTimeRatio1)+floor(rt.FloorTimeRatio1), rt.OutboxTimeRatio1 <= 1.3)
-		add("enqueue time with / without outbox, 16 producers", "≤ 1.3", fmt.Sprintf("%.2f", rt.OutboxTimeRatio16)+floor(rt.FloorTimeRatio16), rt.OutboxTimeRatio16 <= 1.3)
-		if rt.BatchedTimeRatio1 > 0 { // runs before QueueTx had no batched cells
-			add("the same, batched with the INSERT, 1 producer", "≤ 1.3", fmt.Sprintf("%.2f", rt.BatchedTimeRatio1)+floor(rt.FloorTimeRatio1), rt.BatchedTimeRatio1 <= 1.3)
-			add("the same, batched with the INSERT, 16 producers", "≤ 1.3", fmt.Sprintf("%.2f", rt.BatchedTimeRatio16)+floor(rt.FloorTimeRatio16), rt.BatchedTimeRatio16 <= 1.3)
-		}
+		// Issue 19 replaced the benchmarks issue's "≤ 1.3 × the business
+		// transaction" with the cost of what users would pick instead (the
+		// with/without ratios and the floor stay in the enqueue table).
 		// withCPU adds the same cells' CPU ratio, when measured, to a time ratio.
 		withCPU := func(v float64, name string) string {
 			if c, ok := rt.CPU[name]; ok {
@@ -105,4 +129,17 @@ func (res *Result) targets() []Target {
 		add(fmt.Sprintf("pick-up p50 with %d kept rows / empty", h.HistoryRows), "≤ 1.2", fmt.Sprintf("%.2f", h.RatioP50), h.RatioP50 <= 1.2)
 	}
 	return ts
+}
+
+// cpuTargetRank orders drain rows for the relay-CPU target: NATS first (the broker
+// the target was set with), then any other real broker, then null.
+func cpuTargetRank(r *DrainRun) int {
+	switch {
+	case r.Broker == "nats":
+		return 0
+	case r.Broker != "null":
+		return 1
+	default:
+		return 2
+	}
 }
