@@ -69,7 +69,9 @@ type Bucket struct {
 
 const latencyMethod = "Producers (rate/25 connections, 8..64) commit single-event transactions (BEGIN; " +
 	"Producer.EnqueueTx; COMMIT) on an open-loop schedule: event i is due at start + i/rate, " +
-	"whether or not earlier commits were slow. One relay publishes to NATS JetStream; an " +
+	"whether or not earlier commits were slow. Before the clock starts, every producer connection " +
+	"commits one event of another aggregate type and the relay publishes them all, so the run " +
+	"starts warm. One relay publishes to NATS JetStream; an " +
 	"ordered JetStream consumer on the stream (so a message is seen only after the stream " +
 	"stored it) records when each event id arrives. Latency = arrival − the instant the " +
 	"producer's COMMIT returned, on one clock: an upper bound of commit → broker ack. Polling " +
@@ -146,7 +148,7 @@ func (r *Runner) latencyOnce(ctx context.Context, b *brokerEnv, mode string) (*L
 		return nil, err
 	}
 	defer p.pool.Close()
-	if err := p.warmUp(ctx); err != nil {
+	if err := p.warmUp(ctx, s.events); err != nil {
 		return nil, err
 	}
 	produced, err := p.offer(ctx)
@@ -247,18 +249,56 @@ func (p *latencyProbe) subscribe(ctx context.Context) (jetstream.ConsumeContext,
 	return cc, nil
 }
 
-// warmUp warms the connections (their statement caches) on another aggregate
-// type; those events are published too but not measured.
-func (p *latencyProbe) warmUp(ctx context.Context) error {
-	for i := range p.producers {
-		if err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+// warmUp makes the run start warm: every producer connection (each its own
+// PostgreSQL backend, whose first enqueue loads the catalog, prepares the
+// statement and plans it) commits one event, on another aggregate type, and
+// the relay publishes them all before the clock starts. Those events are not
+// measured. Warming connections one after another through the pool would warm
+// one or two of them and leave the rest to the measured run's first second.
+func (p *latencyProbe) warmUp(ctx context.Context, table string) error {
+	conns := make([]*pgxpool.Conn, 0, p.producers)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range p.producers {
+		c, err := p.pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+		conns = append(conns, c)
+	}
+	for i, c := range conns {
+		if err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
 			_, err := p.prod.EnqueueTx(ctx, tx, pgoutbox.Event{AggregateType: "warmup", AggregateID: strconv.Itoa(i), EventType: "warm", Payload: p.payload})
 			return err
 		}); err != nil {
 			return fmt.Errorf("warm-up: %w", err)
 		}
 	}
-	return nil
+	// Wait for the relay to publish them: it is then idle and warm too.
+	deadline := time.Now().Add(30*time.Second + 3*p.r.cfg.PollInterval)
+	for {
+		var pending bool
+		if err := p.r.admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+table+" WHERE published_at IS NULL)").Scan(&pending); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+		if !pending {
+			return nil
+		}
+		if err := sampleAll(p.procs); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errors.New("warm-up: the relay did not publish the warm-up events in time")
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // offer commits the run's events on the open-loop schedule (event i due at
