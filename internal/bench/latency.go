@@ -253,8 +253,9 @@ func (p *latencyProbe) subscribe(ctx context.Context) (jetstream.ConsumeContext,
 // PostgreSQL backend, whose first enqueue loads the catalog, prepares the
 // statement and plans it) commits one event, on another aggregate type, and
 // the relay publishes them all before the clock starts. Those events are not
-// measured. Warming connections one after another through the pool would warm
-// one or two of them and leave the rest to the measured run's first second.
+// measured. Warming them one after another through the pool would warm one of
+// them (the pool hands back the connection just released) and leave the rest
+// to the measured run's first second.
 func (p *latencyProbe) warmUp(ctx context.Context, table string) error {
 	conns := make([]*pgxpool.Conn, 0, p.producers)
 	defer func() {
