@@ -148,7 +148,7 @@ func (r *Runner) latencyOnce(ctx context.Context, b *brokerEnv, mode string) (*L
 		return nil, err
 	}
 	defer p.pool.Close()
-	if err := p.warmUp(ctx, s.events); err != nil {
+	if err := r.warmUp(ctx, b, p.procs, p.pool, p.producers, []*pgoutbox.Producer{p.prod}, p.payload); err != nil {
 		return nil, err
 	}
 	produced, err := p.offer(ctx)
@@ -249,54 +249,66 @@ func (p *latencyProbe) subscribe(ctx context.Context) (jetstream.ConsumeContext,
 	return cc, nil
 }
 
-// warmUp makes the run start warm: every producer connection (each its own
-// PostgreSQL backend, whose first enqueue loads the catalog, prepares the
-// statement and plans it) commits one event, on another aggregate type, and
-// the relay publishes them all before the clock starts. Those events are not
-// measured. Warming them one after another through the pool would warm one of
-// them (the pool hands back the connection just released) and leave the rest
-// to the measured run's first second.
-func (p *latencyProbe) warmUp(ctx context.Context, table string) error {
-	conns := make([]*pgxpool.Conn, 0, p.producers)
+// warmUp makes a latency run start warm: every connection of pool (each a
+// PostgreSQL backend of its own, whose first enqueue loads the catalog and
+// prepares and plans the statement) commits one event per producer in prods,
+// of aggregate type "warmup", and the relays publish them all before the clock
+// starts; the runs do not measure them. The connections are all acquired
+// before any commits: one after another, the pool would hand back the
+// connection just released and warm one backend of conns.
+func (r *Runner) warmUp(ctx context.Context, b *brokerEnv, procs []*relayProc, pool *pgxpool.Pool, conns int,
+	prods []*pgoutbox.Producer, payload map[string]any) error {
+	held := make([]*pgxpool.Conn, 0, conns)
 	defer func() {
-		for _, c := range conns {
+		for _, c := range held {
 			c.Release()
 		}
 	}()
-	for range p.producers {
-		c, err := p.pool.Acquire(ctx)
+	for range conns {
+		c, err := pool.Acquire(ctx)
 		if err != nil {
 			return fmt.Errorf("warm-up: %w", err)
 		}
-		conns = append(conns, c)
+		held = append(held, c)
 	}
-	for i, c := range conns {
-		if err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-			_, err := p.prod.EnqueueTx(ctx, tx, pgoutbox.Event{AggregateType: "warmup", AggregateID: strconv.Itoa(i), EventType: "warm", Payload: p.payload})
-			return err
-		}); err != nil {
-			return fmt.Errorf("warm-up: %w", err)
-		}
+	errs := make([]error, conns)
+	var wg sync.WaitGroup
+	for w, conn := range held {
+		wg.Go(func() {
+			for _, p := range prods {
+				if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+					_, err := p.EnqueueTx(ctx, tx, pgoutbox.Event{AggregateType: "warmup", AggregateID: strconv.Itoa(w), EventType: "warm", Payload: payload})
+					return err
+				}); err != nil {
+					errs[w] = fmt.Errorf("warm-up: %w", err)
+					return
+				}
+			}
+		})
 	}
-	// Wait for the relay to publish them: it is then idle and warm too.
-	deadline := time.Now().Add(30*time.Second + 3*p.r.cfg.PollInterval)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// The broker's stream was emptied before: it holds the warm-up events alone.
+	warm := uint64(conns * len(prods))
+	deadline := time.Now().Add(30*time.Second + 3*r.cfg.PollInterval)
 	for {
-		var pending bool
-		if err := p.r.admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+table+" WHERE published_at IS NULL)").Scan(&pending); err != nil {
-			return fmt.Errorf("warm-up: %w", err)
+		m, err := b.messages(ctx)
+		if err != nil {
+			return err
 		}
-		if !pending {
+		if m >= warm {
 			return nil
 		}
-		if err := sampleAll(p.procs); err != nil {
+		if err := sampleAll(procs); err != nil {
 			return err
 		}
 		if time.Now().After(deadline) {
-			return errors.New("warm-up: the relay did not publish the warm-up events in time")
+			return fmt.Errorf("warm-up: %d of %d events published in time: %s", m, warm, tails(procs))
 		}
-		select {
-		case <-time.After(20 * time.Millisecond):
-		case <-ctx.Done():
+		r.prog.update("warm-up: %d/%d events published", m, warm)
+		if !sleepCtx(ctx, 20*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -837,25 +836,8 @@ func (tr *tenantsRun) fairness(ctx context.Context, d tenantDB, o relayOpts) (*T
 	if err := b.reset(ctx); err != nil {
 		return nil, err
 	}
-	if err := warmTenants(ctx, pool, producers, prods, payload); err != nil {
+	if err := r.warmUp(ctx, b, procs, pool, producers, prods, payload); err != nil {
 		return nil, err
-	}
-	// The warm-up events are published too (not measured): wait for them.
-	for warm := uint64(producers * len(quiet)); ; {
-		m, err := b.messages(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if m >= warm {
-			break
-		}
-		if err := sampleAll(procs); err != nil {
-			return nil, err
-		}
-		r.prog.update("tenants: fairness: warm-up, %d/%d events published", m, warm)
-		if !sleepCtx(ctx, 50*time.Millisecond) {
-			return nil, ctx.Err()
-		}
 	}
 	newProbe := func(label string, d time.Duration) *latencyProbe {
 		n := max(1, int(rate*d.Seconds()))
@@ -1052,36 +1034,6 @@ func (w *hotWatch) wait(ctx context.Context, within time.Duration) error {
 		return fmt.Errorf("the hot tenant's backlog was not drained within %s", within)
 	}
 	return nil
-}
-
-// warmTenants commits one event to every tenant on each producer connection,
-// so that no measured commit pays for preparing its statements.
-func warmTenants(ctx context.Context, pool *pgxpool.Pool, conns int, prods []*pgoutbox.Producer, payload map[string]any) error {
-	errs := make([]error, conns)
-	var wg sync.WaitGroup
-	for w := range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			conn, err := pool.Acquire(ctx)
-			if err != nil {
-				errs[w] = err
-				return
-			}
-			defer conn.Release()
-			for _, p := range prods {
-				if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-					_, err := p.EnqueueTx(ctx, tx, pgoutbox.Event{AggregateType: "warmup", AggregateID: strconv.Itoa(w), EventType: "warm", Payload: payload})
-					return err
-				}); err != nil {
-					errs[w] = fmt.Errorf("warm-up: %w", err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }
 
 // latencyOf is a TenantLatency of h (µs): offered events committed in
