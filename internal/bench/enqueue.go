@@ -286,19 +286,13 @@ func producerPoolOn(ctx context.Context, dbURL string, conns int, notify bool) (
 // if their on-CPU time cannot be read from /proc (a server on another machine,
 // or not Linux).
 func backendPids(ctx context.Context, pool *pgxpool.Pool, n int) []int {
+	conns, release, err := acquireAll(ctx, pool, n)
+	defer release()
+	if err != nil {
+		return nil
+	}
 	var pids []int
-	var conns []*pgxpool.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Release()
-		}
-	}()
-	for range n {
-		c, err := pool.Acquire(ctx)
-		if err != nil {
-			return nil
-		}
-		conns = append(conns, c)
+	for _, c := range conns {
 		var pid int
 		if err := c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 			return nil
@@ -309,6 +303,25 @@ func backendPids(ctx context.Context, pool *pgxpool.Pool, n int) []int {
 		pids = append(pids, pid)
 	}
 	return pids
+}
+
+// acquireAll holds n distinct connections of pool (acquired one after another
+// and released one by one, the pool would hand back the same connection) until
+// release is called; release is safe to call after an error too.
+func acquireAll(ctx context.Context, pool *pgxpool.Pool, n int) (conns []*pgxpool.Conn, release func(), err error) {
+	release = func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}
+	for range n {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return conns, release, err
+		}
+		conns = append(conns, c)
+	}
+	return conns, release, nil
 }
 
 // schedNs is the on-CPU time of process pid in ns, from /proc/<pid>/schedstat.

@@ -254,22 +254,13 @@ func (p *latencyProbe) subscribe(ctx context.Context) (jetstream.ConsumeContext,
 // prepares and plans the statement) commits one event per producer in prods,
 // of aggregate type "warmup", and the relays publish them all before the clock
 // starts; the runs do not measure them. The connections are all acquired
-// before any commits: one after another, the pool would hand back the
-// connection just released and warm one backend of conns.
+// (acquireAll) before any commits.
 func (r *Runner) warmUp(ctx context.Context, b *brokerEnv, procs []*relayProc, pool *pgxpool.Pool, conns int,
 	prods []*pgoutbox.Producer, payload map[string]any) error {
-	held := make([]*pgxpool.Conn, 0, conns)
-	defer func() {
-		for _, c := range held {
-			c.Release()
-		}
-	}()
-	for range conns {
-		c, err := pool.Acquire(ctx)
-		if err != nil {
-			return fmt.Errorf("warm-up: %w", err)
-		}
-		held = append(held, c)
+	held, release, err := acquireAll(ctx, pool, conns)
+	defer release()
+	if err != nil {
+		return fmt.Errorf("warm-up: %w", err)
 	}
 	errs := make([]error, conns)
 	var wg sync.WaitGroup
