@@ -111,6 +111,9 @@ type Source struct {
 	// made yet when the position was read.
 	checkUntil pglogrepl.LSN
 	sb         standbyState // the wait for synchronous standbys (standby.go)
+	// streamOn is the server the replication stream decodes from now (zero
+	// while it is down); history the last one it reached (standby.go).
+	streamOn, history serverID
 
 	// lc is the start/stop protocol (package lifecycle): the one rule for Start
 	// twice, Stop twice, Start after Stop, Stop before Start and Start's context

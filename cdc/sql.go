@@ -173,8 +173,11 @@ UPDATE %[1]s SET claimed_by = NULL, claim_until = NULL
 // -1 when NULL): flush_lsn, or replay_lsn when synchronous_commit (the
 // server's, unless the source's role, database or URL sets its own) is
 // remote_apply. Walsenders of logical slots (this source's own among them)
-// are not standbys a failover can promote, and are left out. standby.go
-// explains the rule.
+// are not standbys a failover can promote, and are left out. Then who
+// answers: the system identifier, the timeline (0 on a standby) and the
+// process holding the slot $1 (0: none), which the source compares with its replication
+// connection's (a position read from another server releases nothing).
+// standby.go explains the rule.
 const syncStandbysSQL = `
 SELECT current_setting('synchronous_standby_names'),
        pg_has_role(current_user, 'pg_read_all_stats', 'USAGE'),
@@ -184,7 +187,11 @@ SELECT current_setting('synchronous_standby_names'),
                 FILTER (WHERE sync_state IN ('sync', 'quorum')
                           AND pid NOT IN (SELECT active_pid FROM pg_replication_slots
                                            WHERE slot_type = 'logical' AND active_pid IS NOT NULL)),
-                '{}')
+                '{}'),
+       (SELECT system_identifier::text FROM pg_control_system()),
+       CASE WHEN pg_is_in_recovery() THEN 0
+            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint END,
+       coalesce((SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1), 0)
   FROM pg_stat_replication`
 
 // pgUUIDs converts ids for a uuid[] parameter. pgtype.UUID is a type pgx

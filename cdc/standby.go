@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,7 +50,20 @@ const readStandbys = "read the synchronous standbys' positions"
 // One query serves every held transaction: it runs when a transaction arrives
 // past the known position, every Config.StandbyPollInterval while any is
 // held, and every standbyRecheck otherwise (synchronous_standby_names may be
-// changed by a reload) and after each reconnect of the stream. PostgreSQL 17's
+// changed by a reload) and after each reconnect of the stream.
+//
+// The hold is bound to the server the transactions were decoded on. The
+// positions come through the pool, which may reach another server than the
+// replication connection (a multi-host URL after a failover, a load
+// balancer): the query also reads who answers (system identifier, timeline,
+// the process holding the slot), and its answer counts only when that is the
+// replication connection's own walsender (IDENTIFY_SYSTEM and its process id),
+// the connection still up. A promoted standby shares the system identifier but
+// not the timeline, and has no synchronous standbys of its own: its settings
+// would release everything. When the stream ends, the held transactions are
+// dropped and what was known of the standbys forgotten: the next connection
+// reads them again from the slot's confirmed position on whatever server it
+// reaches, and holds them for that server's standbys. PostgreSQL 17's
 // failover slots with synchronized_standby_slots make the walsender itself
 // wait for the listed standbys, which replaces this hold.
 
@@ -65,6 +79,11 @@ var (
 	ErrSyncStandbyBehind = errors.New("cdc: transactions held for the synchronous standbys")
 	// ErrSyncStandbyUnreadable: the source's role cannot read the standbys'
 	// positions in pg_stat_replication. It also matches ErrPermissionDenied.
+	// ErrSyncStandbyOtherServer: the standbys' positions were read from
+	// another server than the one the replication stream decodes from (the
+	// pool reaches another host than the replication connection): they
+	// release nothing, and every transaction is held.
+	ErrSyncStandbyOtherServer = errors.New("cdc: the synchronous standbys' positions were read from another server than the replication stream's: holding transactions")
 	ErrSyncStandbyUnreadable = fmt.Errorf("%w: the CDC role cannot read the synchronous standbys' positions (pg_stat_replication): "+
 		"GRANT pg_monitor (or pg_read_all_stats) TO the CDC role; holding transactions until then", ErrPermissionDenied)
 )
@@ -91,6 +110,22 @@ type StandbyWait struct {
 	// Err is why the last look failed or the standbys are missing
 	// (ErrSyncStandbyMissing, ErrSyncStandbyUnreadable, a database error), or nil.
 	Err error
+}
+
+// serverID names the server a replication connection decodes from: its
+// system identifier (a primary and its physical standbys share it), its
+// timeline (a promoted standby starts a new one) and the walsender's process
+// id (the one holding the slot there). The zero serverID: no stream.
+type serverID struct {
+	system   string
+	timeline int64
+	pid      uint32
+}
+
+// sameHistory reports whether a and b follow the same WAL history, in which
+// positions compare: the same system and timeline.
+func (a serverID) sameHistory(b serverID) bool {
+	return a.system == b.system && a.timeline == b.timeline
 }
 
 // standbyState is the hold's state, under Source.mu.
@@ -261,13 +296,22 @@ func (s *Source) watchStandbys() {
 // checkStandbys reads synchronous_standby_names and the synchronous standbys'
 // positions once, and releases the held transactions they have.
 func (s *Source) checkStandbys() error {
+	s.mu.Lock()
+	on := s.streamOn
+	s.mu.Unlock()
+	if on == (serverID{}) {
+		return nil // no stream, nothing held: the next connection pokes the watcher
+	}
 	var (
 		names     string
 		canRead   bool
 		positions []int64
+		system    string
+		timeline  int64
+		pid       int64
 	)
 	ctx, cancel := context.WithTimeout(s.hardCtx, StatementTimeout)
-	err := s.pool.QueryRow(ctx, syncStandbysSQL).Scan(&names, &canRead, &positions)
+	err := s.pool.QueryRow(ctx, syncStandbysSQL, s.cfg.Slot).Scan(&names, &canRead, &positions, &system, &timeline, &pid)
 	cancel()
 	if err != nil {
 		if s.hardCtx.Err() == nil {
@@ -279,8 +323,15 @@ func (s *Source) checkStandbys() error {
 	s.dbOK(readStandbys)
 	required, perr := syncStandbysRequired(names)
 	pos, enough := standbyPosition(required, positions)
+	answered := serverID{system: system, timeline: timeline}
+	if pid > 0 && pid <= math.MaxUint32 {
+		answered.pid = uint32(pid)
+	}
 	var why error
 	switch {
+	case answered != on:
+		why = fmt.Errorf("%w (the stream's: system %s, timeline %d, walsender %d; the positions': system %s, timeline %d, slot held by %d)",
+			ErrSyncStandbyOtherServer, on.system, on.timeline, on.pid, answered.system, answered.timeline, answered.pid)
 	case perr != nil:
 		why = perr
 	case required > 0 && !canRead:
@@ -290,8 +341,25 @@ func (s *Source) checkStandbys() error {
 	}
 	now := time.Now()
 	s.mu.Lock()
+	if s.streamOn != on {
+		// The stream reconnected meanwhile: the held transactions were
+		// dropped, and the positions may be another server's.
+		s.mu.Unlock()
+		s.standbyWake.Poke()
+		return nil
+	}
 	sb := &s.sb
 	was, before := sb.err, *sb
+	if errors.Is(why, ErrSyncStandbyOtherServer) {
+		// Nothing learnt of the stream's server: keep holding.
+		sb.err = why
+		s.mu.Unlock()
+		if was == nil || was.Error() != why.Error() {
+			s.log.Error("not publishing: the synchronous standbys' positions come from another server than the replication stream's", slog.Any("error", why))
+		}
+		s.observeStandbys(nil)
+		return nil
+	}
 	sb.known, sb.off = true, required == 0 && perr == nil
 	sb.required, sb.connected, sb.err = required, len(positions), why
 	if enough && why == nil {
@@ -339,4 +407,71 @@ func (s *Source) observeStandbys(err error) {
 		w.Err = err
 	}
 	s.cfg.Observer.StandbyChecked(w)
+}
+
+// streamUp records the server the replication stream now decodes from (s.mu
+// not held). What was known of the standbys belongs to the last connection
+// and is forgotten (streamEnded did it). Positions of another WAL history (a
+// promoted standby: a new timeline; another system) do not compare with those
+// of the transactions still queued: the queued ones (released before the
+// stream ended, on their own server's standbys' word) keep no position, so
+// that settling them confirms nothing to the new slot and their events are
+// looked up in the table before publishing, and the new slot's stream is
+// taken from its start.
+func (s *Source) streamUp(id serverID, walPos pglogrepl.LSN) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.history != (serverID{}) && !s.history.sameHistory(id) {
+		for _, t := range s.queue {
+			t.end = 0
+		}
+		s.confirmed, s.lastPushed, s.walEnd = 0, 0, 0
+		// Events of the new history up to here may have been published from
+		// the table (Recover): look them up first.
+		s.checkUntil = max(s.checkUntil, walPos)
+		s.log.Warn("the replication stream reached another server (a failover?): positions start again from its slot",
+			slog.String("system", id.system), slog.Int64("timeline", id.timeline), slog.Int64("was_timeline", s.history.timeline))
+	}
+	s.history, s.streamOn = id, id
+}
+
+// streamEnded drops what was held for the standbys of the server the stream
+// left (s.mu not held): those transactions are neither published nor
+// confirmed, the next connection reads them again from the slot's confirmed
+// position and holds them for its own server's standbys. What was known of
+// the standbys is forgotten with them.
+func (s *Source) streamEnded() {
+	s.mu.Lock()
+	txns, events := s.dropHeldLocked()
+	s.streamOn = serverID{}
+	s.sb = standbyState{off: s.cfg.PublishUnreplicated}
+	s.mu.Unlock()
+	if events > 0 {
+		s.log.Info("replication stream ended: dropped the transactions held for the synchronous standbys; they are read again from the slot",
+			slog.Int("transactions", txns), slog.Int("events", events))
+	}
+}
+
+// dropHeldLocked removes from the queue the transactions not released to the
+// dispatcher (a suffix of the queue: released is set in commit order, before
+// any event of the transaction is handed out), so that the next connection's
+// stream, which starts at the slot's confirmed position, brings them again
+// (s.mu held). It returns how many transactions and events it dropped.
+func (s *Source) dropHeldLocked() (txns, events int) {
+	i := len(s.queue)
+	for i > 0 && !s.queue[i-1].released {
+		i--
+	}
+	for _, t := range s.queue[i:] {
+		s.buffered -= t.unsettled
+		events += len(t.events)
+		txns++
+	}
+	clear(s.queue[i:])
+	s.queue = s.queue[:i]
+	s.lastPushed = s.confirmed
+	if i > 0 {
+		s.lastPushed = max(s.confirmed, s.queue[i-1].end)
+	}
+	return txns, events
 }

@@ -49,7 +49,7 @@ func (s *Source) stream(ready chan<- error) {
 			if s.streamDown.Swap(nil) != nil {
 				s.log.Info("replication stream up again")
 			}
-			s.standbyWake.Poke() // the server may be another one, or reconfigured
+			s.standbyWake.Poke() // the hold waits for this server's standbys (standby.go)
 			wait.Reset()
 		})
 		select {
@@ -86,6 +86,12 @@ func (s *Source) streamOnce(up func()) error {
 		return err
 	}
 	defer conn.Close(context.Background())
+	// Who decodes: the hold releases transactions only on this server's word.
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("cdc: identify the replication connection's server: %w", err)
+	}
+	defer s.streamEnded()
 	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(s.cfg.Publication)}
 	// Position 0: the server starts at the slot's confirmed position.
 	if err := pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
@@ -100,6 +106,7 @@ func (s *Source) streamOnce(up func()) error {
 		}
 		return fmt.Errorf("cdc: start replication: %w", err)
 	}
+	s.streamUp(serverID{system: sys.SystemID, timeline: int64(sys.Timeline), pid: conn.PID()}, sys.XLogPos)
 	up()
 
 	var (
