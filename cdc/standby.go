@@ -77,13 +77,13 @@ var (
 	// standbys longer than StandbyHoldReport (a standby lags, hangs or is
 	// partitioned away while still connected).
 	ErrSyncStandbyBehind = errors.New("cdc: transactions held for the synchronous standbys")
-	// ErrSyncStandbyUnreadable: the source's role cannot read the standbys'
-	// positions in pg_stat_replication. It also matches ErrPermissionDenied.
 	// ErrSyncStandbyOtherServer: the standbys' positions were read from
 	// another server than the one the replication stream decodes from (the
 	// pool reaches another host than the replication connection): they
 	// release nothing, and every transaction is held.
 	ErrSyncStandbyOtherServer = errors.New("cdc: the synchronous standbys' positions were read from another server than the replication stream's: holding transactions")
+	// ErrSyncStandbyUnreadable: the source's role cannot read the standbys'
+	// positions in pg_stat_replication. It also matches ErrPermissionDenied.
 	ErrSyncStandbyUnreadable = fmt.Errorf("%w: the CDC role cannot read the synchronous standbys' positions (pg_stat_replication): "+
 		"GRANT pg_monitor (or pg_read_all_stats) TO the CDC role; holding transactions until then", ErrPermissionDenied)
 )
