@@ -1,11 +1,15 @@
 package cdc
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/broker"
@@ -198,5 +202,136 @@ func TestAssembleSendsFewEventsAtOnce(t *testing.T) {
 	got := s.assemble()
 	if len(got) != 1 || got[0].msg.AggregateID != "2" {
 		t.Fatalf("with lane 1 out and two events waiting: assembled %v, want 2#1 at once", got)
+	}
+}
+
+// The standbys' positions release a transaction only when the server that
+// answers the query is the one the replication stream decodes from: the same
+// system, timeline and walsender (the process holding the slot). A promoted
+// standby (another timeline), another walsender, or no stream at all release
+// nothing, whatever that server's settings say (the test cluster has no
+// synchronous standbys: its answer alone would release everything).
+func TestStandbyPositionsOfAnotherServerReleaseNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := pgtest.Migrated(t, 4)
+	s, err := New(pool, &null.Publisher{}, &Config{Schema: schema, Logger: slog.New(slog.DiscardHandler)})
+	pgtest.Must(t, err, "new source")
+	s.hardCtx = ctx
+	pgtest.Must(t, ensurePublication(ctx, pool, &s.cfg), "publication")
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+pgx.Identifier{s.cfg.Publication}.Sanitize()) })
+	conn, err := replConn(ctx, pool)
+	pgtest.Must(t, err, "replication connection")
+	t.Cleanup(func() { _ = conn.Close(context.Background()) }) // drops the temporary slot
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	pgtest.Must(t, err, "identify system")
+	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, s.cfg.Slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.LogicalReplication})
+	pgtest.Must(t, err, "create slot")
+	pgtest.Must(t, pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(s.cfg.Publication)}}), "start replication")
+	stream := serverID{system: sys.SystemID, timeline: int64(sys.Timeline), pid: conn.PID()}
+
+	held := &txn{end: 1, events: []broker.Message{{AggregateType: "a", AggregateID: "1", AggregateSequence: 1}}}
+	s.push(held)
+	check := func(on serverID) {
+		t.Helper()
+		s.mu.Lock()
+		s.streamOn = on
+		s.mu.Unlock()
+		pgtest.Must(t, s.checkStandbys(), "check the standbys")
+	}
+	for _, c := range []struct {
+		name string
+		on   serverID
+	}{
+		{"no stream", serverID{}},
+		{"another walsender", serverID{system: stream.system, timeline: stream.timeline, pid: stream.pid + 1}},
+		{"a promoted standby's timeline", serverID{system: stream.system, timeline: stream.timeline + 1, pid: stream.pid}},
+		{"another system", serverID{system: stream.system + "0", timeline: stream.timeline, pid: stream.pid}},
+	} {
+		check(c.on)
+		if got := s.assemble(); len(got) != 0 {
+			t.Fatalf("%s: the positions released %d events", c.name, len(got))
+		}
+		if w := s.StandbyWait(); w.HeldEvents != 1 || (c.on != serverID{} && !errors.Is(w.Err, ErrSyncStandbyOtherServer)) {
+			t.Fatalf("%s: StandbyWait %+v: want the event held and ErrSyncStandbyOtherServer", c.name, w)
+		}
+	}
+	if h := s.Healthy(); !errors.Is(h, ErrSyncStandbyOtherServer) {
+		t.Fatalf("Healthy = %v, want ErrSyncStandbyOtherServer", h)
+	}
+	// The stream's own server: no synchronous standbys, nothing to wait for.
+	check(stream)
+	if got := s.assemble(); len(got) != 1 {
+		t.Fatalf("the stream's server: assembled %d events, want the held one", len(got))
+	}
+	if w := s.StandbyWait(); w.Err != nil || w.Required != 0 {
+		t.Fatalf("the stream's server: StandbyWait %+v, want nothing required and no error", w)
+	}
+}
+
+// When the stream ends, what was held is dropped (and read again from the
+// slot by the next connection: positions at or before the last transaction
+// kept are taken again), and what was known of the standbys forgotten; the
+// transactions released to the dispatcher stay. A connection to another WAL
+// history (a promoted standby's timeline) starts positions again: the kept
+// transactions confirm nothing there and are looked up before publishing,
+// and the new slot's transactions are taken whatever their positions.
+func TestStreamEndDropsWhatWasHeld(t *testing.T) {
+	s, err := New(&pgxpool.Pool{}, &null.Publisher{}, &Config{BatchSize: 1, Logger: slog.New(slog.DiscardHandler)})
+	pgtest.Must(t, err, "new source")
+	msg := func(id string, seq int64) broker.Message {
+		return broker.Message{AggregateType: "a", AggregateID: id, AggregateSequence: seq}
+	}
+	primary := serverID{system: "7000", timeline: 1, pid: 100}
+	s.streamUp(primary, 50)
+	s.confirmed, s.lastPushed = 50, 50
+	s.push(&txn{end: 100, events: []broker.Message{msg("1", 1), msg("2", 1)}})
+	s.push(&txn{end: 200, events: []broker.Message{msg("1", 2)}})
+	s.push(&txn{end: 250})
+	s.push(&txn{end: 300, events: []broker.Message{msg("3", 1), msg("3", 2)}})
+	s.sb = standbyState{known: true, pos: 150, required: 1, connected: 1}
+	if got := s.assemble(); len(got) != 1 { // a batch of one: the first transaction is half handed out
+		t.Fatalf("assembled %d events, want 1", len(got))
+	}
+	if w := s.StandbyWait(); w.HeldTransactions != 2 || w.HeldEvents != 3 {
+		t.Fatalf("StandbyWait %+v: want 2 transactions, 3 events held", w)
+	}
+
+	s.streamEnded()
+	if len(s.queue) != 1 || s.queue[0].end != 100 || s.buffered != 2 || s.lastPushed != 100 {
+		t.Fatalf("after the stream ended: %d transactions queued (first ending at %s), %d events buffered, last pushed %s; "+
+			"want the released one only, its 2 events, 100", len(s.queue), s.queue[0].end, s.buffered, s.lastPushed)
+	}
+	if s.sb.known || s.sb.pos != 0 || s.streamOn != (serverID{}) {
+		t.Fatalf("after the stream ended: standbys %+v, stream %+v; want both forgotten", s.sb, s.streamOn)
+	}
+	// The same server again: the held transactions come back, held until its
+	// standbys are read again.
+	s.streamUp(serverID{system: "7000", timeline: 1, pid: 101}, 300)
+	s.push(&txn{end: 200, events: []broker.Message{msg("1", 2)}})
+	if len(s.queue) != 2 || s.queue[0].end != 100 || s.confirmed != 50 {
+		t.Fatalf("same server: %d transactions queued, first ending at %s, confirmed %s; want 2, 100, 50", len(s.queue), s.queue[0].end, s.confirmed)
+	}
+	if w := s.StandbyWait(); w.HeldEvents != 1 {
+		t.Fatalf("same server, standbys not read yet: %d events held, want 1", w.HeldEvents)
+	}
+
+	// A promoted standby: a new timeline, positions below the old primary's.
+	s.streamEnded()
+	s.checkUntil = 10
+	s.streamUp(serverID{system: "7000", timeline: 2, pid: 300}, 90)
+	if len(s.queue) != 1 || s.queue[0].end != 0 || s.confirmed != 0 || s.lastPushed != 0 || s.walEnd != 0 || s.checkUntil != 90 {
+		t.Fatalf("another history: %d queued (end %s), confirmed %s, last pushed %s, wal end %s, look-up up to %s; want 1 (0), 0, 0, 0, 90",
+			len(s.queue), s.queue[0].end, s.confirmed, s.lastPushed, s.walEnd, s.checkUntil)
+	}
+	s.push(&txn{end: 80, events: []broker.Message{msg("4", 1)}})
+	if len(s.queue) != 2 {
+		t.Fatalf("another history: a transaction ending at 80 was not queued")
+	}
+	got := s.assemble()
+	if len(got) != 1 || got[0].msg.AggregateID != "2" || !got[0].check {
+		t.Fatalf("another history: assembled %+v; want the released transaction's second event, looked up before publishing", got)
 	}
 }
