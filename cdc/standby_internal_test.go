@@ -219,7 +219,9 @@ func TestStandbyPositionsOfAnotherServerReleaseNothing(t *testing.T) {
 	pgtest.Must(t, err, "new source")
 	s.hardCtx = ctx
 	pgtest.Must(t, ensurePublication(ctx, pool, &s.cfg), "publication")
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+pgx.Identifier{s.cfg.Publication}.Sanitize()) })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+pgx.Identifier{s.cfg.Publication}.Sanitize())
+	})
 	conn, err := replConn(ctx, pool)
 	pgtest.Must(t, err, "replication connection")
 	t.Cleanup(func() { _ = conn.Close(context.Background()) }) // drops the temporary slot
