@@ -230,9 +230,9 @@ var (
 // errors.Is: ErrDatabaseUnreachable, ErrPermissionDenied (with the database's
 // message: which privilege on which table, for each statement refused),
 // ErrBrokerUnreachable, ErrBrokerMisconfigured (with the broker's answer),
-// ErrStreamDown (with why), ErrSyncStandbyMissing, ErrSyncStandbyBehind and
-// ErrSyncStandbyUnreadable (transactions held for the synchronous standbys,
-// standby.go), or several (errors.Join).
+// ErrStreamDown (with why), ErrSyncStandbyMissing, ErrSyncStandbyBehind,
+// ErrSyncStandbyUnreadable and ErrSyncStandbyOtherServer (transactions held
+// for the synchronous standbys, standby.go), or several (errors.Join).
 func (s *Source) Healthy() error {
 	var errs []error
 	if s.dbDown.Load() {

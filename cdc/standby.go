@@ -108,7 +108,8 @@ type StandbyWait struct {
 	// Oldest is how long the oldest held transaction has been held.
 	Oldest time.Duration
 	// Err is why the last look failed or the standbys are missing
-	// (ErrSyncStandbyMissing, ErrSyncStandbyUnreadable, a database error), or nil.
+	// (ErrSyncStandbyMissing, ErrSyncStandbyUnreadable,
+	// ErrSyncStandbyOtherServer, a database error), or nil.
 	Err error
 }
 
@@ -135,7 +136,7 @@ type standbyState struct {
 	pos       pglogrepl.LSN // what enough synchronous standbys have
 	required  int
 	connected int
-	err       error // ErrSyncStandbyMissing, ErrSyncStandbyUnreadable or nil
+	err       error // ErrSyncStandbyMissing, ErrSyncStandbyUnreadable, ErrSyncStandbyOtherServer or nil
 	behind    bool  // ErrSyncStandbyBehind was logged
 }
 
