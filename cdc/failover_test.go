@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -77,14 +76,7 @@ func TestFailoverLosesTheSlotAndRecoverBringsDeliveryBack(t *testing.T) {
 // is given (the primary first, the new primary after a failover).
 func failoverPair(t *testing.T) (primary, standby *pgtest.Cluster, e *env) {
 	t.Helper()
-	settings := maps.Clone(pgtest.LogicalSettings)
-	settings["synchronous_commit"] = "on"
-	primary, err := pgtest.StartCluster(&pgtest.ClusterConfig{MaxConnections: 50, Settings: settings})
-	pgtest.Must(t, err, "start primary")
-	t.Cleanup(func() { _ = primary.Stop() })
-	standby, err = primary.StartStandby(true)
-	pgtest.Must(t, err, "start standby")
-	t.Cleanup(func() { _ = standby.Stop() })
+	primary, standby = syncClusters(t)
 	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/test?sslmode=disable&target_session_attrs=read-write&connect_timeout=5",
 		primary.Port, standby.Port)
 	pool, schema := pgtest.MigratedOn(t, url, 16)

@@ -36,6 +36,15 @@ var standbyLatency = flag.Int("cdc.standby-latency", 0,
 // for its flush) and returns a migrated schema on the primary.
 func syncPair(t *testing.T) (primary, standby *pgtest.Cluster, pool *pgxpool.Pool, schema string) {
 	t.Helper()
+	primary, standby = syncClusters(t)
+	pool, schema = pgtest.MigratedOn(t, primary.URL, 16)
+	return primary, standby, pool, schema
+}
+
+// syncClusters starts a primary for logical decoding with a synchronous
+// streaming standby, both stopped when the test ends.
+func syncClusters(t *testing.T) (primary, standby *pgtest.Cluster) {
+	t.Helper()
 	settings := maps.Clone(pgtest.LogicalSettings)
 	settings["synchronous_commit"] = "on"
 	primary, err := pgtest.StartCluster(&pgtest.ClusterConfig{MaxConnections: 50, Settings: settings})
@@ -44,8 +53,7 @@ func syncPair(t *testing.T) (primary, standby *pgtest.Cluster, pool *pgxpool.Poo
 	standby, err = primary.StartStandby(true)
 	pgtest.Must(t, err, "start standby")
 	t.Cleanup(func() { _ = standby.Stop() })
-	pool, schema = pgtest.MigratedOn(t, primary.URL, 16)
-	return primary, standby, pool, schema
+	return primary, standby
 }
 
 func natsTarget(t *testing.T) (natstest.Target, broker.Publisher) {
