@@ -93,3 +93,66 @@ func TestFreezeAndThaw(t *testing.T) {
 		return err == nil
 	})
 }
+
+// A stalled WAL receiver holds up its primary's synchronous commits until it
+// resumes; killed, it takes what it never read with it: a commit made on the
+// primary after the stall is not on the promoted standby, one made before is.
+func TestStalledWALReceiver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	primary, err := StartCluster(&ClusterConfig{MaxConnections: 20, Settings: map[string]string{"synchronous_commit": "on"}})
+	Must(t, err, "start primary")
+	t.Cleanup(func() { _ = primary.Stop() })
+	standby, err := primary.StartStandby(true)
+	Must(t, err, "start standby")
+	t.Cleanup(func() { _ = standby.Stop() })
+	conn, err := pgx.Connect(ctx, primary.URL)
+	Must(t, err, "connect to the primary")
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)")
+	Must(t, err, "write before the stall")
+
+	stalled, err := standby.StallWALReceiver(ctx)
+	Must(t, err, "stall")
+	t.Cleanup(func() { _ = stalled.Resume() })
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(ctx, "INSERT INTO kept VALUES (2)")
+		done <- err
+	}()
+	// The commit is written on the primary and waits for the stalled
+	// standby's flush (wait event SyncRep).
+	wait.For(t, 30*time.Second, "the commit to wait for the standby", func() bool {
+		c, err := pgx.Connect(ctx, primary.URL)
+		if err != nil {
+			return false
+		}
+		defer c.Close(ctx)
+		var waiting bool
+		err = c.QueryRow(ctx, "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&waiting)
+		return err == nil && waiting
+	})
+	Must(t, primary.Crash(), "crash the primary")
+	if err := <-done; err == nil {
+		t.Fatal("the commit waiting for the stalled standby returned without error")
+	}
+	Must(t, stalled.Lose(), "lose the unread WAL")
+	Must(t, standby.Promote(ctx), "promote")
+	var rows []int
+	wait.For(t, 30*time.Second, "the promoted standby to answer", func() bool {
+		c, err := pgx.Connect(ctx, standby.URL)
+		if err != nil {
+			return false
+		}
+		defer c.Close(ctx)
+		r, err := c.Query(ctx, "SELECT n FROM kept ORDER BY n")
+		if err != nil {
+			return false
+		}
+		rows, err = pgx.CollectRows(r, pgx.RowTo[int])
+		return err == nil
+	})
+	if len(rows) != 1 || rows[0] != 1 {
+		t.Fatalf("the promoted standby has rows %v, want [1]: the row committed after the stall was never read", rows)
+	}
+}
