@@ -107,7 +107,9 @@ func TestFailoverPublishesNothingThePromotedDatabaseLacks(t *testing.T) {
 	rec := &brokertest.Recorder{}
 	src := e.start(t, rec, e.cfg)
 	first := e.enqueue(t, 5, 2, 5)
-	wait.For(t, 60*time.Second, "the first events published", func() bool { return len(rec.Messages()) == len(first) })
+	wait.For(t, 60*time.Second, "the first events published and marked", func() bool {
+		return len(rec.Messages()) == len(first) && e.count(t, "published_at IS NULL") == 0
+	})
 
 	stalled, err := standby.StallWALReceiver(ctx)
 	pgtest.Must(t, err, "stall the standby's WAL receiver")
