@@ -20,18 +20,26 @@ func multiHostURL(primary, standby *Cluster) string {
 		primary.Port, standby.Port)
 }
 
+// synchronousPair starts a primary (synchronous_commit on) with a synchronous
+// standby, both stopped when the test ends.
+func synchronousPair(t *testing.T) (primary, standby *Cluster) {
+	t.Helper()
+	primary, err := StartCluster(&ClusterConfig{MaxConnections: 20, Settings: map[string]string{"synchronous_commit": "on"}})
+	Must(t, err, "start primary")
+	t.Cleanup(func() { _ = primary.Stop() })
+	standby, err = primary.StartStandby(true)
+	Must(t, err, "start standby")
+	t.Cleanup(func() { _ = standby.Stop() })
+	return primary, standby
+}
+
 // A synchronous standby holds every acknowledged commit: after the primary
 // crashes and the standby is promoted, the multi-host URL reaches it and the
 // committed row is there.
 func TestSynchronousStandbyFailover(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	primary, err := StartCluster(&ClusterConfig{MaxConnections: 20, Settings: map[string]string{"synchronous_commit": "on"}})
-	Must(t, err, "start primary")
-	t.Cleanup(func() { _ = primary.Stop() })
-	standby, err := primary.StartStandby(true)
-	Must(t, err, "start standby")
-	t.Cleanup(func() { _ = standby.Stop() })
+	primary, standby := synchronousPair(t)
 
 	url := multiHostURL(primary, standby)
 	conn, err := pgx.Connect(ctx, url)
@@ -100,12 +108,7 @@ func TestFreezeAndThaw(t *testing.T) {
 func TestStalledWALReceiver(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	primary, err := StartCluster(&ClusterConfig{MaxConnections: 20, Settings: map[string]string{"synchronous_commit": "on"}})
-	Must(t, err, "start primary")
-	t.Cleanup(func() { _ = primary.Stop() })
-	standby, err := primary.StartStandby(true)
-	Must(t, err, "start standby")
-	t.Cleanup(func() { _ = standby.Stop() })
+	primary, standby := synchronousPair(t)
 	conn, err := pgx.Connect(ctx, primary.URL)
 	Must(t, err, "connect to the primary")
 	defer conn.Close(ctx)
