@@ -55,37 +55,20 @@ var signedCloudEventsHeaders = [...]string{
 }
 
 // signedV2Headers are the headers a v2 signature covers in a request of the
-// default format, in signing order: the wire headers, the body's content type
-// and the key a receiver deduplicates on.
-var signedV2Headers = [...]string{
-	broker.HeaderEventID,
-	broker.HeaderEventType,
-	broker.HeaderAggregateType,
-	broker.HeaderAggregateID,
-	broker.HeaderAggregateSequence,
-	broker.HeaderSchemaVersion,
-	broker.HeaderOccurredAt,
-	"Content-Type",
-	HeaderIdempotencyKey,
-}
+// default format, in signing order: v1's, then the body's content type and the
+// key a receiver deduplicates on.
+var signedV2Headers = append(signedHeaders[:len(signedHeaders):len(signedHeaders)],
+	"Content-Type", HeaderIdempotencyKey)
 
 // signedV2CloudEventsHeaders are the headers a v2 signature covers in a request
-// of the CloudEvents format: every attribute the publisher sends (source and
-// subject included, which v1 left out), the content type and the key.
-var signedV2CloudEventsHeaders = [...]string{
-	broker.CloudEventsHTTP.Prefix + broker.CEAttrSpecVersion,
-	broker.CloudEventsHTTP.Prefix + broker.CEAttrID,
-	broker.CloudEventsHTTP.Prefix + broker.CEAttrSource,
-	broker.CloudEventsHTTP.Prefix + broker.CEAttrType,
-	broker.CloudEventsHTTP.Prefix + broker.CEAttrSubject,
-	broker.CloudEventsHTTP.Prefix + broker.CEAttrTime,
-	broker.CloudEventsHTTP.Prefix + broker.CEExtAggregateType,
-	broker.CloudEventsHTTP.Prefix + broker.CEExtAggregateID,
-	broker.CloudEventsHTTP.Prefix + broker.CEExtSequence,
-	broker.CloudEventsHTTP.Prefix + broker.CEExtSchemaVersion,
-	"Content-Type",
-	HeaderIdempotencyKey,
-}
+// of the CloudEvents format: v1's, then the attributes v1 left out (specversion,
+// source, subject: every attribute the publisher sends is signed), the content
+// type and the key.
+var signedV2CloudEventsHeaders = append(signedCloudEventsHeaders[:len(signedCloudEventsHeaders):len(signedCloudEventsHeaders)],
+	broker.CloudEventsHTTP.Prefix+broker.CEAttrSpecVersion,
+	broker.CloudEventsHTTP.Prefix+broker.CEAttrSource,
+	broker.CloudEventsHTTP.Prefix+broker.CEAttrSubject,
+	"Content-Type", HeaderIdempotencyKey)
 
 // v2Tag opens the text a v2 signature covers, so that it can never be taken for
 // a v1 text (or a later version's).
@@ -153,9 +136,9 @@ var newline = []byte{'\n'}
 // Outbox-Aggregate-Type, Outbox-Aggregate-Id, Outbox-Aggregate-Sequence,
 // Outbox-Schema-Version, Outbox-Occurred-At, Content-Type and Idempotency-Key;
 // in a request of the CloudEvents format (--format cloudevents: it has a
-// Ce-Specversion header) Ce-Specversion, Ce-Id, Ce-Source, Ce-Type, Ce-Subject,
-// Ce-Time, Ce-Pgoutboxaggtype, Ce-Pgoutboxaggid, Ce-Pgoutboxseq,
-// Ce-Pgoutboxschemaver, Content-Type and Idempotency-Key. So everything a
+// Ce-Specversion header) Ce-Id, Ce-Type, Ce-Pgoutboxaggtype, Ce-Pgoutboxaggid,
+// Ce-Pgoutboxseq, Ce-Pgoutboxschemaver, Ce-Time, Ce-Specversion, Ce-Source,
+// Ce-Subject, Content-Type and Idempotency-Key. So everything a
 // receiver acts on is signed: which event, where it comes from, how to read the
 // body, where it was sent (a receiver routing by path or tenant), and the
 // header names bind the format, so a default-format request cannot be
@@ -208,9 +191,9 @@ func signatureV1(mac hash.Hash, ts int64, h http.Header, body []byte) []byte {
 // covers.
 func signedV2Names(h http.Header) []string {
 	if isCloudEvents(h) {
-		return signedV2CloudEventsHeaders[:]
+		return signedV2CloudEventsHeaders
 	}
-	return signedV2Headers[:]
+	return signedV2Headers
 }
 
 // signatureV2 is the v2 scheme (see [Sign]).
