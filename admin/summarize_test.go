@@ -168,3 +168,42 @@ WHERE c.relnamespace = $1::regnamespace AND c.relkind = 'i'`, pgx.Identifier{o.s
 		}
 	}
 }
+
+// Summarizing takes the table's ownership: a cleanup run by the operator role
+// (not the owner) still deletes, summarizes nothing, and succeeds; the owner's
+// next run summarizes.
+func TestCleanupWithoutOwnershipLeavesSummarizationToVacuum(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := pgtest.Migrated(t, 2)
+	operator := pgtest.Role(t, pool, "")
+	grants, err := migrate.Grants(&migrate.GrantsConfig{Schema: schema, Roles: []migrate.Role{migrate.RoleOperator},
+		RoleNames: map[migrate.Role]string{migrate.RoleOperator: operator}})
+	pgtest.Must(t, err, "grants")
+	_, err = pool.Exec(ctx, grants)
+	pgtest.Must(t, err, "grant")
+	prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
+	pgtest.Must(t, err, "producer")
+	evs := make([]pgoutbox.Event, 100)
+	for i := range evs {
+		evs[i] = pgoutbox.Event{AggregateType: "order", AggregateID: fmt.Sprint(i), EventType: "order.noted",
+			Payload: map[string]string{"note": strings.Repeat("x", 1000)}}
+	}
+	pgtest.Must(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := prod.EnqueueTx(ctx, tx, evs...)
+		return err
+	}), "enqueue")
+	_, err = pool.Exec(ctx, "UPDATE "+pgx.Identifier{schema, "outbox_events"}.Sanitize()+
+		" SET published_at = now() - interval '30 days' WHERE aggregate_id IN ('1', '2')")
+	pgtest.Must(t, err, "publish two")
+
+	asOperator := pgtest.Pool(t, pgtest.AsRole(t, pgtest.URL(), operator), 2)
+	res, err := admin.Cleanup(ctx, asOperator, admin.CleanupConfig{Schema: schema, Logger: quietLog})
+	if err != nil || res.Deleted != 2 || res.Summarized != 0 {
+		t.Fatalf("cleanup as the operator: %+v, %v; want 2 deleted, nothing summarized, no error", res, err)
+	}
+	res, err = admin.Cleanup(ctx, pool, admin.CleanupConfig{Schema: schema})
+	if err != nil || res.Summarized == 0 {
+		t.Fatalf("cleanup as the owner: %+v, %v; want ranges summarized", res, err)
+	}
+}
