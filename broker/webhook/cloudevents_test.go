@@ -83,6 +83,15 @@ func TestCloudEventsFormat(t *testing.T) {
 			t.Errorf("Verify with another %s: %v, want ErrBadSignature", name, err)
 		}
 	}
+	// A second value of any attribute, or of the content type or the key.
+	for _, name := range []string{"Ce-Specversion", "Ce-Id", "Ce-Source", "Ce-Type", "Ce-Subject", "Ce-Time",
+		"Ce-Pgoutboxaggtype", "Ce-Pgoutboxaggid", "Ce-Pgoutboxseq", "Ce-Pgoutboxschemaver", "Content-Type", "Idempotency-Key"} {
+		h := r.header.Clone()
+		h[name] = append([]string{"forged"}, h[name]...)
+		if err := v.Verify(request(h, r.uri), r.body); !errors.Is(err, webhook.ErrAmbiguousRequest) {
+			t.Errorf("a second %s: Verify = %v, want ErrAmbiguousRequest", name, err)
+		}
+	}
 
 	req, err := http.NewRequest(http.MethodPost, "/hooks", bytes.NewReader(r.body))
 	if err != nil {
