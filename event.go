@@ -19,7 +19,9 @@ type Event struct {
 	AggregateType string
 
 	// AggregateID identifies the entity within its type, e.g. an order number.
-	// Required, at most MaxAggregateIDBytes. Events of one (AggregateType,
+	// Required, at most MaxAggregateIDBytes, without control characters or line
+	// separators and without white space at either end (as AggregateType and
+	// EventType; see CheckEventFields). Events of one (AggregateType,
 	// AggregateID) are published in the order they were enqueued.
 	AggregateID string
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -235,7 +236,19 @@ func checkHeaderValue(v string) string {
 }
 
 // checkName returns why s cannot be an aggregate type, aggregate id or event type
-// of at most limit bytes, or "".
+// of at most limit bytes, or "". It is the one rule for those names: the Go API
+// applies it before any SQL, the relay and the CDC source (through
+// [CheckEventFields]) before publishing a row written by a raw INSERT, and
+// outbox_enqueue mirrors it in SQL (outbox migration 9; limits_test.go holds both
+// to one table of cases and a fuzz target).
+//
+// Besides its length, a name must be text that travels unchanged in every
+// broker's subject, topic, routing key and header: no control character (Unicode
+// Cc: C0, DEL and C1, which holds NEL), no line or paragraph separator (U+2028,
+// U+2029) anywhere, and no white space (Unicode White_Space) at either end. NATS
+// and HTTP end a header at CR or LF and trim spaces around its value, so such an
+// id would reach a consumer changed (or not at all, as every broker refuses some
+// of them) and the relay would quarantine it.
 func checkName(s string, limit int) string {
 	switch {
 	case s == "":
@@ -243,12 +256,30 @@ func checkName(s string, limit int) string {
 	case len(s) > limit:
 		return fmt.Sprintf("is %d bytes, above the limit of %d", len(s), limit)
 	}
-	return checkText(s)
+	if reason := checkText(s); reason != "" {
+		return reason
+	}
+	for _, r := range s {
+		switch {
+		case unicode.Is(unicode.Cc, r):
+			return fmt.Sprintf("has the control character %U", r)
+		case r == '\u2028' || r == '\u2029':
+			return fmt.Sprintf("has the line separator %U", r)
+		}
+	}
+	first, _ := utf8.DecodeRuneInString(s)
+	last, _ := utf8.DecodeLastRuneInString(s)
+	if unicode.IsSpace(first) || unicode.IsSpace(last) {
+		return "must not begin or end with white space"
+	}
+	return ""
 }
 
 // CheckEventFields returns why an event with these names cannot be published, or
-// nil: each must be non-empty text of at most its Max…Bytes limit. The relay
-// applies it to rows written by a raw INSERT.
+// nil: each must be non-empty text of at most its Max…Bytes limit, without
+// control characters or line separators, and without white space at either end.
+// It is the rule the Go API applies at enqueue (the errors of Producer.Validate
+// say the same), and the relay applies it to rows written by a raw INSERT.
 func CheckEventFields(aggregateType, aggregateID, eventType string) error {
 	for _, f := range []struct {
 		name, v string

@@ -119,11 +119,49 @@ func hostileCases() []limitCase {
 		f.set(&multi, strings.Repeat("é", f.limit/2+1)) // bytes, not characters
 		cases = append(cases, limitCase{name: f.field + " multibyte above", ev: multi, field: f.field, sqlstate: "54000"})
 	}
+	// Names that no broker carries unchanged (pgoutbox.CheckEventFields), and
+	// their neighbours that are accepted.
+	for _, f := range nameFields {
+		for _, v := range hostileNames {
+			e := headerEvent(nil)
+			f.set(&e, v)
+			cases = append(cases, limitCase{name: fmt.Sprintf("%s %+q", f.field, v), ev: e, field: f.field, sqlstate: "22023"})
+		}
+		for _, v := range fineNames {
+			e := headerEvent(nil)
+			f.set(&e, v)
+			cases = append(cases, ok(fmt.Sprintf("%s %+q", f.field, v), e))
+		}
+	}
 	huge := headerEvent(nil)
 	huge.AggregateID = randomText(3000) // fails inside the btree without the limit
 	cases = append(cases, limitCase{name: "3000-byte random aggregate id", ev: huge, field: "AggregateID", sqlstate: "54000"})
 	return cases
 }
+
+// nameFields are the Event fields that the name rule covers.
+var nameFields = []struct {
+	field string
+	set   func(*pgoutbox.Event, string)
+}{
+	{"AggregateType", func(e *pgoutbox.Event, s string) { e.AggregateType = s }},
+	{"AggregateID", func(e *pgoutbox.Event, s string) { e.AggregateID = s }},
+	{"EventType", func(e *pgoutbox.Event, s string) { e.EventType = s }},
+}
+
+// hostileNames are aggregate types, aggregate ids and event types that every
+// enqueue path refuses: white space at an end, control characters (C0, DEL, C1)
+// and line separators anywhere.
+var hostileNames = []string{
+	" ord-1", "ord-1 ", " ", "  ", "ord-1\n", "\nord-1", "ord\n1", "ord\r\nOutbox-Aggregate-Id: 2", "ord\r1", "ord\t1",
+	"\tord", "ord-1\t", "ord\x01", "\x1b[2Jord", "ord\x1b]0;title\x07", "ord\x7f", "ord\u0085", "ord\u009b31m",
+	"ord\u2028x", "x\u2029", "\u00a0ord", "ord\u00a0", "\u3000ord", "ord\u2003", "\u1680x", "x\u202f", "x\u205f", "\u200ax",
+	"ord\v1", "ord\f1",
+}
+
+// fineNames are accepted: inner spaces, non-ASCII letters, zero-width and
+// format characters that are not white space.
+var fineNames = []string{"ord 1", "a  b", "caf\u00e9", "名前", "x\u00a0y", "x\u200by", "\u200bx", "\ufeffx", "o.c-1_2:3/4"}
 
 // Every hostile event is refused by the Go API before any SQL (the transaction
 // stays usable) and by outbox_enqueue with the SQLSTATE of its class; the accepted
@@ -359,6 +397,41 @@ func FuzzHeaderRules(f *testing.F) {
 }
 
 func validUTF8(s string) bool { return strings.ToValidUTF8(s, "\ufffd") == s }
+
+// FuzzNameRules: the Go API (the one rule the relay applies too,
+// pgoutbox.CheckEventFields) and outbox_enqueue take the same decision on any
+// aggregate type, aggregate id and event type.
+func FuzzNameRules(f *testing.F) {
+	for _, s := range append(append([]string{"order", "ord-1", "", strings.Repeat("i", 256)}, hostileNames...), fineNames...) {
+		f.Add(s, uint8(0))
+		f.Add(s, uint8(1))
+		f.Add(s, uint8(2))
+	}
+	pool, schema := pgtest.Migrated(f, 2)
+	fn := pgx.Identifier{schema, "outbox_enqueue"}.Sanitize()
+	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, name string, which uint8) {
+		if strings.Contains(name, "\x00") || !validUTF8(name) {
+			return // PostgreSQL's text cannot hold it; the Go API refuses it (TestLimitsAndReservedHeaders)
+		}
+		fld := nameFields[int(which)%len(nameFields)]
+		e := headerEvent(nil)
+		fld.set(&e, name)
+		goErr := p.Validate(e)
+		fieldErr := pgoutbox.CheckEventFields(e.AggregateType, e.AggregateID, e.EventType)
+		if (goErr == nil) != (fieldErr == nil) {
+			t.Fatalf("%s %+q: Validate says %v, CheckEventFields (the relay's rule) says %v", fld.field, name, goErr, fieldErr)
+		}
+		state := sqlState(pool.QueryRow(context.Background(), "SELECT "+fn+"($1, $2, $3, '1')",
+			e.AggregateType, e.AggregateID, e.EventType).Scan(new(pgoutbox.UUID)))
+		if (goErr == nil) != (state == "") || (state != "" && state != "22023" && state != "54000") {
+			t.Fatalf("%s %+q: Go says %v, outbox_enqueue says %q", fld.field, name, goErr, state)
+		}
+	})
+}
 
 // FuzzPayloadSize: JSONBTextLength is the length PostgreSQL's jsonb text has, for
 // any JSON that jsonb accepts.

@@ -69,6 +69,13 @@ type CleanupConfig struct {
 	// still in the outbox.
 	InboxReplayHorizon time.Duration
 
+	// SummarizeRanges bounds the BRIN summarization of a run: at most this many
+	// of the newest page ranges of the published_at index are looked at (and
+	// summarized when they are not yet), 16 pages each. The index does not ask
+	// autovacuum to summarize (outbox migration 10); every VACUUM of the table
+	// summarizes what a run leaves. Zero means DefaultSummarizeRanges (1024).
+	SummarizeRanges int
+
 	// DryRun deletes, drops and creates nothing: the result says what a run
 	// would do now (Deleted the rows batches would delete, DroppedPartitions and
 	// DroppedRows the partitions that would be dropped, InboxDeleted the dedup
@@ -121,6 +128,9 @@ type CleanupResult struct {
 	CreatedPartitions []string
 	// InboxDeleted is the number of processed_events rows deleted.
 	InboxDeleted int64
+	// Summarized is the number of BRIN page ranges summarized (see
+	// CleanupConfig.SummarizeRanges).
+	Summarized int64
 	// Duration is how long the cleanup took.
 	Duration time.Duration
 }
@@ -134,6 +144,7 @@ func cleanupDefaults(c *CleanupConfig) {
 	config.Default(&c.Retention, DefaultRetention)
 	config.Default(&c.BatchSize, DefaultCleanupBatchSize)
 	config.Default(&c.PartitionsAhead, migrate.DefaultPartitionsAhead)
+	config.Default(&c.SummarizeRanges, DefaultSummarizeRanges)
 	config.Default(&c.InboxSchema, c.Schema)
 	config.Default(&c.InboxReplayHorizon, c.Retention)
 	if c.Logger == nil {
@@ -147,6 +158,7 @@ func checkCleanup(c *CleanupConfig, p *config.Problems) {
 	p.Check(c.Retention > 0, "CleanupConfig.Retention (%s) must be positive", c.Retention)
 	p.Check(c.BatchSize > 0, "CleanupConfig.BatchSize (%d) must be positive", c.BatchSize)
 	p.Check(c.PartitionsAhead >= 0, "CleanupConfig.PartitionsAhead (%d) must not be negative", c.PartitionsAhead)
+	p.Check(c.SummarizeRanges > 0, "CleanupConfig.SummarizeRanges (%d) must not be negative", c.SummarizeRanges)
 	p.Check(c.InboxRetention >= 0, "CleanupConfig.InboxRetention (%s) must not be negative", c.InboxRetention)
 	p.Field("CleanupConfig.InboxSchema", migrate.ValidateSchema(c.InboxSchema))
 	// Checked before anything is deleted, not when the inbox's turn comes.
@@ -170,6 +182,9 @@ func checkCleanup(c *CleanupConfig, p *config.Problems) {
 // table lasts milliseconds and is waited for at most 2s (the partition is then
 // left for the batches). Rows of partitions that cannot be dropped are deleted by
 // the batches.
+//
+// After the batches, Cleanup summarizes the BRIN index on published_at (see
+// CleanupConfig.SummarizeRanges and docs/operations.md, "BRIN summarization").
 //
 // ctx bounds the whole run; what completed batches deleted stays deleted when it
 // ends early, and the result counts it.
@@ -257,6 +272,13 @@ func cleanup(ctx context.Context, db CleanupDB, cfg CleanupConfig, stop <-chan s
 			break
 		}
 		cursor = *last
+	}
+
+	if !isClosed(stop) {
+		if res.Summarized, err = summarize(ctx, db, c.Schema, c.SummarizeRanges, c.Logger); err != nil {
+			res.Duration = time.Since(start)
+			return res, err
+		}
 	}
 
 	if c.InboxRetention > 0 {

@@ -32,6 +32,10 @@ func TestPublishValidRefusesWhatTheProducerWould(t *testing.T) {
 		func(m *broker.Message) { m.Headers = map[string]string{"big": strings.Repeat("v", 2<<20)} },
 		func(m *broker.Message) { m.AggregateID = strings.Repeat("i", pgoutbox.MaxAggregateIDBytes+1) },
 		func(m *broker.Message) { m.EventType = "" },
+		func(m *broker.Message) { m.AggregateID = "ord-1 " },
+		func(m *broker.Message) { m.AggregateID = "ord\n1" },
+		func(m *broker.Message) { m.EventType = "\u3000created" },
+		func(m *broker.Message) { m.AggregateType = "order\x7f" },
 		func(m *broker.Message) { m.Payload = make([]byte, pgoutbox.HardMaxPayloadBytes+1) },
 	}
 	for i, edit := range hostile {

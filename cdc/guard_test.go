@@ -46,10 +46,15 @@ func TestRawInsertsBeyondTheRulesAreQuarantined(t *testing.T) {
 			pgtest.Must(t, err, "raw insert")
 		}
 	}
-	_, err := e.pool.Exec(ctx, "INSERT INTO "+e.table()+
-		" (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload) VALUES ($1, 'raw', $2, 1, 'raw.inserted', '{}')",
-		pgoutbox.NewEventID(), strings.Repeat("i", pgoutbox.MaxAggregateIDBytes+1))
-	pgtest.Must(t, err, "raw insert")
+	// Ids no broker carries unchanged (the one name rule, pgoutbox.CheckEventFields).
+	badIDs := []string{strings.Repeat("i", pgoutbox.MaxAggregateIDBytes+1), "id ", " id", "id\r\nOutbox-Aggregate-Id: 2", "id\x1b[2J", "id\u0085", "\u3000id"}
+	for _, id := range badIDs {
+		_, err := e.pool.Exec(ctx, "INSERT INTO "+e.table()+
+			" (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload) VALUES ($1, 'raw', $2, 1, 'raw.inserted', '{}')",
+			pgoutbox.NewEventID(), id)
+		pgtest.Must(t, err, "raw insert")
+	}
+	var err error
 	// Headers that are not strings: the stream must not stop on them.
 	for seq := 1; seq <= 2; seq++ {
 		_, err = e.pool.Exec(ctx, "INSERT INTO "+e.table()+
@@ -60,7 +65,7 @@ func TestRawInsertsBeyondTheRulesAreQuarantined(t *testing.T) {
 	good := e.enqueue(t, 3, 2, 2)
 
 	wait.For(t, 60*time.Second, "the hostile rows to be quarantined", func() bool {
-		return e.count(t, "quarantined_at IS NOT NULL") == len(hostile)+2
+		return e.count(t, "quarantined_at IS NOT NULL") == len(hostile)+len(badIDs)+1
 	})
 	wait.For(t, 60*time.Second, "the valid events", func() bool { return e.count(t, "published_at IS NOT NULL") == len(good) })
 	if n := e.count(t, "quarantined_at IS NOT NULL AND (attempt_count <> 1 OR last_error NOT LIKE '%refused before publishing%')"); n != 0 {

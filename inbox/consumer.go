@@ -341,7 +341,7 @@ func (c *Consumer[TX]) transact(ctx context.Context, ev Event) (o Outcome) {
 	last := o.Position
 
 	if !fresh {
-		if c.cfg.GapPolicy == GapReject && seq > last+1 && !known {
+		if c.cfg.GapPolicy == GapReject && seq-1 > last && !known {
 			o.Status, o.Gap = StatusGapRejected, seq-last-1
 			o.Err = &GapError{AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Position: last, Sequence: seq}
 			return o
@@ -371,7 +371,7 @@ func (c *Consumer[TX]) transact(ctx context.Context, ev Event) (o Outcome) {
 	}
 
 	switch {
-	case seq > last+1:
+	case seq-1 > last: // not last+1: a position at the largest bigint must not wrap
 		o.Gap = seq - last - 1 // only under GapAccept: GapReject inserted nothing
 	case seq <= last:
 		o.Late = true
@@ -502,6 +502,10 @@ func (c *Consumer[TX]) Position(ctx context.Context, aggregateType, aggregateID 
 func (c *Consumer[TX]) SetPosition(ctx context.Context, aggregateType, aggregateID string, seq int64) error {
 	if seq < 0 {
 		return fmt.Errorf("inbox: SetPosition %s/%s: sequence %d is negative", aggregateType, aggregateID, seq)
+	}
+	if seq > MaxSequence {
+		return fmt.Errorf("inbox: SetPosition %s/%s: %w: %d is above %d", aggregateType, aggregateID,
+			ErrSequenceOutOfRange, seq, int64(MaxSequence))
 	}
 	if _, err := c.db.exec(ctx, c.q.setPosition, c.cfg.Name, aggregateType, aggregateID, seq); err != nil {
 		return fmt.Errorf("inbox: set position of %s/%s: %w", aggregateType, aggregateID, err)

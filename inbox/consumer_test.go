@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -711,4 +712,85 @@ func TestConcurrentShuffledDeliveriesApplyInOrder(t *testing.T) {
 	if s := c.Stats(); s.Applied != aggregates*perAggregate || s.Duplicates != aggregates*perAggregate {
 		t.Fatalf("stats %+v", s)
 	}
+}
+
+// A hostile sequence cannot wedge an aggregate: the largest bigint is refused as
+// undecodable (ErrSequenceOutOfRange) under every policy, the largest accepted
+// one leaves a position after which later deliveries still run, a position left
+// at the largest bigint by an older version wedges nothing, and SetPosition
+// refuses it. Every statement afterwards succeeds ("bigint out of range" was
+// returned forever before).
+func TestHostileSequencesDoNotWedgeTheAggregate(t *testing.T) {
+	t.Parallel()
+	const maxBigint = math.MaxInt64
+	for name, policy := range map[string]inbox.GapPolicy{"accept": inbox.GapAccept, "reject": inbox.GapReject} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, 2)
+			c := f.consumer(t, inbox.Config{Name: "c", GapPolicy: policy})
+			ctx := context.Background()
+
+			// Refused at the boundary, in both wire formats' header and a raw header
+			// value; the aggregate then carries on.
+			m := lane("1", 3)
+			process(t, c, m[0], inbox.StatusApplied)
+			for _, d := range []inbox.Delivery{
+				inbox.DeliveryOf(event("1", maxBigint)),
+				withHeader(inbox.DeliveryOf(event("1", 2)), broker.HeaderAggregateSequence, "9223372036854775807"),
+				withHeader(inbox.DeliveryOf(event("1", 2)), broker.HeaderAggregateSequence, "+9223372036854775807"),
+			} {
+				o := c.Process(ctx, d)
+				if o.Status != inbox.StatusUndecodable || !errors.Is(o.Err, inbox.ErrUndecodable) || !errors.Is(o.Err, inbox.ErrSequenceOutOfRange) {
+					t.Fatalf("sequence %s: status %s, err %v; want undecodable, ErrSequenceOutOfRange",
+						d.Headers[broker.HeaderAggregateSequence], o.Status, o.Err)
+				}
+			}
+			process(t, c, m[1], inbox.StatusApplied)
+			if err := c.SetPosition(ctx, "order", "1", maxBigint); !errors.Is(err, inbox.ErrSequenceOutOfRange) {
+				t.Fatalf("SetPosition(MaxInt64) = %v, want ErrSequenceOutOfRange", err)
+			}
+			if pos, err := c.Position(ctx, "order", "1"); err != nil || pos != 2 {
+				t.Fatalf("position %d, %v after the hostile deliveries; want 2", pos, err)
+			}
+
+			// The largest accepted sequence: a gap under GapAccept (applied; later
+			// events are late), a rejected gap under GapReject; either way nothing
+			// fails afterwards.
+			top := event("1", inbox.MaxSequence)
+			if policy == inbox.GapAccept {
+				process(t, c, top, inbox.StatusApplied)
+				o := process(t, c, m[2], inbox.StatusApplied)
+				if !o.Late || o.Position != inbox.MaxSequence {
+					t.Fatalf("outcome %+v, want a late event below MaxSequence", o)
+				}
+				process(t, c, top, inbox.StatusDuplicate)
+			} else {
+				process(t, c, top, inbox.StatusGapRejected)
+				process(t, c, m[2], inbox.StatusApplied)
+			}
+
+			// A position at the largest bigint, as an older version could leave it:
+			// deliveries still end, none fails.
+			f.exec(t, "UPDATE "+f.table("consumer_positions")+" SET last_sequence = $1 WHERE consumer_name = 'c'", int64(maxBigint))
+			late := event("1", 4)
+			want := inbox.StatusDuplicate // at or below the position: done by position
+			if policy == inbox.GapAccept {
+				want = inbox.StatusApplied // a late event
+			}
+			process(t, c, late, want)
+			process(t, c, late, inbox.StatusDuplicate)
+			process(t, c, event("2", 1), inbox.StatusApplied) // other aggregates never noticed
+		})
+	}
+}
+
+// withHeader returns d with header name set to value.
+func withHeader(d inbox.Delivery, name, value string) inbox.Delivery {
+	h := make(map[string]string, len(d.Headers)+1)
+	for k, v := range d.Headers {
+		h[k] = v
+	}
+	h[name] = value
+	d.Headers = h
+	return d
 }

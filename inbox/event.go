@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -75,9 +76,22 @@ func DeliveryOf(m broker.Message) Delivery {
 
 // ErrUndecodable is matched (errors.Is) by the error of a delivery that is not an
 // outbox event: an Outbox-* header is missing or malformed (the event id the nil
-// UUID, a sequence or version below 1), or the body is not JSON.
+// UUID, a sequence or version below 1, a sequence above MaxSequence), or the body
+// is not JSON.
 // Such a message can never be processed; subscribers terminate it (no redelivery).
 var ErrUndecodable = errors.New("inbox: undecodable delivery")
+
+// MaxSequence is the highest aggregate sequence an inbox accepts: one below
+// the largest bigint, so that the next expected sequence (position + 1) of every
+// aggregate can be computed. No producer reaches it (outbox sequences count
+// events one by one from 1); a delivery above it is hostile or corrupt, and
+// taking it would leave the aggregate's position where nothing can follow it.
+const MaxSequence = math.MaxInt64 - 1
+
+// ErrSequenceOutOfRange is matched (errors.Is), together with ErrUndecodable, by
+// the error of a delivery whose sequence is above MaxSequence, and by the error
+// of SetPosition for such a sequence.
+var ErrSequenceOutOfRange = errors.New("inbox: aggregate sequence out of range")
 
 // Decode reads the event carried by d, without upcasting. Its errors match
 // ErrUndecodable. d may be in the default format (Outbox-* headers) or a
@@ -103,6 +117,10 @@ func Decode(d Delivery) (Event, error) {
 	}
 	if m.EventID.IsZero() {
 		return Event{}, fmt.Errorf("%w: header %s is the nil UUID", ErrUndecodable, broker.HeaderEventID)
+	}
+	if m.AggregateSequence > MaxSequence {
+		return Event{}, fmt.Errorf("%w: event %s: %w: %d is above %d", ErrUndecodable, m.EventID,
+			ErrSequenceOutOfRange, m.AggregateSequence, int64(MaxSequence))
 	}
 	if !json.Valid(d.Body) {
 		return Event{}, fmt.Errorf("%w: event %s: body is not valid JSON", ErrUndecodable, m.EventID)

@@ -42,6 +42,11 @@ func newQueries(schema string) queries {
 		// position back is a duplicate, not a gap. (It reads the statement's
 		// snapshot; a row committed while pos waited is not seen, but then the
 		// position pos read already covers that event.)
+		//
+		// "The next sequence" is written $5 - 1, never last_sequence + 1: $5 is at
+		// least 1, while a position at the largest bigint (set before inbox.MaxSequence
+		// was enforced) would make last_sequence + 1 fail with "bigint out of range"
+		// on every delivery of the aggregate, forever.
 		claim: fmt.Sprintf(`WITH pos AS (
     INSERT INTO %[1]s AS p (consumer_name, aggregate_type, aggregate_id, last_sequence)
     VALUES ($1::text, $2::text, $3::text, 0)
@@ -51,7 +56,7 @@ func newQueries(schema string) queries {
 ), seen AS (
     INSERT INTO %[2]s (consumer_name, event_id)
     SELECT $1::text, $4::uuid FROM pos
-    WHERE $6::boolean OR pos.last_sequence + 1 = $5::bigint
+    WHERE $6::boolean OR pos.last_sequence = $5::bigint - 1
     ON CONFLICT (consumer_name, event_id) DO NOTHING
     RETURNING event_id
 )

@@ -40,6 +40,8 @@ func ExampleUp() {
 	// applied outbox/6 enqueue_limits
 	// applied outbox/7 operator_audit
 	// applied outbox/8 enqueue_definer
+	// applied outbox/9 enqueue_names
+	// applied outbox/10 brin_explicit
 	// applied inbox/1 processed_events
 	// applied inbox/2 consumer_positions
 	// second run applied 0

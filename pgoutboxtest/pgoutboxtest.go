@@ -6,9 +6,8 @@
 //
 //	func TestPlaceOrder(t *testing.T) {
 //		pool := ... // the test's *pgxpool.Pool, closed with t.Cleanup
-//		schema := pgoutboxtest.Schema(t, pool)
-//		r := pgoutboxtest.New(t, pool, &pgoutboxtest.Config{Schema: schema})
-//		... // the code under test enqueues events with pgoutbox.Producer
+//		r := pgoutboxtest.New(t, pool, nil) // a fresh schema of this test's own
+//		... // the code under test enqueues events with pgoutbox.Producer, Schema: r.Schema()
 //		if err := r.WaitDrained(ctx); err != nil {
 //			t.Fatal(err)
 //		}
@@ -66,11 +65,19 @@ const (
 	DefaultStopTimeout = 10 * time.Second
 )
 
-// Config configures a test relay. A nil *Config means all defaults: the public
-// schema and an in-memory broker.
+// Config configures a test relay. A nil *Config means all defaults: a fresh
+// schema of the test's own and an in-memory broker.
 type Config struct {
-	// Schema is the PostgreSQL schema holding the outbox tables, for instance one
-	// made by Schema. Empty means migrate.DefaultSchema ("public").
+	// Schema is the PostgreSQL schema holding the outbox tables that the relay
+	// serves. Empty means a fresh one: Start creates a schema with a unique name
+	// ("pgoutboxtest_" and 12 hex digits), applies the migrations, serves it
+	// alone and drops it in Stop; Relay.Schema names it, for the code under
+	// test. A relay thus never publishes (and marks published) events of the
+	// database's real outbox, nor of another test running in parallel.
+	//
+	// Name a schema only to serve that one: one made by the package's Schema,
+	// or an application's own ("public" included) when the test means to drain
+	// it. Two relays serving one schema take each other's events.
 	Schema string
 
 	// Publisher is where the relay publishes, for a test against a real broker.
@@ -108,7 +115,9 @@ func (c *Config) Validate() error {
 func (c *Config) withDefaults() (Config, relay.Config, error) {
 	var rc relay.Config
 	out, err := config.Resolve("pgoutboxtest", c, func(c *Config) {
-		config.Default(&c.Schema, migrate.DefaultSchema)
+		if c.Relay != nil {
+			config.Default(&c.Schema, c.Relay.Schema) // named there only: explicit too
+		}
 		config.Default(&c.DrainPoll, DefaultDrainPoll)
 		config.Default(&c.StopTimeout, DefaultStopTimeout)
 		if c.Relay != nil {
@@ -122,7 +131,9 @@ func (c *Config) withDefaults() (Config, relay.Config, error) {
 		config.Default(&rc.BackoffBase, DefaultBackoffBase)
 		config.Default(&rc.BackoffMax, DefaultBackoffMax)
 	}, func(c *Config, p *config.Problems) {
-		p.Field("Config.Schema", migrate.ValidateSchema(c.Schema))
+		if c.Schema != "" { // empty: a fresh schema, made by Start
+			p.Field("Config.Schema", migrate.ValidateSchema(c.Schema))
+		}
 		p.Check(rc.Schema == c.Schema, "Config.Relay.Schema (%q) must be empty or Config.Schema (%q)", rc.Schema, c.Schema)
 		p.Check(c.DrainPoll > 0, "Config.DrainPoll (%s) must be positive", c.DrainPoll)
 		p.Check(c.StopTimeout > 0, "Config.StopTimeout (%s) must be positive", c.StopTimeout)
@@ -146,7 +157,16 @@ type Relay struct {
 	relay *relay.Relay
 	rec   *recording
 	sql   queries
+
+	// owned is set when Start created the schema, which Stop then drops once.
+	owned    bool
+	dropOnce sync.Once
+	dropErr  error
 }
+
+// Schema returns the schema the relay serves: Config.Schema, or the fresh one
+// Start created. Give it to pgoutbox.Config.Schema (and inbox's config).
+func (r *Relay) Schema() string { return r.cfg.Schema }
 
 // New starts a relay for the test tb, as Start does, and stops it when the test
 // ends (t.Cleanup, bounded by Config.StopTimeout). The relay logs to the test's
@@ -182,17 +202,34 @@ func New(tb testing.TB, pool *pgxpool.Pool, cfg *Config) *Relay {
 	return r
 }
 
-// Start starts a relay reading the outbox of cfg.Schema through pool; the caller
-// stops it with Stop. ctx governs only the start; cancelling it later stops the
-// relay hard (prefer Stop). Size pool for the relay's Workers + 2 connections
-// beside the test's own.
-func Start(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
+// Start starts a relay reading the outbox of cfg.Schema through pool, or of a
+// fresh schema it creates when cfg.Schema is empty; the caller stops it with
+// Stop, which drops such a schema. ctx governs only the start (the migrations
+// included); cancelling it later stops the relay hard (prefer Stop). Size pool
+// for the relay's Workers + 2 connections beside the test's own.
+func Start(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (r *Relay, err error) {
 	c, rc, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	if pool == nil {
 		return nil, errors.New("pgoutboxtest: Start needs a pool")
+	}
+	owned := c.Schema == ""
+	if owned {
+		c.Schema = "pgoutboxtest_" + randomHex()
+		rc.Schema = c.Schema
+		defer func() {
+			if err != nil {
+				// Nothing serves it: drop it now, whatever ctx says.
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DropTimeout)
+				defer cancel()
+				err = errors.Join(err, dropSchema(dctx, pool, c.Schema))
+			}
+		}()
+		if err := migrateSchema(ctx, pool, c.Schema); err != nil {
+			return nil, err
+		}
 	}
 	pub := c.Publisher
 	if pub == nil {
@@ -206,15 +243,25 @@ func Start(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Relay, error)
 	if err := rl.Start(ctx); err != nil {
 		return nil, fmt.Errorf("pgoutboxtest: start relay: %w", err)
 	}
-	return &Relay{cfg: c, pool: pool, relay: rl, rec: rec, sql: newQueries(c.Schema)}, nil
+	return &Relay{cfg: c, pool: pool, relay: rl, rec: rec, sql: newQueries(c.Schema), owned: owned}, nil
 }
 
 // Stop stops the relay gracefully: in-flight publishes finish and are recorded.
-// If ctx ends first the stop turns hard (see relay.Relay.Stop). Stopping twice is
+// If ctx ends first the stop turns hard (see relay.Relay.Stop). Then it drops
+// the schema Start created, if it did (bounded by DropTimeout, not ctx, so that
+// a test's expired deadline leaves no schema behind). Stopping twice is
 // harmless. It does not close a Config.Publisher.
 func (r *Relay) Stop(ctx context.Context) error {
 	if err := r.relay.Stop(ctx); err != nil {
 		return fmt.Errorf("stop relay: %w", err)
+	}
+	if r.owned {
+		r.dropOnce.Do(func() {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DropTimeout)
+			defer cancel()
+			r.dropErr = dropSchema(dctx, r.pool, r.cfg.Schema)
+		})
+		return r.dropErr
 	}
 	return nil
 }

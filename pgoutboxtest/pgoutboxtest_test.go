@@ -3,6 +3,9 @@ package pgoutboxtest_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -296,4 +299,73 @@ func TestSchemaDroppedAtCleanup(t *testing.T) {
 	if exists {
 		t.Fatalf("schema %s outlived its test", schema)
 	}
+}
+
+// With the default config a relay serves only a fresh schema of its own: never
+// the database's real outbox (public here, in a database of this test's own,
+// holding a live pending event), never another default relay's schema. Each
+// relay records only its own events, the live event stays pending, and each
+// fresh schema is gone once its relay stopped. Serving public takes naming it.
+func TestDefaultServesOnlyAFreshSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.Database(t), 2*poolConns)
+	pgtest.MigrateSchema(t, pool, "public")
+	live, err := pgoutbox.NewProducer(nil) // public
+	pgtest.Must(t, err, "producer")
+	liveRes := enqueue(t, pool, live, event("order", "live", "order.placed"))
+
+	var schemas []string
+	t.Run("relays", func(t *testing.T) {
+		viaNew := pgoutboxtest.New(t, pool, nil)
+		viaStart, err := pgoutboxtest.Start(ctx, pool, &pgoutboxtest.Config{Relay: &relay.Config{Logger: slog.New(slog.DiscardHandler)}})
+		pgtest.Must(t, err, "Start")
+		t.Cleanup(func() { _ = viaStart.Stop(ctx) }) // should the test fail before its own Stop
+		relays := []*pgoutboxtest.Relay{viaNew, viaStart}
+		for i, r := range relays {
+			s := r.Schema()
+			if s == "public" || s == "" || slices.Contains(schemas, s) {
+				t.Fatalf("relay %d serves %q (others: %v), want a fresh schema", i, s, schemas)
+			}
+			schemas = append(schemas, s)
+			prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: s})
+			pgtest.Must(t, err, "producer")
+			enqueue(t, pool, prod, event("order", fmt.Sprint(i), "order.placed"))
+		}
+		for i, r := range relays {
+			waitDrained(t, r)
+			if got := types(r.Published()); len(got) != 1 || got[0] != fmt.Sprintf("order/%d#1 order.placed", i) {
+				t.Fatalf("relay %d published %v, want its own event only", i, got)
+			}
+		}
+		pgtest.Must(t, viaStart.Stop(ctx), "Stop")
+		pgtest.Must(t, viaStart.Stop(ctx), "second Stop")
+		if schemaExists(t, pool, schemas[1]) {
+			t.Fatalf("Stop left schema %s behind", schemas[1])
+		}
+	})
+	if schemaExists(t, pool, schemas[0]) {
+		t.Fatalf("the test's end left schema %s behind", schemas[0])
+	}
+	var pending int
+	pgtest.Must(t, pool.QueryRow(ctx, "SELECT count(*) FROM public.outbox_events WHERE published_at IS NULL AND event_id = $1",
+		liveRes[0].EventID).Scan(&pending), "live event")
+	if pending != 1 {
+		t.Fatal("a default relay published the database's live event")
+	}
+
+	// Named explicitly, public is served.
+	r := pgoutboxtest.New(t, pool, &pgoutboxtest.Config{Schema: "public"})
+	waitDrained(t, r)
+	if got := r.Published(); len(got) != 1 || got[0].EventID != liveRes[0].EventID {
+		t.Fatalf("explicit public: published %v", types(got))
+	}
+}
+
+func schemaExists(t *testing.T, pool *pgxpool.Pool, schema string) bool {
+	t.Helper()
+	var exists bool
+	pgtest.Must(t, pool.QueryRow(context.Background(),
+		"SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists), "schema exists")
+	return exists
 }

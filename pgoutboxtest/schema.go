@@ -2,6 +2,7 @@ package pgoutboxtest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -35,14 +36,30 @@ func Schema(tb testing.TB, pool *pgxpool.Pool) string {
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), DropTimeout)
 		defer cancel()
-		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			tb.Errorf("pgoutboxtest: drop schema %s: %v", schema, err)
+		if err := dropSchema(ctx, pool, schema); err != nil {
+			tb.Errorf("pgoutboxtest: %v", err)
 		}
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), MigrateTimeout)
-	defer cancel()
-	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema}); err != nil {
-		tb.Fatalf("pgoutboxtest: migrate schema %s: %v", schema, err)
+	if err := migrateSchema(context.Background(), pool, schema); err != nil {
+		tb.Fatalf("pgoutboxtest: %v", err)
 	}
 	return schema
+}
+
+// migrateSchema applies every migration to schema, bounded by MigrateTimeout.
+func migrateSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	ctx, cancel := context.WithTimeout(ctx, MigrateTimeout)
+	defer cancel()
+	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema}); err != nil {
+		return fmt.Errorf("migrate schema %s: %w", schema, err)
+	}
+	return nil
+}
+
+// dropSchema drops schema and everything in it.
+func dropSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		return fmt.Errorf("drop schema %s: %w", schema, err)
+	}
+	return nil
 }

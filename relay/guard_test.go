@@ -54,6 +54,15 @@ func hostileRawRows() []rawRow {
 		{name: "aggregate id too long", aggID: strings.Repeat("i", pgoutbox.MaxAggregateIDBytes+1)},
 		{name: "aggregate type too long", aggType: strings.Repeat("t", pgoutbox.MaxAggregateTypeBytes+1)},
 		{name: "event type too long", evTyp: strings.Repeat("e", pgoutbox.MaxEventTypeBytes+1)},
+		{name: "aggregate id trailing space", aggID: "ord-1 "},
+		{name: "aggregate id leading space", aggID: " ord-1"},
+		{name: "aggregate id newline", aggID: "ord-1\r\nOutbox-Aggregate-Id: 2"},
+		{name: "aggregate id escape", aggID: "ord\x1b]0;title\x07"},
+		{name: "aggregate id C1", aggID: "ord\u0085"},
+		{name: "aggregate id no-break space", aggID: "\u00a0ord"},
+		{name: "event type newline", evTyp: "created\n"},
+		{name: "event type line separator", evTyp: "created\u2028x"},
+		{name: "aggregate type tab", aggType: "raw\t"},
 	}
 	many := map[string]string{}
 	for i := range pgoutbox.MaxHeaders + 1 {
@@ -137,7 +146,7 @@ func TestRawInsertsBeyondTheRulesAreQuarantined(t *testing.T) {
 		reasons = append(reasons, e)
 	}
 	rs.Close()
-	for _, want := range []string{"reserved", "Nats-Rollup", "not allowed in a header name", "control character", "above the limit", "differ only in case", "JSON"} {
+	for _, want := range []string{"reserved", "Nats-Rollup", "not allowed in a header name", "control character", "white space", "line separator", "above the limit", "differ only in case", "JSON"} {
 		found := false
 		for _, e := range reasons {
 			found = found || strings.Contains(e, want)

@@ -24,11 +24,12 @@ func TestCloudEventsFormat(t *testing.T) {
 	type seen struct {
 		header http.Header
 		body   []byte
+		uri    string
 	}
 	got := make(chan seen, 1)
 	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		got <- seen{r.Header.Clone(), body}
+		got <- seen{r.Header.Clone(), body, r.URL.RequestURI()}
 	}))
 	const source = "/pgoutbox/app"
 	p := newPublisher(t, webhook.Config{
@@ -62,13 +63,34 @@ func TestCloudEventsFormat(t *testing.T) {
 		t.Errorf("producer headers %v not carried as in the default format", r.header)
 	}
 	v := &webhook.Verifier{Secrets: [][]byte{secret}}
-	if err := v.Verify(r.header, r.body); err != nil {
+	if err := v.Verify(request(r.header, r.uri), r.body); err != nil {
 		t.Errorf("Verify: %v", err)
 	}
 	relabelled := r.header.Clone()
 	relabelled.Set("Ce-Id", "01a241ce-0000-7000-8000-000000000000")
-	if err := v.Verify(relabelled, r.body); !errors.Is(err, webhook.ErrBadSignature) {
+	if err := v.Verify(request(relabelled, r.uri), r.body); !errors.Is(err, webhook.ErrBadSignature) {
 		t.Errorf("Verify with another ce-id: %v, want ErrBadSignature", err)
+	}
+	// What v1 left unsigned: the source, the subject, the content type, the path.
+	for name, change := range map[string]func(http.Header) string{
+		"Ce-Source":    func(h http.Header) string { h.Set("Ce-Source", "/forged"); return r.uri },
+		"Ce-Subject":   func(h http.Header) string { h.Set("Ce-Subject", "order/other"); return r.uri },
+		"Content-Type": func(h http.Header) string { h.Set("Content-Type", "text/plain"); return r.uri },
+		"path":         func(http.Header) string { return "/other-tenant/hooks" },
+	} {
+		h := r.header.Clone()
+		if err := v.Verify(request(h, change(h)), r.body); !errors.Is(err, webhook.ErrBadSignature) {
+			t.Errorf("Verify with another %s: %v, want ErrBadSignature", name, err)
+		}
+	}
+	// A second value of any attribute, or of the content type or the key.
+	for _, name := range []string{"Ce-Specversion", "Ce-Id", "Ce-Source", "Ce-Type", "Ce-Subject", "Ce-Time",
+		"Ce-Pgoutboxaggtype", "Ce-Pgoutboxaggid", "Ce-Pgoutboxseq", "Ce-Pgoutboxschemaver", "Content-Type", "Idempotency-Key"} {
+		h := r.header.Clone()
+		h[name] = append([]string{"forged"}, h[name]...)
+		if err := v.Verify(request(h, r.uri), r.body); !errors.Is(err, webhook.ErrAmbiguousRequest) {
+			t.Errorf("a second %s: Verify = %v, want ErrAmbiguousRequest", name, err)
+		}
 	}
 
 	req, err := http.NewRequest(http.MethodPost, "/hooks", bytes.NewReader(r.body))

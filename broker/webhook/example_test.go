@@ -79,19 +79,27 @@ func ExampleVerifier_Verify() {
 	h.Set(broker.HeaderAggregateSequence, "1")
 	h.Set(broker.HeaderSchemaVersion, "1")
 	h.Set(broker.HeaderOccurredAt, "2025-06-01T12:00:00Z")
-	h.Set(webhook.HeaderSignature, webhook.Sign(oldKey, now, h, body))
+	h.Set("Content-Type", "application/json")
+	r := httptest.NewRequest(http.MethodPost, "/hooks/order", nil) // as a handler gets it
+	r.Header = h
+	h.Set(webhook.HeaderSignature, webhook.Sign(oldKey, now, r, body))
 
-	fmt.Println("authentic:", v.Verify(h, body))
-	fmt.Println("tampered body:", v.Verify(h, []byte(`{"total":"0.01"}`)))
+	fmt.Println("authentic:", v.Verify(r, body))
+	fmt.Println("tampered body:", v.Verify(r, []byte(`{"total":"0.01"}`)))
 
-	h.Set(webhook.HeaderSignature, webhook.Sign(newKey, now.Add(-time.Hour), h, body))
-	fmt.Println("replayed an hour later:", v.Verify(h, body))
+	h.Add(broker.HeaderAggregateID, "43")
+	fmt.Println("a second aggregate id:", v.Verify(r, body))
+	h.Set(broker.HeaderAggregateID, "42")
+
+	h.Set(webhook.HeaderSignature, webhook.Sign(newKey, now.Add(-time.Hour), r, body))
+	fmt.Println("replayed an hour later:", v.Verify(r, body))
 
 	h.Del(webhook.HeaderSignature)
-	fmt.Println("unsigned:", v.Verify(h, body))
+	fmt.Println("unsigned:", v.Verify(r, body))
 	// Output:
 	// authentic: <nil>
 	// tampered body: webhook: signature does not match
+	// a second aggregate id: webhook: ambiguous request: 2 Outbox-Aggregate-Id headers
 	// replayed an hour later: webhook: signature is too old: signed 1h0m0s ago, tolerance 5m0s
 	// unsigned: webhook: no Outbox-Signature header
 }

@@ -54,6 +54,26 @@ var signedCloudEventsHeaders = [...]string{
 	broker.CloudEventsHTTP.Prefix + broker.CEAttrTime,
 }
 
+// signedV2Headers are the headers a v2 signature covers in a request of the
+// default format, in signing order: v1's, then the body's content type and the
+// key a receiver deduplicates on.
+var signedV2Headers = append(signedHeaders[:len(signedHeaders):len(signedHeaders)],
+	"Content-Type", HeaderIdempotencyKey)
+
+// signedV2CloudEventsHeaders are the headers a v2 signature covers in a request
+// of the CloudEvents format: v1's, then the attributes v1 left out (specversion,
+// source, subject: every attribute the publisher sends is signed), the content
+// type and the key.
+var signedV2CloudEventsHeaders = append(signedCloudEventsHeaders[:len(signedCloudEventsHeaders):len(signedCloudEventsHeaders)],
+	broker.CloudEventsHTTP.Prefix+broker.CEAttrSpecVersion,
+	broker.CloudEventsHTTP.Prefix+broker.CEAttrSource,
+	broker.CloudEventsHTTP.Prefix+broker.CEAttrSubject,
+	"Content-Type", HeaderIdempotencyKey)
+
+// v2Tag opens the text a v2 signature covers, so that it can never be taken for
+// a v1 text (or a later version's).
+const v2Tag = "pgoutbox-webhook-v2"
+
 const (
 	// MinSecretLen is the shortest secret the publisher and the verifier accept: a
 	// shorter one could be guessed offline from a single signed request.
@@ -88,60 +108,77 @@ var (
 	// ErrTooNew: the signature is valid but dated further in the future than the
 	// tolerance: a sender whose clock is ahead.
 	ErrTooNew = errors.New("webhook: signature is dated in the future")
+	// ErrAmbiguousRequest: a header the signature covers (or Outbox-Signature)
+	// appears more than once, or the request carries a CloudEvents specversion
+	// header of another binding (Ce_specversion, Cloudevents_specversion) that
+	// a receiver could read in place of the signed ones.
+	ErrAmbiguousRequest = errors.New("webhook: ambiguous request")
 )
 
 var newline = []byte{'\n'}
 
-// Sign returns the value of the Outbox-Signature header for a request with body
-// and the wire headers in h, signed with secret at time t:
+// Sign returns the value of the Outbox-Signature header for the request r (its
+// method, its URL's path and query, its headers) with body, signed with secret
+// at time t:
 //
-//	t=<t as Unix seconds>,v1=<hex(HMAC-SHA256(secret, signed))>
+//	t=<t as Unix seconds>,v1=<hex(HMAC-SHA256(secret, v1 text))>,v2=<hex(HMAC-SHA256(secret, v2 text))>
 //
-// where signed is the timestamp, the seven Outbox-* contract headers and the
-// body, joined by newlines ("\n"):
+// The v2 text, the one [Verifier] checks, is these lines joined by newlines
+// ("\n"), the body last:
 //
+//	pgoutbox-webhook-v2
 //	<t>
-//	<Outbox-Event-Id>
-//	<Outbox-Event-Type>
-//	<Outbox-Aggregate-Type>
-//	<Outbox-Aggregate-Id>
-//	<Outbox-Aggregate-Sequence>
-//	<Outbox-Schema-Version>
-//	<Outbox-Occurred-At>
+//	<method> <path and query, as r.URL.RequestURI gives them>
+//	<lower-case name>:<value>     one line per signed header, in this order:
 //	<body>
 //
-// In a request of the CloudEvents format (--format cloudevents: it has a
-// Ce-Specversion header) the same positions hold Ce-Id, Ce-Type,
-// Ce-Pgoutboxaggtype, Ce-Pgoutboxaggid, Ce-Pgoutboxseq, Ce-Pgoutboxschemaver and
-// Ce-Time instead.
+// with, in the default format, Outbox-Event-Id, Outbox-Event-Type,
+// Outbox-Aggregate-Type, Outbox-Aggregate-Id, Outbox-Aggregate-Sequence,
+// Outbox-Schema-Version, Outbox-Occurred-At, Content-Type and Idempotency-Key;
+// in a request of the CloudEvents format (--format cloudevents: it has a
+// Ce-Specversion header) Ce-Id, Ce-Type, Ce-Pgoutboxaggtype, Ce-Pgoutboxaggid,
+// Ce-Pgoutboxseq, Ce-Pgoutboxschemaver, Ce-Time, Ce-Specversion, Ce-Source,
+// Ce-Subject, Content-Type and Idempotency-Key. So everything a
+// receiver acts on is signed: which event, where it comes from, how to read the
+// body, where it was sent (a receiver routing by path or tenant), and the
+// header names bind the format, so a default-format request cannot be
+// relabelled as a CloudEvent. A missing header counts as empty. Header values
+// cannot hold a newline, so the text is unambiguous. Producer headers such as
+// traceparent are not signed. The secret's bytes are used as they are (a hex
+// string is not decoded).
 //
-// A missing header counts as empty. Header values cannot hold a newline, so the
-// joined text is unambiguous. The timestamp lets a receiver refuse replays
-// ([ErrTooOld]); signing the contract headers keeps a replayed body from being
-// relabelled as another event. Producer headers such as traceparent are not
-// signed. The secret's bytes are used as they are (a hex string is not decoded).
+// v1 is the previous scheme, sent so that receivers of an earlier release keep
+// accepting events until they are upgraded; it covers the timestamp, seven
+// headers (the Outbox-* ones, or in the CloudEvents format Ce-Id, Ce-Type,
+// Ce-Pgoutboxaggtype, Ce-Pgoutboxaggid, Ce-Pgoutboxseq, Ce-Pgoutboxschemaver,
+// Ce-Time) and the body, not the source, subject, content type or path. This
+// release's Verifier ignores v1 and requires v2.
 //
-// The publisher calls Sign for every attempt; it is exported for other senders
-// and for tests of receivers.
-func Sign(secret []byte, t time.Time, h http.Header, body []byte) string {
+// The timestamp lets a receiver refuse replays ([ErrTooOld]). The publisher
+// calls Sign for every attempt; it is exported for other senders and for tests
+// of receivers.
+func Sign(secret []byte, t time.Time, r *http.Request, body []byte) string {
 	ts := t.Unix()
-	mac := signature(hmac.New(sha256.New, secret), ts, h, body)
-	return "t=" + strconv.FormatInt(ts, 10) + ",v1=" + hex.EncodeToString(mac)
+	v1 := signatureV1(hmac.New(sha256.New, secret), ts, r.Header, body)
+	v2 := signatureV2(hmac.New(sha256.New, secret), ts, r, body)
+	return "t=" + strconv.FormatInt(ts, 10) + ",v1=" + hex.EncodeToString(v1) + ",v2=" + hex.EncodeToString(v2)
 }
 
-// signedHeaderNames returns the headers a signature of h covers, the event
-// id's first: the CloudEvents attributes when h has a Ce-Specversion header.
-func signedHeaderNames(h http.Header) *[7]string {
-	if h.Get(broker.CloudEventsHTTP.Prefix+broker.CEAttrSpecVersion) != "" {
-		return &signedCloudEventsHeaders
+// isCloudEvents reports whether a request with header h is of the CloudEvents
+// format, as the publisher sends it: it has a Ce-Specversion header.
+func isCloudEvents(h http.Header) bool {
+	return len(h.Values(broker.CloudEventsHTTP.Prefix+broker.CEAttrSpecVersion)) > 0
+}
+
+// signatureV1 is the v1 scheme, sent for receivers of earlier releases.
+func signatureV1(mac hash.Hash, ts int64, h http.Header, body []byte) []byte {
+	names := &signedHeaders
+	if isCloudEvents(h) {
+		names = &signedCloudEventsHeaders
 	}
-	return &signedHeaders
-}
-
-func signature(mac hash.Hash, ts int64, h http.Header, body []byte) []byte {
 	var buf [20]byte
 	mac.Write(strconv.AppendInt(buf[:0], ts, 10))
-	for _, name := range signedHeaderNames(h) {
+	for _, name := range names {
 		mac.Write(newline)
 		_, _ = io.WriteString(mac, h.Get(name))
 	}
@@ -150,18 +187,74 @@ func signature(mac hash.Hash, ts int64, h http.Header, body []byte) []byte {
 	return mac.Sum(nil)
 }
 
+// signedV2Names returns the headers a v2 signature of a request with header h
+// covers.
+func signedV2Names(h http.Header) []string {
+	if isCloudEvents(h) {
+		return signedV2CloudEventsHeaders
+	}
+	return signedV2Headers
+}
+
+// signatureV2 is the v2 scheme (see [Sign]).
+func signatureV2(mac hash.Hash, ts int64, r *http.Request, body []byte) []byte {
+	var buf [20]byte
+	_, _ = io.WriteString(mac, v2Tag)
+	mac.Write(newline)
+	mac.Write(strconv.AppendInt(buf[:0], ts, 10))
+	mac.Write(newline)
+	_, _ = io.WriteString(mac, r.Method+" "+r.URL.RequestURI())
+	for _, name := range signedV2Names(r.Header) {
+		mac.Write(newline)
+		_, _ = io.WriteString(mac, strings.ToLower(name)+":"+r.Header.Get(name))
+	}
+	mac.Write(newline)
+	mac.Write(body)
+	return mac.Sum(nil)
+}
+
+// checkUnambiguous returns an error wrapping ErrAmbiguousRequest when a header of
+// a request with header h that the signature covers, or Outbox-Signature,
+// appears more than once (a receiver could read the unsigned one), or when h has
+// a CloudEvents specversion header of a binding other than HTTP's Ce- (a
+// receiver decoding any binding, as inbox.Decode does, could take the event
+// from unsigned headers). Errors name the header, never its values.
+func checkUnambiguous(h http.Header) error {
+	for _, name := range append([]string{HeaderSignature}, signedV2Names(h)...) {
+		if n := len(h.Values(name)); n > 1 {
+			return fmt.Errorf("%w: %d %s headers", ErrAmbiguousRequest, n, name)
+		}
+	}
+	// A specversion header under another prefix marks a CloudEvent to whoever
+	// looks for it there: refuse it, whether or not Ce-Specversion is present.
+	ceSpec := http.CanonicalHeaderKey(broker.CloudEventsHTTP.Prefix + broker.CEAttrSpecVersion)
+	var other string
+	broker.CloudEventsPrefix(func(name string) string {
+		if key := http.CanonicalHeaderKey(name); key != ceSpec && other == "" && len(h.Values(key)) > 0 {
+			other = key
+		}
+		return ""
+	})
+	if other != "" {
+		return fmt.Errorf("%w: a %s header (another CloudEvents binding's)", ErrAmbiguousRequest, other)
+	}
+	return nil
+}
+
 // parsedSignature is an Outbox-Signature header.
 type parsedSignature struct {
 	t  int64
 	v1 [][]byte
+	v2 [][]byte
 }
 
 // parseSignature parses an Outbox-Signature header: comma-separated key=value
 // fields without spaces, exactly one t (Unix seconds, decimal, no sign or leading
-// zero) and one to eight v1 (64 lowercase hex digits: several while a sender
-// signs with an old and a new secret). Other keys (lowercase letters and digits)
-// with printable values are ignored, for later signature schemes. Errors wrap
-// ErrMalformedSignature and never quote the header.
+// zero) and one to eight v2 (64 lowercase hex digits: several while a sender
+// signs with an old and a new secret), and as many v1 of the same form. Other
+// keys (lowercase letters and digits) with printable values are ignored, for
+// later signature schemes. Errors wrap ErrMalformedSignature and never quote the
+// header.
 func parseSignature(s string) (parsedSignature, error) {
 	var p parsedSignature
 	malformed := func(format string, args ...any) (parsedSignature, error) {
@@ -188,15 +281,19 @@ func parseSignature(s string) (parsedSignature, error) {
 			}
 			p.t, _ = strconv.ParseInt(value, 10, 64) // cannot fail: at most 12 digits
 			haveT = true
-		case "v1":
-			if len(p.v1) == maxSignatures {
-				return malformed("more than %d signatures", maxSignatures)
+		case "v1", "v2":
+			list := &p.v1
+			if key == "v2" {
+				list = &p.v2
+			}
+			if len(*list) == maxSignatures {
+				return malformed("more than %d %s signatures", maxSignatures, key)
 			}
 			if len(value) != 2*sha256.Size || !isLowerHex(value) {
-				return malformed("v1 is not %d lowercase hex digits", 2*sha256.Size)
+				return malformed("%s is not %d lowercase hex digits", key, 2*sha256.Size)
 			}
 			mac, _ := hex.DecodeString(value) // cannot fail: checked above
-			p.v1 = append(p.v1, mac)
+			*list = append(*list, mac)
 		default:
 			for i := 0; i < len(value); i++ {
 				if value[i] <= ' ' || value[i] >= 0x7f {
@@ -208,8 +305,10 @@ func parseSignature(s string) (parsedSignature, error) {
 	switch {
 	case !haveT:
 		return malformed("no timestamp (t=)")
-	case len(p.v1) == 0:
-		return malformed("no v1 signature")
+	case len(p.v2) == 0:
+		// A v1 alone is an earlier release's sender (or a v2 stripped off): v1
+		// does not cover what a receiver acts on, so it is not enough.
+		return malformed("no v2 signature")
 	}
 	return p, nil
 }
@@ -297,33 +396,41 @@ func (v *Verifier) check() (time.Duration, error) {
 	return v.Tolerance, nil
 }
 
-// Verify checks the Outbox-Signature header of a request with header h and body:
-// a signature made with one of the secrets over the body and the signed headers
-// (see [Sign]), with a timestamp within the tolerance. A request whose
-// Idempotency-Key differs from its (signed) Outbox-Event-Id is refused too, since
-// the key is what a receiver deduplicates on. Signatures are compared in constant
-// time.
+// Verify checks the Outbox-Signature header of the request r with body (r's
+// own body is not read): a v2 signature made with one of the secrets over the
+// body, the method, the path and query, and the signed headers (see [Sign]),
+// with a timestamp within the tolerance. A request in which a signed header
+// appears twice, or that carries another CloudEvents binding's specversion
+// header, is refused ([ErrAmbiguousRequest]), and so is one whose
+// Idempotency-Key differs from its (signed) event id, since the key is what a
+// receiver deduplicates on. A v1 signature alone is refused: it does not cover
+// the CloudEvents source, subject, content type or path. Signatures are
+// compared in constant time.
 //
 // It returns nil for an authentic request, or an error wrapping one of
-// ErrNoSignature, ErrMalformedSignature, ErrBadSignature, ErrTooOld or
-// ErrTooNew; or a configuration error (no secrets, a short one).
-func (v *Verifier) Verify(h http.Header, body []byte) error {
+// ErrNoSignature, ErrMalformedSignature, ErrAmbiguousRequest, ErrBadSignature,
+// ErrTooOld or ErrTooNew; or a configuration error (no secrets, a short one).
+func (v *Verifier) Verify(r *http.Request, body []byte) error {
 	tolerance, err := v.check()
 	if err != nil {
 		return err
 	}
+	h := r.Header
 	values := h.Values(HeaderSignature)
-	switch {
-	case len(values) == 0 || len(values) == 1 && values[0] == "":
+	if len(values) == 0 || len(values) == 1 && values[0] == "" {
 		return ErrNoSignature
-	case len(values) > 1:
-		return fmt.Errorf("%w: %d %s headers", ErrMalformedSignature, len(values), HeaderSignature)
+	}
+	if err := checkUnambiguous(h); err != nil {
+		return err
 	}
 	sig, err := parseSignature(values[0])
 	if err != nil {
 		return err
 	}
-	idHeader := signedHeaderNames(h)[0]
+	idHeader := broker.HeaderEventID
+	if isCloudEvents(h) {
+		idHeader = broker.CloudEventsHTTP.Prefix + broker.CEAttrID
+	}
 	if key := h.Get(HeaderIdempotencyKey); key != "" && key != h.Get(idHeader) {
 		return fmt.Errorf("%w: %s differs from %s", ErrBadSignature, HeaderIdempotencyKey, idHeader)
 	}
@@ -331,8 +438,8 @@ func (v *Verifier) Verify(h http.Header, body []byte) error {
 	// authentic, only stale.
 	matched := false
 	for _, secret := range v.Secrets {
-		want := signature(hmac.New(sha256.New, secret), sig.t, h, body)
-		for _, got := range sig.v1 {
+		want := signatureV2(hmac.New(sha256.New, secret), sig.t, r, body)
+		for _, got := range sig.v2 {
 			matched = hmac.Equal(want, got) || matched
 		}
 	}
@@ -378,7 +485,7 @@ func (v *Verifier) Handler(next http.Handler) http.Handler {
 			http.Error(w, "cannot read the request body", http.StatusBadRequest)
 			return
 		}
-		if err := v.Verify(r.Header, body); err != nil {
+		if err := v.Verify(r, body); err != nil {
 			http.Error(w, err.Error(), http.StatusUnauthorized)
 			return
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,32 +15,36 @@ func TestParseSignature(t *testing.T) {
 	t.Parallel()
 	mac := strings.Repeat("0123456789abcdef", 4)
 	for s, ok := range map[string]bool{
-		"t=1700000000,v1=" + mac:                                 true,
-		"v1=" + mac + ",t=1700000000":                            true,
-		"t=0,v1=" + mac:                                          true,
-		"t=1700000000,v1=" + mac + ",v1=" + mac:                  true,
-		"t=1700000000,v1=" + mac + ",v2=abc+/=":                  true, // a later scheme, ignored
-		"":                                                       false,
-		"t=1700000000":                                           false,
-		"v1=" + mac:                                              false,
-		"t=1700000000,v1=" + mac[:62]:                            false,
-		"t=1700000000,v1=" + strings.ToUpper(mac):                false,
-		"t=1700000000,v1=" + mac[:62] + "zz":                     false,
-		"t=01700000000,v1=" + mac:                                false,
-		"t=-1,v1=" + mac:                                         false,
-		"t=+1,v1=" + mac:                                         false,
-		"t=1e9,v1=" + mac:                                        false,
-		"t=1700000000000,v1=" + mac:                              false, // 13 digits
-		"t=1,t=2,v1=" + mac:                                      false,
-		"t=1700000000, v1=" + mac:                                false,
-		"t=1700000000,v1=" + mac + ",":                           false,
-		"t=1700000000,,v1=" + mac:                                false,
-		"t=1700000000,v1=" + mac + ",x=":                         false,
-		"t=1700000000,v1=" + mac + ",X=1":                        false,
-		"t=1700000000,v1=" + mac + ",x=a b":                      false,
-		"t=1700000000,v1=" + mac + ",x=\x00":                     false,
-		"t=1700000000,v1=" + mac + strings.Repeat(",v1="+mac, 8): false, // 9 signatures
-		"t=1700000000,v1=" + mac + ",x=" + strings.Repeat("a", 1000): false,
+		"t=1700000000,v2=" + mac:                                     true,
+		"v2=" + mac + ",t=1700000000":                                true,
+		"t=0,v2=" + mac:                                              true,
+		"t=1700000000,v1=" + mac + ",v2=" + mac:                      true, // as the publisher sends it
+		"t=1700000000,v2=" + mac + ",v2=" + mac:                      true,
+		"t=1700000000,v2=" + mac + ",v3=abc+/=":                      true,  // a later scheme, ignored
+		"t=1700000000,v1=" + mac:                                     false, // v1 alone: no longer enough
+		"t=1700000000,v1=" + mac + ",v1=" + mac:                      false,
+		"":                                                           false,
+		"t=1700000000":                                               false,
+		"v2=" + mac:                                                  false,
+		"t=1700000000,v2=" + mac[:62]:                                false,
+		"t=1700000000,v2=" + strings.ToUpper(mac):                    false,
+		"t=1700000000,v2=" + mac[:62] + "zz":                         false,
+		"t=1700000000,v1=" + mac[:62] + ",v2=" + mac:                 false, // a malformed v1 is malformed still
+		"t=01700000000,v2=" + mac:                                    false,
+		"t=-1,v2=" + mac:                                             false,
+		"t=+1,v2=" + mac:                                             false,
+		"t=1e9,v2=" + mac:                                            false,
+		"t=1700000000000,v2=" + mac:                                  false, // 13 digits
+		"t=1,t=2,v2=" + mac:                                          false,
+		"t=1700000000, v2=" + mac:                                    false,
+		"t=1700000000,v2=" + mac + ",":                               false,
+		"t=1700000000,,v2=" + mac:                                    false,
+		"t=1700000000,v2=" + mac + ",x=":                             false,
+		"t=1700000000,v2=" + mac + ",X=1":                            false,
+		"t=1700000000,v2=" + mac + ",x=a b":                          false,
+		"t=1700000000,v2=" + mac + ",x=\x00":                         false,
+		"t=1700000000,v2=" + mac + strings.Repeat(",v2="+mac, 8):     false, // 9 signatures
+		"t=1700000000,v2=" + mac + ",x=" + strings.Repeat("a", 1000): false,
 	} {
 		_, err := parseSignature(s)
 		if (err == nil) != ok {
@@ -78,6 +83,7 @@ func FuzzParseSignature(f *testing.F) {
 	mac := strings.Repeat("0123456789abcdef", 4)
 	for _, s := range []string{
 		"t=1700000000,v1=" + mac, "v1=" + mac + ",t=0", "t=1,v1=" + mac + ",v1=" + mac, "t=1,v1=" + mac + ",v0=x",
+		"t=1700000000,v2=" + mac, "t=1700000000,v1=" + mac + ",v2=" + mac, "t=1,v2=" + mac + ",v2=" + mac,
 		"", ",", "=", "t=", "t=1,v1=", "t=1,v1=" + mac[:63] + "G", "t=00,v1=" + mac, "t=1;v1=" + mac, "t=1,v1=" + mac + ", ",
 	} {
 		f.Add(s, []byte(`{"a":1}`))
@@ -93,22 +99,23 @@ func FuzzParseSignature(f *testing.F) {
 			if p.t < 0 || !strings.Contains(","+s+",", ",t="+strconv.FormatInt(p.t, 10)+",") {
 				t.Fatalf("accepted %q: timestamp %d does not print back", s, p.t)
 			}
-			if len(p.v1) < 1 || len(p.v1) > maxSignatures {
-				t.Fatalf("accepted %q with %d signatures", s, len(p.v1))
+			if len(p.v2) < 1 || len(p.v2) > maxSignatures || len(p.v1) > maxSignatures {
+				t.Fatalf("accepted %q with %d v2 and %d v1 signatures", s, len(p.v2), len(p.v1))
 			}
-			for _, m := range p.v1 {
-				if len(m) != 32 || !strings.Contains(s, "v1="+hex.EncodeToString(m)) {
+			for _, m := range p.v2 {
+				if len(m) != 32 || !strings.Contains(s, "v2="+hex.EncodeToString(m)) {
 					t.Fatalf("accepted %q: signature %x is not in it", s, m)
 				}
 			}
 		} else if !errors.Is(err, ErrMalformedSignature) {
 			t.Fatalf("parseSignature(%q): %v does not wrap ErrMalformedSignature", s, err)
 		}
-		h := http.Header{HeaderSignature: {s}}
-		if err := v.Verify(h, body); err == nil {
+		r := httptest.NewRequest(http.MethodPost, "/hooks", nil)
+		r.Header = http.Header{HeaderSignature: {s}}
+		if err := v.Verify(r, body); err == nil {
 			// Only a signature made with the key verifies.
-			want := Sign(key, time.Unix(p.t, 0), h, body)
-			if !strings.Contains(s, want[strings.IndexByte(want, ',')+1:]) {
+			want := Sign(key, time.Unix(p.t, 0), r, body)
+			if !strings.Contains(s, want[strings.Index(want, ",v2="):]) {
 				t.Fatalf("Verify accepted %q for body %q", s, body)
 			}
 		}

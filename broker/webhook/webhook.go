@@ -624,7 +624,7 @@ func (p *Publisher) post(ctx context.Context, m *broker.Message, target string, 
 	req.Header = header
 	if len(p.cfg.Secret) > 0 {
 		// Signed as late as possible, so the timestamp is the time of sending.
-		header.Set(HeaderSignature, Sign(p.cfg.Secret, p.now(), header, m.Payload))
+		header.Set(HeaderSignature, Sign(p.cfg.Secret, p.now(), req, m.Payload))
 	}
 	// net/http itself may send the request again on a fresh connection when a
 	// kept-alive one turns out dead: it counts a request with an Idempotency-Key

@@ -25,14 +25,14 @@ import (
 func TestRequest(t *testing.T) {
 	t.Parallel()
 	type seen struct {
-		method, path string
-		header       http.Header
-		body         []byte
+		method, path, uri string
+		header            http.Header
+		body              []byte
 	}
 	got := make(chan seen, 1)
 	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		got <- seen{r.Method, r.URL.EscapedPath(), r.Header.Clone(), body}
+		got <- seen{r.Method, r.URL.EscapedPath(), r.URL.RequestURI(), r.Header.Clone(), body}
 	}))
 	p := newPublisher(t, webhook.Config{
 		URL:    srv.URL() + "/hooks/{aggregate_type}/{event_type}/v{schema_version}?tenant=acme",
@@ -80,7 +80,7 @@ func TestRequest(t *testing.T) {
 		}
 	}
 	v := webhook.Verifier{Secrets: [][]byte{secret}}
-	if err := v.Verify(r.header, r.body); err != nil {
+	if err := v.Verify(request(r.header, r.uri), r.body); err != nil {
 		t.Errorf("Verify: %v (signature %q)", err, r.header.Get(webhook.HeaderSignature))
 	}
 }

@@ -304,6 +304,11 @@ func (c *Cluster) stop() error {
 	return errors.Join(errs...)
 }
 
+// LogFile is the path of the server's log (its stderr, with the settings'
+// log_min_messages), for tests that look for what the server logged. It is
+// removed by Stop.
+func (c *Cluster) LogFile() string { return c.logf.Name() }
+
 // Pid is the postmaster's process id.
 func (c *Cluster) Pid() int { return c.cmd.Process.Pid }
 
