@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,10 +43,22 @@ type env struct {
 	t                   *testing.T
 	pool                *pgxpool.Pool
 	schema              string
+	h                   *adminhttp.Handler
 	srv                 *httptest.Server
 	aliceKey, victorKey string
 	admin               *admin.Admin
+	clock               *clock
 }
+
+// clock is the time the console's sign-in limiter reads: tests move it.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+
+func (c *clock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.now = c.now.Add(d) }
 
 func newEnv(t *testing.T, mod func(*adminhttp.Config)) *env {
 	t.Helper()
@@ -59,6 +72,8 @@ func newEnv(t *testing.T, mod func(*adminhttp.Config)) *env {
 	}
 	h, err := adminhttp.New(pool, cfg)
 	pgtest.Must(t, err, "console")
+	e.h, e.clock = h, &clock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	adminhttp.SetClock(h, e.clock.Now)
 	e.srv = httptest.NewServer(h)
 	t.Cleanup(e.srv.Close)
 	e.admin, err = admin.New(pool, &admin.Config{Schema: schema})
@@ -172,10 +187,12 @@ func TestAuthenticationRequired(t *testing.T) {
 		"token as query only":       {"X-Token": e.aliceKey},
 	}
 	for name, hdr := range bad {
+		e.clock.Add(time.Hour) // past the sign-in limits: this test is about each answer
 		if r := e.do("GET", "/", "", "", nil, hdr); r.status != http.StatusUnauthorized {
 			t.Errorf("%s: status %d, want 401", name, r.status)
 		}
 	}
+	e.clock.Add(time.Hour)
 	if r := e.do("GET", "/?token="+e.aliceKey, "", "", nil, nil); r.status != http.StatusUnauthorized {
 		t.Errorf("token in the query: %d, want 401", r.status)
 	}
@@ -682,7 +699,8 @@ func TestReplayPreviewAndRun(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
-	good := []adminhttp.User{{Name: "a", Role: adminhttp.RoleOperator, Secret: "0123456789abcdef"}}
+	const tok = "0123456789abcdef0123456789abcdef"
+	good := []adminhttp.User{{Name: "a", Role: adminhttp.RoleOperator, Secret: tok}}
 	for name, c := range map[string]adminhttp.Config{
 		"nobody":           {},
 		"both":             {NoAuth: true, Users: good},
@@ -695,16 +713,19 @@ func TestConfigValidate(t *testing.T) {
 		"base path":        {NoAuth: true, BasePath: "console"},
 		"base path chars":  {NoAuth: true, BasePath: `/c"onsole`},
 		"short secret":     {Users: []adminhttp.User{{Name: "a", Role: adminhttp.RoleViewer, Secret: "short"}}},
-		"bad name":         {Users: []adminhttp.User{{Name: "a b", Role: adminhttp.RoleViewer, Secret: "0123456789abcdef"}}},
-		"no role":          {Users: []adminhttp.User{{Name: "a", Secret: "0123456789abcdef"}}},
-		"same secret":      {Users: append(good, adminhttp.User{Name: "b", Role: adminhttp.RoleViewer, Secret: "0123456789abcdef"})},
+		"16-byte secret":   {Users: []adminhttp.User{{Name: "a", Role: adminhttp.RoleViewer, Secret: "0123456789abcdef"}}},
+		"sha256 of test": {Users: []adminhttp.User{{Name: "a", Role: adminhttp.RoleViewer,
+			Secret: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"}}},
+		"bad name":    {Users: []adminhttp.User{{Name: "a b", Role: adminhttp.RoleViewer, Secret: tok}}},
+		"no role":     {Users: []adminhttp.User{{Name: "a", Secret: tok}}},
+		"same secret": {Users: append(good, adminhttp.User{Name: "b", Role: adminhttp.RoleViewer, Secret: tok})},
 	} {
 		err := c.Validate()
 		if err == nil {
 			t.Errorf("%s: valid", name)
 			continue
 		}
-		if strings.Contains(err.Error(), "0123456789abcdef") {
+		if strings.Contains(err.Error(), "0123456789abcdef") || strings.Contains(err.Error(), "9f86d0") {
 			t.Errorf("%s: the error shows the secret: %v", name, err)
 		}
 	}
@@ -718,9 +739,9 @@ func TestConfigValidate(t *testing.T) {
 
 func TestParseUsers(t *testing.T) {
 	t.Parallel()
-	const s1, s2 = "first-secret-0123456789", "second-secret-0123456789"
-	users, err := adminhttp.ParseUsers(strings.NewReader("# console users\n\nalice operator " + s1 + "\n  bob   viewer   sha256:" +
-		"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n"))
+	const s1, s2 = "first-secret-0123456789abcdefghij", "second-secret-0123456789abcdefghi"
+	users, err := adminhttp.ParseUsers(strings.NewReader("# console users\n\nalice operator " + s1 + "\n  bob   viewer   " +
+		bobHash + "\n"))
 	if err != nil || len(users) != 2 || users[0].Role != adminhttp.RoleOperator || users[1].Name != "bob" {
 		t.Fatalf("%+v %v", users, err)
 	}
@@ -732,6 +753,14 @@ func TestParseUsers(t *testing.T) {
 		"bad role":      "alice admin " + s1,
 		"short secret":  "alice viewer short",
 		"bad hash":      "alice viewer sha256:abc",
+		"sha256 hash":   "alice viewer sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+		"SHA256 hash":   "alice viewer SHA256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+		"31-byte token": "alice viewer " + s1[:31],
+		"few runes":     "alice viewer " + strings.Repeat("ab", 20),
+		"cheap bcrypt":  "alice viewer " + cheapHash,
+		"cut bcrypt":    "alice viewer " + bobHash[:59],
+		"argon2id":      "alice viewer $argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHRzYWx0$aGFzaGhhc2hoYXNoaGFzaGhhc2hoYXNoaGFzaA",
+		"dollar":        "alice viewer $" + s1,
 		"bad name":      "al<ice viewer " + s1,
 		"long name":     strings.Repeat("a", 65) + " viewer " + s1,
 		"twice":         "alice viewer " + s1 + "\nalice operator " + s2,
