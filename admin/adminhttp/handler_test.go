@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"html"
 	"io"
 	"log/slog"
@@ -25,6 +27,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/visible"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(pgtest.Main(m)) }
@@ -796,5 +799,68 @@ func TestQueryTimeout(t *testing.T) {
 	pgtest.Must(t, tx.Rollback(ctx), "rollback")
 	if r := e.get("/?schema=" + e.schema); r.status != http.StatusOK {
 		t.Fatalf("after the lock: %d", r.status)
+	}
+}
+
+// hidden are producer texts whose characters steer a terminal or the
+// direction of text, or cannot be seen.
+var hidden = []string{
+	"invoice\u202egpj.exe",              // right-to-left override
+	"\u2066admin\u2069 \u2067x\u2068",   // isolates
+	"zero\u200bwidth\u200c\u200d\ufeff", // zero-width
+	"\u200e\u200fmarks\u061c",           // direction marks
+	"\x1b]0;pwned\x07\x1b[2J",           // terminal escapes
+	"c1\u009b31m\u0085",                 // C1 controls
+	"line\u2028sep\u2029",               // separators
+	"forged\nline\rback\tabs",           // C0 layout
+}
+
+// Hidden characters in every field an event has are shown as visible escapes
+// on every page, in the live regions and in the JSON answer.
+func TestHiddenCharactersShownEscaped(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	var ids []pgoutbox.UUID
+	for i, h := range hidden {
+		id := e.enqueue("order", fmt.Sprintf("o%d", i), 2, map[string]int{"n": 1})[0]
+		_, err := e.pool.Exec(context.Background(), "UPDATE "+e.table("outbox_events")+` SET aggregate_type = $2, aggregate_id = $3,
+		  event_type = $3, headers = jsonb_build_object('x-note', $2::text, $2::text, 'v'), payload = jsonb_build_object('note', $2::text),
+		  claimed_by = $2 WHERE aggregate_id = $4 OR event_id = $1`, id, "t"+h, fmt.Sprintf("a%d%s", i, h), fmt.Sprintf("o%d", i))
+		pgtest.Must(t, err, "seed %d", i)
+		e.quarantine(id, "error: "+h)
+		ids = append(ids, id)
+	}
+	pages := []string{"/", "/?partial=1", "/lanes", "/lanes?partial=1", "/dlq", "/relays", "/relays?partial=1", "/api/overview",
+		"/replay?preview=1&all=1"}
+	for _, id := range ids {
+		pages = append(pages, "/event?id="+id.String())
+	}
+	for _, p := range pages {
+		sep := "?"
+		if strings.Contains(p, "?") {
+			sep = "&"
+		}
+		r := e.get(p + sep + "schema=" + e.schema)
+		if r.status != http.StatusOK {
+			t.Fatalf("%s: %d", p, r.status)
+		}
+		for _, c := range r.body {
+			if c != '\n' && c != '\t' && visible.Hidden(c) {
+				t.Errorf("%s holds %U raw", p, c)
+				break
+			}
+		}
+	}
+	ev := e.get("/event?schema=" + e.schema + "&id=" + ids[0].String()).body
+	if !strings.Contains(ev, `invoice\u202egpj.exe`) {
+		t.Errorf("the event page does not show the override as an escape:\n%s", ev)
+	}
+	api := e.get("/api/overview?schema=" + e.schema).body
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(api), &doc); err != nil {
+		t.Fatalf("the JSON answer is not JSON: %v", err)
+	}
+	if !strings.Contains(fmt.Sprint(doc), "invoice\u202egpj.exe") {
+		t.Errorf("the JSON answer lost the producer's text: %s", api)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
+	"io"
 	"io/fs"
 	"log/slog"
 	"math"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/internal/redact"
+	"github.com/pgoutbox/pgoutbox/internal/visible"
 )
 
 // view is what every page template gets.
@@ -121,7 +123,9 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name string, st
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
-	_, _ = w.Write(buf.Bytes())
+	// Producers' text shows its hidden characters (bidi overrides, zero-width,
+	// controls) as escapes, wherever a template put it; the templates hold none.
+	_, _ = io.WriteString(w, visible.Block(buf.String()))
 }
 
 // fail answers with err's status and a page saying what went wrong. Errors
@@ -138,11 +142,15 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, v *view, err erro
 	h.render(w, r, "error", status, v)
 }
 
+// writeJSON answers v as JSON, its strings' hidden characters as \u escapes
+// (the same strings to a JSON reader, inert on a terminal).
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+	_, _ = io.WriteString(w, visible.Block(buf.String()))
 }
 
 // secretHeaderWords mark a header whose value the console masks; redact's
