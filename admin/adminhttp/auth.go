@@ -479,10 +479,7 @@ func (a *authenticator) remember(mac [sha256.Size]byte, i int) {
 	if _, ok := a.known[mac]; ok {
 		return
 	}
-	if len(a.knownAge) >= maxKnown {
-		delete(a.known, a.knownAge[0])
-		a.knownAge = a.knownAge[1:]
-	}
+	a.knownAge = evictOldest(a.known, a.knownAge, maxKnown)
 	a.known[mac] = i
 	a.knownAge = append(a.knownAge, mac)
 }

@@ -11,11 +11,14 @@
 // Security Policy allows no inline script.
 //
 // Security: every request is authenticated (HTTP basic auth or a bearer token,
-// Config.Users) unless Config.NoAuth says otherwise; viewers only read,
-// operators act. Every state change is a POST that must carry the user's
-// anti-forgery token and pass net/http's CrossOriginProtection (Sec-Fetch-Site
-// and Origin checks). Payloads are shown escaped, and headers whose names look
-// like secrets are masked.
+// Config.Users; failed sign-ins are rate-limited) unless Config.NoAuth says
+// otherwise; viewers only read, operators act. Every state change is a POST
+// that must carry the user's anti-forgery token and pass net/http's
+// CrossOriginProtection (Sec-Fetch-Site and Origin checks), needs a reason
+// (audited), and runs once: its form carries a submit-once token, and the
+// answer redirects to a result page that shows the server's record of what
+// happened. Producers' text is shown escaped, hidden characters visibly, and
+// credential-looking headers are masked (internal/redact).
 package adminhttp
 
 import (
@@ -47,6 +50,7 @@ type Handler struct {
 	pool  *pgxpool.Pool
 	cfg   Config
 	auth  *authenticator
+	acts  *actions
 	pages map[string]*template.Template
 	mux   *http.ServeMux
 	root  http.Handler
@@ -77,7 +81,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{pool: pool, cfg: c, auth: newAuthenticator(&c, key, time.Now), pages: pages, mux: http.NewServeMux(), log: c.Logger}
+	h := &Handler{pool: pool, cfg: c, auth: newAuthenticator(&c, key, time.Now), acts: newActions(), pages: pages, mux: http.NewServeMux(), log: c.Logger}
 	h.routes()
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

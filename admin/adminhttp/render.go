@@ -33,6 +33,7 @@ type view struct {
 	Role    string
 	CanAct  bool
 	CSRF    string
+	Once    string // the submit-once token of the page's forms
 	Refresh int64 // milliseconds
 	Live    string
 	Notice  string
@@ -101,6 +102,9 @@ func (h *Handler) link(p, schema string, kv ...string) string {
 	return u
 }
 
+// formPages are the pages with forms that change state.
+var formPages = map[string]bool{"event": true, "dlq": true, "replay": true}
+
 // render writes page name with v; a request with partial=1 gets only the page's
 // live region (the script's refresh).
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, name string, status int, v *view) {
@@ -114,6 +118,9 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name string, st
 	tmpl := "layout.html"
 	if r.URL.Query().Get("partial") == "1" && t.Lookup("live") != nil {
 		tmpl = "live"
+	}
+	if v.CanAct && formPages[name] && tmpl == "layout.html" {
+		v.Once = h.acts.issue(p.name)
 	}
 	var buf bytes.Buffer
 	if err := t.ExecuteTemplate(&buf, tmpl, v); err != nil {
@@ -153,36 +160,20 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_, _ = io.WriteString(w, visible.Block(buf.String()))
 }
 
-// secretHeaderWords mark a header whose value the console masks; redact's
-// secret names are masked too.
-var secretHeaderWords = []string{"authorization", "auth", "token", "secret", "password", "passwd", "key", "cookie",
-	"signature", "sig", "credential", "session", "private", "bearer", "jwt", "otp", "pin"}
-
-// secretHeader reports whether a header's name looks like it holds a secret.
-func secretHeader(name string) bool {
-	n := strings.ToLower(name)
-	for _, w := range secretHeaderWords {
-		if strings.Contains(n, w) {
-			return true
-		}
-	}
-	return redact.IsSecretName(name)
-}
-
 // header is one event header as shown.
 type header struct {
 	Name, Value string
 	Masked      bool
 }
 
+// showHeaders returns the headers as shown to every user: the values of
+// secret-named headers and the credentials in any value hidden by
+// redact.Header, the project's one idea of what a secret looks like.
 func showHeaders(m map[string]string) []header {
 	out := make([]header, 0, len(m))
 	for k, v := range m {
-		if secretHeader(k) {
-			out = append(out, header{Name: k, Value: "(masked)", Masked: true})
-		} else {
-			out = append(out, header{Name: k, Value: v})
-		}
+		shown, masked := redact.Header(k, v)
+		out = append(out, header{Name: k, Value: shown, Masked: masked})
 	}
 	slicesSortFunc(out)
 	return out
