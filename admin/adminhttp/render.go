@@ -34,7 +34,7 @@ type view struct {
 	CanAct  bool
 	CSRF    string
 	Once    string // the submit-once token of the page's forms
-	Refresh int64 // milliseconds
+	Refresh int64  // milliseconds
 	Live    string
 	Notice  string
 	Body    any
