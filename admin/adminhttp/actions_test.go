@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
 	"github.com/pgoutbox/pgoutbox/broker/null"
@@ -25,6 +26,26 @@ func actionsEnv(t *testing.T) (*env, *null.Publisher, string) {
 		c.Users = append(c.Users, adminhttp.User{Name: "olga", Role: adminhttp.RoleOperator, Secret: olgaKey})
 	})
 	return e, pub, olgaKey
+}
+
+// headForm is an actionsEnv holding one aggregate of two events whose head is
+// quarantined, with alice's anti-forgery token and a submit-once token of the
+// head's page.
+type headForm struct {
+	*env
+	pub        *null.Publisher
+	olgaKey    string
+	ids        []pgoutbox.UUID
+	csrf, once string
+}
+
+func newHeadForm(t *testing.T) *headForm {
+	t.Helper()
+	e, pub, olgaKey := actionsEnv(t)
+	ids := e.enqueue("order", "o1", 2, map[string]int{"n": 1})
+	e.quarantine(ids[0], "boom")
+	return &headForm{env: e, pub: pub, olgaKey: olgaKey, ids: ids, csrf: e.csrfOf("alice", e.aliceKey),
+		once: e.onceOf("/event?schema=" + e.schema + "&id=" + ids[0].String())}
 }
 
 func (e *env) auditCount(action string) int {
@@ -53,12 +74,9 @@ func location(e *env, r resp) string {
 // the one run's recorded outcome.
 func TestActionsHappenOnce(t *testing.T) {
 	t.Parallel()
-	e, pub, _ := actionsEnv(t)
-	ids := e.enqueue("order", "o1", 2, map[string]int{"n": 1})
-	e.quarantine(ids[0], "boom")
-	tok := e.csrfOf("alice", e.aliceKey)
-	page := "/event?schema=" + e.schema + "&id=" + ids[0].String()
-	skip := url.Values{"csrf": {tok}, "schema": {e.schema}, "id": {ids[0].String()}, "reason": {"poison"}, "once": {e.onceOf(page)}}
+	h := newHeadForm(t)
+	e, pub, ids, tok := h.env, h.pub, h.ids, h.csrf
+	skip := url.Values{"csrf": {tok}, "schema": {e.schema}, "id": {ids[0].String()}, "reason": {"poison"}, "once": {h.once}}
 	first := location(e, e.do("POST", "/dlq/skip", "alice", e.aliceKey, skip, nil))
 	for i := range 3 {
 		if again := location(e, e.do("POST", "/dlq/skip", "alice", e.aliceKey, skip, nil)); again != first {
@@ -115,9 +133,8 @@ func TestActionsHappenOnce(t *testing.T) {
 // made up, another user's, or left over from a restart.
 func TestActionsRefuseBadFormTokens(t *testing.T) {
 	t.Parallel()
-	e, pub, olgaKey := actionsEnv(t)
-	id := e.enqueue("order", "o1", 1, map[string]int{"n": 1})[0]
-	e.quarantine(id, "boom")
+	h := newHeadForm(t)
+	e, pub, olgaKey, id := h.env, h.pub, h.olgaKey, h.ids[0]
 	page := "/event?schema=" + e.schema + "&id=" + id.String()
 	olgas := e.do("GET", page, "olga", olgaKey, nil, nil)
 	_, after, _ := strings.Cut(olgas.body, `name="once" value="`)
@@ -153,11 +170,8 @@ func TestActionsRefuseBadFormTokens(t *testing.T) {
 // want of one can be sent again with one.
 func TestActionsNeedAReason(t *testing.T) {
 	t.Parallel()
-	e, pub, _ := actionsEnv(t)
-	ids := e.enqueue("order", "o1", 2, map[string]int{"n": 1})
-	e.quarantine(ids[0], "boom")
-	tok := e.csrfOf("alice", e.aliceKey)
-	once := e.onceOf("/event?schema=" + e.schema + "&id=" + ids[0].String())
+	h := newHeadForm(t)
+	e, pub, ids, tok, once := h.env, h.pub, h.ids, h.csrf, h.once
 	for _, reason := range []string{"", "  ", "\t\n", "\r\n "} {
 		for _, path := range []string{"/dlq/retry", "/dlq/skip", "/replay"} {
 			form := url.Values{"csrf": {tok}, "schema": {e.schema}, "id": {ids[0].String()}, "all": {"1"}, "once": {once}}
@@ -203,12 +217,10 @@ func TestActionsNeedAReason(t *testing.T) {
 // link shows none.
 func TestNoticesComeFromTheRecord(t *testing.T) {
 	t.Parallel()
-	e, _, olgaKey := actionsEnv(t)
-	ids := e.enqueue("order", "o1", 2, map[string]int{"n": 1})
-	e.quarantine(ids[0], "boom")
-	tok := e.csrfOf("alice", e.aliceKey)
-	done := location(e, e.do("POST", "/dlq/retry", "alice", e.aliceKey, url.Values{"csrf": {tok}, "schema": {e.schema},
-		"id": {ids[0].String()}, "reason": {"r"}, "once": {e.onceOf("/event?schema=" + e.schema + "&id=" + ids[0].String())}}, nil))
+	h := newHeadForm(t)
+	e, olgaKey, ids := h.env, h.olgaKey, h.ids
+	done := location(e, e.do("POST", "/dlq/retry", "alice", e.aliceKey, url.Values{"csrf": {h.csrf}, "schema": {e.schema},
+		"id": {ids[0].String()}, "reason": {"r"}, "once": {h.once}}, nil))
 	u, _ := url.Parse(done)
 	result := u.Query().Get("result")
 	ev := "/event?schema=" + e.schema + "&id=" + ids[1].String()
