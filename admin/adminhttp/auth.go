@@ -120,7 +120,9 @@ func ParseUsers(r io.Reader) ([]User, error) {
 		}
 		role, err := ParseRole(f[1])
 		if err != nil {
-			return nil, fmt.Errorf("%w: line %d: %w", ErrUsers, n, err)
+			// Not ParseRole's error: it quotes the field, which may be a secret
+			// on a line whose fields are out of order.
+			return nil, fmt.Errorf("%w: line %d: the second field must be viewer or operator (\"<name> <role> <secret>\")", ErrUsers, n)
 		}
 		users = append(users, User{Name: f[0], Role: role, Secret: f[2]})
 		if err := checkUsers(users); err != nil {
@@ -177,7 +179,9 @@ func HashPassword(password []byte) (string, error) {
 	return string(h), nil
 }
 
-// checkUsers validates users; its errors never hold a secret.
+// checkUsers validates users; its errors never hold a secret, nor a name
+// (on a line whose fields are out of order the name may be the secret): a user
+// is named by its position.
 func checkUsers(users []User) error {
 	if len(users) > maxUsers {
 		return fmt.Errorf("%w: more than %d users", ErrUsers, maxUsers)
@@ -189,18 +193,18 @@ func checkUsers(users []User) error {
 			return fmt.Errorf("%w: user %d: name must be 1 to %d letters, digits and ._@-", ErrUsers, i+1, maxUserName)
 		}
 		if names[u.Name] {
-			return fmt.Errorf("%w: user %q appears twice", ErrUsers, u.Name)
+			return fmt.Errorf("%w: user %d has the name of an earlier user", ErrUsers, i+1)
 		}
 		names[u.Name] = true
 		if u.Role != RoleViewer && u.Role != RoleOperator {
-			return fmt.Errorf("%w: user %q: role must be viewer or operator", ErrUsers, u.Name)
+			return fmt.Errorf("%w: user %d: role must be viewer or operator", ErrUsers, i+1)
 		}
 		s, err := parseSecret(u.Secret)
 		if err != nil {
-			return fmt.Errorf("%w: user %q: %w", ErrUsers, u.Name, err)
+			return fmt.Errorf("%w: user %d: %w", ErrUsers, i+1, err)
 		}
 		if secrets[s.id] {
-			return fmt.Errorf("%w: user %q has the secret of another user; each needs its own", ErrUsers, u.Name)
+			return fmt.Errorf("%w: user %d has the secret of an earlier user; each needs its own", ErrUsers, i+1)
 		}
 		secrets[s.id] = true
 	}

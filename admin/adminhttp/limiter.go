@@ -253,7 +253,7 @@ func clientKey(remoteAddr string) string {
 	if err != nil {
 		return "unknown"
 	}
-	ip = ip.Unmap()
+	ip = ip.Unmap().WithZone("")
 	if ip.Is6() {
 		p, _ := ip.Prefix(64)
 		return p.String()
