@@ -60,8 +60,10 @@ type User struct {
 	Role Role
 	// Secret is how the user proves who they are, in one of two forms:
 	//
-	//   - a bcrypt hash ("$2b$12$…", cost 10 to 14) of the user's password, as
-	//     pgoutbox console hash-password prints it: the user signs in with HTTP
+	//   - a slow salted hash of the user's password: bcrypt ("$2b$12$…", cost 10
+	//     to 14) as pgoutbox console hash-password prints it, or argon2id as a
+	//     PHC string ("$argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>", 19 to 128
+	//     MiB, at least 2 passes under 38 MiB): the user signs in with HTTP
 	//     basic auth, name and password;
 	//   - a generated token of at least 32 characters (openssl rand -hex 16, or
 	//     longer), no white space or control characters, at least 8 different
@@ -84,8 +86,6 @@ const (
 	BcryptCost = 12
 
 	minTokenRunes = 8 // different characters in a token
-	minBcryptCost = 10
-	maxBcryptCost = 14
 	maxUserName   = 64
 	maxUsers      = 10000
 	maxUsersFile  = 1 << 20
@@ -225,8 +225,8 @@ func validName(s string) bool {
 
 // secret is a user's secret as the console checks it.
 type secret struct {
-	token  [sha256.Size]byte // SHA-256 of a token; zero for a hash
-	bcrypt []byte            // a bcrypt hash; nil for a token
+	token [sha256.Size]byte // SHA-256 of a token; zero for a hash
+	hash  passwordHash      // a password's hash; nil for a token
 	// id stands for the secret in the anti-forgery token and in the check
 	// that users have different secrets.
 	id [sha256.Size]byte
@@ -243,17 +243,21 @@ func parseSecret(s string) (secret, error) {
 	case strings.HasPrefix(strings.ToLower(s), "sha256:"):
 		return out, errFastHash
 	case strings.HasPrefix(s, "$2a$") || strings.HasPrefix(s, "$2b$") || strings.HasPrefix(s, "$2y$"):
-		cost, err := bcrypt.Cost([]byte(s))
-		if err != nil || len(s) != 60 {
-			return out, errors.New("a bcrypt secret must be a whole hash as pgoutbox console hash-password prints it (60 characters)")
+		h, err := parseBcrypt(s)
+		if err != nil {
+			return out, err
 		}
-		if cost < minBcryptCost || cost > maxBcryptCost {
-			return out, fmt.Errorf("a bcrypt secret must have a cost in %d..%d, this one has %d", minBcryptCost, maxBcryptCost, cost)
+		out.hash, out.id = h, sha256.Sum256([]byte(s))
+		return out, nil
+	case strings.HasPrefix(s, "$argon2id$"):
+		h, err := parseArgon2id(s)
+		if err != nil {
+			return out, err
 		}
-		out.bcrypt, out.id = []byte(s), sha256.Sum256([]byte(s))
+		out.hash, out.id = h, sha256.Sum256([]byte(s))
 		return out, nil
 	case strings.HasPrefix(s, "$"):
-		return out, errors.New("a secret starting with $ must be a bcrypt hash ($2b$…); other hash formats are not read")
+		return out, errors.New("a secret starting with $ must be a bcrypt ($2b$…) or argon2id ($argon2id$…) hash; other formats are not read")
 	case len(s) < MinTokenBytes:
 		return out, fmt.Errorf("a token must be at least %d characters (openssl rand -hex 16), or give a bcrypt hash of a password (pgoutbox console hash-password)", MinTokenBytes)
 	case strings.ContainsFunc(s, unprintable):
@@ -296,24 +300,25 @@ type account struct {
 const (
 	// maxAuthHeader bounds the Authorization header read.
 	maxAuthHeader = 4096
-	// maxHashChecks bounds the bcrypt checks running at once (each takes a CPU
-	// for tens of milliseconds); the others wait their turn.
+	// maxHashChecks bounds the password-hash checks running at once (each
+	// takes a CPU for tens of milliseconds, an argon2id one up to 128 MiB); the
+	// others wait their turn.
 	maxHashChecks = 2
 	// maxKnown caps the credentials remembered as checked.
 	maxKnown = 1024
 )
 
 // authenticator checks credentials: tokens in constant time over every
-// account, bcrypt hashes one at a time per CPU; the credentials of a request
-// it has accepted are remembered (as a keyed MAC) so that a browser's next
-// requests do not each cost a bcrypt check. Failures go through the limiter.
+// account, password hashes at most maxHashChecks at once; the credentials of a
+// request it has accepted are remembered (as a keyed MAC) so that a browser's
+// next requests do not each cost a hash check. Failures go through the limiter.
 type authenticator struct {
 	noAuth   *principal
 	accounts []account
 	csrfKey  []byte
 	limits   *limiter
-	hashing  chan struct{} // a slot per bcrypt check running
-	dummy    []byte        // bcrypt hash checked for unknown names, so they cost the same
+	hashing  chan struct{} // a slot per hash check running
+	dummy    passwordHash  // checked for unknown names, so they cost the same
 
 	mu       sync.Mutex
 	known    map[[sha256.Size]byte]int // MAC of a credential → account index
@@ -330,8 +335,8 @@ func newAuthenticator(c *Config, key []byte, now func() time.Time) *authenticato
 	for _, u := range c.Users {
 		s, _ := parseSecret(u.Secret) // checked by Validate
 		a.accounts = append(a.accounts, account{name: u.Name, role: u.Role, secret: s})
-		if s.bcrypt != nil && a.dummy == nil {
-			a.dummy = s.bcrypt
+		if s.hash != nil && a.dummy == nil {
+			a.dummy = s.hash
 		}
 	}
 	return a
@@ -427,24 +432,24 @@ func (a *authenticator) check(ctx context.Context, name, secret string) int {
 	if name == "" { // a bearer token: any token account
 		found := -1
 		for i := range a.accounts {
-			if s := &a.accounts[i].secret; s.bcrypt == nil && subtle.ConstantTimeCompare(got[:], s.token[:]) == 1 {
+			if s := &a.accounts[i].secret; s.hash == nil && subtle.ConstantTimeCompare(got[:], s.token[:]) == 1 {
 				found = i
 			}
 		}
 		return found
 	}
 	i := a.byName(name)
-	if i >= 0 && a.accounts[i].secret.bcrypt == nil {
+	if i >= 0 && a.accounts[i].secret.hash == nil {
 		if subtle.ConstantTimeCompare(got[:], a.accounts[i].secret.token[:]) == 1 {
 			return i
 		}
 		return -1
 	}
-	hash := a.dummy // an unknown name costs a bcrypt check too
+	hash := a.dummy // an unknown name costs a hash check too
 	if i >= 0 {
-		hash = a.accounts[i].secret.bcrypt
+		hash = a.accounts[i].secret.hash
 	}
-	if hash == nil || len(secret) > 72 {
+	if hash == nil {
 		return -1
 	}
 	select {
@@ -452,9 +457,9 @@ func (a *authenticator) check(ctx context.Context, name, secret string) int {
 	case <-ctx.Done():
 		return -1
 	}
-	err := bcrypt.CompareHashAndPassword(hash, []byte(secret))
+	ok := hash.matches([]byte(secret))
 	<-a.hashing
-	if err != nil || i < 0 {
+	if !ok || i < 0 {
 		return -1
 	}
 	return i

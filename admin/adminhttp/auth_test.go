@@ -3,7 +3,9 @@ package adminhttp_test
 import (
 	"bufio"
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -15,10 +17,25 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/crypto/argon2"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
 )
+
+// carolPassword signs in as carol, whose users' line holds carolHash, its
+// argon2id hash at the least cost the console accepts; argon2idPHC writes one.
+var (
+	carolPassword = "carol-" + secret()
+	carolHash     = argon2idPHC(carolPassword, 19*1024, 2, 1)
+)
+
+func argon2idPHC(password string, memory, time uint32, lanes uint8) string {
+	salt := []byte(secret())[:16]
+	key := argon2.IDKey([]byte(password), salt, time, memory, lanes, 32)
+	return fmt.Sprintf("$argon2id$v=19$m=%d,t=%d,p=%d$%s$%s", memory, time, lanes,
+		base64.RawStdEncoding.EncodeToString(salt), base64.RawStdEncoding.EncodeToString(key))
+}
 
 // bobPassword signs in as bob, whose users' line holds bobHash, its bcrypt
 // hash at the least cost the console accepts; cheapHash has a cost it refuses.
@@ -163,24 +180,28 @@ func TestSignInLimitClientAddresses(t *testing.T) {
 	e.wantStatus("another unparsable address", e.signIn("elsewhere", "Bearer "+e.victorKey), http.StatusTooManyRequests)
 }
 
-// A bcrypt secret signs in with its user's name and password only.
-func TestSignInWithBcryptHash(t *testing.T) {
+// A password hash (bcrypt or argon2id) signs in with its user's name and
+// password only.
+func TestSignInWithPasswordHash(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *adminhttp.Config) {
-		c.Users = append(c.Users, adminhttp.User{Name: "bob", Role: adminhttp.RoleViewer, Secret: bobHash})
+		c.Users = append(c.Users, adminhttp.User{Name: "bob", Role: adminhttp.RoleViewer, Secret: bobHash},
+			adminhttp.User{Name: "carol", Role: adminhttp.RoleOperator, Secret: carolHash})
 	})
 	for name, auth := range map[string]string{
-		"the password as a bearer token":  "Bearer " + bobPassword,
-		"the hash as a bearer token":      "Bearer " + bobHash,
-		"the hash as the password":        basic("bob", bobHash),
-		"a wrong password":                basic("bob", bobPassword+"x"),
-		"bob's password for alice":        basic("alice", bobPassword),
-		"bob's password for an unknown":   basic("carol", bobPassword),
-		"the password cut":                basic("bob", bobPassword[:len(bobPassword)-1]),
-		"the password over 72 bytes":      basic("bob", bobPassword+strings.Repeat("x", 72)),
-		"alice's token as bob's password": basic("bob", e.aliceKey),
-		"the password in another scheme":  "Digest " + bobPassword,
-		"bob with an empty password":      basic("bob", ""),
+		"the password as a bearer token": "Bearer " + bobPassword,
+		"the hash as a bearer token":     "Bearer " + bobHash,
+		"the hash as the password":       basic("bob", bobHash),
+		"a wrong password":               basic("bob", bobPassword+"x"),
+		"bob's password for alice":       basic("alice", bobPassword),
+		"bob's password for an unknown":  basic("dave", bobPassword),
+		"the password over 72 bytes":     basic("bob", bobPassword+strings.Repeat("x", 72)),
+		"the password in another scheme": "Digest " + bobPassword,
+		"bob with an empty password":     basic("bob", ""),
+		"carol's password for bob":       basic("bob", carolPassword),
+		"bob's password for carol":       basic("carol", bobPassword),
+		"carol's password cut":           basic("carol", carolPassword[:len(carolPassword)-1]),
+		"carol's as a bearer token":      "Bearer " + carolPassword,
 	} {
 		e.clock.Add(time.Hour)
 		if r := e.signIn("192.0.2.1:1", auth); r.Code != http.StatusUnauthorized {
@@ -189,6 +210,48 @@ func TestSignInWithBcryptHash(t *testing.T) {
 	}
 	e.wantStatus("bob", e.signIn("192.0.2.1:1", basic("bob", bobPassword)), http.StatusOK)
 	e.wantStatus("bob again (remembered)", e.signIn("192.0.2.2:1", basic("bob", bobPassword)), http.StatusOK)
+	e.wantStatus("carol", e.signIn("192.0.2.1:1", basic("carol", carolPassword)), http.StatusOK)
+}
+
+// argon2id hashes outside the bounds, or not in PHC form, are refused.
+func TestArgon2idSecretsBounded(t *testing.T) {
+	t.Parallel()
+	good := strings.Split(carolHash, "$")
+	with := func(i int, v string) string {
+		p := append([]string(nil), good...)
+		p[i] = v
+		return strings.Join(p, "$")
+	}
+	for name, s := range map[string]string{
+		"4 MiB":            with(3, "m=4096,t=3,p=1"),
+		"1 pass at 19 MiB": with(3, "m=19456,t=1,p=1"),
+		"1 GiB":            with(3, "m=1048576,t=2,p=1"),
+		"100 passes":       with(3, "m=19456,t=100,p=1"),
+		"no lanes":         with(3, "m=19456,t=2,p=0"),
+		"256 lanes":        with(3, "m=19456,t=2,p=256"),
+		"extra parameter":  with(3, "m=19456,t=2,p=1,x=1"),
+		"leading zero":     with(3, "m=019456,t=2,p=1"),
+		"order":            with(3, "t=2,m=19456,p=1"),
+		"version 16":       with(2, "v=16"),
+		"padded salt":      with(4, good[4]+"=="),
+		"short salt":       with(4, "c2FsdA"),
+		"bad base64":       with(5, "!!!!"+good[5][4:]),
+		"short hash":       with(5, "aGFzaA"),
+		"argon2i":          with(1, "argon2i"),
+		"one part more":    carolHash + "$x",
+		"one part less":    strings.Join(good[:5], "$"),
+		"argon2d":          with(1, "argon2d"),
+	} {
+		_, err := adminhttp.ParseUsers(strings.NewReader("carol viewer " + s))
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if strings.Contains(err.Error(), good[5]) || strings.Contains(err.Error(), good[4]) {
+			t.Errorf("%s: the error quotes the hash: %v", name, err)
+		}
+	}
+	if _, err := adminhttp.ParseUsers(strings.NewReader("carol viewer " + with(3, "m=47104,t=1,p=1"))); err != nil {
+		t.Errorf("46 MiB and 1 pass (OWASP's other setting): %v", err)
+	}
 }
 
 // syncBuf is a log buffer the handler writes while the test reads.
@@ -343,7 +406,7 @@ func TestHashPassword(t *testing.T) {
 // ParseUsers never quotes a secret in its errors, whatever the file.
 func FuzzParseUsers(f *testing.F) {
 	for _, s := range []string{"alice operator 0123456789abcdef0123456789abcdef", "a viewer sha256:" + strings.Repeat("ab", 32),
-		"a viewer " + bobHash, "a viewer " + cheapHash, "a viewer $2b$99$" + strings.Repeat("x", 53), "a viewer $argon2id$v=19$x",
+		"a viewer " + bobHash, "a viewer " + cheapHash, "a viewer " + carolHash, "a viewer $2b$99$" + strings.Repeat("x", 53), "a viewer $argon2id$v=19$x",
 		"a b c\nd e f", "# c\n\na operator " + strings.Repeat("z", 31), "a operator aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
 		"alice 0123456789abcdef0123456789abcdef operator", "0123456789abcdef0123456789abcdef operator alice",
 		"x aaaaaaaaaaaaaaaa aaaaaaaaaaaaaaaa"} {

@@ -51,12 +51,13 @@ slots. The pages refresh themselves; every action is recorded in the operator au
 Sign-in is required: HTTP basic auth or a bearer token, checked against the users
 of --auth-file or of the environment variable PGOUTBOX_CONSOLE_USERS, one a line:
 
-  # name   role       secret: a generated token of 32+ characters, or a bcrypt hash
+  # name   role       secret: a generated token of 32+ characters, or a password hash
   alice    operator   <the output of: openssl rand -hex 24>
   bob      viewer     <the output of: pgoutbox console hash-password>
 
-A token signs in as a bearer token (or the basic-auth password); a bcrypt hash with
-basic auth, the user's name and password. sha256: hashes are refused. Failed sign-ins
+A token signs in as a bearer token (or the basic-auth password); a password hash
+(bcrypt as hash-password prints it, or argon2id as a PHC string) with basic auth, the
+user's name and password. sha256: hashes are refused. Failed sign-ins
 are limited per client, per user and in all (429 with Retry-After past the limits)
 and logged at most once a minute per client, with their count.
 
