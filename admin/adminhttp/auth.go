@@ -239,34 +239,32 @@ var errFastHash = errors.New("a sha256: secret is refused: a fast hash lets a sh
 // parseSecret reads a User.Secret; its errors never hold the secret.
 func parseSecret(s string) (secret, error) {
 	var out secret
+	var parse func(string) (passwordHash, error)
 	switch {
 	case strings.HasPrefix(strings.ToLower(s), "sha256:"):
 		return out, errFastHash
 	case strings.HasPrefix(s, "$2a$") || strings.HasPrefix(s, "$2b$") || strings.HasPrefix(s, "$2y$"):
-		h, err := parseBcrypt(s)
-		if err != nil {
-			return out, err
-		}
-		out.hash, out.id = h, sha256.Sum256([]byte(s))
-		return out, nil
+		parse = parseBcrypt
 	case strings.HasPrefix(s, "$argon2id$"):
-		h, err := parseArgon2id(s)
-		if err != nil {
-			return out, err
-		}
-		out.hash, out.id = h, sha256.Sum256([]byte(s))
-		return out, nil
+		parse = parseArgon2id
 	case strings.HasPrefix(s, "$"):
 		return out, errors.New("a secret starting with $ must be a bcrypt ($2b$…) or argon2id ($argon2id$…) hash; other formats are not read")
 	case len(s) < MinTokenBytes:
-		return out, fmt.Errorf("a token must be at least %d characters (openssl rand -hex 16), or give a bcrypt hash of a password (pgoutbox console hash-password)", MinTokenBytes)
+		return out, fmt.Errorf("a token must be at least %d characters (openssl rand -hex 16), or give a password hash (pgoutbox console hash-password)", MinTokenBytes)
 	case strings.ContainsFunc(s, unprintable):
 		return out, errors.New("a token must not hold white space or control characters")
 	case distinct(s) < minTokenRunes:
 		return out, fmt.Errorf("a token must hold at least %d different characters: generate it (openssl rand -hex 16)", minTokenRunes)
+	default:
+		out.token = sha256.Sum256([]byte(s))
+		out.id = out.token
+		return out, nil
 	}
-	out.token = sha256.Sum256([]byte(s))
-	out.id = out.token
+	h, err := parse(s)
+	if err != nil {
+		return out, err
+	}
+	out.hash, out.id = h, sha256.Sum256([]byte(s))
 	return out, nil
 }
 

@@ -40,7 +40,7 @@ func (h bcryptHash) matches(password []byte) bool {
 	return len(password) <= 72 && bcrypt.CompareHashAndPassword(h, password) == nil
 }
 
-func parseBcrypt(s string) (bcryptHash, error) {
+func parseBcrypt(s string) (passwordHash, error) {
 	cost, err := bcrypt.Cost([]byte(s))
 	if err != nil || len(s) != 60 {
 		return nil, errors.New("a bcrypt secret must be a whole hash as pgoutbox console hash-password prints it (60 characters)")
@@ -67,7 +67,7 @@ var errArgon2 = errors.New(`an argon2id secret must be a PHC string "$argon2id$v
 
 // parseArgon2id reads the PHC string of an argon2id hash, as the argon2 CLI,
 // libsodium and most libraries write it.
-func parseArgon2id(s string) (*argon2idHash, error) {
+func parseArgon2id(s string) (passwordHash, error) {
 	parts := strings.Split(s, "$")
 	if len(parts) != 6 || parts[0] != "" || parts[1] != "argon2id" || parts[2] != "v=19" {
 		return nil, errArgon2
