@@ -374,3 +374,55 @@ func TestBrowserScreenshots(t *testing.T) {
 		screenshot(t, ctx, p.name)
 	}
 }
+
+// An operator previews a replay and runs it; the form sent twice at once, sent
+// again, and its result page reloaded publish the events once; the result
+// page shows the recorded outcome each time, and a crafted link no notice.
+// A right-to-left override in an event shows as an escape.
+func TestBrowserReplayOnceAndTruthfulNotices(t *testing.T) {
+	t.Parallel()
+	pub := &null.Publisher{}
+	e := newEnv(t, func(c *adminhttp.Config) { c.Publisher, c.Destination = pub, "null://" })
+	ids := e.enqueue("order", "o-1", 3, map[string]string{"note": "invoice\u202egpj.exe"})
+	_, err := e.pool.Exec(context.Background(), "UPDATE "+e.table("outbox_events")+" SET published_at = now()")
+	pgtest.Must(t, err, "publish")
+	ctx := browser(t, basicAuth("alice", e.aliceKey))
+	base := e.srv.URL
+
+	run(t, ctx, "preview", navigate(base+"/replay?preview=1&aggregate_type=order&schema="+e.schema, "#run-replay")...)
+	run(t, ctx, "reason", chromedp.SendKeys(chromedp.CSS("#replay-reason"), "consumer rebuilt"))
+	statuses := eval[string](t, ctx, `(() => { const f = document.querySelector("#run-replay");
+		const send = () => fetch(f.action, {method: "POST", body: new URLSearchParams(new FormData(f))}).then(r => r.status);
+		return Promise.all([send(), send()]).then(s => s.sort().join(",")); })()`)
+	if statuses != "200,200" && statuses != "200,409" {
+		t.Errorf("the form sent twice at once: %s", statuses)
+	}
+	run(t, ctx, "send it again", chromedp.Click(chromedp.CSS("#replay-run")))
+	waitJS(t, ctx, "the result page", `document.querySelector("#replay-result") !== null`, 20*time.Second)
+	for i := range 2 {
+		if n := text(t, ctx, ".notice"); !strings.Contains(n, "Replayed: 3 of 3") {
+			t.Errorf("result page (%d): notice %q", i, n)
+		}
+		run(t, ctx, "reload", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#replay-result")))
+	}
+	if pub.Published() != 3 {
+		t.Errorf("published %d, want 3: the replay ran more than once", pub.Published())
+	}
+	entries, err := e.admin.Audit(context.Background(), 10)
+	pgtest.Must(t, err, "audit")
+	if len(entries) != 1 || entries[0].Action != admin.ActionReplay || entries[0].Reason != "consumer rebuilt" {
+		t.Errorf("audit: %+v", entries)
+	}
+
+	for _, p := range []string{"/dlq?done=skip&n=5&schema=" + e.schema, "/replay?result=forged&schema=" + e.schema} {
+		run(t, ctx, p, navigate(base+p, "main")...)
+		if n := eval[int](t, ctx, `document.querySelectorAll(".notice, #replay-result").length`); n != 0 {
+			t.Errorf("%s shows a notice", p)
+		}
+	}
+	run(t, ctx, "event", navigate(base+"/event?schema="+e.schema+"&id="+ids[0].String(), "#payload")...)
+	if !eval[bool](t, ctx, `document.querySelector("#payload").textContent.indexOf("invoice\\u202egpj.exe") >= 0 &&
+		document.body.innerText.indexOf("\u202e") < 0`) {
+		t.Errorf("the override is not shown as an escape: %s", text(t, ctx, "#payload"))
+	}
+}

@@ -2,6 +2,7 @@ package adminhttp_test
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log"
 	"net/http"
@@ -30,7 +31,10 @@ func ExampleNew() {
 	}
 	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
 
-	users, err := adminhttp.ParseUsers(strings.NewReader("ops operator correct-horse-battery-staple\n"))
+	// A generated token: at least 32 characters (openssl rand -hex 16). Or a
+	// bcrypt hash of a password, as pgoutbox console hash-password prints it.
+	token := rand.Text() + rand.Text()
+	users, err := adminhttp.ParseUsers(strings.NewReader("ops operator " + token + "\n"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -43,10 +47,10 @@ func ExampleNew() {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
-	for _, token := range []string{"", "correct-horse-battery-staple"} {
+	for _, bearer := range []string{"", token} {
 		req, _ := http.NewRequest("GET", srv.URL+"/console/", nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
 		}
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -11,11 +11,14 @@
 // Security Policy allows no inline script.
 //
 // Security: every request is authenticated (HTTP basic auth or a bearer token,
-// Config.Users) unless Config.NoAuth says otherwise; viewers only read,
-// operators act. Every state change is a POST that must carry the user's
-// anti-forgery token and pass net/http's CrossOriginProtection (Sec-Fetch-Site
-// and Origin checks). Payloads are shown escaped, and headers whose names look
-// like secrets are masked.
+// Config.Users; failed sign-ins are rate-limited) unless Config.NoAuth says
+// otherwise; viewers only read, operators act. Every state change is a POST
+// that must carry the user's anti-forgery token and pass net/http's
+// CrossOriginProtection (Sec-Fetch-Site and Origin checks), needs a reason
+// (audited), and runs once: its form carries a submit-once token, and the
+// answer redirects to a result page that shows the server's record of what
+// happened. Producers' text is shown escaped, hidden characters visibly, and
+// credential-looking headers are masked (internal/redact).
 package adminhttp
 
 import (
@@ -29,7 +32,9 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -45,6 +50,7 @@ type Handler struct {
 	pool  *pgxpool.Pool
 	cfg   Config
 	auth  *authenticator
+	acts  *actions
 	pages map[string]*template.Template
 	mux   *http.ServeMux
 	root  http.Handler
@@ -75,7 +81,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{pool: pool, cfg: c, auth: newAuthenticator(&c, key), pages: pages, mux: http.NewServeMux(), log: c.Logger}
+	h := &Handler{pool: pool, cfg: c, auth: newAuthenticator(&c, key, time.Now), acts: newActions(), pages: pages, mux: http.NewServeMux(), log: c.Logger}
 	h.routes()
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -159,11 +165,15 @@ type ctxKey struct{}
 
 func (h *Handler) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p := h.auth.authenticate(r)
-		if p == nil {
-			if r.Header.Get("Authorization") != "" {
-				h.log.Warn("console: sign-in refused", slog.String("remote", r.RemoteAddr), slog.String("path", r.URL.Path))
-			}
+		p, res, wait := h.auth.authenticate(r)
+		switch res {
+		case authLimited:
+			// The limiter logs these, aggregated; the credentials were not checked.
+			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, (wait+time.Second-1)/time.Second))))
+			http.Error(w, "too many failed sign-ins: try again later", http.StatusTooManyRequests)
+			return
+		case authNone, authFailed:
+			// Failures are logged by the limiter, aggregated per client.
 			w.Header().Set("WWW-Authenticate", `Basic realm="pgoutbox console", charset="UTF-8"`)
 			http.Error(w, "sign in: HTTP basic auth or a bearer token", http.StatusUnauthorized)
 			return

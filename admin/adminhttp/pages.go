@@ -280,19 +280,16 @@ func (h *Handler) dlq(w http.ResponseWriter, r *http.Request) {
 		b.Events = append(b.Events, eventRow{Event: e, Link: h.link("/event", schema, "id", e.ID.String())})
 	}
 	v.Body = b
-	v.Notice = doneNotice(r)
+	v.Notice = h.notice(r)
 	h.render(w, r, "dlq", http.StatusOK, v)
 }
 
-// doneNotice says what the action that redirected here did; only fixed texts
-// and a number, whatever the query says.
-func doneNotice(r *http.Request) string {
-	n, _ := strconv.Atoi(r.URL.Query().Get("n"))
-	switch r.URL.Query().Get("done") {
-	case "retry":
-		return fmt.Sprintf("Retried %d event(s): the relays take them at once.", n)
-	case "skip":
-		return fmt.Sprintf("Skipped %d event(s): their lanes move on; the skip is in the audit.", n)
+// notice is the notice of the action whose result page r is: the server's
+// record of what it did, found by the opaque id the redirect carried, and only
+// for the user who ran it. A link can show nothing else.
+func (h *Handler) notice(r *http.Request) string {
+	if o := h.acts.outcome(r.URL.Query().Get("result"), who(r).name); o != nil {
+		return o.notice
 	}
 	return ""
 }
@@ -338,21 +335,23 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 			b.Lane = append(b.Lane, eventRow{Event: l, Link: h.link("/event", schema, "id", l.ID.String())})
 		}
 	}
-	v.Title, v.Body, v.Notice = "Event "+e.ID.String(), b, doneNotice(r)
+	v.Title, v.Body, v.Notice = "Event "+e.ID.String(), b, h.notice(r)
 	h.render(w, r, "event", http.StatusOK, v)
 }
 
-// back returns where an action redirects: the event page for one event, else
-// the dead-letter list.
-func (h *Handler) back(schema string, ids []pgoutbox.UUID, done string, n int) string {
-	if len(ids) == 1 {
-		return h.link("/event", schema, "id", ids[0].String(), "done", done, "n", strconv.Itoa(n))
+// back returns the result page of an action on ids: the event page for one
+// event, else the dead-letter list, with the outcome's id.
+func (h *Handler) back(schema string, ids []pgoutbox.UUID) func(string) string {
+	return func(result string) string {
+		if len(ids) == 1 {
+			return h.link("/event", schema, "id", ids[0].String(), "result", result)
+		}
+		return h.link("/dlq", schema, "result", result)
 	}
-	return h.link("/dlq", schema, "done", done, "n", strconv.Itoa(n))
 }
 
 func (h *Handler) retry(w http.ResponseWriter, r *http.Request) {
-	h.deadLetterAction(w, r, "Retry", "retry", "retried", false,
+	h.deadLetterAction(w, r, "Retry", "retry", "Retried %d event(s): the relays take them at once; the retry is in the audit.",
 		func(ctx context.Context, a *admin.Admin, ids []pgoutbox.UUID, reason, actor string) (int, error) {
 			done, err := a.RetryEvents(ctx, admin.RetryRequest{IDs: ids, Reason: reason, Actor: actor})
 			return len(done), err
@@ -360,17 +359,26 @@ func (h *Handler) retry(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) skip(w http.ResponseWriter, r *http.Request) {
-	h.deadLetterAction(w, r, "Skip", "skip", "skipped", true,
+	h.deadLetterAction(w, r, "Skip", "skip", "Skipped %d event(s): their lanes move on; the skip is in the audit.",
 		func(ctx context.Context, a *admin.Admin, ids []pgoutbox.UUID, reason, actor string) (int, error) {
 			done, err := a.Skip(ctx, admin.SkipRequest{IDs: ids, Reason: reason, Actor: actor})
 			return len(done), err
 		})
 }
 
-// deadLetterAction reads the form of a retry or a skip (the events' ids, and a
-// reason, which a skip requires), runs act as the signed-in user, and goes back
-// to the page the operator came from.
-func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title, verb, done string, needReason bool,
+// reasonOf reads the reason every action needs: it is recorded in the audit.
+func reasonOf(r *http.Request, verb string) (string, error) {
+	reason, err := field(r, "reason", admin.MaxAuditText)
+	if err == nil && reason == "" {
+		err = badInput("a %s needs a reason: it is recorded in the audit", verb)
+	}
+	return reason, err
+}
+
+// deadLetterAction reads the form of a retry or a skip (the events' ids and a
+// reason), runs act once as the signed-in user, and redirects to the result
+// page, whose notice (done, with the count) comes from the record of the run.
+func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title, verb, done string,
 	act func(ctx context.Context, a *admin.Admin, ids []pgoutbox.UUID, reason, actor string) (int, error)) {
 	schema, all, a, err := h.schemaOf(r)
 	v := &view{Title: title, Nav: "dlq", Schema: schema, Schemas: all}
@@ -380,27 +388,41 @@ func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title
 		ids, err = idsOf(r, "id")
 	}
 	if err == nil {
-		reason, err = field(r, "reason", admin.MaxAuditText)
+		reason, err = reasonOf(r, verb)
 	}
-	switch {
-	case err != nil:
-	case len(ids) == 0:
+	if err == nil && len(ids) == 0 {
 		err = badInput("choose the events to %s", verb)
-	case needReason && reason == "":
-		err = badInput("a %s needs a reason: it is recorded in the audit", verb)
 	}
 	if err != nil {
 		h.fail(w, r, v, err)
 		return
 	}
 	p := who(r)
+	tok := r.PostForm.Get("once")
+	if prev, err := h.acts.begin(tok, p.name); err != nil || prev != nil {
+		h.again(w, r, v, prev, err)
+		return
+	}
 	n, err := act(r.Context(), a, ids, reason, p.actor)
+	if err != nil {
+		h.acts.abort(tok) // the action's transaction changed nothing
+		h.fail(w, r, v, err)
+		return
+	}
+	h.log.Info("console: "+verb+" dead letters", slog.String("actor", p.actor), slog.String("schema", schema), slog.Int("events", n))
+	url := h.acts.finish(tok, &outcome{user: p.name, notice: fmt.Sprintf(done, n)}, h.back(schema, ids))
+	http.Redirect(w, r, url, http.StatusSeeOther)
+}
+
+// again answers a form submitted a second time: the first submission's result
+// page, or why it cannot run.
+func (h *Handler) again(w http.ResponseWriter, r *http.Request, v *view, prev *outcome, err error) {
 	if err != nil {
 		h.fail(w, r, v, err)
 		return
 	}
-	h.log.Info("console: "+done+" dead letters", slog.String("actor", p.actor), slog.String("schema", schema), slog.Int("events", n))
-	http.Redirect(w, r, h.back(schema, ids, verb, n), http.StatusSeeOther)
+	h.log.Info("console: a form submitted again; its action ran once", slog.String("user", who(r).name), slog.String("path", r.URL.Path))
+	http.Redirect(w, r, prev.url, http.StatusSeeOther)
 }
 
 // ---- replay ----
@@ -489,6 +511,12 @@ func (h *Handler) replayPage(w http.ResponseWriter, r *http.Request) {
 	}
 	b := &replayBody{Form: map[string]string{}, CanPublish: h.cfg.Publisher != nil, Destination: h.cfg.Destination}
 	v.Body = b
+	if o := h.acts.outcome(r.URL.Query().Get("result"), who(r).name); o != nil && o.replay != nil {
+		// The result page of a replay: what the run recorded, nothing run again.
+		b.Form, b.Result, b.Failed, v.Notice = o.replay.form, &o.replay.result, o.replay.failed, o.notice
+		h.render(w, r, "replay", http.StatusOK, v)
+		return
+	}
 	if r.URL.Query().Get("preview") != "1" {
 		h.render(w, r, "replay", http.StatusOK, v)
 		return
@@ -529,12 +557,18 @@ func (h *Handler) replayRun(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, "replay", http.StatusBadRequest, v)
 		return
 	}
-	reason, err := field(r, "reason", admin.MaxAuditText)
+	reason, err := reasonOf(r, "replay")
 	if err != nil {
-		h.fail(w, r, v, err)
+		_, b.Failed = errStatus(err)
+		h.render(w, r, "replay", http.StatusBadRequest, v)
 		return
 	}
 	p := who(r)
+	tok := r.PostForm.Get("once")
+	if prev, err := h.acts.begin(tok, p.name); err != nil || prev != nil {
+		h.again(w, r, v, prev, err)
+		return
+	}
 	// The replay runs while the page waits; closing it cancels the replay,
 	// whose outcome the audit records either way.
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.ReplayTimeout)
@@ -543,16 +577,19 @@ func (h *Handler) replayRun(w http.ResponseWriter, r *http.Request) {
 		Reason: reason, Actor: p.actor, Destination: h.cfg.Destination})
 	h.log.Info("console: replay", slog.String("actor", p.actor), slog.String("schema", schema),
 		slog.Int64("published", res.Published), slog.Int64("selected", res.Total), slog.Any("error", err))
-	b.Result = &res
-	if err != nil {
-		var re *admin.ReplayError
-		if !errors.As(err, &re) && !errors.Is(err, context.DeadlineExceeded) {
-			h.fail(w, r, v, err)
-			return
-		}
-		b.Failed = fmt.Sprintf("the replay stopped after publishing %d of %d events (the audit has the broker's answer)", res.Published, res.Total)
+	o := &outcome{user: p.name, replay: &replayOutcome{form: form, result: res}}
+	switch {
+	case err == nil:
+		o.notice = fmt.Sprintf("Replayed: %d of %d selected events published; the replay is in the audit.", res.Published, res.Total)
+	case errors.As(err, new(*admin.ReplayError)):
+		o.replay.failed = fmt.Sprintf("the replay stopped after publishing %d of %d events (the audit has the broker's answer)", res.Published, res.Total)
+	default:
+		// Whatever stopped it, it ran: a resubmission shows this, and a new
+		// replay needs a new form.
+		_, msg := errStatus(err)
+		o.replay.failed = fmt.Sprintf("the replay stopped after publishing %d of %d events: %s", res.Published, res.Total, msg)
 	}
-	h.render(w, r, "replay", http.StatusOK, v)
+	http.Redirect(w, r, h.acts.finish(tok, o, func(id string) string { return h.link("/replay", schema, "result", id) }), http.StatusSeeOther)
 }
 
 // ---- relays, audit ----

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
+	"io"
 	"io/fs"
 	"log/slog"
 	"math"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/internal/redact"
+	"github.com/pgoutbox/pgoutbox/internal/visible"
 )
 
 // view is what every page template gets.
@@ -31,7 +33,8 @@ type view struct {
 	Role    string
 	CanAct  bool
 	CSRF    string
-	Refresh int64 // milliseconds
+	Once    string // the submit-once token of the page's forms
+	Refresh int64  // milliseconds
 	Live    string
 	Notice  string
 	Body    any
@@ -99,6 +102,9 @@ func (h *Handler) link(p, schema string, kv ...string) string {
 	return u
 }
 
+// formPages are the pages with forms that change state.
+var formPages = map[string]bool{"event": true, "dlq": true, "replay": true}
+
 // render writes page name with v; a request with partial=1 gets only the page's
 // live region (the script's refresh).
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, name string, status int, v *view) {
@@ -113,6 +119,9 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name string, st
 	if r.URL.Query().Get("partial") == "1" && t.Lookup("live") != nil {
 		tmpl = "live"
 	}
+	if v.CanAct && formPages[name] && tmpl == "layout.html" {
+		v.Once = h.acts.issue(p.name)
+	}
 	var buf bytes.Buffer
 	if err := t.ExecuteTemplate(&buf, tmpl, v); err != nil {
 		h.log.Error("console: render", slog.String("page", name), slog.Any("error", err))
@@ -121,7 +130,9 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name string, st
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
-	_, _ = w.Write(buf.Bytes())
+	// Producers' text shows its hidden characters (bidi overrides, zero-width,
+	// controls) as escapes, wherever a template put it; the templates hold none.
+	_, _ = io.WriteString(w, visible.Block(buf.String()))
 }
 
 // fail answers with err's status and a page saying what went wrong. Errors
@@ -138,27 +149,15 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, v *view, err erro
 	h.render(w, r, "error", status, v)
 }
 
+// writeJSON answers v as JSON, its strings' hidden characters as \u escapes
+// (the same strings to a JSON reader, inert on a terminal).
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
-}
-
-// secretHeaderWords mark a header whose value the console masks; redact's
-// secret names are masked too.
-var secretHeaderWords = []string{"authorization", "auth", "token", "secret", "password", "passwd", "key", "cookie",
-	"signature", "sig", "credential", "session", "private", "bearer", "jwt", "otp", "pin"}
-
-// secretHeader reports whether a header's name looks like it holds a secret.
-func secretHeader(name string) bool {
-	n := strings.ToLower(name)
-	for _, w := range secretHeaderWords {
-		if strings.Contains(n, w) {
-			return true
-		}
-	}
-	return redact.IsSecretName(name)
+	_, _ = io.WriteString(w, visible.Block(buf.String()))
 }
 
 // header is one event header as shown.
@@ -167,14 +166,14 @@ type header struct {
 	Masked      bool
 }
 
+// showHeaders returns the headers as shown to every user: the values of
+// secret-named headers and the credentials in any value hidden by
+// redact.Header, the project's one idea of what a secret looks like.
 func showHeaders(m map[string]string) []header {
 	out := make([]header, 0, len(m))
 	for k, v := range m {
-		if secretHeader(k) {
-			out = append(out, header{Name: k, Value: "(masked)", Masked: true})
-		} else {
-			out = append(out, header{Name: k, Value: v})
-		}
+		shown, masked := redact.Header(k, v)
+		out = append(out, header{Name: k, Value: shown, Masked: masked})
 	}
 	slicesSortFunc(out)
 	return out

@@ -143,7 +143,7 @@ func isSecretName(name string) bool {
 // secretWords mark a parameter, flag or variable name as secret when it contains
 // one of them.
 var secretWords = []string{"password", "passwd", "pwd", "secret", "token", "sig", "apikey", "api_key",
-	"access_key", "accesskey", "private_key", "credential", "auth", "cookie", "session"}
+	"access_key", "accesskey", "private_key", "credential", "auth", "cookie", "session", "jwt", "bearer"}
 
 // urlName reports names whose value is a connection string: redacted as one, so
 // the host stays visible.

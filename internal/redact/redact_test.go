@@ -271,3 +271,41 @@ func TestEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// Header hides the values of headers named like secrets, and credentials in
+// the values of any other header.
+func TestHeader(t *testing.T) {
+	t.Parallel()
+	sec := "S3cr3t" + hex.EncodeToString([]byte("header-value"))
+	jwt := "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"
+	for _, c := range []struct{ name, value string }{
+		{"Authorization", "Bearer " + sec}, {"authorization", sec}, {"X-Api-Key", sec}, {"api_key", sec}, {"X-Auth-Token", sec},
+		{"Cookie", "session=" + sec}, {"Set-Cookie", sec}, {"X-Hub-Signature-256", sec}, {"client_secret", sec},
+		{"Password", sec}, {"DB_PASSWD", sec}, {"x-session-id", sec}, {"Proxy-Authorization", sec}, {"X-Amz-Security-Token", sec},
+		{"private-key", sec}, {"jwt", sec}, {"X-Credential", sec}, {"x-bearer", sec},
+		{"x-note", "Bearer " + sec}, {"x-note", "basic " + sec}, {"x-note", "token: " + sec},
+		{"x-callback", "https://user:" + sec + "@hooks.example/cb"}, {"x-link", "https://hooks.example/cb?access_token=" + sec},
+		{"x-link", "https://hooks.example/cb#access_token=" + sec + "&state=1"}, {"x-raw", "access_token=" + sec + "&x=1"},
+		{"x-raw", "password=" + sec}, {"x-id", jwt}, {"x-forward", "for " + jwt + " ok"},
+		{"callback_url", "https://u:" + sec + "@hooks.example/x"}, {"x-dsn", "host=db password=" + sec},
+	} {
+		shown, masked := Header(c.name, c.value)
+		secret := sec
+		if strings.Contains(c.value, jwt) {
+			secret = jwt[40:]
+		}
+		if strings.Contains(shown, secret) || !masked {
+			t.Errorf("Header(%q, %q) = %q, %v", c.name, c.value, shown, masked)
+		}
+	}
+	for name, value := range map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		"x-tenant": "acme", "content-type": "application/json", "x-callback": "https://hooks.example/cb?x=1", "x-note": "a basic idea",
+		"idempotency-key": "order-42", "x-empty": ""} {
+		if shown, masked := Header(name, value); shown != value || masked {
+			t.Errorf("Header(%q, %q) = %q, %v: nothing to hide", name, value, shown, masked)
+		}
+	}
+	if shown, _ := Header("x-callback", "https://user:"+sec+"@hooks.example/cb"); !strings.Contains(shown, "hooks.example") {
+		t.Errorf("a URL's host is hidden: %q", shown)
+	}
+}

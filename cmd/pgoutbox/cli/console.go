@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -50,9 +51,15 @@ slots. The pages refresh themselves; every action is recorded in the operator au
 Sign-in is required: HTTP basic auth or a bearer token, checked against the users
 of --auth-file or of the environment variable PGOUTBOX_CONSOLE_USERS, one a line:
 
-  # name   role       secret (16+ bytes, or sha256:<hex of it>)
-  alice    operator   Zq3…
-  bob      viewer     sha256:9f86d0…
+  # name   role       secret: a generated token of 32+ characters, or a password hash
+  alice    operator   <the output of: openssl rand -hex 24>
+  bob      viewer     <the output of: pgoutbox console hash-password>
+
+A token signs in as a bearer token (or the basic-auth password); a password hash
+(bcrypt as hash-password prints it, or argon2id as a PHC string) with basic auth, the
+user's name and password. sha256: hashes are refused. Failed sign-ins
+are limited per client, per user and in all (429 with Retry-After past the limits)
+and logged at most once a minute per client, with their count.
 
 Viewers see everything; operators also retry, skip and replay. Only on a loopback
 address (127.0.0.1, [::1], localhost) may --insecure-loopback-no-auth turn sign-in
@@ -83,7 +90,39 @@ SIGTERM or SIGINT stops it after the requests in flight, at most
 	fs.StringVar(&f.basePath, "base-path", "", "path prefix the console is served under behind a reverse proxy, e.g. /console (env PGOUTBOX_CONSOLE_BASE_PATH)")
 	fs.DurationVar(&f.refresh, "refresh", adminhttp.DefaultRefresh, "how often the pages refresh their figures (env PGOUTBOX_CONSOLE_REFRESH)")
 	fs.DurationVar(&f.stopMax, "shutdown-timeout", 10*time.Second, "on SIGTERM, wait this long for requests in flight (env PGOUTBOX_SHUTDOWN_TIMEOUT)")
+	cmd.AddCommand(newConsoleHashPasswordCmd())
 	return cmd
+}
+
+func newConsoleHashPasswordCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "hash-password",
+		Short: "Print the bcrypt hash of a password read from standard input, for the console's users",
+		Long: `Read a password (one line, at least 12 bytes, no white space) from standard input and
+print its bcrypt hash, the secret of a users' line of pgoutbox console. The password is
+never an argument: it would show in the process list and the shell's history.
+
+  read -rs PW && printf '%s\n' "$PW" | pgoutbox console hash-password`,
+		// Not cobra.NoArgs: its error would repeat the argument, a password.
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("hash-password takes no argument: give the password on standard input")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			line, err := bufio.NewReader(io.LimitReader(cmd.InOrStdin(), 1024)).ReadString('\n')
+			if err != nil && !errors.Is(err, io.EOF) {
+				return fmt.Errorf("read the password: %w", err)
+			}
+			h, err := adminhttp.HashPassword([]byte(strings.TrimRight(line, "\r\n")))
+			if err != nil {
+				return usageError{err}
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), h)
+			return err
+		},
+	}
 }
 
 // loopbackListen reports whether addr's host is a loopback address or

@@ -1,9 +1,11 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
@@ -166,5 +169,49 @@ func TestConsoleNoAuthOnLoopback(t *testing.T) {
 	cancel()
 	if code := <-done; code != exitOK {
 		t.Fatalf("exit %d", code)
+	}
+}
+
+// hash-password reads the password from standard input, never an argument, and
+// prints a hash the users' file accepts; it refuses short or odd passwords
+// without repeating them.
+func TestConsoleHashPassword(t *testing.T) {
+	t.Parallel()
+	hash := func(stdin string, args ...string) (string, string, error) {
+		var out, errb bytes.Buffer
+		root := newRoot(&out, &errb)
+		root.SetIn(strings.NewReader(stdin))
+		root.SetArgs(append([]string{"console", "hash-password"}, args...))
+		err := root.ExecuteContext(context.Background())
+		return out.String(), errb.String(), err
+	}
+	out, _, err := hash("a-long-enough-password\n")
+	if err != nil {
+		t.Fatalf("hash-password: %v", err)
+	}
+	users, err := adminhttp.ParseUsers(strings.NewReader("ops operator " + strings.TrimSpace(out)))
+	if err != nil || len(users) != 1 || !strings.HasPrefix(out, "$2") {
+		t.Fatalf("the hash %q is refused: %v", out, err)
+	}
+	for name, c := range map[string]struct {
+		stdin string
+		args  []string
+	}{
+		"short":              {"short-pw\n", nil},
+		"empty":              {"", nil},
+		"white space":        {"a password with spaces\n", nil},
+		"too long":           {strings.Repeat("p", 100) + "\n", nil},
+		"password as an arg": {"", []string{"an-argument-password"}},
+	} {
+		out, errOut, err := hash(c.stdin, c.args...)
+		var ue usageError
+		if err == nil || !errors.As(err, &ue) {
+			t.Errorf("%s: %q %v", name, out, err)
+		}
+		for _, secret := range append(c.args, strings.TrimSpace(c.stdin)) {
+			if len(secret) > 3 && (strings.Contains(out+errOut, secret) || err != nil && strings.Contains(err.Error(), secret)) {
+				t.Errorf("%s: the password is repeated", name)
+			}
+		}
 	}
 }

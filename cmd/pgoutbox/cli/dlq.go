@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/internal/visible"
 )
 
 // The selection and audit flags of dlq (filters, --all, --reason) deliberately
@@ -118,7 +119,7 @@ func dlqWriteJSON(w io.Writer, v any) error {
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(w, "%s\n", b)
+	_, err = fmt.Fprintf(w, "%s\n", visible.Block(string(b)))
 	return err
 }
 
@@ -184,8 +185,8 @@ func newDLQListCmd() *cobra.Command {
 			table, err := printList(out, asJSON, evs, "no quarantined events",
 				"EVENT ID\tAGGREGATE\tSEQ\tEVENT TYPE\tATTEMPTS\tQUARANTINED AT\tLAST ERROR",
 				func(w io.Writer, e admin.Event) {
-					fmt.Fprintf(w, "%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", e.ID, e.AggregateType, e.AggregateID, e.AggregateSequence,
-						e.EventType, e.AttemptCount, dlqTime(e.QuarantinedAt), dlqShorten(e.LastError, 80))
+					fmt.Fprintf(w, "%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", e.ID, visible.Line(e.AggregateType), visible.Line(e.AggregateID),
+						e.AggregateSequence, visible.Line(e.EventType), e.AttemptCount, dlqTime(e.QuarantinedAt), dlqShorten(e.LastError, 80))
 				})
 			if err != nil || !table {
 				return err
@@ -249,8 +250,9 @@ func runDLQListTenants(cmd *cobra.Command, db *dbFlags, tf *tenantFlags, f admin
 	table, err := printList(out, asJSON, evs, "no quarantined events",
 		"TENANT\tEVENT ID\tAGGREGATE\tSEQ\tEVENT TYPE\tATTEMPTS\tQUARANTINED AT\tLAST ERROR",
 		func(w io.Writer, e tenantEvent) {
-			fmt.Fprintf(w, "%s\t%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", tenantName(e.Tenant), e.ID, e.AggregateType, e.AggregateID, e.AggregateSequence,
-				e.EventType, e.AttemptCount, dlqTime(e.QuarantinedAt), dlqShorten(e.LastError, 80))
+			fmt.Fprintf(w, "%s\t%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", tenantName(e.Tenant), e.ID, visible.Line(e.AggregateType),
+				visible.Line(e.AggregateID), e.AggregateSequence, visible.Line(e.EventType), e.AttemptCount, dlqTime(e.QuarantinedAt),
+				dlqShorten(e.LastError, 80))
 		})
 	if err != nil {
 		return err
@@ -273,13 +275,14 @@ func runDLQListTenants(cmd *cobra.Command, db *dbFlags, tf *tenantFlags, f admin
 	return nil
 }
 
-// dlqShorten keeps error texts on one table line.
+// dlqShorten keeps error texts on one table line, their hidden characters
+// escaped.
 func dlqShorten(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
+		s = string(r[:n-1]) + "…"
 	}
-	return s
+	return visible.Line(s)
 }
 
 func newDLQShowCmd() *cobra.Command {
@@ -337,16 +340,20 @@ func newDLQShowCmd() *cobra.Command {
 	return cmd
 }
 
+// dlqWriteEvent writes e as text. Every producer-controlled text goes through
+// visible: no terminal escape, bidi override or line break of theirs reaches
+// the terminal raw.
 func dlqWriteEvent(w io.Writer, e *admin.Event) error {
+	v := visible.Line
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "event id\t%s\n", e.ID)
-	fmt.Fprintf(tw, "aggregate\t%s/%s, sequence %d\n", e.AggregateType, e.AggregateID, e.AggregateSequence)
-	fmt.Fprintf(tw, "event type\t%s (schema version %d)\n", e.EventType, e.SchemaVersion)
+	fmt.Fprintf(tw, "aggregate\t%s/%s, sequence %d\n", v(e.AggregateType), v(e.AggregateID), e.AggregateSequence)
+	fmt.Fprintf(tw, "event type\t%s (schema version %d)\n", v(e.EventType), e.SchemaVersion)
 	fmt.Fprintf(tw, "state\t%s\n", e.State)
 	fmt.Fprintf(tw, "occurred at\t%s\n", dlqTime(&e.OccurredAt))
 	fmt.Fprintf(tw, "available at\t%s\n", dlqTime(&e.AvailableAt))
 	if e.ClaimedBy != "" {
-		fmt.Fprintf(tw, "claimed by\t%s until %s\n", e.ClaimedBy, dlqTime(e.ClaimUntil))
+		fmt.Fprintf(tw, "claimed by\t%s until %s\n", v(e.ClaimedBy), dlqTime(e.ClaimUntil))
 	}
 	fmt.Fprintf(tw, "published at\t%s\n", dlqTime(e.PublishedAt))
 	fmt.Fprintf(tw, "attempts\t%d\n", e.AttemptCount)
@@ -355,10 +362,10 @@ func dlqWriteEvent(w io.Writer, e *admin.Event) error {
 	if lastErr == "" {
 		lastErr = "-"
 	}
-	fmt.Fprintf(tw, "last error\t%s\n", strings.Join(strings.Fields(lastErr), " "))
+	fmt.Fprintf(tw, "last error\t%s\n", v(strings.Join(strings.Fields(lastErr), " ")))
 	if s := e.Skip; s != nil {
-		fmt.Fprintf(tw, "skipped\tby %s (database user %s) at %s\n", s.SkippedBy, s.DBUser, dlqTime(&s.SkippedAt))
-		fmt.Fprintf(tw, "skip reason\t%s\n", s.Reason)
+		fmt.Fprintf(tw, "skipped\tby %s (database user %s) at %s\n", v(s.SkippedBy), v(s.DBUser), dlqTime(&s.SkippedAt))
+		fmt.Fprintf(tw, "skip reason\t%s\n", v(s.Reason))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -366,7 +373,7 @@ func dlqWriteEvent(w io.Writer, e *admin.Event) error {
 	if len(e.Headers) > 0 {
 		fmt.Fprintln(w, "headers:")
 		for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
-			fmt.Fprintf(w, "  %s: %s\n", k, e.Headers[k])
+			fmt.Fprintf(w, "  %s: %s\n", v(k), v(e.Headers[k]))
 		}
 	}
 	fmt.Fprintln(w, "payload:")
@@ -375,7 +382,7 @@ func dlqWriteEvent(w io.Writer, e *admin.Event) error {
 		pretty.Reset()
 		pretty.Write(e.Payload)
 	}
-	_, err := fmt.Fprintf(w, "%s\n", pretty.Bytes())
+	_, err := fmt.Fprintf(w, "%s\n", visible.Block(pretty.String()))
 	return err
 }
 
@@ -633,7 +640,7 @@ what (the selection, the events and their count).`,
 				"AT\tACTION\tACTOR\tDB USER\tEVENTS\tSELECTION\tREASON",
 				func(w io.Writer, e admin.AuditEntry) {
 					sel, _ := json.Marshal(e.Selection)
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.At.UTC().Format(time.RFC3339), e.Action, e.Actor, e.DBUser,
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.At.UTC().Format(time.RFC3339), e.Action, visible.Line(e.Actor), visible.Line(e.DBUser),
 						e.EventCount, dlqShorten(string(sel), 60), dlqShorten(e.Reason, 60))
 				})
 			return err
