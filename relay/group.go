@@ -274,16 +274,23 @@ func (g *Group) discover() {
 	var wg sync.WaitGroup
 	listed := make([][]string, len(g.dbs))
 	errs := make([]error, len(g.dbs))
+	// A listing is no work in flight: a stop, even one that begins during
+	// Start's first listing (SIGTERM while a database hangs), ends it at once.
+	stoppable, cancelAll := g.lc.Grace(g.lc.Hard(), 0)
+	defer cancelAll()
 	for i, d := range g.dbs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(g.lc.Hard(), discoverTimeout)
+			ctx, cancel := context.WithTimeout(stoppable, discoverTimeout)
 			defer cancel()
 			listed[i], errs[i] = migrate.Outboxes(ctx, d.Pool, d.Schemas)
 		}()
 	}
 	wg.Wait()
+	if g.lc.IsStopping() {
+		return
+	}
 	for i, d := range g.dbs {
 		g.reconcile(d, listed[i], errs[i])
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -118,6 +119,10 @@ func (b *brokerFlags) webhookSecret() ([]byte, error) {
 	return secret, nil
 }
 
+// schemeShape is a URL scheme as RFC 3986 has it, bounded: the one part of a
+// broker URL that does not parse that an error shows.
+var schemeShape = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]{0,15}$`)
+
 // brokerChoices lists the --broker forms, for help and errors.
 const brokerChoices = "nats://host:4222, tls://…, kafka://host:9092, amqp://user:pass@host/vhost, amqps://…, https://host/path, http://…, null:// or embedded"
 
@@ -160,11 +165,14 @@ func (b *brokerFlags) parse(schema string) (*brokerTarget, error) {
 	default:
 		u, err := url.Parse(strings.TrimSpace(strings.Split(b.url, ",")[0]))
 		if err != nil || u.Scheme == "" {
-			shown := b.url
-			if strings.Contains(shown, "@") {
-				shown = "(value hidden: it may hold credentials)"
+			// Not shown, not even redacted: a value that does not parse cannot be
+			// told apart into credentials and the rest (a token put in the
+			// wrong variable has no '@').
+			shown := "(PGOUTBOX_BROKER)"
+			if scheme, _, ok := strings.Cut(b.url, "://"); ok && schemeShape.MatchString(scheme) {
+				shown = scheme + "://…"
 			}
-			return nil, usagef("--broker %q is not a broker URL (want embedded, nats://host:port, https://host/path or null://)", shown)
+			return nil, usagef("--broker %s is not a broker URL; the value is not shown, as it may hold credentials (want embedded, nats://host:port, https://host/path or null://)", shown)
 		}
 		switch u.Scheme {
 		case "nats", "tls", "ws", "wss":
