@@ -51,8 +51,11 @@ command refuses to start, exit status 2):
                       configuration error: retried, never quarantined, readiness fails
   null://             acknowledges everything and keeps nothing (benchmarks, dry runs)
 
-Templates (--topic-template) may use {aggregate_type}, {aggregate_id}, {event_type}
-and {schema_version}.`
+Templates (--topic-template, and a webhook URL's path) may use {aggregate_type},
+{aggregate_id}, {event_type}, {schema_version} and {tenant} (the schema, or with
+--tenants the tenant name); a webhook puts each value in the path as one escaped
+segment. With --format cloudevents the source is /pgoutbox/<schema> unless
+--ce-source, whichever command publishes.`
 
 // brokerFlags select and configure the broker of the relay (and later of replay).
 type brokerFlags struct {
@@ -130,8 +133,9 @@ const brokerChoices = "nats://host:4222, tls://…, kafka://host:9092, amqp://us
 func redactURL(u *url.URL) string { return redact.URL(u.String()) }
 
 // parse checks the broker flags without connecting anywhere, so that a typo fails
-// at start-up with one line. schema names the default CloudEvents source.
-func (b *brokerFlags) parse(schema string) (*brokerTarget, error) {
+// at start-up with one line. The CloudEvents source, unless
+// --ce-source, is each event's own (broker.Encoding.Source).
+func (b *brokerFlags) parse() (*brokerTarget, error) {
 	t := &brokerTarget{flags: b}
 	format, err := broker.ParseFormat(b.format)
 	if err != nil {
@@ -139,10 +143,8 @@ func (b *brokerFlags) parse(schema string) (*brokerTarget, error) {
 	}
 	t.encoding.Format = format
 	if format == broker.FormatCloudEvents {
+		// Empty: each event's own, /pgoutbox/<schema> (broker.Encoding.Source).
 		t.encoding.CloudEventsSource = b.ceSource
-		if b.ceSource == "" {
-			t.encoding.CloudEventsSource = broker.DefaultCloudEventsSource + "/" + schema
-		}
 		if err := t.encoding.Validate(); err != nil {
 			return nil, usagef("--ce-source: %v", err)
 		}

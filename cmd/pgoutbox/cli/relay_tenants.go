@@ -117,9 +117,6 @@ func (f *relayFlags) tenantDatabases(ctx context.Context) ([]tenantDatabase, err
 // forTenants makes the broker target tell tenants apart: a default template
 // with {tenant}, and an explicit one without it refused.
 func (t *brokerTarget) forTenants() error {
-	if t.encoding.CloudEventsSource != "" && t.flags.ceSource == "" {
-		t.encoding.CloudEventsSource = "/pgoutbox" // ids are unique across tenants; the subject names the aggregate
-	}
 	switch t.kind {
 	case "null":
 		return nil
@@ -188,7 +185,7 @@ func runRelayTenants(ctx context.Context, f *relayFlags, flags *pflag.FlagSet, s
 	if err != nil {
 		return err
 	}
-	target, err := f.broker.parse("")
+	target, err := f.broker.parse()
 	if err != nil {
 		return err
 	}
