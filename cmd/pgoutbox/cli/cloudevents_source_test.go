@@ -68,7 +68,7 @@ func TestCloudEventsSourceIsTheSameForEveryCommand(t *testing.T) {
 		}
 	}
 
-	out, errOut, code := run(t, append([]string{"cdc", "recover", "--database-url", e.dbURL, "--schema", e.schema}, hook("/recover")...)...)
+	out, errOut, code := run(t, append([]string{"cdc", "recover", "--database-url", e.dbURL, "--schema", e.schema}, hook("/recover/{tenant}")...)...)
 	if code != 0 {
 		t.Fatalf("cdc recover: exit %d, %q %q", code, out, errOut)
 	}
@@ -98,6 +98,9 @@ func TestCloudEventsSourceIsTheSameForEveryCommand(t *testing.T) {
 		byCommand[cmd][r.id] = r.source
 		if cmd == "tenants" && !strings.HasPrefix(r.path, "/tenants/eu-"+e.schema+"/") {
 			t.Errorf("relay --tenants posted to %s, want /tenants/eu-%s/…", r.path, e.schema)
+		}
+		if cmd == "recover" && r.path != "/recover/"+e.schema { // {tenant}: the schema, as the relay of the outbox fills it
+			t.Errorf("cdc recover posted to %s, want /recover/%s", r.path, e.schema)
 		}
 	}
 	for _, cmd := range []string{"recover", "tenants", "relay", "replay"} {
