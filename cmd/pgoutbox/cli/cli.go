@@ -33,6 +33,9 @@ const (
 	exitUsage = 2 // bad flags, arguments or configuration
 )
 
+// maxErrorLine bounds the error line a command ends with.
+const maxErrorLine = 4096
+
 // usageError marks errors in what the user asked for, which exit with exitUsage.
 type usageError struct{ err error }
 
@@ -55,6 +58,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	msg := strings.Join(strings.Fields(err.Error()), " ")
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		msg = "interrupted (SIGTERM or SIGINT) before it finished: " + msg
+	}
+	if len(msg) > maxErrorLine {
+		// An error may quote what it refused (a selector, a name): whatever
+		// its input, it is one line of bounded length.
+		msg = fmt.Sprintf("%s… (%d more bytes not shown)", strings.ToValidUTF8(msg[:maxErrorLine], ""), len(msg)-maxErrorLine)
 	}
 	fmt.Fprintf(stderr, "pgoutbox: %s\n", msg)
 	var ue usageError

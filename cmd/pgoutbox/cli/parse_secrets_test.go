@@ -61,3 +61,19 @@ func TestParseErrorsQuoteNoValue(t *testing.T) {
 		}
 	}
 }
+
+// Whatever a refused value's size, the error is one line of bounded length.
+func TestErrorLineIsBounded(t *testing.T) {
+	t.Parallel()
+	huge := strings.Repeat("t_", 100_000) + "["
+	for _, args := range [][]string{
+		{"relay", "--database-url", pgtest.URL(), "--tenants", huge, "--broker", "null://"},
+		{"status", "--database-url", pgtest.URL(), "--tenants", huge},
+		{"relay", "--database-url", pgtest.URL(), "--broker", "null://", "--topic-template", huge},
+	} {
+		_, stderr, code := run(t, args...)
+		if code != 2 || len(stderr) > maxErrorLine+100 || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "more bytes not shown") {
+			t.Errorf("%s: exit %d, %d bytes: %.200q", args[0], code, len(stderr), stderr)
+		}
+	}
+}
