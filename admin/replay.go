@@ -219,7 +219,7 @@ func Replay(ctx context.Context, db DB, pub broker.Publisher, req ReplayRequest)
 			err := row.Scan(&m.EventID, &m.AggregateType, &m.AggregateID, &m.AggregateSequence, &m.EventType,
 				&m.SchemaVersion, &m.Payload, &m.Headers, &m.OccurredAt)
 			m.DedupID = m.EventID.String() + ":replay:" + res.RunID
-			m.Tenant = req.Schema // {tenant} in a destination, as the relay of the outbox fills it
+			m.Tenant, m.Schema = req.Schema, req.Schema // as the relay of the outbox fills them
 			return m, err
 		})
 		if err != nil {

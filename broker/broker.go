@@ -73,6 +73,11 @@ type Message struct {
 	// so that the events of many outboxes served by one relay process stay
 	// apart on the wire (relay.Group). It is not a header.
 	Tenant string
+	// Schema is the PostgreSQL schema of the outbox the event came from, set
+	// by everything that reads an outbox (the relay, the CDC source and its
+	// recovery, replay). The default CloudEvents source is made from it
+	// ([Encoding.Source]). It is not a header.
+	Schema string
 }
 
 // Lane returns the message's lane: its aggregate, within which messages are

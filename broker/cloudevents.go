@@ -79,8 +79,9 @@ const (
 	// CEExtSchemaVersion is the payload's schema version, in decimal.
 	CEExtSchemaVersion = "pgoutboxschemaver"
 
-	// DefaultCloudEventsSource is the source attribute when none is configured.
-	// The CLI uses "/pgoutbox/<schema>".
+	// DefaultCloudEventsSource is the source attribute when none is configured
+	// and the message names no schema; with a schema it is
+	// "/pgoutbox/<schema>" ([Encoding.Source]).
 	DefaultCloudEventsSource = "/pgoutbox"
 )
 
@@ -119,7 +120,7 @@ type Encoding struct {
 	// Format selects the format.
 	Format Format
 	// CloudEventsSource is the source attribute of FormatCloudEvents, a
-	// URI-reference. Empty means DefaultCloudEventsSource.
+	// URI-reference. Empty means each event's outbox: see [Encoding.Source].
 	CloudEventsSource string
 }
 
@@ -130,7 +131,10 @@ func (e Encoding) Validate() error {
 	case FormatOutbox:
 		return nil
 	case FormatCloudEvents:
-		return CheckCloudEventsSource(e.source())
+		if e.CloudEventsSource == "" {
+			return nil // each message's Source, valid by construction
+		}
+		return CheckCloudEventsSource(e.CloudEventsSource)
 	}
 	return fmt.Errorf("broker: unknown format %d", e.Format)
 }
@@ -156,11 +160,22 @@ func CheckCloudEventsSource(s string) error {
 	return nil
 }
 
-func (e Encoding) source() string {
-	if e.CloudEventsSource == "" {
+// Source returns the CloudEvents source attribute of m: CloudEventsSource
+// when set, else "/pgoutbox/<schema>" for the schema of m's outbox
+// (Message.Schema, percent-escaped as one path segment), or
+// DefaultCloudEventsSource when m names none. It is the one rule of every
+// command that publishes (relay, relay --tenants, replay, the CDC source and
+// cdc recover), so an event has the same source whichever sends it: the
+// tenant name (TenantPrefix + schema) is not part of it, as replay and the
+// CDC commands do not know a relay's prefix; destinations tell tenants apart.
+func (e Encoding) Source(m *Message) string {
+	switch {
+	case e.CloudEventsSource != "":
+		return e.CloudEventsSource
+	case m.Schema == "":
 		return DefaultCloudEventsSource
 	}
-	return e.CloudEventsSource
+	return DefaultCloudEventsSource + "/" + url.PathEscape(m.Schema)
 }
 
 // CheckMessage returns why m cannot be sent in e's format, marked [Permanent],
@@ -215,7 +230,7 @@ func (e Encoding) Headers(m *Message, b CloudEventsBinding) iter.Seq2[string, st
 		p := b.Prefix
 		ok := yield(p+CEAttrSpecVersion, CloudEventsSpecVersion) &&
 			yield(p+CEAttrID, m.EventID.String()) &&
-			yield(p+CEAttrSource, e.source()) &&
+			yield(p+CEAttrSource, e.Source(m)) &&
 			yield(p+CEAttrType, m.EventType) &&
 			yield(p+CEAttrSubject, m.AggregateType+"/"+m.AggregateID) &&
 			yield(p+CEAttrTime, m.OccurredAt.UTC().Format(time.RFC3339Nano)) &&

@@ -136,3 +136,38 @@ func TestParseCloudEventHostile(t *testing.T) {
 		}
 	}
 }
+
+// The default source is the event's outbox, one escaped path segment however
+// the schema is named; --ce-source replaces it; the header carries it.
+func TestCloudEventsSourceOfTheOutbox(t *testing.T) {
+	t.Parallel()
+	enc := broker.Encoding{Format: broker.FormatCloudEvents}
+	for schema, want := range map[string]string{
+		"":          broker.DefaultCloudEventsSource,
+		"app":       "/pgoutbox/app",
+		"tenant_1":  "/pgoutbox/tenant_1",
+		"a/b":       "/pgoutbox/a%2Fb",
+		"a b":       "/pgoutbox/a%20b",
+		"ä":         "/pgoutbox/%C3%A4",
+		"..":        "/pgoutbox/..",
+		"a?x#y":     "/pgoutbox/a%3Fx%23y",
+		"x\"\n\x1b": "/pgoutbox/x%22%0A%1B",
+	} {
+		m := brokertest.Message("order", "1", 1)
+		m.Schema, m.Tenant = schema, "prefix-"+schema
+		got := enc.Source(&m)
+		if got != want {
+			t.Errorf("schema %q: source %q, want %q", schema, got, want)
+		}
+		if err := broker.CheckCloudEventsSource(got); err != nil {
+			t.Errorf("schema %q: source %q: %v", schema, got, err)
+		}
+		if h := ceHeaders(enc, &m, broker.CloudEventsHTTP); h["ce-source"] != want {
+			t.Errorf("schema %q: ce-source header %q, want %q", schema, h["ce-source"], want)
+		}
+		set := broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: "urn:app"}
+		if got := set.Source(&m); got != "urn:app" {
+			t.Errorf("schema %q with CloudEventsSource: source %q", schema, got)
+		}
+	}
+}

@@ -149,7 +149,7 @@ func (d *decoder) insert(rel *relation, tuple []byte, mem *arena) (m broker.Mess
 	}
 	n := int(binary.BigEndian.Uint16(tuple))
 	p := tuple[2:]
-	m.Tenant = d.schema // {tenant} in a destination, as the polling relay fills it
+	m.Tenant, m.Schema = d.schema, d.schema // as the polling relay fills them
 	var seen int
 	for i := range n {
 		if len(p) < 1 {

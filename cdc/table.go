@@ -142,6 +142,11 @@ func (s *Source) readLanes(picked []pgoutbox.Lane) ([]tableRow, bool) {
 		rows, err = pgx.CollectRows(r, scanTableRow)
 		return err
 	})
+	for i := range rows {
+		// As the polling relay and the slot's decoder fill them: {tenant} in a
+		// destination and the CloudEvents source are the same on this path.
+		rows[i].msg.Tenant, rows[i].msg.Schema = s.cfg.Schema, s.cfg.Schema
+	}
 	return rows, ok
 }
 

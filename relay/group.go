@@ -1,10 +1,12 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -51,7 +53,11 @@ type Database struct {
 	// (Message.Tenant, {tenant} in destinations), keeping apart the same schema
 	// name in two databases. Tenant names hold letters, digits, '_' and '-'
 	// only, at most 100 bytes: a schema whose tenant name would not is reported
-	// and not served.
+	// and not served. Outboxes whose tenant names are equal (the same schema
+	// in two databases without prefixes, or "a_" + "x" and "" + "a_x") are
+	// all refused (ErrTenantNameClash), whatever the order of the databases
+	// and whichever was served first; prefixes of which none begins another
+	// ("eu-", "us-") make that impossible.
 	TenantPrefix string
 }
 
@@ -267,25 +273,116 @@ func (g *Group) rediscover() {
 	}
 }
 
-// discover lists every database's outboxes, all at once, then, database by
-// database in their listed order (so that a tenant name wanted by two goes
-// to the first), starts relays for new outboxes and stops those gone.
+// discover lists every database's outboxes, all at once, then refuses every
+// tenant name that two outboxes would share (clashes), and, database by
+// database, starts relays for the new outboxes and stops those gone.
 func (g *Group) discover() {
 	var wg sync.WaitGroup
 	listed := make([][]string, len(g.dbs))
 	errs := make([]error, len(g.dbs))
+	// A listing is no work in flight: a stop, even one that begins during
+	// Start's first listing (SIGTERM while a database hangs), ends it at once.
+	stoppable, cancelAll := g.lc.Grace(g.lc.Hard(), 0)
+	defer cancelAll()
 	for i, d := range g.dbs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(g.lc.Hard(), discoverTimeout)
+			ctx, cancel := context.WithTimeout(stoppable, discoverTimeout)
 			defer cancel()
 			listed[i], errs[i] = migrate.Outboxes(ctx, d.Pool, d.Schemas)
 		}()
 	}
 	wg.Wait()
+	if g.lc.IsStopping() {
+		return
+	}
+	clash := g.clashes(listed, errs)
 	for i, d := range g.dbs {
-		g.reconcile(d, listed[i], errs[i])
+		if errs[i] != nil {
+			// Its outboxes found before keep being served, unless a name clashes.
+			for schema, err := range clash[d] {
+				g.refuse(d, schema, err)
+			}
+		}
+		g.reconcile(d, listed[i], errs[i], clash[d])
+	}
+}
+
+// ErrTenantNameClash is wrapped by the error that refuses an outbox whose
+// tenant name (TenantPrefix + schema) another outbox of the Group also has.
+var ErrTenantNameClash = errors.New("relay: two outboxes have the same tenant name")
+
+// clashes finds the outboxes whose tenant name is another's too, among those
+// just listed and, for a database that could not be listed, those it serves.
+// Every one of them is refused, whatever the order of the databases and
+// whichever was served first: one name for two outboxes would send both
+// outboxes' events to the same destinations, where a consumer takes one's
+// event for a duplicate of the other's (same aggregate and sequence).
+func (g *Group) clashes(listed [][]string, errs []error) map[*groupDB]map[string]error {
+	type source struct {
+		d      *groupDB
+		schema string
+	}
+	byName := map[string][]source{}
+	for i, d := range g.dbs {
+		schemas := listed[i]
+		if errs[i] != nil {
+			d.mu.Lock()
+			schemas = slices.Collect(maps.Keys(d.tenants))
+			d.mu.Unlock()
+		}
+		for _, s := range schemas {
+			name := d.TenantPrefix + s
+			byName[name] = append(byName[name], source{d, s})
+		}
+	}
+	out := map[*groupDB]map[string]error{}
+	for name, srcs := range byName {
+		if len(srcs) < 2 {
+			continue
+		}
+		// Named in a fixed order, so that the message (logged when it changes)
+		// is the same at every listing.
+		slices.SortFunc(srcs, func(a, b source) int {
+			return cmp.Or(strings.Compare(a.d.Name, b.d.Name), strings.Compare(a.schema, b.schema))
+		})
+		var where []string
+		for _, src := range srcs {
+			where = append(where, fmt.Sprintf("schema %q of database %q", src.schema, src.d.Name))
+		}
+		err := fmt.Errorf("%w: %q is the tenant name of %s: none of them is served until the databases' TenantPrefix (tenant_prefix) tell them apart",
+			ErrTenantNameClash, name, strings.Join(where, " and "))
+		for _, src := range srcs {
+			if out[src.d] == nil {
+				out[src.d] = map[string]error{}
+			}
+			out[src.d][src.schema] = err
+		}
+	}
+	return out
+}
+
+// refuse records why schema of d is not served, logging it when it changed,
+// and stops its relay if it had one.
+func (g *Group) refuse(d *groupDB, schema string, err error) {
+	d.mu.Lock()
+	t := d.tenants[schema]
+	if t != nil {
+		d.hub.remove(t.relay)
+		delete(d.tenants, schema)
+	}
+	prev, seen := d.problems[schema]
+	d.problems[schema] = err
+	d.mu.Unlock()
+	if !seen || prev.Error() != err.Error() {
+		d.hub.log.Error("outbox not served", slog.String("schema", schema), slog.Any("error", err))
+	}
+	if t != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), tenantStopTimeout)
+		_ = t.relay.Stop(sctx)
+		cancel()
+		g.release(t.name)
 	}
 }
 
@@ -293,9 +390,9 @@ func (g *Group) discover() {
 // ones.
 const discoverTimeout = 10 * time.Second
 
-// reconcile serves the outboxes of d that listing found, and lets go those
-// it no longer finds.
-func (g *Group) reconcile(d *groupDB, schemas []string, err error) {
+// reconcile serves the outboxes of d that listing found, except those whose
+// tenant name clashes (refused), and lets go those it no longer finds.
+func (g *Group) reconcile(d *groupDB, schemas []string, err error, clash map[string]error) {
 	ctx, cancel := context.WithTimeout(g.lc.Hard(), discoverTimeout)
 	defer cancel()
 	d.mu.Lock()
@@ -314,6 +411,10 @@ func (g *Group) reconcile(d *groupDB, schemas []string, err error) {
 	found := map[string]bool{}
 	for _, s := range schemas {
 		found[s] = true
+		if err := clash[s]; err != nil {
+			g.refuse(d, s, err)
+			continue
+		}
 		d.mu.Lock()
 		_, served := d.tenants[s]
 		d.mu.Unlock()

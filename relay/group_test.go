@@ -187,20 +187,112 @@ func TestGroupServesManyOutboxes(t *testing.T) {
 	}
 }
 
-// The same schema name in two databases without a prefix would put both
-// outboxes' events under one tenant name: the second is refused, named.
-func TestGroupRefusesATenantNameTwice(t *testing.T) {
+// Two outboxes that would have one tenant name (the same schema without a
+// prefix, or a prefix and a schema that add up to another's schema) would
+// send their events to the same destinations, where a consumer drops one's
+// "acct/a0 #1" as a duplicate of the other's: every one of them is refused,
+// named beside the other, whatever the order of the databases, and the other
+// outboxes flow.
+func TestGroupRefusesEveryTenantNameClash(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name             string
+		schemaA, schemaB string
+		prefixA, prefixB string
+		tenant           string
+	}{
+		{"same schema", "shop", "shop", "", "", "shop"},
+		{"prefix and schema", "x", "a_x", "a_", "", "a_x"},
+		{"two prefixes", "b_c", "c", "a_", "a_b_", "a_b_c"},
+	} {
+		for _, reversed := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s reversed=%v", tc.name, reversed), func(t *testing.T) {
+				t.Parallel()
+				a, b := newTenantDB(t, 4), newTenantDB(t, 4)
+				a.migrate(t, tc.schemaA)
+				b.migrate(t, tc.schemaB)
+				a.migrate(t, "zz_other")
+				a.enqueue(t, tc.schemaA, 2, 5)
+				b.enqueue(t, tc.schemaB, 2, 5)
+				a.enqueue(t, "zz_other", 2, 5)
+				dbs := []relay.Database{{Name: "a", Pool: a.pool, TenantPrefix: tc.prefixA}, {Name: "b", Pool: b.pool, TenantPrefix: tc.prefixB}}
+				if reversed {
+					dbs[0], dbs[1] = dbs[1], dbs[0]
+				}
+				rec := &brokertest.Recorder{}
+				g := startGroup(t, rec, relay.GroupConfig{Databases: dbs, DiscoverInterval: 100 * time.Millisecond})
+				wait.For(t, 30*time.Second, "the other outbox drained", func() bool { return a.pending(t, "zz_other") == 0 })
+				checkClash(t, g, rec, tc.tenant, tc.schemaA, tc.schemaB)
+				if a.pending(t, tc.schemaA) != 5 || b.pending(t, tc.schemaB) != 5 {
+					t.Fatalf("pending %d and %d, want 5 and 5", a.pending(t, tc.schemaA), b.pending(t, tc.schemaB))
+				}
+			})
+		}
+	}
+}
+
+// checkClash checks that neither outbox of tenant is served, that each is
+// named with the other, and that none of their events was published.
+func checkClash(t *testing.T, g *relay.Group, rec *brokertest.Recorder, tenant, schemaA, schemaB string) {
+	t.Helper()
+	err := g.Healthy()
+	if !errors.Is(err, relay.ErrTenantNameClash) || !strings.Contains(err.Error(), fmt.Sprintf("schema %q of database %q and schema %q of database %q", schemaA, "a", schemaB, "b")) {
+		t.Fatalf("Healthy = %v, want both outboxes of %s refused and named", err, tenant)
+	}
+	for _, ts := range g.Tenants() {
+		if ts.Tenant == tenant && (ts.Serving || !errors.Is(ts.Err, relay.ErrTenantNameClash)) {
+			t.Errorf("%s/%s: serving %v, error %v", ts.Database, ts.Schema, ts.Serving, ts.Err)
+		}
+	}
+	for _, m := range rec.Messages() {
+		if m.Tenant == tenant {
+			t.Fatalf("event %s published under the clashing tenant name %s", m.EventID, tenant)
+		}
+	}
+}
+
+// A clash that appears while an outbox is served (another database creates
+// the schema later) stops the served one too: the first to be served does
+// not win. Once the clash is gone, the outbox is served again.
+func TestGroupClashWhileServing(t *testing.T) {
 	t.Parallel()
 	a, b := newTenantDB(t, 4), newTenantDB(t, 4)
 	a.migrate(t, "shop")
-	b.migrate(t, "shop")
-	g := startGroup(t, &brokertest.Recorder{}, relay.GroupConfig{
-		Databases: []relay.Database{{Name: "a", Pool: a.pool}, {Name: "b", Pool: b.pool}},
+	rec := &brokertest.Recorder{}
+	g := startGroup(t, rec, relay.GroupConfig{
+		Config:           relay.Config{PollInterval: 100 * time.Millisecond},
+		Databases:        []relay.Database{{Name: "a", Pool: a.pool}, {Name: "b", Pool: b.pool}},
+		DiscoverInterval: 100 * time.Millisecond,
 	})
-	err := g.Healthy()
-	if !errors.Is(err, relay.ErrTenant) || !strings.Contains(err.Error(), `already served from database "a"`) {
-		t.Fatalf("Healthy = %v, want the second shop refused", err)
+	a.enqueue(t, "shop", 2, 5)
+	wait.For(t, 30*time.Second, "a's shop drained", func() bool { return a.pending(t, "shop") == 0 })
+	published := len(rec.Messages())
+
+	b.migrate(t, "shop")
+	wait.For(t, 30*time.Second, "both shops refused", func() bool { return errors.Is(g.Healthy(), relay.ErrTenantNameClash) })
+	wait.For(t, 30*time.Second, "a's shop no longer served", func() bool {
+		for _, ts := range g.Tenants() {
+			if ts.Serving && ts.Tenant == "shop" {
+				return false
+			}
+		}
+		return true
+	})
+	a.enqueue(t, "shop", 2, 5)
+	b.enqueue(t, "shop", 2, 5)
+	// Another outbox, served after the clash, shows discovery went on.
+	a.migrate(t, "zz_other")
+	a.enqueue(t, "zz_other", 1, 3)
+	wait.For(t, 30*time.Second, "the other outbox drained", func() bool { return a.pending(t, "zz_other") == 0 })
+	checkClash(t, g, &brokertest.Recorder{}, "shop", "shop", "shop")
+	if n := len(rec.Messages()) - published; n != 3 {
+		t.Fatalf("%d events published during the clash, want only zz_other's 3", n)
 	}
+
+	_, err := b.pool.Exec(context.Background(), `DROP SCHEMA shop CASCADE`)
+	pgtest.Must(t, err, "drop b's shop")
+	wait.For(t, 30*time.Second, "a's shop served again and drained", func() bool { return a.pending(t, "shop") == 0 })
+	pgtest.Must(t, g.Healthy(), "healthy once the clash is gone")
 }
 
 // Hostile schema names are outboxes like any other; those that cannot be a

@@ -639,7 +639,7 @@ func (r *Relay) claimFrom(ctx context.Context, from pgoutbox.Lane, limit int) ([
 		err := row.Scan(&c.msg.EventID, &c.msg.AggregateType, &c.msg.AggregateID, &c.msg.AggregateSequence,
 			&c.msg.EventType, &c.msg.SchemaVersion, &c.msg.Payload, &headers, &c.msg.OccurredAt,
 			&c.attempts, &c.previousHolder, &c.head)
-		c.msg.Tenant = r.cfg.Tenant
+		c.msg.Tenant, c.msg.Schema = r.cfg.Tenant, r.cfg.Schema
 		if err == nil {
 			var derr error
 			if c.msg.Headers, derr = decodeHeaders(headers); derr != nil {

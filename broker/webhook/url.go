@@ -22,14 +22,17 @@ type endpoint struct {
 }
 
 // placeholders are the fields a path template may use, as broker.Template has them.
-var placeholders = []string{"aggregate_type", "aggregate_id", "event_type", "schema_version"}
+var placeholders = []string{"aggregate_type", "aggregate_id", "event_type", "schema_version", "tenant"}
 
 // ParseURL checks that raw is a webhook endpoint the publisher can POST to, as
 // given to Config.URL or to the CLI's --broker: an absolute http:// or https://
 // URL with a host, an optional port, path and query, and no fragment. The path may
 // hold the placeholders of [broker.Template] ({aggregate_type}, {aggregate_id},
-// {event_type}, {schema_version}); the host and query may not. It returns the URL
-// as parsed, placeholders included.
+// {event_type}, {schema_version}, {tenant}); the host and query may not. Each
+// value is put in the path percent-escaped as one segment (a '/', '?', '#' or
+// '%' in it is escaped; "", "." and ".." are refused), so no value can change
+// the scheme, host, query or the rest of the path. It returns the URL as
+// parsed, placeholders included.
 //
 // A URL may hold credentials — a password in its user info, a token in its path
 // or query — so errors name the endpoint by its scheme and host only.
@@ -165,6 +168,8 @@ func (e *endpoint) target(m *broker.Message) (string, error) {
 			v = &esc.AggregateID
 		case "event_type":
 			v = &esc.EventType
+		case "tenant":
+			v = &esc.Tenant
 		default: // schema_version, a number
 			continue
 		}

@@ -39,6 +39,10 @@ func TestParseURL(t *testing.T) {
 		"https://h/x\n":                                       false,
 		"https://user:secret%zz@h/x":                          false,
 		"https://h/{aggregate_type}{aggregate_type}/{aggregate_id}": true,
+		"https://h/hooks/{tenant}/{aggregate_type}":                 true,
+		"https://{tenant}.h/x":                                      false,
+		"https://h/x?tenant={tenant}":                               false,
+		"https://h:{tenant}/x":                                      false,
 	} {
 		u, err := webhook.ParseURL(raw)
 		if (err == nil) != ok {

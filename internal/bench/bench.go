@@ -290,7 +290,7 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 	}
 	pcfg, err := pgxpool.ParseConfig(c.DatabaseURL)
 	if err != nil {
-		return nil, scrubbed{msg: redact.Text("bench: database URL: "+err.Error(), redact.Secrets(c.DatabaseURL)...), err: err}
+		return nil, fmt.Errorf("bench: %w", redact.ConnStringError("database URL", err))
 	}
 	pcfg.MaxConns = 20
 	dbErr := func(err error) error {

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 )
 
 // EnqueueResult is the enqueue scenario: commits/s of a small business transaction
@@ -269,7 +270,7 @@ func (r *Runner) producerPool(ctx context.Context, conns int, notify bool) (*pgx
 func producerPoolOn(ctx context.Context, dbURL string, conns int, notify bool) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
-		return nil, err
+		return nil, redact.ConnStringError("database URL", err)
 	}
 	pc.MaxConns, pc.MinConns = int32(conns), int32(conns)
 	if !notify {

@@ -47,7 +47,7 @@ type Tenants struct {
 	byTenant map[string]*Metrics // the first MaxTenants tenants
 	other    *Metrics            // the others, or all of them with Aggregate
 	group    *relay.Group
-	backlog  map[string]prometheus.Collector // by tenant: a labelled Outbox
+	backlog  map[string]tenantBacklog // by tenant: a labelled Outbox
 
 	healthy, count *prometheus.Desc
 }
@@ -68,7 +68,7 @@ func NewTenants(reg prometheus.Registerer, cfg *TenantsConfig) (*Tenants, error)
 	if err != nil {
 		return nil, err
 	}
-	t := &Tenants{reg: reg, cfg: c, byTenant: map[string]*Metrics{}, backlog: map[string]prometheus.Collector{},
+	t := &Tenants{reg: reg, cfg: c, byTenant: map[string]*Metrics{}, backlog: map[string]tenantBacklog{},
 		healthy: prometheus.NewDesc("pgoutbox_relay_tenant_healthy",
 			"1 while the tenant's outbox is served and its relay healthy, else 0 (see the relay's log and /readyz for why).", []string{"tenant"}, nil),
 		count: prometheus.NewDesc("pgoutbox_relay_tenants",
@@ -152,7 +152,11 @@ func (t *Tenants) Collect(ch chan<- prometheus.Metric) {
 	}
 	states := g.Tenants()
 	var healthy, failing, refused float64
-	seen := map[string]bool{}
+	// One series per tenant name, even when two outboxes have that name (the
+	// Group refuses both): a series collected twice fails the whole scrape.
+	// The name is healthy only if every outbox having it is.
+	up, count := map[string]bool{}, map[string]int{}
+	var names []string
 	for _, s := range states {
 		switch {
 		case !s.Serving:
@@ -165,8 +169,23 @@ func (t *Tenants) Collect(ch chan<- prometheus.Metric) {
 		if t.cfg.Aggregate || !t.labelled(s.Tenant) {
 			continue
 		}
-		seen[s.Tenant] = true
-		ch <- prometheus.MustNewConstMetric(t.healthy, prometheus.GaugeValue, boolValue(s.Serving && s.Err == nil), s.Tenant)
+		if count[s.Tenant] == 0 {
+			names = append(names, s.Tenant)
+			up[s.Tenant] = true
+		}
+		count[s.Tenant]++
+		up[s.Tenant] = up[s.Tenant] && s.Serving && s.Err == nil
+	}
+	seen := map[string]bool{}
+	for _, name := range names {
+		seen[name] = true
+		ch <- prometheus.MustNewConstMetric(t.healthy, prometheus.GaugeValue, boolValue(up[name]), name)
+	}
+	for _, s := range states {
+		// The backlog of a name is one outbox's: none while two have it.
+		if !seen[s.Tenant] || count[s.Tenant] != 1 {
+			continue
+		}
 		if c := t.backlogOf(g, s); c != nil {
 			c.Collect(ch)
 		}
@@ -176,7 +195,7 @@ func (t *Tenants) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(t.count, prometheus.GaugeValue, refused, "refused")
 	t.mu.Lock()
 	for tenant := range t.backlog {
-		if !seen[tenant] {
+		if !seen[tenant] || count[tenant] != 1 {
 			delete(t.backlog, tenant)
 		}
 	}
@@ -194,8 +213,10 @@ func (t *Tenants) backlogOf(g *relay.Group, s relay.TenantState) prometheus.Coll
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if c := t.backlog[s.Tenant]; c != nil {
-		return c
+	// A tenant name may pass to another outbox (dropped in one database,
+	// created in another): the collector reads the outbox it was made for.
+	if b := t.backlog[s.Tenant]; b.c != nil && b.database == s.Database && b.schema == s.Schema {
+		return b.c
 	}
 	db, schema := s.Database, s.Schema
 	o, err := NewOutbox(s.Pool, &OutboxConfig{Schema: schema, Logger: t.cfg.Logger.With(slog.String("tenant", s.Tenant)),
@@ -204,8 +225,14 @@ func (t *Tenants) backlogOf(g *relay.Group, s relay.TenantState) prometheus.Coll
 		return nil
 	}
 	c := prometheus.WrapCollectorWith(prometheus.Labels{"tenant": s.Tenant}, o)
-	t.backlog[s.Tenant] = c
+	t.backlog[s.Tenant] = tenantBacklog{database: db, schema: schema, c: c}
 	return c
+}
+
+// tenantBacklog is the backlog collector of one tenant's outbox.
+type tenantBacklog struct {
+	database, schema string
+	c                prometheus.Collector
 }
 
 var _ relay.Observer = (*Tenants)(nil)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -50,8 +51,11 @@ command refuses to start, exit status 2):
                       configuration error: retried, never quarantined, readiness fails
   null://             acknowledges everything and keeps nothing (benchmarks, dry runs)
 
-Templates (--topic-template) may use {aggregate_type}, {aggregate_id}, {event_type}
-and {schema_version}.`
+Templates (--topic-template, and a webhook URL's path) may use {aggregate_type},
+{aggregate_id}, {event_type}, {schema_version} and {tenant} (the schema, or with
+--tenants the tenant name); a webhook puts each value in the path as one escaped
+segment. With --format cloudevents the source is /pgoutbox/<schema> unless
+--ce-source, whichever command publishes.`
 
 // brokerFlags select and configure the broker of the relay (and later of replay).
 type brokerFlags struct {
@@ -118,6 +122,10 @@ func (b *brokerFlags) webhookSecret() ([]byte, error) {
 	return secret, nil
 }
 
+// schemeShape is a URL scheme as RFC 3986 has it, bounded: the one part of a
+// broker URL that does not parse that an error shows.
+var schemeShape = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]{0,15}$`)
+
 // brokerChoices lists the --broker forms, for help and errors.
 const brokerChoices = "nats://host:4222, tls://…, kafka://host:9092, amqp://user:pass@host/vhost, amqps://…, https://host/path, http://…, null:// or embedded"
 
@@ -125,8 +133,9 @@ const brokerChoices = "nats://host:4222, tls://…, kafka://host:9092, amqp://us
 func redactURL(u *url.URL) string { return redact.URL(u.String()) }
 
 // parse checks the broker flags without connecting anywhere, so that a typo fails
-// at start-up with one line. schema names the default CloudEvents source.
-func (b *brokerFlags) parse(schema string) (*brokerTarget, error) {
+// at start-up with one line. The CloudEvents source, unless
+// --ce-source, is each event's own (broker.Encoding.Source).
+func (b *brokerFlags) parse() (*brokerTarget, error) {
 	t := &brokerTarget{flags: b}
 	format, err := broker.ParseFormat(b.format)
 	if err != nil {
@@ -134,10 +143,8 @@ func (b *brokerFlags) parse(schema string) (*brokerTarget, error) {
 	}
 	t.encoding.Format = format
 	if format == broker.FormatCloudEvents {
+		// Empty: each event's own, /pgoutbox/<schema> (broker.Encoding.Source).
 		t.encoding.CloudEventsSource = b.ceSource
-		if b.ceSource == "" {
-			t.encoding.CloudEventsSource = broker.DefaultCloudEventsSource + "/" + schema
-		}
 		if err := t.encoding.Validate(); err != nil {
 			return nil, usagef("--ce-source: %v", err)
 		}
@@ -160,11 +167,14 @@ func (b *brokerFlags) parse(schema string) (*brokerTarget, error) {
 	default:
 		u, err := url.Parse(strings.TrimSpace(strings.Split(b.url, ",")[0]))
 		if err != nil || u.Scheme == "" {
-			shown := b.url
-			if strings.Contains(shown, "@") {
-				shown = "(value hidden: it may hold credentials)"
+			// Not shown, not even redacted: a value that does not parse cannot be
+			// told apart into credentials and the rest (a token put in the
+			// wrong variable has no '@').
+			shown := "(PGOUTBOX_BROKER)"
+			if scheme, _, ok := strings.Cut(b.url, "://"); ok && schemeShape.MatchString(scheme) {
+				shown = scheme + "://…"
 			}
-			return nil, usagef("--broker %q is not a broker URL (want embedded, nats://host:port, https://host/path or null://)", shown)
+			return nil, usagef("--broker %s is not a broker URL; the value is not shown, as it may hold credentials (want embedded, nats://host:port, https://host/path or null://)", shown)
 		}
 		switch u.Scheme {
 		case "nats", "tls", "ws", "wss":

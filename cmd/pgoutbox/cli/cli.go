@@ -33,6 +33,9 @@ const (
 	exitUsage = 2 // bad flags, arguments or configuration
 )
 
+// maxErrorLine bounds the error line a command ends with.
+const maxErrorLine = 4096
+
 // usageError marks errors in what the user asked for, which exit with exitUsage.
 type usageError struct{ err error }
 
@@ -53,6 +56,14 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	// One line, no stack trace: multi-line driver errors are folded.
 	msg := strings.Join(strings.Fields(err.Error()), " ")
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		msg = "interrupted (SIGTERM or SIGINT) before it finished: " + msg
+	}
+	if len(msg) > maxErrorLine {
+		// An error may quote what it refused (a selector, a name): whatever
+		// its input, it is one line of bounded length.
+		msg = fmt.Sprintf("%s… (%d more bytes not shown)", strings.ToValidUTF8(msg[:maxErrorLine], ""), len(msg)-maxErrorLine)
+	}
 	fmt.Fprintf(stderr, "pgoutbox: %s\n", msg)
 	var ue usageError
 	if errors.As(err, &ue) {
@@ -242,11 +253,24 @@ func (d *dbFlags) parse() (*pgx.ConnConfig, error) {
 	if strings.TrimSpace(d.url) == "" {
 		return nil, usagef("no database: set --database-url or DATABASE_URL (e.g. postgres://user@localhost:5432/app)")
 	}
-	cfg, err := pgx.ParseConfig(d.url)
+	cfg, err := parseConnString("--database-url (DATABASE_URL)", d.url)
 	if err != nil {
-		return nil, usagef("invalid database URL: %v", err)
+		return nil, err
 	}
 	cfg.ConnectTimeout = perHostConnectTimeout(d.connectTimeout, cfg.Config)
+	return cfg, nil
+}
+
+// parseConnString parses a database URL or key=value connection string that
+// source (a flag, an environment variable, an entry of a file) gave. Its
+// error names source and the kind of problem, never any of the value
+// (redact.ConnStringError): pgx's own error quotes it, hiding only the
+// passwords it can recognise.
+func parseConnString(source, s string) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(s)
+	if err != nil {
+		return nil, usageError{redact.ConnStringError(source, err)}
+	}
 	return cfg, nil
 }
 

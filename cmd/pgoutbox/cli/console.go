@@ -196,7 +196,7 @@ func runConsole(ctx context.Context, f *consoleFlags, stderr io.Writer) error {
 	cfg := adminhttp.Config{Schemas: schemas, Users: users, NoAuth: f.noAuth, BasePath: f.basePath, Refresh: f.refresh, Logger: logger}
 	var target *brokerTarget
 	if strings.TrimSpace(f.broker.url) != "" {
-		if target, err = f.broker.parse(f.db.schema); err != nil {
+		if target, err = f.broker.parse(); err != nil {
 			return err
 		}
 		cfg.Destination = target.describe()

@@ -20,6 +20,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/examples/orders/inventory"
 	"github.com/pgoutbox/pgoutbox/examples/orders/payments"
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/internal/redact"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -132,7 +133,7 @@ func runDemoWorker(ctx context.Context, f *demoWorkerFlags, stdout, stderr io.Wr
 func runDemoRelay(ctx context.Context, f *demoWorkerFlags, log *slog.Logger) error {
 	pcfg, err := pgxpool.ParseConfig(f.dbURL)
 	if err != nil {
-		return usagef("invalid database URL: %v", err)
+		return usageError{redact.ConnStringError("demo worker --database-url", err)}
 	}
 	pcfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)

@@ -153,7 +153,7 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return usageError{flagNames(err)}
 	}
-	target, err := f.broker.parse(f.db.schema)
+	target, err := f.broker.parse()
 	if err != nil {
 		return err
 	}

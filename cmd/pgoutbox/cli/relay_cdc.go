@@ -74,7 +74,7 @@ func runRelayCDC(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	target, err := f.broker.parse(f.db.schema)
+	target, err := f.broker.parse()
 	if err != nil {
 		return err
 	}
@@ -245,7 +245,7 @@ attempt); events never tried do not count.
 			if err != nil {
 				return err
 			}
-			target, err := brk.parse(db.schema)
+			target, err := brk.parse()
 			if err != nil {
 				return err
 			}

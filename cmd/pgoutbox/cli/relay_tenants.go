@@ -1,9 +1,7 @@
 package cli
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/health"
@@ -60,75 +57,6 @@ func (t *relayTenantFlags) register(fs *pflag.FlagSet) {
 
 func (t *relayTenantFlags) enabled() bool { return t.selector != "" || t.file != "" }
 
-// tenantsFile is the --tenants-file format.
-type tenantsFile struct {
-	Databases []tenantsFileDB `yaml:"databases"`
-}
-
-type tenantsFileDB struct {
-	Name string `yaml:"name"`
-	// URL or URLEnv (the name of an environment variable holding it).
-	URL          string `yaml:"url"`
-	URLEnv       string `yaml:"url_env"`
-	Schemas      string `yaml:"schemas"`
-	TenantPrefix string `yaml:"tenant_prefix"`
-	MaxConns     int    `yaml:"max_conns"`
-}
-
-// maxTenantsFile bounds the --tenants-file.
-const maxTenantsFile = 1 << 20
-
-// readTenantsFile reads and checks path. Errors name the file and the entry,
-// never a database URL (it may hold a password).
-func readTenantsFile(path string) (*tenantsFile, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, usagef("--tenants-file: %v", err)
-	}
-	defer f.Close()
-	raw, err := io.ReadAll(io.LimitReader(f, maxTenantsFile+1))
-	if err != nil {
-		return nil, usagef("--tenants-file: %v", err)
-	}
-	if len(raw) > maxTenantsFile {
-		return nil, usagef("--tenants-file %s is larger than %d bytes", path, maxTenantsFile)
-	}
-	var tf tenantsFile
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	dec.KnownFields(true)
-	if err := dec.Decode(&tf); err != nil && !errors.Is(err, io.EOF) {
-		return nil, usagef("--tenants-file %s: %v", path, redactYAMLError(err))
-	}
-	if len(tf.Databases) == 0 {
-		return nil, usagef("--tenants-file %s lists no databases (want a 'databases:' list)", path)
-	}
-	for i, d := range tf.Databases {
-		where := fmt.Sprintf("--tenants-file %s: databases[%d]", path, i)
-		switch {
-		case (d.URL == "") == (d.URLEnv == ""):
-			return nil, usagef("%s: set exactly one of url and url_env", where)
-		case d.URLEnv != "" && os.Getenv(d.URLEnv) == "":
-			return nil, usagef("%s: url_env %s is not set", where, d.URLEnv)
-		case d.MaxConns < 0:
-			return nil, usagef("%s: max_conns must be positive", where)
-		}
-		if _, err := migrate.ParseSelector(d.Schemas); err != nil {
-			return nil, usagef("%s: schemas: %v", where, err)
-		}
-	}
-	return &tf, nil
-}
-
-// redactYAMLError keeps a YAML error's position and drops the quoted value,
-// which may be a URL with a password.
-func redactYAMLError(err error) string {
-	msg := err.Error()
-	if i := strings.Index(msg, "`"); i >= 0 {
-		return msg[:i] + "(value hidden)"
-	}
-	return msg
-}
-
 // tenantDatabase is one database a Group serves, and how to connect to it.
 type tenantDatabase struct {
 	name, schemas, prefix string
@@ -137,7 +65,7 @@ type tenantDatabase struct {
 }
 
 // databases returns the databases of the flags or the file.
-func (f *relayFlags) tenantDatabases() ([]tenantDatabase, error) {
+func (f *relayFlags) tenantDatabases(ctx context.Context) ([]tenantDatabase, error) {
 	t := &f.tenants
 	if t.selector != "" && t.file != "" {
 		return nil, usagef("--tenants and --tenants-file exclude each other: list the schemas in the file")
@@ -155,7 +83,7 @@ func (f *relayFlags) tenantDatabases() ([]tenantDatabase, error) {
 		}
 		return []tenantDatabase{{name: conn.Database, schemas: t.selector, conn: conn, maxConns: t.maxConns}}, nil
 	}
-	tf, err := readTenantsFile(t.file)
+	tf, err := readTenantsFile(ctx, t.file)
 	if err != nil {
 		return nil, err
 	}
@@ -164,14 +92,13 @@ func (f *relayFlags) tenantDatabases() ([]tenantDatabase, error) {
 	}
 	var out []tenantDatabase
 	for i, d := range tf.Databases {
-		url := d.URL
+		url, source := d.URL, fmt.Sprintf("--tenants-file %s: databases[%d].url", t.file, i)
 		if d.URLEnv != "" {
-			url = os.Getenv(d.URLEnv)
+			url, source = os.Getenv(d.URLEnv), fmt.Sprintf("--tenants-file %s: databases[%d].url_env %s", t.file, i, d.URLEnv)
 		}
-		conn, err := pgx.ParseConfig(url)
+		conn, err := parseConnString(source, url)
 		if err != nil {
-			// pgx's parse errors hide the password; the URL itself is not shown.
-			return nil, usagef("--tenants-file %s: databases[%d]: invalid database URL: %v", t.file, i, err)
+			return nil, err
 		}
 		conn.ConnectTimeout = perHostConnectTimeout(f.db.connectTimeout, conn.Config)
 		name := d.Name
@@ -190,9 +117,6 @@ func (f *relayFlags) tenantDatabases() ([]tenantDatabase, error) {
 // forTenants makes the broker target tell tenants apart: a default template
 // with {tenant}, and an explicit one without it refused.
 func (t *brokerTarget) forTenants() error {
-	if t.encoding.CloudEventsSource != "" && t.flags.ceSource == "" {
-		t.encoding.CloudEventsSource = "/pgoutbox" // ids are unique across tenants; the subject names the aggregate
-	}
 	switch t.kind {
 	case "null":
 		return nil
@@ -257,11 +181,11 @@ func runRelayTenants(ctx context.Context, f *relayFlags, flags *pflag.FlagSet, s
 	if err := one.Validate(); err != nil {
 		return usageError{flagNames(err)}
 	}
-	dbs, err := f.tenantDatabases()
+	dbs, err := f.tenantDatabases(ctx)
 	if err != nil {
 		return err
 	}
-	target, err := f.broker.parse("")
+	target, err := f.broker.parse()
 	if err != nil {
 		return err
 	}
@@ -334,6 +258,14 @@ func runRelayTenants(ctx context.Context, f *relayFlags, flags *pflag.FlagSet, s
 			_ = srv.Stop(sctx)
 		}()
 	}
+	// SIGTERM or SIGINT during Start (its first listing of a database that
+	// hangs) stops the Group as well: Start then returns at once.
+	stopEarly := context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), f.stopMax)
+		defer cancel()
+		_ = g.Stop(sctx)
+	})
+	defer stopEarly()
 	if err := g.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}

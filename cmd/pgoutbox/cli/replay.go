@@ -177,7 +177,7 @@ func runReplay(ctx context.Context, db *dbFlags, bf *brokerFlags, lf *logFlags, 
 	}
 	var target *brokerTarget
 	if !req.DryRun {
-		if target, err = bf.parse(db.schema); err != nil {
+		if target, err = bf.parse(); err != nil {
 			return err
 		}
 	}

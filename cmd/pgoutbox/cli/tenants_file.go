@@ -1,0 +1,273 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/pgoutbox/pgoutbox/migrate"
+	"github.com/pgoutbox/pgoutbox/relay"
+)
+
+// tenantsFile is the --tenants-file format (docs/operations.md, "Many
+// tenants").
+type tenantsFile struct {
+	Databases []tenantsFileDB
+}
+
+type tenantsFileDB struct {
+	Name string
+	// URL or URLEnv (the name of an environment variable holding it).
+	URL          string
+	URLEnv       string
+	Schemas      string
+	TenantPrefix string
+	MaxConns     int
+}
+
+// Bounds of the --tenants-file. The file is read as a YAML tree and checked
+// node by node before anything is built from it: its size bounds the work
+// and the memory, since anchors and aliases, which let a few bytes stand for
+// a tree of any size, are refused.
+const (
+	maxTenantsFile          = 1 << 20 // bytes
+	maxTenantsFileNodes     = 50_000  // YAML nodes: keys, values, lists, maps
+	maxTenantsFileDatabases = 1000    // as relay.GroupConfig's Databases
+	maxTenantsFileValue     = 4096    // bytes of one value
+	maxTenantsFileMaxConns  = 10_000
+	maxTenantsFileName      = 100 // bytes of a database's name (logs, /readyz)
+)
+
+// tenantsFileKeys are the keys of a databases[] entry.
+var tenantsFileKeys = []string{"name", "url", "url_env", "schemas", "tenant_prefix", "max_conns"}
+
+// envName is the shape of url_env: the name of an environment variable,
+// which errors show.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+// readTenantsFile reads and checks path. Errors name the file, the entry and
+// the key, and the line, never a value (a URL may hold a password); each is
+// one bounded line. ctx (SIGTERM) ends the reading.
+func readTenantsFile(ctx context.Context, path string) (*tenantsFile, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, usagef("--tenants-file: %v", err)
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, maxTenantsFile+1))
+	if err != nil {
+		return nil, usagef("--tenants-file: %v", err)
+	}
+	if len(raw) > maxTenantsFile {
+		return nil, usagef("--tenants-file %s is larger than its limit of %d bytes", path, maxTenantsFile)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("--tenants-file %s: %w", path, err)
+	}
+	tf, err := parseTenantsFile(raw)
+	if err != nil {
+		return nil, usagef("--tenants-file %s: %w", path, err)
+	}
+	for i, d := range tf.Databases {
+		if d.URLEnv != "" && os.Getenv(d.URLEnv) == "" {
+			return nil, usagef("--tenants-file %s: databases[%d]: url_env %s is not set", path, i, d.URLEnv)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("--tenants-file %s: %w", path, err)
+	}
+	return tf, nil
+}
+
+// parseTenantsFile parses the YAML of a tenants file, refusing anchors and
+// aliases, custom tags, more than one document, unknown and repeated keys,
+// and every value out of its bounds. Its errors quote no value.
+func parseTenantsFile(raw []byte) (*tenantsFile, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	var doc yaml.Node
+	// Decoding into a yaml.Node builds the parse tree only: aliases stay
+	// references to their anchor, nothing is expanded.
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("lists no databases (want a 'databases:' list)")
+		}
+		return nil, errors.New(yamlErrorText(err))
+	}
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return nil, errors.New("holds more than one YAML document (---)")
+	}
+	if err := checkYAMLTree(&doc); err != nil {
+		return nil, err
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = root.Content[0]
+	}
+	tf := &tenantsFile{}
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return nil, errors.New("lists no databases (want a 'databases:' list)")
+	}
+	err := eachKey(root, "the file", []string{"databases"}, func(_ string, v *yaml.Node) error {
+		if v.Kind != yaml.SequenceNode {
+			return fmt.Errorf("line %d: databases must be a list", v.Line)
+		}
+		if len(v.Content) > maxTenantsFileDatabases {
+			return fmt.Errorf("line %d: databases lists %d entries, above the limit of %d", v.Line, len(v.Content), maxTenantsFileDatabases)
+		}
+		for i, e := range v.Content {
+			d, err := parseTenantsFileDB(e, fmt.Sprintf("databases[%d]", i))
+			if err != nil {
+				return err
+			}
+			tf.Databases = append(tf.Databases, d)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(tf.Databases) == 0 {
+		return nil, errors.New("lists no databases (want a 'databases:' list)")
+	}
+	return tf, nil
+}
+
+// checkYAMLTree walks the whole tree (without recursion: the depth is the
+// file's) and refuses anchors, aliases, custom tags, and more nodes than
+// maxTenantsFileNodes.
+func checkYAMLTree(doc *yaml.Node) error {
+	stack := []*yaml.Node{doc}
+	for seen := 0; len(stack) > 0; seen++ {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		switch {
+		case seen >= maxTenantsFileNodes:
+			return fmt.Errorf("holds more than %d YAML nodes", maxTenantsFileNodes)
+		case n.Kind == yaml.AliasNode || n.Anchor != "":
+			return fmt.Errorf("line %d: YAML anchors and aliases (& and *) are not accepted: write each value out", n.Line)
+		case strings.HasPrefix(n.Tag, "!") && !strings.HasPrefix(n.Tag, "!!"):
+			return fmt.Errorf("line %d: custom YAML tags are not accepted", n.Line)
+		}
+		stack = append(stack, n.Content...)
+	}
+	return nil
+}
+
+// parseTenantsFileDB reads one entry of databases.
+func parseTenantsFileDB(n *yaml.Node, where string) (tenantsFileDB, error) {
+	var d tenantsFileDB
+	err := eachKey(n, where, tenantsFileKeys, func(key string, v *yaml.Node) error {
+		if v.Kind != yaml.ScalarNode {
+			return fmt.Errorf("line %d: %s.%s must be a single value", v.Line, where, key)
+		}
+		if len(v.Value) > maxTenantsFileValue {
+			return fmt.Errorf("line %d: %s.%s is longer than its limit of %d bytes", v.Line, where, key, maxTenantsFileValue)
+		}
+		value := v.Value
+		if v.Tag == "!!null" {
+			value = ""
+		}
+		switch key {
+		case "name":
+			d.Name = value
+		case "url":
+			d.URL = value
+		case "url_env":
+			if value != "" && !envName.MatchString(value) {
+				return fmt.Errorf("line %d: %s.url_env must be the name of an environment variable (letters, digits and '_')", v.Line, where)
+			}
+			d.URLEnv = value
+		case "schemas":
+			d.Schemas = value
+		case "tenant_prefix":
+			d.TenantPrefix = value
+		case "max_conns":
+			m, err := strconv.Atoi(value)
+			if err != nil || m < 0 || m > maxTenantsFileMaxConns {
+				return fmt.Errorf("line %d: %s.max_conns must be a whole number from 1 to %d (0 or none: --db-max-conns)", v.Line, where, maxTenantsFileMaxConns)
+			}
+			d.MaxConns = m
+		}
+		return nil
+	})
+	if err != nil {
+		return d, err
+	}
+	if (d.URL == "") == (d.URLEnv == "") {
+		return d, fmt.Errorf("line %d: %s: set exactly one of url and url_env", n.Line, where)
+	}
+	// The checks' own errors would quote the value: these name the rule.
+	if _, err := migrate.ParseSelector(d.Schemas); err != nil {
+		return d, fmt.Errorf("line %d: %s.schemas must be a comma list of at most 1000 schema names and globs ('tenant_*,billing')", n.Line, where)
+	}
+	if d.TenantPrefix != "" && relay.ValidateTenant(d.TenantPrefix) != nil {
+		return d, fmt.Errorf("line %d: %s.tenant_prefix must be letters, digits, '_' and '-' only", n.Line, where)
+	}
+	if strings.IndexFunc(d.Name, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 || len(d.Name) > maxTenantsFileName {
+		return d, fmt.Errorf("line %d: %s.name must be at most %d printable characters", n.Line, where, maxTenantsFileName)
+	}
+	return d, nil
+}
+
+// eachKey calls f for each key of the mapping n, in order, refusing a key
+// that is not one of keys or that repeats one before it.
+func eachKey(n *yaml.Node, where string, keys []string, f func(key string, v *yaml.Node) error) error {
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: %s must be a map of %s", n.Line, where, strings.Join(keys, ", "))
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		known := k.Kind == yaml.ScalarNode && slices.Contains(keys, k.Value)
+		switch {
+		case !known:
+			return fmt.Errorf("line %d: %s: unknown key %s (want %s)", k.Line, where, shownKey(k), strings.Join(keys, ", "))
+		case seen[k.Value]:
+			return fmt.Errorf("line %d: %s: key %s is repeated", k.Line, where, k.Value)
+		}
+		seen[k.Value] = true
+		if err := f(k.Value, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// keyShape is what an unknown key must look like to be shown: a mistyped key
+// name, not a value written where a key goes (a URL, a password).
+var keyShape = regexp.MustCompile(`^[a-z_]{1,32}$`)
+
+// shownKey names an unknown key in an error.
+func shownKey(k *yaml.Node) string {
+	if k.Kind == yaml.ScalarNode && keyShape.MatchString(k.Value) {
+		return k.Value
+	}
+	return "(not shown)"
+}
+
+// maxYAMLError bounds the text kept of the YAML parser's error.
+const maxYAMLError = 200
+
+// yamlErrorText keeps a YAML syntax error's position and problem, bounded,
+// and drops anything it quotes (a value, which may hold a password).
+func yamlErrorText(err error) string {
+	msg := strings.Join(strings.Fields(err.Error()), " ")
+	if i := strings.IndexAny(msg, "`\"'"); i >= 0 {
+		msg = strings.TrimSpace(msg[:i]) + " (value not shown)"
+	}
+	if len(msg) > maxYAMLError {
+		msg = strings.ToValidUTF8(msg[:maxYAMLError], "") + "…"
+	}
+	return msg
+}
