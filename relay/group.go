@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/broker"
@@ -133,6 +134,10 @@ type Group struct {
 	log *slog.Logger
 	lc  lifecycle.Lifecycle
 	dbs []*groupDB
+	// bounds are the relays' (Config.StatementTimeout, Config.LockTimeout),
+	// for the check of a new outbox: its owner's locks (a migration under
+	// way) must not hold up discovering and serving the others.
+	bounds bounds
 
 	// names holds each served tenant name's database: a name is reserved
 	// before its relay starts, so that two outboxes never publish under one
@@ -170,11 +175,13 @@ func NewGroup(pub broker.Publisher, cfg *GroupConfig) (*Group, error) {
 	one.Schema = migrate.DefaultSchema
 	resolved, _ := one.withDefaults()
 	c.Config.ID = resolved.ID
-	g := &Group{cfg: c, pub: pub, log: resolved.Logger.With(slog.String("relay", resolved.ID)), names: map[string]*groupDB{}}
+	g := &Group{cfg: c, pub: pub, log: resolved.Logger.With(slog.String("relay", resolved.ID)), names: map[string]*groupDB{},
+		bounds: newBounds(resolved.StatementTimeout, resolved.LockTimeout)}
 	for _, d := range c.Databases {
 		g.dbs = append(g.dbs, &groupDB{
 			Database: d,
-			hub:      newHub(d.Pool, g.log.With(slog.String("database", d.Name)), resolved.PollInterval, c.Config.DisableNotify),
+			hub: newHub(d.Pool, g.log.With(slog.String("database", d.Name)), resolved.PollInterval, c.Config.DisableNotify,
+				newBounds(resolved.StatementTimeout, resolved.LockTimeout)),
 			tenants:  map[string]*tenant{},
 			problems: map[string]error{},
 		})
@@ -373,7 +380,7 @@ func (g *Group) start(ctx context.Context, d *groupDB, schema, name string) (*Re
 		return nil, err
 	}
 	r, err := func() (*Relay, error) {
-		if err := checkOutbox(ctx, d.Pool, schema); err != nil {
+		if err := beginBounded(ctx, d.Pool, g.bounds, func(tx pgx.Tx) error { return checkOutbox(ctx, tx, schema) }); err != nil {
 			return nil, err
 		}
 		cfg := g.cfg.Config
@@ -413,11 +420,11 @@ func (g *Group) release(name string) {
 
 // checkOutbox refuses a schema whose outbox migrations are missing, or newer
 // than this binary.
-func checkOutbox(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	if err := migrate.CheckCompatible(ctx, pool, schema, migrate.LineOutbox); err != nil {
+func checkOutbox(ctx context.Context, db migrate.Querier, schema string) error {
+	if err := migrate.CheckCompatible(ctx, db, schema, migrate.LineOutbox); err != nil {
 		return err
 	}
-	st, err := migrate.State(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
+	st, err := migrate.State(ctx, db, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
 	if err != nil {
 		return err
 	}

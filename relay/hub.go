@@ -43,6 +43,7 @@ type hub struct {
 	log           *slog.Logger
 	pollInterval  time.Duration
 	disableNotify bool
+	bounds        bounds // of the probe: one outbox's lock must not hold it up
 	lc            lifecycle.Lifecycle
 
 	mu     sync.Mutex
@@ -56,9 +57,9 @@ type hub struct {
 	probes      atomic.Int64
 }
 
-func newHub(pool *pgxpool.Pool, log *slog.Logger, pollInterval time.Duration, disableNotify bool) *hub {
+func newHub(pool *pgxpool.Pool, log *slog.Logger, pollInterval time.Duration, disableNotify bool, bd bounds) *hub {
 	h := &hub{
-		pool: pool, log: log, pollInterval: pollInterval, disableNotify: disableNotify,
+		pool: pool, log: log, pollInterval: pollInterval, disableNotify: disableNotify, bounds: bd,
 		relays:        map[*Relay]struct{}{},
 		relaysChanged: lifecycle.NewWake(),
 		idleChanged:   lifecycle.NewWake(),
@@ -126,8 +127,11 @@ func (h *hub) helperContext() (context.Context, context.CancelFunc) {
 
 // probe finds, every PollInterval, the idle relays with events to claim, in one
 // statement, and wakes them. Busy relays claim anyway; a relay whose outbox
-// cannot be read (a dropped schema, a missing privilege) is woken too, so that
-// its own claim reports the error in its health and retries with its backoff.
+// cannot be read (a dropped schema, a missing privilege, a lock held on it
+// past LockTimeout) is woken too, so that its own claim reports the error in
+// its health and retries with its backoff. Such a relay is left out of the
+// statement from then on (Relay.refused), until one of its claims succeeds:
+// one outbox's lock costs the others' probe at most twice LockTimeout, once.
 func (h *hub) probe() {
 	ctx, cancel := h.helperContext()
 	defer cancel()
@@ -167,6 +171,11 @@ func (h *hub) probe() {
 			for _, r := range idle {
 				d, perr := h.probeOnce(ctx, []*Relay{r})
 				if errors.As(perr, &pgErr) {
+					if outboxStuck(perr) {
+						// Left out of the next probes at once, not only
+						// after its own claim failed too.
+						r.dbFailed(stmtClaim, perr)
+					}
 					d = []*Relay{r}
 				} else if perr != nil {
 					err = perr
@@ -196,15 +205,23 @@ func (h *hub) probe() {
 }
 
 // probeOnce returns the relays of rs whose outbox holds a claimable event.
+// The statement runs under the hub's bounds: a lock on one outbox makes the
+// server end it with an error naming the outbox's relation, not hang.
 func (h *hub) probeOnce(ctx context.Context, rs []*Relay) ([]*Relay, error) {
-	ctx, cancel := context.WithTimeout(ctx, max(h.pollInterval, time.Second))
+	ctx, cancel := context.WithTimeout(ctx, max(h.pollInterval, time.Second, h.bounds.deadline()))
 	defer cancel()
 	h.probes.Add(1)
-	rows, err := h.pool.Query(ctx, probeSQL(rs))
-	if err != nil {
-		return nil, fmt.Errorf("probe: %w", err)
-	}
-	idx, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	var idx []int32
+	b := &pgx.Batch{}
+	b.Queue(probeSQL(rs))
+	err := sendBounded(ctx, h.pool, h.bounds, b, func(br pgx.BatchResults) error {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		idx, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("probe: %w", err)
 	}
