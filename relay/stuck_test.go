@@ -70,9 +70,10 @@ func execAll(stmts ...string) func(context.Context, pgx.Tx) error {
 }
 
 // One tenant's locks cannot stall the others (issue 31). With DisableNotify
-// (the PgBouncer set-up: polling alone), another session holds a lock on
-// tenant a's outbox in each way its owner, or a migration of it, can; tenant
-// b's events are then enqueued. They are delivered while a's lock is still
+// (the PgBouncer set-up: polling alone, one probe statement for the idle
+// outboxes of a database), another session holds a lock on tenant a's outbox
+// in each way its owner, or a migration of it, can; tenant b's events are
+// then enqueued. They are delivered while a's lock is still
 // held (so a was not waited on), a is reported by name and alone, no
 // connection of the pool the tenants share is closed (neither reset nor
 // abandoned), and a's events are all delivered once the lock goes. Without
@@ -91,8 +92,18 @@ func TestGroupTenantLockStallsNoOther(t *testing.T) {
 		// refused: a is not served while the lock is held (discovery could
 		// not check it), rather than served and stuck.
 		refused bool
-		lock    func(context.Context, pgx.Tx) error
+		// idle: the lock is taken while a is idle, its events written in the
+		// lock's own transaction, which commits instead of rolling back.
+		idle bool
+		lock func(context.Context, pgx.Tx) error
 	}{
+		// The report of issue 31: an idle tenant's table locked while b's
+		// events wait for the probe.
+		{name: "idle, lock table", idle: true, lock: execAll(`LOCK TABLE a.outbox_events IN ACCESS EXCLUSIVE MODE`)},
+		// A migration run again: its ALTER finds the column and changes
+		// nothing, but holds an ACCESS EXCLUSIVE lock until the run commits.
+		{name: "idle, migration's alter", idle: true,
+			lock: execAll(`ALTER TABLE a.outbox_events ADD COLUMN IF NOT EXISTS last_error text`)},
 		{name: "lock table", lock: execAll(`LOCK TABLE a.outbox_events IN ACCESS EXCLUSIVE MODE`)},
 		{name: "alter table", lock: execAll(`ALTER TABLE a.outbox_events ADD COLUMN hostile int`)},
 		{name: "rows for update", lock: execAll(`SELECT 1 FROM a.outbox_events FOR UPDATE`,
@@ -140,14 +151,25 @@ func TestGroupTenantLockStallsNoOther(t *testing.T) {
 			}
 			var g *relay.Group
 			var tx pgx.Tx
-			d.enqueue(t, "a", 3, 9)
-			if v.before {
+			if !v.idle {
+				d.enqueue(t, "a", 3, 9)
+			}
+			switch {
+			case v.idle:
+				close(gate.open)
+				g = start()
+				wait.For(t, 30*time.Second, "a and b served", func() bool { return g.Healthy() == nil && len(g.Tenants()) == 2 })
+				tx, err = holder.Begin(ctx)
+				pgtest.Must(t, err, "begin")
+				enqueueTx(t, tx, "a", 3, 9)
+				pgtest.Must(t, v.lock(ctx, tx), "lock")
+			case v.before:
 				close(gate.open)
 				tx, err = holder.Begin(ctx)
 				pgtest.Must(t, err, "begin")
 				pgtest.Must(t, v.lock(ctx, tx), "lock")
 				g = start()
-			} else {
+			default:
 				g = start()
 				select {
 				case <-gate.held:
@@ -186,6 +208,9 @@ func TestGroupTenantLockStallsNoOther(t *testing.T) {
 			}
 			var published int
 			pgtest.Must(t, tx.QueryRow(ctx, `SELECT count(*) FROM a.outbox_events WHERE published_at IS NOT NULL`).Scan(&published), "a published")
+			if v.idle {
+				published = len(rec.Messages()) - 6 // a's events are its own; b's 6 are out
+			}
 			if published != 0 {
 				t.Fatalf("%d of a's events marked published under the lock", published)
 			}
@@ -213,10 +238,76 @@ func TestGroupTenantLockStallsNoOther(t *testing.T) {
 				t.Fatalf("a's stuck statements logged %d times, want once per kind:\n%s", n, log)
 			}
 
-			pgtest.Must(t, tx.Rollback(ctx), "release the lock")
+			if v.idle {
+				pgtest.Must(t, tx.Commit(ctx), "release the lock")
+			} else {
+				pgtest.Must(t, tx.Rollback(ctx), "release the lock")
+			}
 			wait.Forf(t, 60*time.Second, func() string { return "a delivered after the lock; the log:\n" + logs.String() },
 				func() bool { return d.pending(t, "a") == 0 && g.Healthy() == nil })
 			checkLanes(t, rec.Messages(), map[string]int{"a": 9, "b": 6})
 		})
 	}
+}
+
+// Through PgBouncer's transaction pooling (default_query_exec_mode=exec and
+// DisableNotify: the documented set-up), a locked tenant is skipped all the
+// same, and the bounds live in each statement's transaction: no server
+// session that the pooler hands on to other clients keeps them.
+func TestGroupTenantLockThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bouncer := pgtest.StartBouncer(t, pgtest.BouncerTransaction) + "&default_query_exec_mode=exec"
+	a, b := newOutbox(t, 1), newOutbox(t, 1)
+	var logs syncBuffer
+	rec := &brokertest.Recorder{}
+	g := startGroup(t, rec, relay.GroupConfig{
+		Config: relay.Config{Workers: 1, PollInterval: 100 * time.Millisecond, DisableNotify: true,
+			BackoffBase: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		Databases:        []relay.Database{{Name: "db", Pool: pgtest.Pool(t, bouncer, 3), Schemas: a.schema + "," + b.schema}},
+		DiscoverInterval: 100 * time.Millisecond,
+	})
+	wait.For(t, bouncerWithin, "both served", func() bool { return g.Healthy() == nil && len(g.Tenants()) == 2 })
+
+	tx, err := a.pool.Begin(ctx) // straight to the server, not through the pooler
+	pgtest.Must(t, err, "begin")
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, "LOCK TABLE "+a.table()+" IN ACCESS EXCLUSIVE MODE")
+	pgtest.Must(t, err, "lock")
+	wait.Forf(t, bouncerWithin, func() string { return "a reported stuck; the log:\n" + logs.String() },
+		func() bool { return errors.Is(g.TenantHealthy("db", a.schema), relay.ErrOutboxStuck) })
+	b.enqueue(t, 2, 3)
+	wait.Forf(t, bouncerWithin, func() string { return "b's events delivered while a is locked; the log:\n" + logs.String() },
+		func() bool { return len(rec.Messages()) == 6 })
+	if tx.Conn().PgConn().TxStatus() != 'T' {
+		t.Fatal("the lock holder's transaction ended")
+	}
+
+	// Every server session of the pooler, each held by a transaction of its
+	// own, shows the server's settings, not the relay's.
+	var want [2]string
+	pgtest.Must(t, b.pool.QueryRow(ctx, "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')").Scan(&want[0], &want[1]), "settings")
+	var held []*pgx.Conn
+	for range pgtest.BouncerPoolSize - 1 { // the relay keeps one in use at most
+		c, err := pgx.Connect(ctx, bouncer)
+		pgtest.Must(t, err, "connect through the pooler")
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		held = append(held, c)
+		_, err = c.Exec(ctx, "BEGIN")
+		pgtest.Must(t, err, "begin through the pooler")
+		var got [2]string
+		pgtest.Must(t, c.QueryRow(ctx, "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')").Scan(&got[0], &got[1]), "settings")
+		if got != want {
+			t.Fatalf("a server session of the pooler kept lock_timeout, statement_timeout = %v; the server's are %v", got, want)
+		}
+	}
+	for _, c := range held {
+		pgtest.Must(t, c.Close(ctx), "close")
+	}
+
+	pgtest.Must(t, tx.Rollback(ctx), "release the lock")
+	a.enqueue(t, 2, 3)
+	wait.Forf(t, bouncerWithin, func() string { return "a delivered after the lock; the log:\n" + logs.String() },
+		func() bool { return len(rec.Messages()) == 12 && g.Healthy() == nil })
 }
