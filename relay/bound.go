@@ -58,7 +58,9 @@ func sendBounded(ctx context.Context, pool *pgxpool.Pool, bd bounds, b *pgx.Batc
 	}
 	defer conn.Release()
 	if _, err := conn.Exec(ctx, bd.begin); err != nil {
-		rollback(ctx, conn.Conn())
+		if !pgconn.Timeout(err) {
+			rollback(ctx, conn.Conn())
+		}
 		return err
 	}
 	b.Queue("COMMIT")
@@ -69,7 +71,9 @@ func sendBounded(ctx context.Context, pool *pgxpool.Pool, bd bounds, b *pgx.Batc
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
+	if err != nil && !pgconn.Timeout(err) {
+		// After a client-side deadline the connection is suspect (a hung
+		// host): Release closes it rather than wait for a ROLLBACK.
 		rollback(ctx, conn.Conn())
 	}
 	return err
