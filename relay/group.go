@@ -17,6 +17,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -137,7 +138,7 @@ type Group struct {
 	// bounds are the relays' (Config.StatementTimeout, Config.LockTimeout),
 	// for the check of a new outbox: its owner's locks (a migration under
 	// way) must not hold up discovering and serving the others.
-	bounds bounds
+	bounds pgbound.Bounds
 
 	// names holds each served tenant name's database: a name is reserved
 	// before its relay starts, so that two outboxes never publish under one
@@ -176,12 +177,12 @@ func NewGroup(pub broker.Publisher, cfg *GroupConfig) (*Group, error) {
 	resolved, _ := one.withDefaults()
 	c.Config.ID = resolved.ID
 	g := &Group{cfg: c, pub: pub, log: resolved.Logger.With(slog.String("relay", resolved.ID)), names: map[string]*groupDB{},
-		bounds: newBounds(resolved.StatementTimeout, resolved.LockTimeout)}
+		bounds: pgbound.New(resolved.StatementTimeout, resolved.LockTimeout)}
 	for _, d := range c.Databases {
 		g.dbs = append(g.dbs, &groupDB{
 			Database: d,
 			hub: newHub(d.Pool, g.log.With(slog.String("database", d.Name)), resolved.PollInterval, c.Config.DisableNotify,
-				newBounds(resolved.StatementTimeout, resolved.LockTimeout)),
+				pgbound.New(resolved.StatementTimeout, resolved.LockTimeout)),
 			tenants:  map[string]*tenant{},
 			problems: map[string]error{},
 		})
@@ -380,7 +381,7 @@ func (g *Group) start(ctx context.Context, d *groupDB, schema, name string) (*Re
 		return nil, err
 	}
 	r, err := func() (*Relay, error) {
-		if err := beginBounded(ctx, d.Pool, g.bounds, func(tx pgx.Tx) error { return checkOutbox(ctx, tx, schema) }); err != nil {
+		if err := pgbound.BeginFunc(ctx, d.Pool, g.bounds, func(tx pgx.Tx) error { return checkOutbox(ctx, tx, schema) }); err != nil {
 			return nil, err
 		}
 		cfg := g.cfg.Config

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
@@ -43,7 +44,7 @@ type hub struct {
 	log           *slog.Logger
 	pollInterval  time.Duration
 	disableNotify bool
-	bounds        bounds // of the probe: one outbox's lock must not hold it up
+	bounds        pgbound.Bounds // of the probe: one outbox's lock must not hold it up
 	lc            lifecycle.Lifecycle
 
 	mu     sync.Mutex
@@ -57,7 +58,7 @@ type hub struct {
 	probes      atomic.Int64
 }
 
-func newHub(pool *pgxpool.Pool, log *slog.Logger, pollInterval time.Duration, disableNotify bool, bd bounds) *hub {
+func newHub(pool *pgxpool.Pool, log *slog.Logger, pollInterval time.Duration, disableNotify bool, bd pgbound.Bounds) *hub {
 	h := &hub{
 		pool: pool, log: log, pollInterval: pollInterval, disableNotify: disableNotify, bounds: bd,
 		relays:        map[*Relay]struct{}{},
@@ -171,7 +172,7 @@ func (h *hub) probe() {
 			for _, r := range idle {
 				d, perr := h.probeOnce(ctx, []*Relay{r})
 				if errors.As(perr, &pgErr) {
-					if outboxStuck(perr) {
+					if pgbound.Stuck(perr) {
 						// Left out of the next probes at once, not only
 						// after its own claim failed too.
 						r.dbFailed(stmtClaim, perr)
@@ -208,13 +209,13 @@ func (h *hub) probe() {
 // The statement runs under the hub's bounds: a lock on one outbox makes the
 // server end it with an error naming the outbox's relation, not hang.
 func (h *hub) probeOnce(ctx context.Context, rs []*Relay) ([]*Relay, error) {
-	ctx, cancel := context.WithTimeout(ctx, max(h.pollInterval, time.Second, h.bounds.deadline()))
+	ctx, cancel := context.WithTimeout(ctx, max(h.pollInterval, time.Second, h.bounds.Deadline()))
 	defer cancel()
 	h.probes.Add(1)
 	var idx []int32
 	b := &pgx.Batch{}
 	b.Queue(probeSQL(rs))
-	err := sendBounded(ctx, h.pool, h.bounds, b, func(br pgx.BatchResults) error {
+	err := pgbound.Send(ctx, h.pool, h.bounds, b, func(br pgx.BatchResults) error {
 		rows, err := br.Query()
 		if err != nil {
 			return err

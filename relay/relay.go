@@ -37,6 +37,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
@@ -53,8 +54,8 @@ type Relay struct {
 	ownHub bool
 	q      queries
 	log    *slog.Logger
-	policy retry.Policy // what becomes of a failed publish
-	bounds bounds       // every statement's lock_timeout and statement_timeout (bound.go)
+	policy retry.Policy   // what becomes of a failed publish
+	bounds pgbound.Bounds // every statement's lock_timeout and statement_timeout
 
 	// lc runs the workers and the helpers (poll, listen, guard). Its Stopping
 	// means "claim no more"; its Hard context is cancelled when Stop's deadline
@@ -146,7 +147,7 @@ func newRelay(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config, h *hub) (*R
 		q:      newQueries(c.Schema),
 		log:    c.Logger.With(slog.String("relay", c.ID)),
 		policy: retry.Policy{MaxAttempts: c.MaxAttempts, BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax},
-		bounds: newBounds(c.StatementTimeout, c.LockTimeout),
+		bounds: pgbound.New(c.StatementTimeout, c.LockTimeout),
 		wake:   make(lifecycle.Wake, c.Workers),
 		retry:  make(chan time.Time, 16),
 		leased: map[pgoutbox.UUID]struct{}{},
@@ -300,7 +301,7 @@ func (r *Relay) stopped(bool) {
 		defer cancel()
 		b := &pgx.Batch{}
 		b.Queue(r.q.release, uuids(ids), r.cfg.ID)
-		if err := sendBounded(ctx, r.pool, r.bounds, b, nil); err != nil {
+		if err := pgbound.Send(ctx, r.pool, r.bounds, b, nil); err != nil {
 			r.log.Warn("could not release leases; they expire on their own", slog.Int("events", len(ids)), slog.Any("error", err))
 		} else {
 			r.forget(ids)
@@ -487,7 +488,7 @@ func (r *Relay) dbFailed(kind int, err error) {
 		}
 		return
 	}
-	if outboxStuck(err) {
+	if pgbound.Stuck(err) {
 		// The database answered: not down, and its connections are fine.
 		retry.MarkUp(&r.dbDown, r.log, "database")
 		if r.stuck[kind].Swap(&err) == nil {
@@ -661,7 +662,7 @@ func (r *Relay) claimFrom(ctx context.Context, from pgoutbox.Lane, limit int) ([
 	var batch []claimed
 	b := &pgx.Batch{}
 	b.Queue(r.q.claim, r.cfg.ID, r.cfg.Lease.Milliseconds(), from.AggregateType, from.AggregateID, limit, r.cfg.RunLength)
-	err := sendBounded(ctx, r.pool, r.bounds, b, func(br pgx.BatchResults) error {
+	err := pgbound.Send(ctx, r.pool, r.bounds, b, func(br pgx.BatchResults) error {
 		rows, err := br.Query()
 		if err != nil {
 			return err
@@ -804,7 +805,7 @@ func (o *outcome) failColumns() (ids []pgtype.UUID, errs []string, delaysMs []in
 
 // settle records the outcome of a publish: acked events published, failed ones
 // retried later or quarantined, unattempted ones released. The three statements go
-// in one transaction under the relay's bounds (sendBounded). If the database is unreachable,
+// in one transaction under the relay's bounds (pgbound.Send). If the database is unreachable,
 // settling is retried while the relay runs; once it is stopping, an attempt gets
 // stopSettleGrace and no retry. The leases of what was not recorded simply expire
 // and the events are published again (a duplicate, never a loss). It returns how
@@ -894,9 +895,9 @@ func (r *Relay) decide(batch []claimed, results []error) outcome {
 func (r *Relay) record(o *outcome) bool {
 	var wait retry.Backoff
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), max(settleTimeout, r.bounds.deadline()))
+		ctx, cancel := context.WithTimeout(context.Background(), max(settleTimeout, r.bounds.Deadline()))
 		ctx, cancelGrace := r.lc.Grace(ctx, stopSettleGrace)
-		err := sendBounded(ctx, r.pool, r.bounds, r.settleStatements(o), func(pgx.BatchResults) error {
+		err := pgbound.Send(ctx, r.pool, r.bounds, r.settleStatements(o), func(pgx.BatchResults) error {
 			return failpoint.Inject(failpoint.RelayMark)
 		})
 		cancelGrace()
