@@ -234,7 +234,7 @@ func TestGroupTenantLockStallsNoOther(t *testing.T) {
 				}
 			}
 			// Reported once per episode and kind of statement (claim, settle).
-			if n := strings.Count(log, "statements time out"); !v.refused && (n < 1 || n > 2) {
+			if n := strings.Count(log, `msg="the outbox's statements time out`); !v.refused && (n < 1 || n > 2) {
 				t.Fatalf("a's stuck statements logged %d times, want once per kind:\n%s", n, log)
 			}
 
