@@ -181,8 +181,7 @@ func NewGroup(pub broker.Publisher, cfg *GroupConfig) (*Group, error) {
 	for _, d := range c.Databases {
 		g.dbs = append(g.dbs, &groupDB{
 			Database: d,
-			hub: newHub(d.Pool, g.log.With(slog.String("database", d.Name)), resolved.PollInterval, c.Config.DisableNotify,
-				pgbound.New(resolved.StatementTimeout, resolved.LockTimeout)),
+			hub:      newHub(d.Pool, g.log.With(slog.String("database", d.Name)), &resolved),
 			tenants:  map[string]*tenant{},
 			problems: map[string]error{},
 		})

@@ -58,9 +58,10 @@ type hub struct {
 	probes      atomic.Int64
 }
 
-func newHub(pool *pgxpool.Pool, log *slog.Logger, pollInterval time.Duration, disableNotify bool, bd pgbound.Bounds) *hub {
+func newHub(pool *pgxpool.Pool, log *slog.Logger, c *Config) *hub {
 	h := &hub{
-		pool: pool, log: log, pollInterval: pollInterval, disableNotify: disableNotify, bounds: bd,
+		pool: pool, log: log, pollInterval: c.PollInterval, disableNotify: c.DisableNotify,
+		bounds:        pgbound.New(c.StatementTimeout, min(c.LockTimeout, probeLockTimeout)),
 		relays:        map[*Relay]struct{}{},
 		relaysChanged: lifecycle.NewWake(),
 		idleChanged:   lifecycle.NewWake(),
@@ -131,8 +132,9 @@ func (h *hub) helperContext() (context.Context, context.CancelFunc) {
 // cannot be read (a dropped schema, a missing privilege, a lock held on it
 // past LockTimeout) is woken too, so that its own claim reports the error in
 // its health and retries with its backoff. Such a relay is left out of the
-// statement from then on (Relay.refused), until one of its claims succeeds:
-// one outbox's lock costs the others' probe at most twice LockTimeout, once.
+// statement from then on (Relay.refused), until one of its claims succeeds.
+// The probe waits for a lock at most probeLockTimeout: until the claim of a
+// newly locked outbox has failed, that outbox costs each probe twice that.
 func (h *hub) probe() {
 	ctx, cancel := h.helperContext()
 	defer cancel()
@@ -172,11 +174,6 @@ func (h *hub) probe() {
 			for _, r := range idle {
 				d, perr := h.probeOnce(ctx, []*Relay{r})
 				if errors.As(perr, &pgErr) {
-					if pgbound.Stuck(perr) {
-						// Left out of the next probes at once, not only
-						// after its own claim failed too.
-						r.dbFailed(stmtClaim, perr)
-					}
 					d = []*Relay{r}
 				} else if perr != nil {
 					err = perr
@@ -254,6 +251,14 @@ func probeSQL(rs []*Relay) string {
 	}
 	return b.String()
 }
+
+// probeLockTimeout bounds the probe's wait for a lock on an outbox. The probe
+// is only a hint: an outbox whose lock it cannot get is woken, and its own
+// claim waits for the lock as long as Config.LockTimeout allows. A brief lock
+// (a partition dropped) thus costs nothing, and a lasting one holds the
+// others' probe up little until that claim has failed and the outbox is left
+// out.
+const probeLockTimeout = 100 * time.Millisecond
 
 // hubProbeChannel is the channel of the listener's own probe notification.
 const hubProbeChannel = "pgoutbox.hub"

@@ -157,7 +157,7 @@ func newRelay(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config, h *hub) (*R
 	if h != nil {
 		r.log = r.log.With(slog.String("tenant", c.Tenant))
 	} else {
-		h, r.ownHub = newHub(pool, r.log, c.PollInterval, c.DisableNotify, r.bounds), true
+		h, r.ownHub = newHub(pool, r.log, &c), true
 	}
 	r.hub, r.idleChanged = h, h.idleChanged
 	r.lc.Name = "relay"
