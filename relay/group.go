@@ -125,6 +125,10 @@ func (c *GroupConfig) withDefaults() (GroupConfig, error) {
 //
 // An outbox that cannot be served (its schema not migrated, refused, or gone)
 // is reported by Healthy and Tenants and left out; the others keep flowing.
+// So is an outbox whose tables another session keeps locked (its owner, a
+// migration of it): each statement waits for a lock at most
+// Config.LockTimeout, the outbox is reported (ErrOutboxStuck) and retried
+// with backoff, and the shared pool and probe go on without it.
 // Any number of Groups and Relays may serve the same outboxes: they coordinate
 // through PostgreSQL alone.
 //
