@@ -231,7 +231,7 @@ func (r *Relay) Healthy() error {
 const (
 	// settleTimeout bounds one attempt to record a batch's outcome (mark, fail
 	// and release in one transaction), on the client: the server ends the
-	// statements first, at Config.StatementTimeout (bounds.deadline is used
+	// statements first, at Config.StatementTimeout (Bounds.Deadline is used
 	// when longer). A failed attempt is retried with backoff while the relay
 	// runs.
 	settleTimeout = 10 * time.Second

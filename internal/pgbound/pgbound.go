@@ -17,6 +17,7 @@ package pgbound
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -61,21 +62,22 @@ const rollbackTimeout = 2 * time.Second
 // settings, then b with the COMMIT. The settings must come first because a
 // statement's Parse already takes its tables' locks (the first use of a
 // prepared statement on a connection). On failure the transaction is rolled
-// back, so that the connection returns to the pool usable.
+// back, so that the connection returns to the pool usable. Send queues the
+// COMMIT on b: a batch is sent once. ctx governs the whole transaction.
 func Send(ctx context.Context, pool *pgxpool.Pool, bd Bounds, b *pgx.Batch, read func(pgx.BatchResults) error) error {
 	if bd.begin == "" {
 		return errors.New("pgbound: Bounds not made with New")
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("acquire a connection: %w", err)
 	}
 	defer conn.Release()
 	if _, err := conn.Exec(ctx, bd.begin); err != nil {
 		if !pgconn.Timeout(err) {
 			rollback(ctx, conn.Conn())
 		}
-		return err
+		return fmt.Errorf("begin a bounded transaction: %w", err)
 	}
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
