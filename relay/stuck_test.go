@@ -7,12 +7,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
@@ -41,21 +39,6 @@ func (g *tenantGate) Publish(ctx context.Context, msgs []broker.Message) []error
 		}
 	}
 	return g.Publisher.Publish(ctx, msgs)
-}
-
-// countingPool is a pool of maxConns on url that counts the connections it
-// closes: a reset of the pool, or a statement abandoned by the client, closes
-// some.
-func countingPool(t *testing.T, url string, maxConns int32, closed *atomic.Int64) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	pgtest.Must(t, err, "parse url")
-	cfg.MaxConns = maxConns
-	cfg.BeforeClose = func(*pgx.Conn) { closed.Add(1) }
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	pgtest.Must(t, err, "pool")
-	t.Cleanup(pool.Close)
-	return pool
 }
 
 func execAll(stmts ...string) func(context.Context, pgx.Tx) error {
@@ -131,8 +114,7 @@ func TestGroupTenantLockStallsNoOther(t *testing.T) {
 			d := &tenantDB{url: url, pool: pgtest.Pool(t, url, 1)}
 			d.migrate(t, "a")
 			d.migrate(t, "b")
-			var closed atomic.Int64
-			pool := countingPool(t, url, 4, &closed)
+			pool, closed := pgtest.PoolCountingCloses(t, url, 4)
 			holder, err := pgx.Connect(ctx, url)
 			pgtest.Must(t, err, "connect the lock holder")
 			t.Cleanup(func() { _ = holder.Close(context.Background()) })

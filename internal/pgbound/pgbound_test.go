@@ -4,30 +4,18 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 
 	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
-// boundedPool is a pool of one connection on the test server that counts the
-// connections it closes.
-func boundedPool(t *testing.T, closed *atomic.Int64) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	pgtest.Must(t, err, "parse url")
-	cfg.MaxConns = 1
-	cfg.BeforeClose = func(*pgx.Conn) { closed.Add(1) }
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	pgtest.Must(t, err, "pool")
-	t.Cleanup(pool.Close)
-	return pool
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func settings(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
@@ -85,8 +73,7 @@ func TestBoundsEndStuckStatements(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var closed atomic.Int64
-			pool := boundedPool(t, &closed)
+			pool, closed := pgtest.PoolCountingCloses(t, pgtest.URL(), 1)
 			before := settings(t, pool)
 			if tc.warm {
 				pgtest.Must(t, tc.run(pool), "unlocked")
@@ -113,8 +100,7 @@ func TestBoundsEndStuckStatements(t *testing.T) {
 
 	var n int
 	pgtest.Must(t, setup.QueryRow(ctx, "SELECT n FROM "+table).Scan(&n), "n")
-	var closed atomic.Int64
-	pool := boundedPool(t, &closed)
+	pool, _ := pgtest.PoolCountingCloses(t, pgtest.URL(), 1)
 	pgtest.Must(t, update(pool), "update, nothing held")
 	var after int
 	pgtest.Must(t, setup.QueryRow(ctx, "SELECT n FROM "+table).Scan(&after), "n")

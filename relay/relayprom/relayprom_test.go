@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -370,14 +369,7 @@ func TestOutboxCollectorLockedOutboxCostsNoConnection(t *testing.T) {
 	ctx := context.Background()
 	o := newOutbox(t)
 	o.enqueue(t, "a", 3)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	pgtest.Must(t, err, "parse url")
-	var closed atomic.Int64
-	cfg.MaxConns = 1
-	cfg.BeforeClose = func(*pgx.Conn) { closed.Add(1) }
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	pgtest.Must(t, err, "pool")
-	t.Cleanup(pool.Close)
+	pool, closed := pgtest.PoolCountingCloses(t, pgtest.URL(), 1)
 	backlog, err := relayprom.NewOutbox(pool, &relayprom.OutboxConfig{Schema: o.schema, MaxAge: time.Nanosecond, Logger: quiet()})
 	pgtest.Must(t, err, "NewOutbox")
 	reg := prometheus.NewRegistry()
