@@ -20,6 +20,10 @@ const (
 	DefaultMaxAttempts  = 10
 	DefaultBackoffBase  = time.Second
 	DefaultBackoffMax   = 5 * time.Minute
+	// DefaultStatementTimeout and DefaultLockTimeout bound each statement of
+	// a relay on the server (Config.StatementTimeout, Config.LockTimeout).
+	DefaultStatementTimeout = 5 * time.Second
+	DefaultLockTimeout      = time.Second
 )
 
 // Limits of Config checked by Validate.
@@ -85,6 +89,25 @@ type Config struct {
 	// (docs/operations.md, "Connection poolers").
 	DisableNotify bool
 
+	// StatementTimeout bounds each of the relay's statements on the server
+	// (claim, settle, release, the hub's probe): PostgreSQL's statement_timeout,
+	// set with SET LOCAL in the statement's own transaction, so that it works
+	// through a pooler in transaction mode and never outlives the statement.
+	// A statement that runs longer is cancelled by the server, the outbox is
+	// reported stuck (Healthy returns ErrOutboxStuck) and retried with backoff;
+	// the connection stays in the pool, and the other outboxes of a Group are
+	// not held up. At most Lease/4, so that a claim ends well within its
+	// lease. Zero means DefaultStatementTimeout (5s), or Lease/4 if shorter.
+	StatementTimeout time.Duration
+
+	// LockTimeout bounds each wait of the relay's statements for a lock held
+	// by another session (PostgreSQL's lock_timeout, set like
+	// StatementTimeout): a LOCK TABLE on the outbox, a migration altering it,
+	// its rows locked FOR UPDATE. Such an outbox is reported stuck and skipped
+	// until the lock is gone. At most StatementTimeout. Zero means
+	// DefaultLockTimeout (1s), or StatementTimeout if shorter.
+	LockTimeout time.Duration
+
 	// MaxAttempts is how many failed publishes quarantine an event. Failures that
 	// mean the broker is unreachable (broker.Unavailable) never count towards it:
 	// an outage must not turn healthy events into poison. Zero means
@@ -136,6 +159,8 @@ func configDefaults(c *Config) {
 	config.Default(&c.Lease, DefaultLease)
 	config.Default(&c.PublishTimeout, c.Lease/2)
 	config.Default(&c.PollInterval, DefaultPollInterval)
+	config.Default(&c.StatementTimeout, min(DefaultStatementTimeout, c.Lease/4))
+	config.Default(&c.LockTimeout, min(DefaultLockTimeout, c.StatementTimeout))
 	config.Default(&c.MaxAttempts, DefaultMaxAttempts)
 	config.Default(&c.BackoffBase, DefaultBackoffBase)
 	config.Default(&c.BackoffMax, DefaultBackoffMax)
@@ -155,6 +180,10 @@ func checkConfig(c *Config, p *config.Problems) {
 	p.Check(c.PublishTimeout > 0 && c.PublishTimeout < c.Lease,
 		"Config.PublishTimeout (%s) must be positive and shorter than Config.Lease (%s)", c.PublishTimeout, c.Lease)
 	p.Check(c.PollInterval > 0, "Config.PollInterval (%s) must be positive", c.PollInterval)
+	p.Check(c.StatementTimeout >= time.Millisecond && c.StatementTimeout <= c.Lease/4,
+		"Config.StatementTimeout (%s) must be at least 1ms and at most Config.Lease/4 (%s)", c.StatementTimeout, c.Lease/4)
+	p.Check(c.LockTimeout >= time.Millisecond && c.LockTimeout <= c.StatementTimeout,
+		"Config.LockTimeout (%s) must be at least 1ms and at most Config.StatementTimeout (%s)", c.LockTimeout, c.StatementTimeout)
 	p.Check(c.MaxAttempts > 0, "Config.MaxAttempts (%d) must be positive", c.MaxAttempts)
 	p.Check(c.BackoffBase > 0 && c.BackoffMax >= c.BackoffBase,
 		"Config.BackoffBase (%s) must be positive and at most Config.BackoffMax (%s)", c.BackoffBase, c.BackoffMax)

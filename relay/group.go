@@ -13,11 +13,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -129,6 +131,10 @@ func (c *GroupConfig) withDefaults() (GroupConfig, error) {
 //
 // An outbox that cannot be served (its schema not migrated, refused, or gone)
 // is reported by Healthy and Tenants and left out; the others keep flowing.
+// So is an outbox whose tables another session keeps locked (its owner, a
+// migration of it): each statement waits for a lock at most
+// Config.LockTimeout, the outbox is reported (ErrOutboxStuck) and retried
+// with backoff, and the shared pool and probe go on without it.
 // Any number of Groups and Relays may serve the same outboxes: they coordinate
 // through PostgreSQL alone.
 //
@@ -139,6 +145,10 @@ type Group struct {
 	log *slog.Logger
 	lc  lifecycle.Lifecycle
 	dbs []*groupDB
+	// bounds are the relays' (Config.StatementTimeout, Config.LockTimeout),
+	// for the check of a new outbox: its owner's locks (a migration under
+	// way) must not hold up discovering and serving the others.
+	bounds pgbound.Bounds
 
 	// names holds each served tenant name's database: a name is reserved
 	// before its relay starts, so that two outboxes never publish under one
@@ -176,11 +186,12 @@ func NewGroup(pub broker.Publisher, cfg *GroupConfig) (*Group, error) {
 	one.Schema = migrate.DefaultSchema
 	resolved, _ := one.withDefaults()
 	c.Config.ID = resolved.ID
-	g := &Group{cfg: c, pub: pub, log: resolved.Logger.With(slog.String("relay", resolved.ID)), names: map[string]*groupDB{}}
+	g := &Group{cfg: c, pub: pub, log: resolved.Logger.With(slog.String("relay", resolved.ID)), names: map[string]*groupDB{},
+		bounds: pgbound.New(resolved.StatementTimeout, resolved.LockTimeout)}
 	for _, d := range c.Databases {
 		g.dbs = append(g.dbs, &groupDB{
 			Database: d,
-			hub:      newHub(d.Pool, g.log.With(slog.String("database", d.Name)), resolved.PollInterval, c.Config.DisableNotify),
+			hub:      newHub(d.Pool, g.log.With(slog.String("database", d.Name)), &resolved),
 			tenants:  map[string]*tenant{},
 			problems: map[string]error{},
 		})
@@ -474,7 +485,7 @@ func (g *Group) start(ctx context.Context, d *groupDB, schema, name string) (*Re
 		return nil, err
 	}
 	r, err := func() (*Relay, error) {
-		if err := checkOutbox(ctx, d.Pool, schema); err != nil {
+		if err := pgbound.BeginFunc(ctx, d.Pool, g.bounds, func(tx pgx.Tx) error { return checkOutbox(ctx, tx, schema) }); err != nil {
 			return nil, err
 		}
 		cfg := g.cfg.Config
@@ -514,11 +525,11 @@ func (g *Group) release(name string) {
 
 // checkOutbox refuses a schema whose outbox migrations are missing, or newer
 // than this binary.
-func checkOutbox(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	if err := migrate.CheckCompatible(ctx, pool, schema, migrate.LineOutbox); err != nil {
+func checkOutbox(ctx context.Context, db migrate.Querier, schema string) error {
+	if err := migrate.CheckCompatible(ctx, db, schema, migrate.LineOutbox); err != nil {
 		return err
 	}
-	st, err := migrate.State(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
+	st, err := migrate.State(ctx, db, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
 	if err != nil {
 		return err
 	}

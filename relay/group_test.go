@@ -42,6 +42,12 @@ func (d *tenantDB) migrate(t testing.TB, schema string) {
 // enqueue writes n events of aggregates aggregates to schema, in one transaction.
 func (d *tenantDB) enqueue(t testing.TB, schema string, aggregates, n int) {
 	t.Helper()
+	enqueueTx(t, d.pool, schema, aggregates, n)
+}
+
+// enqueueTx is tenantDB.enqueue in tx (or a transaction of its own on a pool).
+func enqueueTx(t testing.TB, tx pgoutbox.PgxQuerier, schema string, aggregates, n int) {
+	t.Helper()
 	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
 	pgtest.Must(t, err, "producer")
 	evs := make([]pgoutbox.Event, n)
@@ -49,7 +55,7 @@ func (d *tenantDB) enqueue(t testing.TB, schema string, aggregates, n int) {
 		evs[i] = pgoutbox.Event{AggregateType: "acct", AggregateID: fmt.Sprintf("a%d", i%aggregates),
 			EventType: "acct.changed", Payload: map[string]int{"n": i}}
 	}
-	_, err = p.EnqueueTx(context.Background(), d.pool, evs...)
+	_, err = p.EnqueueTx(context.Background(), tx, evs...)
 	pgtest.Must(t, err, "enqueue into %s", schema)
 }
 

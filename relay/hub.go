@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
@@ -43,6 +44,7 @@ type hub struct {
 	log           *slog.Logger
 	pollInterval  time.Duration
 	disableNotify bool
+	bounds        pgbound.Bounds // of the probe: one outbox's lock must not hold it up
 	lc            lifecycle.Lifecycle
 
 	mu     sync.Mutex
@@ -56,9 +58,10 @@ type hub struct {
 	probes      atomic.Int64
 }
 
-func newHub(pool *pgxpool.Pool, log *slog.Logger, pollInterval time.Duration, disableNotify bool) *hub {
+func newHub(pool *pgxpool.Pool, log *slog.Logger, c *Config) *hub {
 	h := &hub{
-		pool: pool, log: log, pollInterval: pollInterval, disableNotify: disableNotify,
+		pool: pool, log: log, pollInterval: c.PollInterval, disableNotify: c.DisableNotify,
+		bounds:        pgbound.New(c.StatementTimeout, min(c.LockTimeout, probeLockTimeout)),
 		relays:        map[*Relay]struct{}{},
 		relaysChanged: lifecycle.NewWake(),
 		idleChanged:   lifecycle.NewWake(),
@@ -126,8 +129,12 @@ func (h *hub) helperContext() (context.Context, context.CancelFunc) {
 
 // probe finds, every PollInterval, the idle relays with events to claim, in one
 // statement, and wakes them. Busy relays claim anyway; a relay whose outbox
-// cannot be read (a dropped schema, a missing privilege) is woken too, so that
-// its own claim reports the error in its health and retries with its backoff.
+// cannot be read (a dropped schema, a missing privilege, a lock held on it
+// past LockTimeout) is woken too, so that its own claim reports the error in
+// its health and retries with its backoff. Such a relay is left out of the
+// statement from then on (Relay.refused), until one of its claims succeeds.
+// The probe waits for a lock at most probeLockTimeout: until the claim of a
+// newly locked outbox has failed, that outbox costs each probe twice that.
 func (h *hub) probe() {
 	ctx, cancel := h.helperContext()
 	defer cancel()
@@ -196,15 +203,23 @@ func (h *hub) probe() {
 }
 
 // probeOnce returns the relays of rs whose outbox holds a claimable event.
+// The statement runs under the hub's bounds: a lock on one outbox makes the
+// server end it with an error naming the outbox's relation, not hang.
 func (h *hub) probeOnce(ctx context.Context, rs []*Relay) ([]*Relay, error) {
-	ctx, cancel := context.WithTimeout(ctx, max(h.pollInterval, time.Second))
+	ctx, cancel := context.WithTimeout(ctx, max(h.pollInterval, time.Second, h.bounds.Deadline()))
 	defer cancel()
 	h.probes.Add(1)
-	rows, err := h.pool.Query(ctx, probeSQL(rs))
-	if err != nil {
-		return nil, fmt.Errorf("probe: %w", err)
-	}
-	idx, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	var idx []int32
+	b := &pgx.Batch{}
+	b.Queue(probeSQL(rs))
+	err := pgbound.Send(ctx, h.pool, h.bounds, b, func(br pgx.BatchResults) error {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		idx, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("probe: %w", err)
 	}
@@ -236,6 +251,14 @@ func probeSQL(rs []*Relay) string {
 	}
 	return b.String()
 }
+
+// probeLockTimeout bounds the probe's wait for a lock on an outbox. The probe
+// is only a hint: an outbox whose lock it cannot get is woken, and its own
+// claim waits for the lock as long as Config.LockTimeout allows. A brief lock
+// (a partition dropped) thus costs nothing, and a lasting one holds the
+// others' probe up little until that claim has failed and the outbox is left
+// out.
+const probeLockTimeout = 100 * time.Millisecond
 
 // hubProbeChannel is the channel of the listener's own probe notification.
 const hubProbeChannel = "pgoutbox.hub"

@@ -51,8 +51,8 @@ type SettledBatch struct {
 	// one aggregate are sent one after the other's ack, so it is at least the
 	// longest such chain. broker.Publisher reports no per-message ack times.
 	PublishDuration time.Duration
-	// SettleDuration is how long recording the outcomes took (one round trip when
-	// the database is healthy).
+	// SettleDuration is how long recording the outcomes took (one transaction,
+	// two round trips, when the database is healthy).
 	SettleDuration time.Duration
 }
 

@@ -37,6 +37,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
@@ -53,7 +54,8 @@ type Relay struct {
 	ownHub bool
 	q      queries
 	log    *slog.Logger
-	policy retry.Policy // what becomes of a failed publish
+	policy retry.Policy   // what becomes of a failed publish
+	bounds pgbound.Bounds // every statement's lock_timeout and statement_timeout
 
 	// lc runs the workers and the helpers (poll, listen, guard). Its Stopping
 	// means "claim no more"; its Hard context is cancelled when Stop's deadline
@@ -78,6 +80,10 @@ type Relay struct {
 	// because the outbox's objects are not as the relay needs them (a table
 	// or schema gone: SQLSTATE classes 42 and 3F), nil once one succeeds.
 	unusable atomic.Pointer[error]
+	// stuck holds, per statement kind, the last statement that the server
+	// ended at the relay's bounds (a lock held by another session, a
+	// statement past StatementTimeout), nil once that kind succeeds again.
+	stuck [2]atomic.Pointer[error]
 
 	idleWorkers atomic.Int32 // workers waiting for a wake-up (idle.go)
 	lastFound   atomic.Int64 // when a claim last found events (unix ns)
@@ -141,6 +147,7 @@ func newRelay(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config, h *hub) (*R
 		q:      newQueries(c.Schema),
 		log:    c.Logger.With(slog.String("relay", c.ID)),
 		policy: retry.Policy{MaxAttempts: c.MaxAttempts, BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax},
+		bounds: pgbound.New(c.StatementTimeout, c.LockTimeout),
 		wake:   make(lifecycle.Wake, c.Workers),
 		retry:  make(chan time.Time, 16),
 		leased: map[pgoutbox.UUID]struct{}{},
@@ -150,7 +157,7 @@ func newRelay(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config, h *hub) (*R
 	if h != nil {
 		r.log = r.log.With(slog.String("tenant", c.Tenant))
 	} else {
-		h, r.ownHub = newHub(pool, r.log, c.PollInterval, c.DisableNotify), true
+		h, r.ownHub = newHub(pool, r.log, &c), true
 	}
 	r.hub, r.idleChanged = h, h.idleChanged
 	r.lc.Name = "relay"
@@ -183,13 +190,20 @@ var (
 	// ErrOutboxUnusable: the database answers but the outbox's tables are not
 	// there or not as migrated (a schema dropped or altered under the relay).
 	ErrOutboxUnusable = errors.New("relay: the outbox's tables are missing or altered")
+	// ErrOutboxStuck: the database answers but ended the relay's statements
+	// at their bounds (Config.LockTimeout, Config.StatementTimeout): another
+	// session holds a lock on the outbox's tables (a LOCK TABLE, a migration,
+	// rows locked FOR UPDATE), or its statements run too long. The relay
+	// retries with backoff; the other outboxes of a Group are not held up.
+	ErrOutboxStuck = errors.New("relay: the outbox's statements time out (a lock held by another session, or too slow)")
 )
 
 // Healthy reports nil when the last contact with the database and with the broker
 // succeeded, else what is wrong: ErrDatabaseUnreachable, ErrPermissionDenied
 // (with the database's message: which privilege on which table),
-// ErrBrokerUnreachable, ErrBrokerMisconfigured (with the broker's answer) or
-// several (errors.Is tells them apart).
+// ErrOutboxUnusable, ErrOutboxStuck, ErrBrokerUnreachable,
+// ErrBrokerMisconfigured (with the broker's answer) or several (errors.Is
+// tells them apart).
 func (r *Relay) Healthy() error {
 	var errs []error
 	if r.dbDown.Load() {
@@ -203,6 +217,11 @@ func (r *Relay) Healthy() error {
 	if err := r.unusable.Load(); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrOutboxUnusable, *err))
 	}
+	for i := range r.stuck {
+		if err := r.stuck[i].Load(); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrOutboxStuck, *err))
+		}
+	}
 	errs = append(errs, r.broker.Errors(ErrBrokerUnreachable, ErrBrokerMisconfigured)...)
 	return errors.Join(errs...)
 }
@@ -211,8 +230,10 @@ func (r *Relay) Healthy() error {
 // a publish (Config.PublishTimeout).
 const (
 	// settleTimeout bounds one attempt to record a batch's outcome (mark, fail
-	// and release in one round trip). A failed attempt is retried with backoff
-	// while the relay runs.
+	// and release in one transaction), on the client: the server ends the
+	// statements first, at Config.StatementTimeout (Bounds.Deadline is used
+	// when longer). A failed attempt is retried with backoff while the relay
+	// runs.
 	settleTimeout = 10 * time.Second
 	// stopSettleGrace bounds an attempt to record a batch's outcome once the
 	// relay is stopping, from the moment the stop began; a failed attempt is
@@ -278,7 +299,9 @@ func (r *Relay) stopped(bool) {
 	if ids := r.outstanding(); len(ids) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), stopReleaseTimeout)
 		defer cancel()
-		if _, err := r.pool.Exec(ctx, r.q.release, uuids(ids), r.cfg.ID); err != nil {
+		b := &pgx.Batch{}
+		b.Queue(r.q.release, uuids(ids), r.cfg.ID)
+		if err := pgbound.Send(ctx, r.pool, r.bounds, b, nil); err != nil {
 			r.log.Warn("could not release leases; they expire on their own", slog.Int("events", len(ids)), slog.Any("error", err))
 		} else {
 			r.forget(ids)
@@ -465,6 +488,15 @@ func (r *Relay) dbFailed(kind int, err error) {
 		}
 		return
 	}
+	if pgbound.Stuck(err) {
+		// The database answered: not down, and its connections are fine.
+		retry.MarkUp(&r.dbDown, r.log, "database")
+		if r.stuck[kind].Swap(&err) == nil {
+			r.log.Warn("the outbox's statements time out: another session holds a lock on its tables, or they run too long; retrying with backoff, the other outboxes go on",
+				slog.Duration("lock_timeout", r.cfg.LockTimeout), slog.Duration("statement_timeout", r.cfg.StatementTimeout), slog.Any("error", err))
+		}
+		return
+	}
 	if !migrate.IsPermissionDenied(err) {
 		retry.MarkDown(&r.dbDown, r.log, "database", err)
 		r.dropHungConnections(err)
@@ -488,10 +520,10 @@ func (r *Relay) probeFailed(err error, reset bool) {
 }
 
 // refused reports whether the relay's last claim was refused by the database
-// for a reason it gave (the outbox's tables, a privilege); a claim that
-// succeeds clears it.
+// for a reason it gave (the outbox's tables, a privilege, a lock held past
+// LockTimeout); a claim that succeeds clears it.
 func (r *Relay) refused() bool {
-	return r.unusable.Load() != nil || r.denied[stmtClaim].Load() != nil
+	return r.unusable.Load() != nil || r.denied[stmtClaim].Load() != nil || r.stuck[stmtClaim].Load() != nil
 }
 
 // probeOK records that the hub's probe reached the database.
@@ -546,6 +578,9 @@ func (r *Relay) dbOK(kind int) {
 	}
 	if r.denied[kind].Swap(nil) != nil {
 		r.log.Info("the relay's statements are permitted again")
+	}
+	if r.stuck[kind].Swap(nil) != nil {
+		r.log.Info("the outbox's statements complete again")
 	}
 	retry.MarkUp(&r.dbDown, r.log, "database")
 }
@@ -624,32 +659,37 @@ func (r *Relay) claim() ([]claimed, error) {
 }
 
 func (r *Relay) claimFrom(ctx context.Context, from pgoutbox.Lane, limit int) ([]claimed, error) {
-	rows, err := r.pool.Query(ctx, r.q.claim, r.cfg.ID, r.cfg.Lease.Milliseconds(),
-		from.AggregateType, from.AggregateID, limit, r.cfg.RunLength)
-	if err != nil {
-		return nil, fmt.Errorf("claim batch: %w", err)
-	}
-	if err := failpoint.Inject(failpoint.RelayClaim); err != nil {
-		rows.Close()
-		return nil, fmt.Errorf("claim batch: %w", err)
-	}
-	batch, err := pgx.AppendRows(make([]claimed, 0, limit), rows, func(row pgx.CollectableRow) (claimed, error) {
-		var c claimed
-		var headers []byte
-		err := row.Scan(&c.msg.EventID, &c.msg.AggregateType, &c.msg.AggregateID, &c.msg.AggregateSequence,
-			&c.msg.EventType, &c.msg.SchemaVersion, &c.msg.Payload, &headers, &c.msg.OccurredAt,
-			&c.attempts, &c.previousHolder, &c.head)
-		c.msg.Tenant, c.msg.Schema = r.cfg.Tenant, r.cfg.Schema
-		if err == nil {
-			var derr error
-			if c.msg.Headers, derr = decodeHeaders(headers); derr != nil {
-				c.undecodable = fmt.Errorf("relay: event %s refused before publishing: headers are not a JSON object of strings: %w", c.msg.EventID, derr)
+	var batch []claimed
+	b := &pgx.Batch{}
+	b.Queue(r.q.claim, r.cfg.ID, r.cfg.Lease.Milliseconds(), from.AggregateType, from.AggregateID, limit, r.cfg.RunLength)
+	err := pgbound.Send(ctx, r.pool, r.bounds, b, func(br pgx.BatchResults) error {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		if err := failpoint.Inject(failpoint.RelayClaim); err != nil {
+			rows.Close()
+			return err
+		}
+		batch, err = pgx.AppendRows(make([]claimed, 0, limit), rows, func(row pgx.CollectableRow) (claimed, error) {
+			var c claimed
+			var headers []byte
+			err := row.Scan(&c.msg.EventID, &c.msg.AggregateType, &c.msg.AggregateID, &c.msg.AggregateSequence,
+				&c.msg.EventType, &c.msg.SchemaVersion, &c.msg.Payload, &headers, &c.msg.OccurredAt,
+				&c.attempts, &c.previousHolder, &c.head)
+			c.msg.Tenant, c.msg.Schema = r.cfg.Tenant, r.cfg.Schema
+			if err == nil {
+				var derr error
+				if c.msg.Headers, derr = decodeHeaders(headers); derr != nil {
+					c.undecodable = fmt.Errorf("relay: event %s refused before publishing: headers are not a JSON object of strings: %w", c.msg.EventID, derr)
+				}
 			}
-		}
-		if c.head != c.msg.EventID {
-			c.previousHolder = nil // only a run's head holds its lease
-		}
-		return c, err
+			if c.head != c.msg.EventID {
+				c.previousHolder = nil // only a run's head holds its lease
+			}
+			return c, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim batch: %w", err)
@@ -765,7 +805,7 @@ func (o *outcome) failColumns() (ids []pgtype.UUID, errs []string, delaysMs []in
 
 // settle records the outcome of a publish: acked events published, failed ones
 // retried later or quarantined, unattempted ones released. The three statements go
-// in one round trip and one implicit transaction. If the database is unreachable,
+// in one transaction under the relay's bounds (pgbound.Send). If the database is unreachable,
 // settling is retried while the relay runs; once it is stopping, an attempt gets
 // stopSettleGrace and no retry. The leases of what was not recorded simply expire
 // and the events are published again (a duplicate, never a loss). It returns how
@@ -849,17 +889,17 @@ func (r *Relay) decide(batch []claimed, results []error) outcome {
 	return o
 }
 
-// record writes the outcome in one round trip, retrying with backoff while the
+// record writes the outcome in one transaction, retrying with backoff while the
 // database fails and the relay runs. It reports false if the relay began to
 // stop and the attempt failed (see stopSettleGrace), or was hard-stopped.
 func (r *Relay) record(o *outcome) bool {
 	var wait retry.Backoff
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), max(settleTimeout, r.bounds.Deadline()))
 		ctx, cancelGrace := r.lc.Grace(ctx, stopSettleGrace)
-		br := r.pool.SendBatch(ctx, r.settleStatements(o))
-		err := failpoint.Inject(failpoint.RelayMark)
-		err = errors.Join(err, br.Close())
+		err := pgbound.Send(ctx, r.pool, r.bounds, r.settleStatements(o), func(pgx.BatchResults) error {
+			return failpoint.Inject(failpoint.RelayMark)
+		})
 		cancelGrace()
 		cancel()
 		if err == nil {

@@ -316,6 +316,9 @@ func TestConfigValidation(t *testing.T) {
 	for _, cfg := range []relay.Config{
 		{BatchSize: -1}, {Workers: 100}, {Lease: time.Millisecond}, {Lease: time.Second, PublishTimeout: 2 * time.Second},
 		{MaxAttempts: -3}, {BackoffBase: time.Minute, BackoffMax: time.Second}, {Schema: string(make([]byte, 70))},
+		{StatementTimeout: -time.Second}, {Lease: time.Second, StatementTimeout: 300 * time.Millisecond},
+		{LockTimeout: -time.Second}, {StatementTimeout: time.Second, LockTimeout: 2 * time.Second},
+		{StatementTimeout: time.Microsecond}, {LockTimeout: time.Microsecond},
 	} {
 		if _, err := relay.New(o.pool, &brokertest.Recorder{}, &cfg); err == nil {
 			t.Errorf("config %+v accepted", cfg)
@@ -328,8 +331,16 @@ func TestConfigValidation(t *testing.T) {
 	if err := defaults.Validate(); err != nil {
 		t.Errorf("nil config: %v", err)
 	}
-	err := (&relay.Config{BatchSize: -1, Workers: 100}).Validate()
-	for _, want := range []string{"relay: Config.BatchSize (-1)", "relay: Config.Workers (100)"} {
+	// The bounds' defaults follow a short lease: valid whatever Lease is.
+	for _, lease := range []time.Duration{100 * time.Millisecond, time.Second, time.Hour} {
+		if err := (&relay.Config{Lease: lease}).Validate(); err != nil {
+			t.Errorf("Lease %s with the default bounds: %v", lease, err)
+		}
+	}
+	err := (&relay.Config{BatchSize: -1, Workers: 100, Lease: time.Second, StatementTimeout: time.Second, LockTimeout: 2 * time.Second}).Validate()
+	for _, want := range []string{"relay: Config.BatchSize (-1)", "relay: Config.Workers (100)",
+		"Config.StatementTimeout (1s) must be at least 1ms and at most Config.Lease/4 (250ms)",
+		"Config.LockTimeout (2s) must be at least 1ms and at most Config.StatementTimeout (1s)"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate: %v, want an error naming %q", err, want)
 		}

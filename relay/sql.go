@@ -28,7 +28,8 @@ func newQueries(schema string) queries {
 	}
 }
 
-// claimSQL leases up to $5 events in one statement (its own short transaction).
+// claimSQL leases up to $5 events in one statement, in a short transaction of
+// its own under the relay's bounds (pgbound.Send).
 // docs/design.md ("Relay: the lane rule") is the one full explanation of the
 // algorithm and why it keeps every lane in order; this comment maps its steps to
 // the clauses.

@@ -47,12 +47,21 @@ func Name(prefix string) string {
 // Pool opens a pool on url, closed when the test ends.
 func Pool(tb testing.TB, url string, maxConns int32) *pgxpool.Pool {
 	tb.Helper()
+	return pool(tb, url, maxConns, nil)
+}
+
+// pool is Pool, with tune (if not nil) applied to the pool's configuration.
+func pool(tb testing.TB, url string, maxConns int32, tune func(*pgxpool.Config)) *pgxpool.Pool {
+	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		tb.Fatalf("pgtest: parse %s: %v", url, err)
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	if tune != nil {
+		tune(cfg)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

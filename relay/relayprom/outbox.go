@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/internal/promreg"
 	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -37,7 +38,9 @@ type OutboxConfig struct {
 	// are pending. It must not be negative. Zero means DefaultMaxAge (5s).
 	MaxAge time.Duration
 
-	// QueryTimeout bounds the query. It must not be negative. Zero means
+	// QueryTimeout bounds the query. The server ends it at half of that, and
+	// a wait for a lock at a quarter, so that a lock held on the outbox costs
+	// no connection of the pool. It must not be negative. Zero means
 	// DefaultQueryTimeout (2s).
 	QueryTimeout time.Duration
 
@@ -182,7 +185,15 @@ func (o *Outbox) read(ctx context.Context) {
 	o.queries++
 	var s OutboxStats
 	var age float64
-	err := o.pool.QueryRow(ctx, o.query, o.table).Scan(&s.Pending, &age, &s.Quarantined, &s.TableBytes)
+	// Bounded on the server too: a lock held on the outbox (a tenant's own,
+	// in a Group) ends the query with an answer, not by closing a connection
+	// of the pool that the relays share.
+	b := &pgx.Batch{}
+	b.Queue(o.query, o.table)
+	statement := o.cfg.QueryTimeout / 2
+	err := pgbound.Send(ctx, o.pool, pgbound.New(statement, statement/2), b, func(br pgx.BatchResults) error {
+		return br.QueryRow().Scan(&s.Pending, &age, &s.Quarantined, &s.TableBytes)
+	})
 	o.readAt = time.Now()
 	if err != nil {
 		o.lastErr = fmt.Errorf("relayprom: read outbox stats: %w", err)

@@ -359,3 +359,46 @@ func TestOutboxConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// A lock held on the outbox (its owner's, in a relay serving many tenants)
+// makes a scrape report the database unread, and costs the pool shared with
+// the relays no connection: the server ends the query (it does not wait for
+// the lock, nor for the client's timeout, which would close the connection).
+func TestOutboxCollectorLockedOutboxCostsNoConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o := newOutbox(t)
+	o.enqueue(t, "a", 3)
+	pool, closed := pgtest.PoolCountingCloses(t, pgtest.URL(), 1)
+	backlog, err := relayprom.NewOutbox(pool, &relayprom.OutboxConfig{Schema: o.schema, MaxAge: time.Nanosecond, Logger: quiet()})
+	pgtest.Must(t, err, "NewOutbox")
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(backlog)
+	if got := value(t, reg, "pgoutbox_relay_pending_events"); got != 3 {
+		t.Fatalf("pending %v, want 3", got)
+	}
+
+	tx, err := o.pool.Begin(ctx)
+	pgtest.Must(t, err, "begin")
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE "+o.table()+" IN ACCESS EXCLUSIVE MODE")
+	pgtest.Must(t, err, "lock")
+	for range 2 {
+		if got := value(t, reg, "pgoutbox_relay_up", "dependency", "database"); got != 0 {
+			t.Fatalf("up{database} %v with the outbox locked", got)
+		}
+		if find(t, reg, "pgoutbox_relay_pending_events") != nil {
+			t.Fatal("pending exported while the outbox could not be read")
+		}
+	}
+	if _, err := backlog.Stats(ctx); !strings.Contains(fmt.Sprint(err), "55P03") {
+		t.Fatalf("Stats = %v, want the server's lock timeout", err)
+	}
+	if n := closed.Load(); n != 0 {
+		t.Fatalf("%d connections of the pool closed by scrapes of a locked outbox", n)
+	}
+	pgtest.Must(t, tx.Rollback(ctx), "release")
+	if got := value(t, reg, "pgoutbox_relay_pending_events"); got != 3 {
+		t.Fatalf("pending %v after the lock, want 3", got)
+	}
+}

@@ -157,18 +157,21 @@ func applyEnv(fs *pflag.FlagSet) error {
 // 4s) or give up before any server could answer. Flags whose zero means "off" or
 // "the default" are listed in zeroOK.
 var durationFloors = map[string]time.Duration{
-	"poll-interval":    10 * time.Millisecond,
-	"lease":            time.Second,
-	"publish-timeout":  100 * time.Millisecond,
-	"backoff-base":     10 * time.Millisecond,
-	"backoff-max":      10 * time.Millisecond,
-	"ack-timeout":      100 * time.Millisecond,
-	"connect-timeout":  100 * time.Millisecond,
-	"shutdown-timeout": 100 * time.Millisecond,
-	"cleanup-interval": 100 * time.Millisecond,
-	"interval":         50 * time.Millisecond, // status --watch
-	"retention":        time.Millisecond,      // and retentionFloor without --force
-	"inbox-retention":  time.Millisecond,
+	"poll-interval":   10 * time.Millisecond,
+	"lease":           time.Second,
+	"publish-timeout": 100 * time.Millisecond,
+	"backoff-base":    10 * time.Millisecond,
+	"backoff-max":     10 * time.Millisecond,
+	// The relay's server-side bounds; 0 is their default.
+	"statement-timeout": 10 * time.Millisecond,
+	"lock-timeout":      10 * time.Millisecond,
+	"ack-timeout":       100 * time.Millisecond,
+	"connect-timeout":   100 * time.Millisecond,
+	"shutdown-timeout":  100 * time.Millisecond,
+	"cleanup-interval":  100 * time.Millisecond,
+	"interval":          50 * time.Millisecond, // status --watch
+	"retention":         time.Millisecond,      // and retentionFloor without --force
+	"inbox-retention":   time.Millisecond,
 	// relay --tenants: each listing is a catalog query per database.
 	"discover-interval": 100 * time.Millisecond,
 }
@@ -176,12 +179,14 @@ var durationFloors = map[string]time.Duration{
 // boundsHelp documents durationFloors in the verbs' help.
 const boundsHelp = `Lower bounds (exit status 2 below them, docs/operations.md "Lower bounds"):
 --poll-interval 10ms, --lease 1s, --publish-timeout 100ms, --backoff-base and
---backoff-max 10ms, --ack-timeout 100ms, --connect-timeout 100ms, --shutdown-timeout
+--backoff-max 10ms, --statement-timeout and --lock-timeout 10ms (0: the default),
+--ack-timeout 100ms, --connect-timeout 100ms, --shutdown-timeout
 100ms, --cleanup-interval 100ms, --discover-interval 100ms, status --interval 50ms;
 a --retention under 1h needs --force.`
 
 // zeroOK are the flags of durationFloors whose 0 means "off" or "the default".
-var zeroOK = map[string]bool{"cleanup-interval": true, "publish-timeout": true, "inbox-retention": true}
+var zeroOK = map[string]bool{"cleanup-interval": true, "publish-timeout": true, "inbox-retention": true,
+	"statement-timeout": true, "lock-timeout": true}
 
 // retentionFloor is the shortest --retention accepted without --force: a
 // shorter one deletes published events before a consumer's outage or a replay

@@ -100,6 +100,8 @@ The polling relay runs Go's garbage collector at GOGC=200 unless GOGC is set.
 	fs.DurationVar(&f.cfg.PublishTimeout, "publish-timeout", 0, "bound on one batch's publish; must be shorter than --lease (env PGOUTBOX_PUBLISH_TIMEOUT) (default lease/2)")
 	fs.DurationVar(&f.cfg.PollInterval, "poll-interval", 2*time.Second, "how often to look for events without a notification (env PGOUTBOX_POLL_INTERVAL)")
 	fs.BoolVar(&f.cfg.DisableNotify, "no-notify", false, "do not LISTEN for commits; rely on polling alone (env PGOUTBOX_NO_NOTIFY)")
+	fs.DurationVar(&f.cfg.StatementTimeout, "statement-timeout", 0, "server-side bound on each of the relay's statements; at most lease/4 (env PGOUTBOX_STATEMENT_TIMEOUT) (default 5s, or lease/4 if shorter)")
+	fs.DurationVar(&f.cfg.LockTimeout, "lock-timeout", 0, "how long a statement of the relay waits for a lock another session holds on the outbox before the outbox is reported stuck and skipped; at most --statement-timeout (env PGOUTBOX_LOCK_TIMEOUT) (default 1s, or the statement timeout if shorter)")
 	fs.IntVar(&f.cfg.MaxAttempts, "max-attempts", 10, "failed publishes before an event is quarantined (env PGOUTBOX_MAX_ATTEMPTS)")
 	fs.DurationVar(&f.cfg.BackoffBase, "backoff-base", time.Second, "first retry delay, doubled per attempt (env PGOUTBOX_BACKOFF_BASE)")
 	fs.DurationVar(&f.cfg.BackoffMax, "backoff-max", 5*time.Minute, "longest retry delay (env PGOUTBOX_BACKOFF_MAX)")
@@ -313,6 +315,7 @@ func flagNames(err error) error {
 		"Config.BatchSize", "--batch-size", "Config.RunLength", "--run-length", "Config.Workers", "--workers",
 		"Config.Lease", "--lease", "Config.PublishTimeout", "--publish-timeout", "Config.PollInterval", "--poll-interval",
 		"Config.MaxAttempts", "--max-attempts", "Config.BackoffBase", "--backoff-base", "Config.BackoffMax", "--backoff-max",
+		"Config.StatementTimeout", "--statement-timeout", "Config.LockTimeout", "--lock-timeout",
 		"Config.ID", "--id", "Config.Schema", "--schema", "\n", "; ")
 	return errors.New(r.Replace(err.Error()))
 }
