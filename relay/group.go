@@ -59,6 +59,13 @@ type Database struct {
 	// and whichever was served first; prefixes of which none begins another
 	// ("eu-", "us-") make that impossible.
 	TenantPrefix string
+	// Trust says who may own a served outbox. Before an outbox is served, its
+	// schema and tables must be owned by a trusted role and carry nothing
+	// pgoutbox did not create (migrate.CheckTrusted): otherwise it is refused,
+	// logged once and named by Healthy and Tenants, and none of its code runs.
+	// The zero Trust trusts superusers and the roles that already hold the
+	// rights of the role Pool connects as.
+	Trust migrate.Trust
 }
 
 // GroupConfig configures a Group.
@@ -108,6 +115,7 @@ func (c *GroupConfig) withDefaults() (GroupConfig, error) {
 			names[d.Name] = true
 			_, err := migrate.ParseSelector(d.Schemas)
 			p.Field(fmt.Sprintf("GroupConfig.Databases[%d].Schemas", i), err)
+			p.Field(fmt.Sprintf("GroupConfig.Databases[%d].Trust", i), d.Trust.Validate())
 			p.Check(d.TenantPrefix == "" || tenantName.MatchString(d.TenantPrefix),
 				"GroupConfig.Databases[%d].TenantPrefix (%q) must hold letters, digits, '_' and '-' only", i, d.TenantPrefix)
 		}
@@ -409,6 +417,9 @@ func (g *Group) reconcile(d *groupDB, schemas []string, err error, clash map[str
 		d.hub.log.Info("outboxes listed again")
 	}
 	found := map[string]bool{}
+	// A served outbox is checked again at every listing: an owner changed or
+	// a trigger added since it was found stops its relay.
+	refused := map[string]error{}
 	for _, s := range schemas {
 		found[s] = true
 		if err := clash[s]; err != nil {
@@ -420,16 +431,21 @@ func (g *Group) reconcile(d *groupDB, schemas []string, err error, clash map[str
 		d.mu.Unlock()
 		if !served {
 			g.serve(ctx, d, s)
+		} else if err := migrate.CheckTrusted(ctx, d.Pool, s, d.Trust); errors.Is(err, migrate.ErrUntrusted) {
+			refused[s] = err
 		}
 	}
 	d.mu.Lock()
 	var gone []*tenant
 	for s, t := range d.tenants {
-		if !found[s] {
+		if !found[s] || refused[s] != nil {
 			gone = append(gone, t)
 			d.hub.remove(t.relay)
 			delete(d.tenants, s)
 		}
+	}
+	for s, err := range refused {
+		d.refuse(s, err)
 	}
 	for s := range d.problems {
 		if !found[s] {
@@ -438,7 +454,7 @@ func (g *Group) reconcile(d *groupDB, schemas []string, err error, clash map[str
 	}
 	d.mu.Unlock()
 	for _, t := range gone {
-		d.hub.log.Info("outbox gone: stopping its relay", slog.String("tenant", t.name))
+		d.hub.log.Info("outbox gone or refused: stopping its relay", slog.String("tenant", t.name))
 		sctx, cancel := context.WithTimeout(context.Background(), tenantStopTimeout)
 		_ = t.relay.Stop(sctx)
 		cancel()
@@ -453,16 +469,22 @@ func (g *Group) serve(ctx context.Context, d *groupDB, schema string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err != nil {
-		if prev, seen := d.problems[schema]; !seen || prev.Error() != err.Error() {
-			d.hub.log.Error("outbox not served", slog.String("schema", schema), slog.Any("error", err))
-		}
-		d.problems[schema] = err
+		d.refuse(schema, err)
 		return
 	}
 	delete(d.problems, schema)
 	d.tenants[schema] = &tenant{name: name, relay: r}
 	d.hub.add(r)
 	d.hub.log.Info("serving outbox", slog.String("tenant", name), slog.String("schema", schema))
+}
+
+// refuse records why schema is not served, logging it when it is new: once,
+// not at every listing. The caller holds d.mu.
+func (d *groupDB) refuse(schema string, err error) {
+	if prev, seen := d.problems[schema]; !seen || prev.Error() != err.Error() {
+		d.hub.log.Error("outbox not served", slog.String("schema", schema), slog.Any("error", err))
+	}
+	d.problems[schema] = err
 }
 
 // start reserves the tenant name, checks the outbox and starts its relay.
@@ -474,7 +496,7 @@ func (g *Group) start(ctx context.Context, d *groupDB, schema, name string) (*Re
 		return nil, err
 	}
 	r, err := func() (*Relay, error) {
-		if err := checkOutbox(ctx, d.Pool, schema); err != nil {
+		if err := migrate.CheckTenant(ctx, d.Pool, schema, d.Trust); err != nil {
 			return nil, err
 		}
 		cfg := g.cfg.Config
@@ -510,24 +532,6 @@ func (g *Group) release(name string) {
 	g.namesMu.Lock()
 	delete(g.names, name)
 	g.namesMu.Unlock()
-}
-
-// checkOutbox refuses a schema whose outbox migrations are missing, or newer
-// than this binary.
-func checkOutbox(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	if err := migrate.CheckCompatible(ctx, pool, schema, migrate.LineOutbox); err != nil {
-		return err
-	}
-	st, err := migrate.State(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
-	if err != nil {
-		return err
-	}
-	for _, s := range st {
-		if !s.Applied {
-			return fmt.Errorf("relay: schema %q lacks migration %s/%d %s", schema, s.Line, s.Version, s.Name)
-		}
-	}
-	return nil
 }
 
 // TenantState is one outbox of a Group, served or not.
