@@ -76,9 +76,10 @@ func ParseOwners(s string) (Trust, error) {
 	return t, t.Validate()
 }
 
-// trustQuery lists what makes a schema untrusted, one row per finding: a kind
-// and the catalog's description of the object, both for the error message. It
-// reads the catalog only, so it runs no code of the schema's owner. $1 is the
+// trustQuery lists what makes a schema untrusted. It
+// reads the catalog only, so it runs no code of the schema's owner. Each row is
+// a finding: what kind, the catalog's description of the object, and a labelled
+// detail (its owner, the foreign code it uses) or NULLs. $1 is the
 // schema, $2 pgoutbox's table names, $3 the trusted owners named in Trust.
 //
 //   - rels is pgoutbox's tables in the schema and every partition or child of
@@ -106,30 +107,31 @@ attached(classid, objid) AS (
   UNION ALL SELECT 'pg_catalog.pg_class'::regclass, x.indexrelid FROM pg_catalog.pg_index x JOIN rels ON x.indrelid = rels.oid
   UNION ALL SELECT 'pg_catalog.pg_attrdef'::regclass, a.oid FROM pg_catalog.pg_attrdef a JOIN rels ON a.adrelid = rels.oid
   UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, k.oid FROM pg_catalog.pg_constraint k JOIN rels ON k.conrelid = rels.oid)
-SELECT 'schema owned by an untrusted role', pg_catalog.pg_get_userbyid(ns.nspowner)::text
+SELECT 'owned by an untrusted role', pg_catalog.pg_describe_object('pg_catalog.pg_namespace'::regclass, ns.oid, 0),
+       'owner', pg_catalog.pg_get_userbyid(ns.nspowner)::text
   FROM ns WHERE ns.nspowner NOT IN (SELECT oid FROM trusted)
 UNION ALL
-SELECT 'owned by an untrusted role ' || pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(c.relowner)::text),
-       pg_catalog.pg_describe_object('pg_catalog.pg_class'::regclass, c.oid, 0)
+SELECT 'owned by an untrusted role', pg_catalog.pg_describe_object('pg_catalog.pg_class'::regclass, c.oid, 0),
+       'owner', pg_catalog.pg_get_userbyid(c.relowner)::text
   FROM rels JOIN pg_catalog.pg_class c ON c.oid = rels.oid WHERE c.relowner NOT IN (SELECT oid FROM trusted)
 UNION ALL
-SELECT 'not a table', pg_catalog.pg_describe_object('pg_catalog.pg_class'::regclass, c.oid, 0)
+SELECT 'not a table', pg_catalog.pg_describe_object('pg_catalog.pg_class'::regclass, c.oid, 0), NULL, NULL
   FROM rels JOIN pg_catalog.pg_class c ON c.oid = rels.oid WHERE c.relkind NOT IN ('r', 'p')
 UNION ALL
-SELECT 'row-level security on', pg_catalog.pg_describe_object('pg_catalog.pg_class'::regclass, c.oid, 0)
+SELECT 'row-level security on', pg_catalog.pg_describe_object('pg_catalog.pg_class'::regclass, c.oid, 0), NULL, NULL
   FROM rels JOIN pg_catalog.pg_class c ON c.oid = rels.oid WHERE c.relrowsecurity OR c.relforcerowsecurity
 UNION ALL
-SELECT 'policy', pg_catalog.pg_describe_object('pg_catalog.pg_policy'::regclass, p.oid, 0)
+SELECT 'policy', pg_catalog.pg_describe_object('pg_catalog.pg_policy'::regclass, p.oid, 0), NULL, NULL
   FROM pg_catalog.pg_policy p JOIN rels ON p.polrelid = rels.oid
 UNION ALL
-SELECT 'trigger', pg_catalog.pg_describe_object('pg_catalog.pg_trigger'::regclass, t.oid, 0)
+SELECT 'trigger', pg_catalog.pg_describe_object('pg_catalog.pg_trigger'::regclass, t.oid, 0), NULL, NULL
   FROM pg_catalog.pg_trigger t JOIN rels ON t.tgrelid = rels.oid WHERE NOT t.tgisinternal
 UNION ALL
-SELECT 'rule', pg_catalog.pg_describe_object('pg_catalog.pg_rewrite'::regclass, w.oid, 0)
+SELECT 'rule', pg_catalog.pg_describe_object('pg_catalog.pg_rewrite'::regclass, w.oid, 0), NULL, NULL
   FROM pg_catalog.pg_rewrite w JOIN rels ON w.ev_class = rels.oid
 UNION ALL
-SELECT 'code from outside pg_catalog in ' || pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid),
-       pg_catalog.pg_describe_object(d.refclassid, d.refobjid, 0)
+SELECT 'code from outside pg_catalog in', pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid),
+       'uses', pg_catalog.pg_describe_object(d.refclassid, d.refobjid, 0)
   FROM pg_catalog.pg_depend d JOIN attached a ON d.classid = a.classid AND d.objid = a.objid
  WHERE (d.refclassid = 'pg_catalog.pg_proc'::regclass
         AND (SELECT pronamespace FROM pg_catalog.pg_proc WHERE oid = d.refobjid) <> 'pg_catalog'::regnamespace)
@@ -164,8 +166,14 @@ func CheckTrusted(ctx context.Context, db Querier, schema string, trust Trust) e
 	}
 	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
 		var kind, what string
-		err := r.Scan(&kind, &what)
-		return fmt.Sprintf("%s %q", kind, what), err
+		var label, detail *string
+		if err := r.Scan(&kind, &what, &label, &detail); err != nil {
+			return "", err
+		}
+		if label != nil && detail != nil {
+			return fmt.Sprintf("%s %q (%s %q)", kind, what, *label, *detail), nil
+		}
+		return fmt.Sprintf("%s %q", kind, what), nil
 	})
 	if err != nil {
 		return fmt.Errorf("migrate: check that schema %q is trusted: %w", schema, err)
