@@ -167,13 +167,8 @@ func TestOutboxesSkipsTemporarySchemas(t *testing.T) {
 	a := pgtest.NewAttacker(t, "victim", 2)
 	_, err := migrate.Up(ctx, a.Pool, &migrate.Config{Schema: "tenant_real"})
 	pgtest.Must(t, err, "migrate")
-	for i := range 2 {
-		conn, err := a.As.Acquire(ctx) // held: its temporary tables live as long as the session
-		pgtest.Must(t, err, "acquire %d", i)
-		t.Cleanup(conn.Release)
-		_, err = conn.Exec(ctx, "CREATE TEMP TABLE outbox_events (x int); CREATE TEMP TABLE "+migrate.Table+" (x int)")
-		pgtest.Must(t, err, "temp tables %d", i)
-	}
+	a.TempOutbox(t)
+	a.TempOutbox(t)
 	var temps int
 	pgtest.Must(t, a.Pool.QueryRow(ctx, `SELECT count(DISTINCT relnamespace) FROM pg_class WHERE relname = 'outbox_events' AND relpersistence = 't'`).Scan(&temps), "count")
 	if temps != 2 {

@@ -27,8 +27,9 @@ type Attacker struct {
 	Pool *pgxpool.Pool
 	// As is a pool on the test database as the attacker.
 	As *pgxpool.Pool
-
-	canary string
+	// Canary is the attacker's schema holding the canary table "ran" and its
+	// functions: evil() and evil_trigger(), evil_imm(text) that call it.
+	Canary string
 }
 
 // NewAttacker creates the attacker's role, then a database of the test's own
@@ -40,14 +41,14 @@ func NewAttacker(tb testing.TB, victim string, maxConns int32) *Attacker {
 	tb.Helper()
 	role := Role(tb, Pool(tb, URL(), 1), "")
 	url := Database(tb) // after the role: dropped before it
-	a := &Attacker{Role: role, URL: url, Pool: Pool(tb, url, maxConns), canary: Name("evil_canary")}
+	a := &Attacker{Role: role, URL: url, Pool: Pool(tb, url, maxConns), Canary: Name("evil_canary")}
 	ctx := context.Background()
 	var db string
 	Must(tb, a.Pool.QueryRow(ctx, "SELECT current_database()").Scan(&db), "database name")
 	_, err := a.Pool.Exec(ctx, "GRANT CREATE ON DATABASE "+pgx.Identifier{db}.Sanitize()+" TO "+pgx.Identifier{role}.Sanitize())
 	Must(tb, err, "grant create on database")
 	a.As = Pool(tb, AsRole(tb, url, role), 2)
-	a.exec(tb, fmt.Sprintf(canarySQL, pgx.Identifier{a.canary}.Sanitize(), pgx.Identifier{victim, "outbox_events"}.Sanitize()))
+	a.exec(tb, fmt.Sprintf(canarySQL, pgx.Identifier{a.Canary}.Sanitize(), pgx.Identifier{victim, "outbox_events"}.Sanitize()))
 	return a
 }
 
@@ -202,7 +203,7 @@ func (a *Attacker) Plant(tb testing.TB, schema, login string, v HostileVariant) 
 	Must(tb, err, "migrate %s as the attacker", schema)
 	s := pgx.Identifier{schema}.Sanitize()
 	if v.SQL != "" {
-		r := strings.NewReplacer("{{schema}}", s, "{{canary}}", pgx.Identifier{a.canary}.Sanitize(), "{{login}}", pgx.Identifier{login}.Sanitize())
+		r := strings.NewReplacer("{{schema}}", s, "{{canary}}", pgx.Identifier{a.Canary}.Sanitize(), "{{login}}", pgx.Identifier{login}.Sanitize())
 		a.exec(tb, r.Replace(v.SQL))
 	}
 	for i := range 3 {
@@ -214,7 +215,7 @@ func (a *Attacker) Plant(tb testing.TB, schema, login string, v HostileVariant) 
 	tx, err := a.As.Begin(ctx)
 	Must(tb, err, "begin")
 	defer func() { _ = tx.Rollback(ctx) }()
-	count := "SELECT count(*) FROM " + pgx.Identifier{a.canary, "ran"}.Sanitize()
+	count := "SELECT count(*) FROM " + pgx.Identifier{a.Canary, "ran"}.Sanitize()
 	var before, after int
 	Must(tb, tx.QueryRow(ctx, count).Scan(&before), "count canary")
 	_, err = tx.Exec(ctx, "UPDATE "+s+".outbox_events SET claimed_by = 'attacker', published_at = now() WHERE published_at IS NULL")
@@ -232,9 +233,22 @@ func (a *Attacker) Plant(tb testing.TB, schema, login string, v HostileVariant) 
 func (a *Attacker) RanAsOthers(tb testing.TB) []string {
 	tb.Helper()
 	rows, err := a.Pool.Query(context.Background(), "SELECT who || ': ' || coalesce(what, '') FROM "+
-		pgx.Identifier{a.canary, "ran"}.Sanitize()+" WHERE who <> $1", a.Role)
+		pgx.Identifier{a.Canary, "ran"}.Sanitize()+" WHERE who <> $1", a.Role)
 	Must(tb, err, "read canary")
 	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	Must(tb, err, "read canary")
 	return out
+}
+
+// TempOutbox opens a session of the attacker, kept until the test ends, that
+// makes temporary tables named like an outbox: they live in a pg_temp_N schema
+// of the session, where any role may create tables.
+func (a *Attacker) TempOutbox(tb testing.TB) {
+	tb.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, AsRole(tb, a.URL, a.Role))
+	Must(tb, err, "connect as the attacker")
+	tb.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(ctx, "CREATE TEMP TABLE outbox_events (x int); CREATE TEMP TABLE "+migrate.Table+" (x int)")
+	Must(tb, err, "temporary outbox tables")
 }
