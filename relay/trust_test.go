@@ -54,7 +54,7 @@ func TestGroupServesOnlyTrustedTenants(t *testing.T) {
 	g := startGroup(t, rec, relay.GroupConfig{
 		Config: relay.Config{Workers: 1, PollInterval: 100 * time.Millisecond,
 			Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))},
-		Databases: []relay.Database{{Pool: a.Pool, Schemas: "tenant_*", Trust: migrate.Trust{Owners: []string{a.Role}}}},
+		Databases:        []relay.Database{{Pool: a.Pool, Schemas: "tenant_*", Trust: migrate.Trust{Owners: []string{a.Role}}}},
 		DiscoverInterval: 100 * time.Millisecond,
 	})
 	wait.For(t, 60*time.Second, "the victim's and the code-free attacker outboxes drained", func() bool {
@@ -159,4 +159,3 @@ func TestGroupServesOnlyTrustedTenants(t *testing.T) {
 		t.Errorf("tenant_evil_plain: %d events pending after it was refused, want 1", n)
 	}
 }
-
