@@ -39,7 +39,9 @@ const maxTrustedOwners = 100
 // their partitions. A superuser is always trusted (it could run anything
 // anyway), and so is any role that is a member of the role the check runs as
 // (current_user): its code, run with current_user's rights, gains nothing it
-// did not have. The zero Trust trusts those only.
+// did not have. The predefined role pg_database_owner (which owns the "public"
+// schema since PostgreSQL 15) is trusted when the database's owner is. The
+// zero Trust trusts those only.
 type Trust struct {
 	// Owners names further trusted roles, e.g. the migrator role of
 	// docs/security.md when the relay and operators run as roles of their own.
@@ -86,7 +88,9 @@ func ParseOwners(s string) (Trust, error) {
 //     them (a statement on a parent reaches its children, with their triggers
 //     and policies), and attached their indexes (an index expression runs on
 //     every insert and update);
-//   - the owners of the schema and of rels must be trusted;
+//   - the owners of the schema and of rels must be trusted; pg_database_owner
+//     (the owner of "public" since PostgreSQL 15) stands for the database's
+//     owner;
 //   - rels must be tables (a view or foreign table under pgoutbox's name would
 //     run its definition), without row-level security, policies, triggers
 //     (pgoutbox creates none: migration 4 dropped its only one) or rules;
@@ -95,9 +99,15 @@ func ParseOwners(s string) (Trust, error) {
 const trustQuery = `
 WITH RECURSIVE
 ns AS (SELECT oid, nspowner FROM pg_catalog.pg_namespace WHERE nspname = $1),
-trusted AS (
+named AS (
   SELECT r.oid FROM pg_catalog.pg_roles r
    WHERE r.rolsuper OR r.rolname = ANY($3::text[]) OR pg_catalog.pg_has_role(r.oid, current_user, 'MEMBER')),
+trusted AS (
+  SELECT oid FROM named
+  UNION ALL
+  SELECT r.oid FROM pg_catalog.pg_roles r
+   WHERE r.rolname = 'pg_database_owner'
+     AND (SELECT datdba FROM pg_catalog.pg_database WHERE datname = current_database()) IN (SELECT oid FROM named)),
 rels(oid) AS (
   SELECT c.oid FROM pg_catalog.pg_class c JOIN ns ON c.relnamespace = ns.oid WHERE c.relname = ANY($2::text[])
   UNION

@@ -119,7 +119,8 @@ func TestCheckTrustedRefusesForeignTables(t *testing.T) {
 }
 
 // By default a check run as a plain role trusts that role, the roles that are
-// members of it, and superusers, and no one else.
+// members of it, superusers, and pg_database_owner when the database's owner is
+// trusted, and no one else.
 func TestCheckTrustedDefaultOwners(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -129,7 +130,7 @@ func TestCheckTrustedDefaultOwners(t *testing.T) {
 	member := pgtest.Role(t, admin, "")
 	_, err := admin.Exec(ctx, "GRANT "+pgx.Identifier{runner}.Sanitize()+" TO "+pgx.Identifier{member}.Sanitize())
 	pgtest.Must(t, err, "grant membership")
-	owners := map[string]string{"by_runner": runner, "by_member": member, "by_super": "", "by_attacker": a.Role}
+	owners := map[string]string{"by_runner": runner, "by_member": member, "by_super": "", "by_attacker": a.Role, "public": ""}
 	for schema, owner := range owners {
 		_, err := migrate.Up(ctx, a.Pool, &migrate.Config{Schema: schema})
 		pgtest.Must(t, err, "migrate %s", schema)
@@ -149,7 +150,8 @@ func TestCheckTrustedDefaultOwners(t *testing.T) {
 		}
 	})
 	asRunner := pgtest.Pool(t, pgtest.AsRole(t, a.URL, runner), 1)
-	for schema, trusted := range map[string]bool{"by_runner": true, "by_member": true, "by_super": true, "by_attacker": false} {
+	for schema, trusted := range map[string]bool{"by_runner": true, "by_member": true, "by_super": true, "by_attacker": false,
+		"public": true /* owned by pg_database_owner: the database's owner, a superuser here */} {
 		err := migrate.CheckTrusted(ctx, asRunner, schema, migrate.Trust{})
 		if trusted != (err == nil) || (err != nil && !errors.Is(err, migrate.ErrUntrusted)) {
 			t.Errorf("as %s, CheckTrusted(%s) = %v, want trusted %v", runner, schema, err, trusted)
