@@ -454,7 +454,11 @@ func (g *Group) reconcile(d *groupDB, schemas []string, err error, clash map[str
 	}
 	d.mu.Unlock()
 	for _, t := range gone {
-		d.hub.log.Info("outbox gone or refused: stopping its relay", slog.String("tenant", t.name))
+		if refused[t.relay.cfg.Schema] != nil {
+			d.hub.log.Warn("outbox refused: stopping its relay", slog.String("tenant", t.name))
+		} else {
+			d.hub.log.Info("outbox gone: stopping its relay", slog.String("tenant", t.name))
+		}
 		sctx, cancel := context.WithTimeout(context.Background(), tenantStopTimeout)
 		_ = t.relay.Stop(sctx)
 		cancel()
