@@ -116,7 +116,8 @@ attached(classid, objid) AS (
   SELECT 'pg_catalog.pg_class'::regclass, oid FROM rels
   UNION ALL SELECT 'pg_catalog.pg_class'::regclass, x.indexrelid FROM pg_catalog.pg_index x JOIN rels ON x.indrelid = rels.oid
   UNION ALL SELECT 'pg_catalog.pg_attrdef'::regclass, a.oid FROM pg_catalog.pg_attrdef a JOIN rels ON a.adrelid = rels.oid
-  UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, k.oid FROM pg_catalog.pg_constraint k JOIN rels ON k.conrelid = rels.oid)
+  UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, k.oid FROM pg_catalog.pg_constraint k JOIN rels ON k.conrelid = rels.oid),
+findings(kind, what, label, detail) AS (
 SELECT 'owned by an untrusted role', pg_catalog.pg_describe_object('pg_catalog.pg_namespace'::regclass, ns.oid, 0),
        'owner', pg_catalog.pg_get_userbyid(ns.nspowner)::text
   FROM ns WHERE ns.nspowner NOT IN (SELECT oid FROM trusted)
@@ -148,8 +149,10 @@ SELECT 'code from outside pg_catalog in', pg_catalog.pg_describe_object(d.classi
     OR (d.refclassid = 'pg_catalog.pg_operator'::regclass
         AND (SELECT oprnamespace FROM pg_catalog.pg_operator WHERE oid = d.refobjid) <> 'pg_catalog'::regnamespace)
     OR (d.refclassid = 'pg_catalog.pg_type'::regclass AND d.deptype = 'n'
-        AND (SELECT typnamespace FROM pg_catalog.pg_type WHERE oid = d.refobjid) <> 'pg_catalog'::regnamespace)
-LIMIT 20`
+        AND (SELECT typnamespace FROM pg_catalog.pg_type WHERE oid = d.refobjid) <> 'pg_catalog'::regnamespace))
+SELECT kind, what, label, detail FROM findings
+ ORDER BY kind COLLATE "C", what COLLATE "C", detail COLLATE "C"
+ LIMIT 20`
 
 // CheckTrusted reports whether schema's outbox may be served by a command
 // serving many tenants: an error wrapping ErrUntrusted names what it found
