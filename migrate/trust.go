@@ -93,7 +93,9 @@ func ParseOwners(s string) (Trust, error) {
 //     owner;
 //   - rels must be tables (a view or foreign table under pgoutbox's name would
 //     run its definition), without row-level security, policies, triggers
-//     (pgoutbox creates none: migration 4 dropped its only one) or rules;
+//     (pgoutbox creates none: migration 4 dropped its only one), rules, or
+//     foreign keys from or to them (pgoutbox creates none; a cascade would
+//     reach another table's triggers);
 //   - defaults, generated columns, check constraints, indexes and column types
 //     of rels may use only pg_catalog's functions, operators and types.
 const trustQuery = `
@@ -137,6 +139,10 @@ SELECT 'policy', pg_catalog.pg_describe_object('pg_catalog.pg_policy'::regclass,
 UNION ALL
 SELECT 'trigger', pg_catalog.pg_describe_object('pg_catalog.pg_trigger'::regclass, t.oid, 0), NULL, NULL
   FROM pg_catalog.pg_trigger t JOIN rels ON t.tgrelid = rels.oid WHERE NOT t.tgisinternal
+UNION ALL
+SELECT 'foreign key', pg_catalog.pg_describe_object('pg_catalog.pg_constraint'::regclass, k.oid, 0), NULL, NULL
+  FROM pg_catalog.pg_constraint k
+ WHERE k.contype = 'f' AND (k.conrelid IN (SELECT oid FROM rels) OR k.confrelid IN (SELECT oid FROM rels))
 UNION ALL
 SELECT 'rule', pg_catalog.pg_describe_object('pg_catalog.pg_rewrite'::regclass, w.oid, 0), NULL, NULL
   FROM pg_catalog.pg_rewrite w JOIN rels ON w.ev_class = rels.oid

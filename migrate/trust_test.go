@@ -35,6 +35,7 @@ var refusedFor = map[string]string{
 	"index":                  `code from outside pg_catalog in "index tenant_evil_index.evil" (uses "function evil_canary_`,
 	"domain":                 `code from outside pg_catalog in "column evil`,
 	"child":                  `trigger "trigger evil on table`,
+	"fk_cascade":             `foreign key "constraint evil_ref_id_fkey on table tenant_evil_fk_cascade.evil_ref"`,
 	"plain":                  "",
 	"shadow":                 "",
 }

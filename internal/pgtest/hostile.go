@@ -111,7 +111,8 @@ type HostileVariant struct {
 // HostileVariants are the attacker's outboxes: plain (only its ownership is
 // wrong), triggers of every timing, row-level security, rules, defaults,
 // generated columns, checks, index expressions, domains, an inheriting table
-// with a trigger, and functions and operators shadowing pg_catalog's in its
+// with a trigger, a table with a trigger whose foreign key cascades from the
+// outbox, and functions and operators shadowing pg_catalog's in its
 // schema and in a schema named like the victim relay's login ("$user" of the
 // default search_path).
 func HostileVariants() []HostileVariant {
@@ -148,6 +149,8 @@ func HostileVariants() []HostileVariant {
 			CREATE TRIGGER evil BEFORE UPDATE ON {{schema}}.evil_child FOR EACH ROW EXECUTE FUNCTION {{canary}}.evil_trigger();
 			INSERT INTO {{schema}}.evil_child (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload)
 			VALUES (gen_random_uuid(), 'child', 'c1', 1, 'child.made', '{}')`},
+		{Name: "fk_cascade", SQL: `CREATE TABLE {{schema}}.evil_ref (id uuid REFERENCES {{schema}}.outbox_events ON DELETE CASCADE);
+			CREATE TRIGGER evil BEFORE DELETE ON {{schema}}.evil_ref FOR EACH ROW EXECUTE FUNCTION {{canary}}.evil_trigger()`},
 		{Name: "shadow", SQL: "CREATE SCHEMA {{login}};" + shadowSQL("{{schema}}") + shadowSQL("{{login}}")},
 	}
 }
