@@ -2,11 +2,14 @@ package cli
 
 import (
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 )
 
 // The operator verbs with --tenants, run as a superuser, beside outboxes that
@@ -118,6 +121,67 @@ func TestTenantVerbsRefuseHostileTenants(t *testing.T) {
 	for schema := range evil {
 		if n := e.count(schema, "outbox_events", "quarantined_at IS NOT NULL"); n != 1 {
 			t.Errorf("%s: %d quarantined events, want its 1 untouched", schema, n)
+		}
+	}
+}
+
+// A relay process serving 'tenant_*' as a superuser beside the attacker's
+// outboxes and temporary tables: the victim's events are published, /readyz
+// names each refused outbox (never a system schema), each refusal is logged
+// once, and none of the attacker's code runs. Bad --tenant-owner values are
+// refused before anything starts.
+func TestRelayTenantsRefusesHostileTenants(t *testing.T) {
+	t.Parallel()
+	a := pgtest.NewAttacker(t, "tenant_victim", 4)
+	e := &cliTenants{t: t, url: a.URL, pool: a.Pool}
+	pgtest.MigrateSchema(t, a.Pool, "tenant_victim")
+	e.enqueue("tenant_victim", 20, 0)
+	var refused []string
+	for _, v := range pgtest.HostileVariants() {
+		schema := "tenant_evil_" + v.Name
+		a.Plant(t, schema, "postgres", v)
+		refused = append(refused, schema)
+	}
+	a.TempOutbox(t)
+	a.TempOutbox(t)
+
+	p := startOpsRelay(t, nil, "--database-url", a.URL, "--tenants", "tenant_*", "--broker", "null://",
+		"--discover-interval", "200ms", "--metrics-addr", "127.0.0.1:0", "--workers", "1")
+	wait.For(t, time.Minute, "the victim drained", func() bool { return e.pending("tenant_victim") == 0 })
+	// A tenant made now is served by a later listing: by then every refusal
+	// has been met at least twice.
+	pgtest.MigrateSchema(t, a.Pool, "tenant_late")
+	e.enqueue("tenant_late", 1, 0)
+	wait.For(t, time.Minute, "tenant_late drained", func() bool { return e.pending("tenant_late") == 0 })
+
+	code, body := p.get(t, "/readyz")
+	if code != 503 || strings.Contains(body, `schema "pg_`) || strings.Contains(body, `"tenant_victim"`) || strings.Contains(body, `"tenant_late"`) {
+		t.Errorf("/readyz %d:\n%s", code, body)
+	}
+	logs := p.stderr.String()
+	for _, schema := range refused {
+		if !strings.Contains(body, `schema "`+schema+`"): migrate: outbox refused`) {
+			t.Errorf("/readyz does not name %s as refused:\n%s", schema, body)
+		}
+		once := regexp.MustCompile(`outbox not served.*schema=` + schema + `( |$)`)
+		if n := len(once.FindAllString(logs, -1)); n != 1 {
+			t.Errorf("%s: refusal logged %d times, want 1", schema, n)
+		}
+	}
+	p.sigterm(t)
+	if ran := a.RanAsOthers(t); len(ran) > 0 {
+		t.Fatalf("the attacker's code ran as another role: %q", ran)
+	}
+
+	for _, owners := range []string{"public", "pg_monitor", "a\x01b", strings.Repeat("r,", 101)} {
+		for _, args := range [][]string{
+			{"relay", "--tenants", "tenant_*", "--broker", "null://"},
+			{"status", "--tenants", "tenant_*"},
+			{"cleanup", "--tenants", "tenant_*"},
+		} {
+			if _, errOut, code := e.run(append(args, "--tenant-owner", owners)...); code != 2 || !strings.Contains(errOut, "--tenant-owner") {
+				t.Errorf("%q --tenant-owner %q: code %d, stderr %q; want 2", args, owners, code, errOut)
+			}
 		}
 	}
 }
