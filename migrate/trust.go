@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -24,13 +25,17 @@ import (
 // trusted, or its tables carry objects pgoutbox did not create.
 var ErrUntrusted = errors.New("migrate: outbox refused")
 
-// Tables are the tables pgoutbox's migrations create in a schema (outbox and
+// tables are the tables pgoutbox's migrations create in a schema (outbox and
 // inbox lines), which CheckTrusted inspects. The partitions of a partitioned
 // outbox_events are found through the catalog.
-var Tables = []string{
+var tables = []string{
 	Table, "outbox_events", "outbox_aggregate_sequences", "outbox_skipped_events",
 	"outbox_operator_audit", "processed_events", "consumer_positions",
 }
+
+// Tables returns the names of the tables pgoutbox's migrations create in a
+// schema, which CheckTrusted inspects (with their partitions and children).
+func Tables() []string { return slices.Clone(tables) }
 
 // maxTrustedOwners bounds the roles a Trust may name.
 const maxTrustedOwners = 100
@@ -179,7 +184,7 @@ func CheckTrusted(ctx context.Context, db Querier, schema string, trust Trust) e
 	if owners == nil {
 		owners = []string{}
 	}
-	rows, err := db.Query(ctx, trustQuery, schema, Tables, owners)
+	rows, err := db.Query(ctx, trustQuery, schema, tables, owners)
 	if err != nil {
 		return fmt.Errorf("migrate: check that schema %q is trusted: %w", schema, err)
 	}

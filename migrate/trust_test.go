@@ -3,6 +3,7 @@ package migrate_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -56,6 +57,15 @@ func TestCheckTrustedRefusesHostileOutboxes(t *testing.T) {
 		_, err := migrate.Up(ctx, a.Pool, &c)
 		pgtest.Must(t, err, "migrate %s", c.Schema)
 		pgtest.Must(t, migrate.CheckTrusted(ctx, a.Pool, c.Schema, migrate.Trust{}), "pgoutbox's own outbox %s", c.Schema)
+	}
+	// Tables is every table the migrations make: none escapes the check.
+	rows, err := a.Pool.Query(ctx, `SELECT relname::text FROM pg_class WHERE relnamespace = 'tenant_victim'::regnamespace
+		AND relkind IN ('r', 'p') AND NOT relispartition ORDER BY 1 COLLATE "C"`)
+	pgtest.Must(t, err, "list tables")
+	made, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	pgtest.Must(t, err, "list tables")
+	if want := slices.Sorted(slices.Values(migrate.Tables())); !slices.Equal(made, want) {
+		t.Fatalf("the migrations make tables %q, migrate.Tables() = %q", made, want)
 	}
 	for _, v := range pgtest.HostileVariants() {
 		want, ok := refusedFor[v.Name]
