@@ -60,7 +60,7 @@ func TestCheckTrustedRefusesHostileOutboxes(t *testing.T) {
 	}
 	// Tables is every table the migrations make: none escapes the check.
 	rows, err := a.Pool.Query(ctx, `SELECT relname::text FROM pg_class WHERE relnamespace = 'tenant_victim'::regnamespace
-		AND relkind IN ('r', 'p') AND NOT relispartition ORDER BY 1 COLLATE "C"`)
+		AND relkind IN ('r', 'p') AND NOT relispartition ORDER BY relname::text COLLATE "C"`)
 	pgtest.Must(t, err, "list tables")
 	made, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	pgtest.Must(t, err, "list tables")
