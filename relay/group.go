@@ -417,9 +417,6 @@ func (g *Group) reconcile(d *groupDB, schemas []string, err error, clash map[str
 		d.hub.log.Info("outboxes listed again")
 	}
 	found := map[string]bool{}
-	// A served outbox is checked again at every listing: an owner changed or
-	// a trigger added since it was found stops its relay.
-	refused := map[string]error{}
 	for _, s := range schemas {
 		found[s] = true
 		if err := clash[s]; err != nil {
@@ -432,20 +429,19 @@ func (g *Group) reconcile(d *groupDB, schemas []string, err error, clash map[str
 		if !served {
 			g.serve(ctx, d, s)
 		} else if err := migrate.CheckTrusted(ctx, d.Pool, s, d.Trust); errors.Is(err, migrate.ErrUntrusted) {
-			refused[s] = err
+			// Checked again at every listing: an owner changed or a trigger
+			// added since the outbox was found stops its relay.
+			g.refuse(d, s, err)
 		}
 	}
 	d.mu.Lock()
 	var gone []*tenant
 	for s, t := range d.tenants {
-		if !found[s] || refused[s] != nil {
+		if !found[s] {
 			gone = append(gone, t)
 			d.hub.remove(t.relay)
 			delete(d.tenants, s)
 		}
-	}
-	for s, err := range refused {
-		d.refuse(s, err)
 	}
 	for s := range d.problems {
 		if !found[s] {
@@ -454,11 +450,7 @@ func (g *Group) reconcile(d *groupDB, schemas []string, err error, clash map[str
 	}
 	d.mu.Unlock()
 	for _, t := range gone {
-		if refused[t.relay.cfg.Schema] != nil {
-			d.hub.log.Warn("outbox refused: stopping its relay", slog.String("tenant", t.name))
-		} else {
-			d.hub.log.Info("outbox gone: stopping its relay", slog.String("tenant", t.name))
-		}
+		d.hub.log.Info("outbox gone: stopping its relay", slog.String("tenant", t.name))
 		sctx, cancel := context.WithTimeout(context.Background(), tenantStopTimeout)
 		_ = t.relay.Stop(sctx)
 		cancel()
@@ -470,25 +462,16 @@ func (g *Group) reconcile(d *groupDB, schemas []string, err error, clash map[str
 func (g *Group) serve(ctx context.Context, d *groupDB, schema string) {
 	name := d.TenantPrefix + schema
 	r, err := g.start(ctx, d, schema, name)
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if err != nil {
-		d.refuse(schema, err)
+		g.refuse(d, schema, err)
 		return
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	delete(d.problems, schema)
 	d.tenants[schema] = &tenant{name: name, relay: r}
 	d.hub.add(r)
 	d.hub.log.Info("serving outbox", slog.String("tenant", name), slog.String("schema", schema))
-}
-
-// refuse records why schema is not served, logging it when it is new: once,
-// not at every listing. The caller holds d.mu.
-func (d *groupDB) refuse(schema string, err error) {
-	if prev, seen := d.problems[schema]; !seen || prev.Error() != err.Error() {
-		d.hub.log.Error("outbox not served", slog.String("schema", schema), slog.Any("error", err))
-	}
-	d.problems[schema] = err
 }
 
 // start reserves the tenant name, checks the outbox and starts its relay.
