@@ -45,6 +45,13 @@ type TenantsConfig struct {
 	// takes longer (a lock held on its tables) is reported with an error
 	// wrapping context.DeadlineExceeded. Defaults to DefaultTenantTimeout (10s).
 	Timeout time.Duration
+	// Trust says who may own a tenant's schema and tables: a tenant whose
+	// owner is not trusted, or whose tables carry objects pgoutbox did not
+	// create, is refused (an error wrapping migrate.ErrUntrusted in its row)
+	// before any statement touches its tables (migrate.CheckTrusted). The zero
+	// Trust trusts superusers and the roles that already hold the rights of
+	// the role the operation runs as.
+	Trust migrate.Trust
 }
 
 func (c *TenantsConfig) withDefaults() (TenantsConfig, error) {
@@ -54,6 +61,7 @@ func (c *TenantsConfig) withDefaults() (TenantsConfig, error) {
 	}, func(c *TenantsConfig, p *config.Problems) {
 		p.Check(c.Concurrency > 0, "TenantsConfig.Concurrency (%d) must be positive", c.Concurrency)
 		p.Check(c.Timeout > 0, "TenantsConfig.Timeout (%s) must be positive", c.Timeout)
+		p.Field("TenantsConfig.Trust", c.Trust.Validate())
 	})
 }
 
@@ -74,25 +82,12 @@ func Tenants(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selector) ([]s
 	return tenants, nil
 }
 
-// CheckOutbox reports whether schema holds an outbox this binary can work on:
-// an error wrapping migrate.ErrDatabaseNewer when it was migrated by a newer
-// pgoutbox, an error naming the first missing migration when it is not fully
-// migrated. It changes nothing.
+// CheckOutbox reports whether schema holds an outbox this binary can work on
+// (migrate.CheckMigrated). It changes nothing. The across-tenants operations
+// check each tenant with migrate.CheckTenant instead, which first refuses an
+// outbox whose owner is not trusted (TenantsConfig.Trust).
 func CheckOutbox(ctx context.Context, db migrate.Querier, schema string) error {
-	if err := migrate.CheckCompatible(ctx, db, schema, migrate.LineOutbox); err != nil {
-		return err
-	}
-	st, err := migrate.State(ctx, db, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
-	if err != nil {
-		return err
-	}
-	for _, s := range st {
-		if !s.Applied {
-			return fmt.Errorf("schema %s lacks migration %s/%d %s: run 'pgoutbox migrate --schema %s' first",
-				schema, s.Line, s.Version, s.Name, schema)
-		}
-	}
-	return nil
+	return migrate.CheckMigrated(ctx, db, schema)
 }
 
 // forTenants runs fn for each tenant, at most c.Concurrency at once, each under
@@ -175,8 +170,8 @@ func (t TenantStatus) MarshalJSON() ([]byte, error) {
 
 // StatusAll reads the status of every tenant of pool's database that sel chooses
 // (the zero Selector: every outbox), each tenant's inbox being in its own schema.
-// Each tenant is first checked to be a fully migrated outbox this binary knows
-// (CheckOutbox), then read with Admin.Status. The rows come worst first: the
+// Each tenant is first checked to be trusted and a fully migrated outbox this
+// binary knows (migrate.CheckTenant), then read with Admin.Status. The rows come worst first: the
 // tenants that could not be read, then by oldest pending age, longest first, then
 // by name.
 //
@@ -213,7 +208,7 @@ func StatusOf(ctx context.Context, pool *pgxpool.Pool, tenants []string, cfg *Te
 func statusOf(ctx context.Context, pool *pgxpool.Pool, tenants []string, c TenantsConfig) ([]TenantStatus, error) {
 	rows := make([]TenantStatus, len(tenants))
 	errs, err := forTenants(ctx, c, tenants, func(ctx context.Context, i int, tenant string) error {
-		if err := CheckOutbox(ctx, pool, tenant); err != nil {
+		if err := migrate.CheckTenant(ctx, pool, tenant, c.Trust); err != nil {
 			return err
 		}
 		a, err := New(pool, &Config{Schema: tenant})
@@ -282,7 +277,7 @@ func QuarantinedAll(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selecto
 	}
 	out := make([]TenantEvents, len(tenants))
 	errs, err := forTenants(ctx, c, tenants, func(ctx context.Context, i int, tenant string) error {
-		if err := CheckOutbox(ctx, pool, tenant); err != nil {
+		if err := migrate.CheckTenant(ctx, pool, tenant, c.Trust); err != nil {
 			return err
 		}
 		a, err := New(pool, &Config{Schema: tenant})
@@ -332,7 +327,7 @@ func FindEvents(ctx context.Context, pool *pgxpool.Pool, tenants []string, ids [
 	}
 	found := make([][]pgoutbox.UUID, len(tenants))
 	errs, err := forTenants(ctx, c, tenants, func(ctx context.Context, i int, tenant string) error {
-		if err := CheckOutbox(ctx, pool, tenant); err != nil {
+		if err := migrate.CheckTenant(ctx, pool, tenant, c.Trust); err != nil {
 			return err
 		}
 		rows, err := pool.Query(ctx, "SELECT event_id FROM "+pgx.Identifier{tenant, "outbox_events"}.Sanitize()+" WHERE event_id = ANY($1)", ids)

@@ -13,7 +13,11 @@ import (
 // Outboxes lists the schemas of the database that hold an outbox: an
 // outbox_events table beside pgoutbox's bookkeeping table (Table), in name
 // order. It reads the catalog only, so any role may call it, and it does not
-// check that a schema's migrations are complete: CheckCompatible and State do.
+// check that a schema's migrations are complete (CheckMigrated does) nor who
+// owns it (CheckTrusted does). System schemas are never listed: pg_catalog,
+// information_schema, and every name starting with "pg_", which PostgreSQL
+// reserves (TOAST schemas, and the temporary schemas of every session, where
+// any role may create tables).
 //
 // With patterns, only the schemas that match one of them are listed; a pattern
 // is a name or a glob of [path.Match] ("tenant_*"). A bad pattern is an error
@@ -24,9 +28,10 @@ func Outboxes(ctx context.Context, db Querier, patterns ...string) ([]string, er
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `
-SELECT n.nspname FROM pg_namespace n
- WHERE EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = $1 AND c.relkind IN ('r', 'p'))
-   AND EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'outbox_events' AND c.relkind IN ('r', 'p'))
+SELECT n.nspname FROM pg_catalog.pg_namespace n
+ WHERE n.nspname NOT LIKE 'pg\_%' AND n.nspname <> 'information_schema'
+   AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid AND c.relname = $1 AND c.relkind IN ('r', 'p'))
+   AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid AND c.relname = 'outbox_events' AND c.relkind IN ('r', 'p'))
  ORDER BY n.nspname COLLATE "C"`, Table)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: list outboxes: %w", err)

@@ -61,6 +61,13 @@ type Database struct {
 	// and whichever was served first; prefixes of which none begins another
 	// ("eu-", "us-") make that impossible.
 	TenantPrefix string
+	// Trust says who may own a served outbox. Before an outbox is served, its
+	// schema and tables must be owned by a trusted role and carry nothing
+	// pgoutbox did not create (migrate.CheckTrusted): otherwise it is refused,
+	// logged once and named by Healthy and Tenants, and none of its code runs.
+	// The zero Trust trusts superusers and the roles that already hold the
+	// rights of the role Pool connects as.
+	Trust migrate.Trust
 }
 
 // GroupConfig configures a Group.
@@ -110,6 +117,7 @@ func (c *GroupConfig) withDefaults() (GroupConfig, error) {
 			names[d.Name] = true
 			_, err := migrate.ParseSelector(d.Schemas)
 			p.Field(fmt.Sprintf("GroupConfig.Databases[%d].Schemas", i), err)
+			p.Field(fmt.Sprintf("GroupConfig.Databases[%d].Trust", i), d.Trust.Validate())
 			p.Check(d.TenantPrefix == "" || tenantName.MatchString(d.TenantPrefix),
 				"GroupConfig.Databases[%d].TenantPrefix (%q) must hold letters, digits, '_' and '-' only", i, d.TenantPrefix)
 		}
@@ -431,6 +439,10 @@ func (g *Group) reconcile(d *groupDB, schemas []string, err error, clash map[str
 		d.mu.Unlock()
 		if !served {
 			g.serve(ctx, d, s)
+		} else if err := migrate.CheckTrusted(ctx, d.Pool, s, d.Trust); errors.Is(err, migrate.ErrUntrusted) {
+			// Checked again at every listing: an owner changed or a trigger
+			// added since the outbox was found stops its relay.
+			g.refuse(d, s, err)
 		}
 	}
 	d.mu.Lock()
@@ -461,15 +473,12 @@ func (g *Group) reconcile(d *groupDB, schemas []string, err error, clash map[str
 func (g *Group) serve(ctx context.Context, d *groupDB, schema string) {
 	name := d.TenantPrefix + schema
 	r, err := g.start(ctx, d, schema, name)
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if err != nil {
-		if prev, seen := d.problems[schema]; !seen || prev.Error() != err.Error() {
-			d.hub.log.Error("outbox not served", slog.String("schema", schema), slog.Any("error", err))
-		}
-		d.problems[schema] = err
+		g.refuse(d, schema, err)
 		return
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	delete(d.problems, schema)
 	d.tenants[schema] = &tenant{name: name, relay: r}
 	d.hub.add(r)
@@ -485,7 +494,7 @@ func (g *Group) start(ctx context.Context, d *groupDB, schema, name string) (*Re
 		return nil, err
 	}
 	r, err := func() (*Relay, error) {
-		if err := pgbound.BeginFunc(ctx, d.Pool, g.bounds, func(tx pgx.Tx) error { return checkOutbox(ctx, tx, schema) }); err != nil {
+		if err := pgbound.BeginFunc(ctx, d.Pool, g.bounds, func(tx pgx.Tx) error { return migrate.CheckTenant(ctx, tx, schema, d.Trust) }); err != nil {
 			return nil, err
 		}
 		cfg := g.cfg.Config
@@ -521,24 +530,6 @@ func (g *Group) release(name string) {
 	g.namesMu.Lock()
 	delete(g.names, name)
 	g.namesMu.Unlock()
-}
-
-// checkOutbox refuses a schema whose outbox migrations are missing, or newer
-// than this binary.
-func checkOutbox(ctx context.Context, db migrate.Querier, schema string) error {
-	if err := migrate.CheckCompatible(ctx, db, schema, migrate.LineOutbox); err != nil {
-		return err
-	}
-	st, err := migrate.State(ctx, db, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
-	if err != nil {
-		return err
-	}
-	for _, s := range st {
-		if !s.Applied {
-			return fmt.Errorf("relay: schema %q lacks migration %s/%d %s", schema, s.Line, s.Version, s.Name)
-		}
-	}
-	return nil
 }
 
 // TenantState is one outbox of a Group, served or not.

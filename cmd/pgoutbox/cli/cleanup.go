@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -207,19 +208,11 @@ func progressTTY(w io.Writer) bool {
 
 // checkMigratedConn is checkMigrated on a single connection.
 func checkMigratedConn(ctx context.Context, q migrate.Querier, schema string) error {
-	if err := checkCompatible(ctx, q, schema, migrate.LineOutbox); err != nil {
-		return err
+	err := migrate.CheckMigrated(ctx, q, schema)
+	if errors.Is(err, migrate.ErrDatabaseNewer) {
+		return usageError{err}
 	}
-	st, err := migrate.State(ctx, q, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
-	if err != nil {
-		return err
-	}
-	for _, s := range st {
-		if !s.Applied {
-			return fmt.Errorf("schema %s lacks migration %s/%d %s: run 'pgoutbox migrate --schema %s' first", schema, s.Line, s.Version, s.Name, schema)
-		}
-	}
-	return nil
+	return err
 }
 
 // tenantCleanup is one row of cleanup --tenants (--json: an array of them).
@@ -255,7 +248,7 @@ func runCleanupTenants(ctx context.Context, db *dbFlags, lf *logFlags, tf *tenan
 		}
 		c := cfg
 		c.Schema, c.Logger = tenant, logger.With("tenant", tenant)
-		res, err := cleanupTenant(ctx, pool, c)
+		res, err := cleanupTenant(ctx, pool, c, tf.trust)
 		row := tenantCleanup{Tenant: tenant, cleanupSummary: cleanupSummary{
 			Cutoff: res.Cutoff.UTC(), Deleted: res.Deleted, Batches: res.Batches,
 			DroppedPartitions: nonNil(res.DroppedPartitions), DroppedRows: res.DroppedRows,
@@ -285,9 +278,12 @@ func runCleanupTenants(ctx context.Context, db *dbFlags, lf *logFlags, tf *tenan
 	return nil
 }
 
-// cleanupTenant checks one tenant's outbox (and its inbox, with
-// --inbox-retention) and cleans it.
-func cleanupTenant(ctx context.Context, pool *pgxpool.Pool, cfg admin.CleanupConfig) (admin.CleanupResult, error) {
+// cleanupTenant checks one tenant's outbox (trusted first, then migrated, and
+// its inbox with --inbox-retention) and cleans it.
+func cleanupTenant(ctx context.Context, pool *pgxpool.Pool, cfg admin.CleanupConfig, trust migrate.Trust) (admin.CleanupResult, error) {
+	if err := migrate.CheckTrusted(ctx, pool, cfg.Schema, trust); err != nil {
+		return admin.CleanupResult{}, err
+	}
 	if err := checkMigratedConn(ctx, pool, cfg.Schema); err != nil {
 		return admin.CleanupResult{}, err
 	}

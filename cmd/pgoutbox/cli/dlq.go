@@ -222,7 +222,7 @@ func runDLQListTenants(cmd *cobra.Command, db *dbFlags, tf *tenantFlags, f admin
 		return err
 	}
 	defer pool.Close()
-	per, err := admin.QuarantinedAll(ctx, pool, tf.sel, f, &admin.TenantsConfig{Concurrency: tenantConcurrency})
+	per, err := admin.QuarantinedAll(ctx, pool, tf.sel, f, &admin.TenantsConfig{Concurrency: tenantConcurrency, Trust: tf.trust})
 	if err != nil {
 		return err
 	}

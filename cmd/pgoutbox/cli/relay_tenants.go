@@ -29,6 +29,7 @@ type relayTenantFlags struct {
 	discover   time.Duration
 	metrics    string // --tenant-metrics
 	metricsMax int    // --tenant-metrics-max
+	owners     string // --tenant-owner
 }
 
 const tenantsHelp = `Many outboxes (--tenants or --tenants-file): one relay process serves every
@@ -53,6 +54,7 @@ func (t *relayTenantFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&t.discover, "discover-interval", relay.DefaultDiscoverInterval, "with --tenants: how often to list the outboxes again (env PGOUTBOX_DISCOVER_INTERVAL)")
 	fs.StringVar(&t.metrics, "tenant-metrics", "per-tenant", "with --tenants: per-tenant (a tenant label, see --tenant-metrics-max) or aggregate (env PGOUTBOX_TENANT_METRICS)")
 	fs.IntVar(&t.metricsMax, "tenant-metrics-max", relayprom.DefaultMaxTenants, "with --tenant-metrics per-tenant: tenants with a label of their own; the others are counted as _other (env PGOUTBOX_TENANT_METRICS_MAX)")
+	fs.StringVar(&t.owners, "tenant-owner", "", tenantOwnerHelp+", in every database (env PGOUTBOX_TENANT_OWNER)")
 }
 
 func (t *relayTenantFlags) enabled() bool { return t.selector != "" || t.file != "" }
@@ -62,6 +64,7 @@ type tenantDatabase struct {
 	name, schemas, prefix string
 	conn                  *pgx.ConnConfig
 	maxConns              int
+	trust                 migrate.Trust
 }
 
 // databases returns the databases of the flags or the file.
@@ -73,6 +76,10 @@ func (f *relayFlags) tenantDatabases(ctx context.Context) ([]tenantDatabase, err
 	if t.maxConns <= 0 {
 		return nil, usagef("--db-max-conns must be positive, got %d", t.maxConns)
 	}
+	trust, err := migrate.ParseOwners(t.owners)
+	if err != nil {
+		return nil, usagef("--tenant-owner: %v", err)
+	}
 	if t.selector != "" {
 		if _, err := migrate.ParseSelector(t.selector); err != nil {
 			return nil, usagef("--tenants: %v", err)
@@ -81,7 +88,7 @@ func (f *relayFlags) tenantDatabases(ctx context.Context) ([]tenantDatabase, err
 		if err != nil {
 			return nil, err
 		}
-		return []tenantDatabase{{name: conn.Database, schemas: t.selector, conn: conn, maxConns: t.maxConns}}, nil
+		return []tenantDatabase{{name: conn.Database, schemas: t.selector, conn: conn, maxConns: t.maxConns, trust: trust}}, nil
 	}
 	tf, err := readTenantsFile(ctx, t.file)
 	if err != nil {
@@ -109,7 +116,7 @@ func (f *relayFlags) tenantDatabases(ctx context.Context) ([]tenantDatabase, err
 		if maxConns == 0 {
 			maxConns = t.maxConns
 		}
-		out = append(out, tenantDatabase{name: name, schemas: d.Schemas, prefix: d.TenantPrefix, conn: conn, maxConns: maxConns})
+		out = append(out, tenantDatabase{name: name, schemas: d.Schemas, prefix: d.TenantPrefix, conn: conn, maxConns: maxConns, trust: trust})
 	}
 	return out, nil
 }
@@ -225,7 +232,7 @@ func runRelayTenants(ctx context.Context, f *relayFlags, flags *pflag.FlagSet, s
 			return fmt.Errorf("database %s: %w", d.name, err)
 		}
 		defer closePool(pool, logger)
-		cfg.Databases = append(cfg.Databases, relay.Database{Name: d.name, Pool: pool, Schemas: d.schemas, TenantPrefix: d.prefix})
+		cfg.Databases = append(cfg.Databases, relay.Database{Name: d.name, Pool: pool, Schemas: d.schemas, TenantPrefix: d.prefix, Trust: d.trust})
 	}
 
 	pub, closeBroker, err := openPublisher(ctx, target, traces, logger)

@@ -20,15 +20,23 @@ import (
 // selection flags: a variable left set in a shell must never widen a command to
 // other tenants.
 type tenantFlags struct {
-	raw string
-	sel migrate.Selector
-	on  bool // --tenants was given
+	raw    string
+	owners string // --tenant-owner
+	sel    migrate.Selector
+	trust  migrate.Trust
+	on     bool // --tenants was given
 }
 
 func (t *tenantFlags) register(fs *pflag.FlagSet, help string) {
 	fs.StringVar(&t.raw, "tenants", "", "outbox schemas to work on, a comma list of names and globs ('tenant_*,billing'; '*' for every outbox "+
 		"of the database) instead of --schema; "+help+" (no environment variable)")
+	fs.StringVar(&t.owners, "tenant-owner", "", tenantOwnerHelp+" (no environment variable)")
 }
+
+// tenantOwnerHelp is the help of --tenant-owner, for the operator verbs and
+// the relay.
+const tenantOwnerHelp = "with --tenants: roles, a comma list, trusted to own a tenant's schema and tables besides superusers and the roles " +
+	"holding this login's rights; other tenants are refused, as are tables with triggers, rules, policies or foreign code (docs/security.md)"
 
 // parse checks --tenants and reports whether it was given. It refuses --schema
 // (or PGOUTBOX_SCHEMA) beside it, and an empty selector: "every outbox" must
@@ -48,7 +56,11 @@ func (t *tenantFlags) parse(fs *pflag.FlagSet) (bool, error) {
 	if sel.String() == "" {
 		return false, usagef("--tenants is empty: give schema names or globs, or '*' for every outbox of the database")
 	}
-	t.sel, t.on = sel, true
+	trust, err := migrate.ParseOwners(t.owners)
+	if err != nil {
+		return false, usagef("--tenant-owner: %v", err)
+	}
+	t.sel, t.trust, t.on = sel, trust, true
 	return true, nil
 }
 
@@ -70,7 +82,8 @@ func listTenants(ctx context.Context, pool *pgxpool.Pool, t *tenantFlags) ([]str
 }
 
 // oneTenant resolves --tenants for a verb that acts on one outbox: the selector
-// must match exactly one.
+// must match exactly one, and it must be trusted (migrate.CheckTrusted) since
+// the verb then works on it as on --schema.
 func oneTenant(ctx context.Context, db *dbFlags, t *tenantFlags, verb, hint string) (string, error) {
 	pool, err := db.openPool(ctx, 2)
 	if err != nil {
@@ -84,6 +97,9 @@ func oneTenant(ctx context.Context, db *dbFlags, t *tenantFlags, verb, hint stri
 	if len(tenants) > 1 {
 		return "", usagef("%s acts on one outbox, but --tenants %s matches %d (%s): name one tenant%s", verb, tenantName(t.sel.String()),
 			len(tenants), tenantList(tenants), hint)
+	}
+	if err := migrate.CheckTrusted(ctx, pool, tenants[0], t.trust); err != nil {
+		return "", err
 	}
 	return tenants[0], nil
 }
@@ -100,7 +116,7 @@ func findTenants(ctx context.Context, db *dbFlags, t *tenantFlags, ids []pgoutbo
 	if err != nil {
 		return nil, err
 	}
-	return admin.FindEvents(ctx, pool, tenants, ids, nil)
+	return admin.FindEvents(ctx, pool, tenants, ids, &admin.TenantsConfig{Trust: t.trust})
 }
 
 // tenantList names a few tenants for a message.

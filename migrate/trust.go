@@ -1,0 +1,240 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A schema that holds an outbox is served by commands that run with rights of
+// their own (a relay serving many tenants, an operator, a superuser), while any
+// role with CREATE on the database can make a schema that looks like an outbox.
+// Whatever the schema's owner attached to the tables (a trigger, a rule, a
+// row-level-security policy, a default or an index calling its own function)
+// would run inside the relay's and operator's statements, with their rights.
+// So a tenant is served only when CheckTrusted, which reads the catalog alone,
+// finds the schema and pgoutbox's tables owned by a trusted role and bare of
+// anything pgoutbox did not create (docs/security.md, "A tenant is a trust
+// boundary").
+
+// ErrUntrusted is wrapped by CheckTrusted's error: the outbox's owner is not
+// trusted, or its tables carry objects pgoutbox did not create.
+var ErrUntrusted = errors.New("migrate: outbox refused")
+
+// tables are the tables pgoutbox's migrations create in a schema (outbox and
+// inbox lines), which CheckTrusted inspects. The partitions of a partitioned
+// outbox_events are found through the catalog.
+var tables = []string{
+	Table, "outbox_events", "outbox_aggregate_sequences", "outbox_skipped_events",
+	"outbox_operator_audit", "processed_events", "consumer_positions",
+}
+
+// Tables returns the names of the tables pgoutbox's migrations create in a
+// schema, which CheckTrusted inspects (with their partitions and children).
+func Tables() []string { return slices.Clone(tables) }
+
+// maxTrustedOwners bounds the roles a Trust may name.
+const maxTrustedOwners = 100
+
+// Trust says which roles may own a served outbox: its schema, its tables and
+// their partitions. A superuser is always trusted (it could run anything
+// anyway), and so is any role that is a member of the role the check runs as
+// (current_user): its code, run with current_user's rights, gains nothing it
+// did not have. The predefined role pg_database_owner (which owns the "public"
+// schema since PostgreSQL 15) is trusted when the database's owner is. The
+// zero Trust trusts those only.
+type Trust struct {
+	// Owners names further trusted roles, e.g. the migrator role of
+	// docs/security.md when the relay and operators run as roles of their own.
+	// At most 100.
+	Owners []string
+}
+
+// Validate reports a Trust that names too many roles, or a role name that is
+// empty or holds control characters.
+func (t Trust) Validate() error {
+	if len(t.Owners) > maxTrustedOwners {
+		return fmt.Errorf("migrate: at most %d trusted owner roles, got %d", maxTrustedOwners, len(t.Owners))
+	}
+	for _, o := range t.Owners {
+		if err := ValidateRoleName(o); err != nil {
+			return fmt.Errorf("migrate: trusted owner: %w", err)
+		}
+	}
+	return nil
+}
+
+// ParseOwners parses a comma-separated list of role names (blank items
+// ignored) into a Trust, checked by Trust.Validate.
+func ParseOwners(s string) (Trust, error) {
+	var t Trust
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			t.Owners = append(t.Owners, item)
+		}
+		if len(t.Owners) > maxTrustedOwners {
+			break
+		}
+	}
+	return t, t.Validate()
+}
+
+// trustQuery lists what makes a schema untrusted. It
+// reads the catalog only, so it runs no code of the schema's owner. Each row is
+// a finding: what kind, the catalog's description of the object, and a labelled
+// detail (its owner, the foreign code it uses) or NULLs. $1 is the
+// schema, $2 pgoutbox's table names, $3 the trusted owners named in Trust.
+//
+//   - rels is pgoutbox's tables in the schema and every partition or child of
+//     them (a statement on a parent reaches its children, with their triggers
+//     and policies), and attached their indexes (an index expression runs on
+//     every insert and update);
+//   - the owners of the schema and of rels must be trusted; pg_database_owner
+//     (the owner of "public" since PostgreSQL 15) stands for the database's
+//     owner;
+//   - rels must be tables (a view or foreign table under pgoutbox's name would
+//     run its definition), without row-level security, policies, triggers
+//     (pgoutbox creates none: migration 4 dropped its only one), rules, or
+//     foreign keys from or to them (pgoutbox creates none; a cascade would
+//     reach another table's triggers);
+//   - defaults, generated columns, check constraints, indexes and column types
+//     of rels may use only pg_catalog's functions, operators and types.
+const trustQuery = `
+WITH RECURSIVE
+ns AS (SELECT oid, nspowner FROM pg_catalog.pg_namespace WHERE nspname = $1),
+named AS (
+  SELECT r.oid FROM pg_catalog.pg_roles r
+   WHERE r.rolsuper OR r.rolname = ANY($3::text[]) OR pg_catalog.pg_has_role(r.oid, current_user, 'MEMBER')),
+trusted AS (
+  SELECT oid FROM named
+  UNION ALL
+  SELECT r.oid FROM pg_catalog.pg_roles r
+   WHERE r.rolname = 'pg_database_owner'
+     AND (SELECT datdba FROM pg_catalog.pg_database WHERE datname = current_database()) IN (SELECT oid FROM named)),
+rels(oid) AS (
+  SELECT c.oid FROM pg_catalog.pg_class c JOIN ns ON c.relnamespace = ns.oid WHERE c.relname = ANY($2::text[])
+  UNION
+  SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN rels ON i.inhparent = rels.oid),
+attached(classid, objid) AS (
+  SELECT 'pg_catalog.pg_class'::regclass, oid FROM rels
+  UNION ALL SELECT 'pg_catalog.pg_class'::regclass, x.indexrelid FROM pg_catalog.pg_index x JOIN rels ON x.indrelid = rels.oid
+  UNION ALL SELECT 'pg_catalog.pg_attrdef'::regclass, a.oid FROM pg_catalog.pg_attrdef a JOIN rels ON a.adrelid = rels.oid
+  UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, k.oid FROM pg_catalog.pg_constraint k JOIN rels ON k.conrelid = rels.oid),
+findings(kind, what, label, detail) AS (
+SELECT 'owned by an untrusted role', pg_catalog.pg_describe_object('pg_catalog.pg_namespace'::regclass, ns.oid, 0),
+       'owner', pg_catalog.pg_get_userbyid(ns.nspowner)::text
+  FROM ns WHERE ns.nspowner NOT IN (SELECT oid FROM trusted)
+UNION ALL
+SELECT 'owned by an untrusted role', pg_catalog.pg_describe_object('pg_catalog.pg_class'::regclass, c.oid, 0),
+       'owner', pg_catalog.pg_get_userbyid(c.relowner)::text
+  FROM rels JOIN pg_catalog.pg_class c ON c.oid = rels.oid WHERE c.relowner NOT IN (SELECT oid FROM trusted)
+UNION ALL
+SELECT 'not a table', pg_catalog.pg_describe_object('pg_catalog.pg_class'::regclass, c.oid, 0), NULL, NULL
+  FROM rels JOIN pg_catalog.pg_class c ON c.oid = rels.oid WHERE c.relkind NOT IN ('r', 'p')
+UNION ALL
+SELECT 'row-level security on', pg_catalog.pg_describe_object('pg_catalog.pg_class'::regclass, c.oid, 0), NULL, NULL
+  FROM rels JOIN pg_catalog.pg_class c ON c.oid = rels.oid WHERE c.relrowsecurity OR c.relforcerowsecurity
+UNION ALL
+SELECT 'policy', pg_catalog.pg_describe_object('pg_catalog.pg_policy'::regclass, p.oid, 0), NULL, NULL
+  FROM pg_catalog.pg_policy p JOIN rels ON p.polrelid = rels.oid
+UNION ALL
+SELECT 'trigger', pg_catalog.pg_describe_object('pg_catalog.pg_trigger'::regclass, t.oid, 0), NULL, NULL
+  FROM pg_catalog.pg_trigger t JOIN rels ON t.tgrelid = rels.oid WHERE NOT t.tgisinternal
+UNION ALL
+SELECT 'foreign key', pg_catalog.pg_describe_object('pg_catalog.pg_constraint'::regclass, k.oid, 0), NULL, NULL
+  FROM pg_catalog.pg_constraint k
+ WHERE k.contype = 'f' AND (k.conrelid IN (SELECT oid FROM rels) OR k.confrelid IN (SELECT oid FROM rels))
+UNION ALL
+SELECT 'rule', pg_catalog.pg_describe_object('pg_catalog.pg_rewrite'::regclass, w.oid, 0), NULL, NULL
+  FROM pg_catalog.pg_rewrite w JOIN rels ON w.ev_class = rels.oid
+UNION ALL
+SELECT 'code from outside pg_catalog in', pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid),
+       'uses', pg_catalog.pg_describe_object(d.refclassid, d.refobjid, 0)
+  FROM pg_catalog.pg_depend d JOIN attached a ON d.classid = a.classid AND d.objid = a.objid
+ WHERE (d.refclassid = 'pg_catalog.pg_proc'::regclass
+        AND (SELECT pronamespace FROM pg_catalog.pg_proc WHERE oid = d.refobjid) <> 'pg_catalog'::regnamespace)
+    OR (d.refclassid = 'pg_catalog.pg_operator'::regclass
+        AND (SELECT oprnamespace FROM pg_catalog.pg_operator WHERE oid = d.refobjid) <> 'pg_catalog'::regnamespace)
+    OR (d.refclassid = 'pg_catalog.pg_type'::regclass AND d.deptype = 'n'
+        AND (SELECT typnamespace FROM pg_catalog.pg_type WHERE oid = d.refobjid) <> 'pg_catalog'::regnamespace))
+SELECT kind, what, label, detail FROM findings
+ ORDER BY kind COLLATE "C", what COLLATE "C", detail COLLATE "C"
+ LIMIT 20`
+
+// CheckTrusted reports whether schema's outbox may be served by a command
+// serving many tenants: an error wrapping ErrUntrusted names what it found
+// when the schema or one of pgoutbox's tables (or their partitions) is owned by
+// a role trust does not trust, or when those tables carry row-level security,
+// policies, triggers, rules, or defaults, constraints, indexes or column types
+// that use functions, operators or types from outside pg_catalog. It reads the
+// catalog only: nothing of the schema runs. Call it before any statement
+// touches the schema's tables.
+func CheckTrusted(ctx context.Context, db Querier, schema string, trust Trust) error {
+	if err := ValidateSchema(schema); err != nil {
+		return err
+	}
+	if err := trust.Validate(); err != nil {
+		return err
+	}
+	owners := trust.Owners
+	if owners == nil {
+		owners = []string{}
+	}
+	rows, err := db.Query(ctx, trustQuery, schema, tables, owners)
+	if err != nil {
+		return fmt.Errorf("migrate: check that schema %q is trusted: %w", schema, err)
+	}
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var kind, what string
+		var label, detail *string
+		if err := r.Scan(&kind, &what, &label, &detail); err != nil {
+			return "", err
+		}
+		if label != nil && detail != nil {
+			return fmt.Sprintf("%s %q (%s %q)", kind, what, *label, *detail), nil
+		}
+		return fmt.Sprintf("%s %q", kind, what), nil
+	})
+	if err != nil {
+		return fmt.Errorf("migrate: check that schema %q is trusted: %w", schema, err)
+	}
+	if len(found) > 0 {
+		return fmt.Errorf("%w: schema %q: %s", ErrUntrusted, schema, strings.Join(found, "; "))
+	}
+	return nil
+}
+
+// CheckMigrated reports whether schema holds an outbox this binary can work
+// on: an error wrapping ErrDatabaseNewer when it was migrated by a newer
+// pgoutbox (CheckCompatible), an error naming the first missing migration when
+// it is not fully migrated. It changes nothing.
+func CheckMigrated(ctx context.Context, db Querier, schema string) error {
+	if err := CheckCompatible(ctx, db, schema, LineOutbox); err != nil {
+		return err
+	}
+	st, err := State(ctx, db, &Config{Schema: schema, Lines: []Line{LineOutbox}})
+	if err != nil {
+		return err
+	}
+	for _, s := range st {
+		if !s.Applied {
+			return fmt.Errorf("schema %q lacks migration %s/%d %s: run 'pgoutbox migrate --schema %s' first",
+				schema, s.Line, s.Version, s.Name, schema)
+		}
+	}
+	return nil
+}
+
+// CheckTenant is the check of an outbox served as one tenant of many:
+// CheckTrusted, and only then, once nothing of the schema can run, CheckMigrated
+// (which reads the schema's bookkeeping table).
+func CheckTenant(ctx context.Context, db Querier, schema string, trust Trust) error {
+	if err := CheckTrusted(ctx, db, schema, trust); err != nil {
+		return err
+	}
+	return CheckMigrated(ctx, db, schema)
+}
