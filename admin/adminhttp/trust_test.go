@@ -41,15 +41,23 @@ func TestConsoleRefusesHostileTenants(t *testing.T) {
 		}
 		schema := "tenant_evil_" + v.Name
 		a.Plant(t, schema, "postgres", v)
-		// A dead letter of its own to retry, skip and show (its own update
-		// runs its code as itself, which RanAsOthers leaves out).
-		_, err := a.As.Exec(t.Context(), "UPDATE "+tableOf(schema, "outbox_events")+
-			" SET quarantined_at = now(), last_error = 'boom' WHERE aggregate_id = 'e1'")
-		pgtest.Must(t, err, "quarantine in %s", schema)
 		evil = append(evil, schema)
 	}
 	if len(evil) != len(consoleVariants) {
 		t.Fatalf("found %d of the %d variants in pgtest.HostileVariants", len(evil), len(consoleVariants))
+	}
+	// A trigger whose name reverses the text after it: the refusal names it,
+	// its override shown as an escape.
+	const bidi = "tenant_evil_bidi"
+	a.Plant(t, bidi, "postgres", pgtest.HostileVariant{Name: "bidi", OnUpdate: true,
+		SQL: "CREATE TRIGGER \"evil\u202etxt.exe\" BEFORE UPDATE ON {{schema}}.outbox_events FOR EACH ROW EXECUTE FUNCTION {{canary}}.evil_trigger()"})
+	evil = append(evil, bidi)
+	for _, s := range evil {
+		// A dead letter of its own to retry, skip and show (its own update
+		// runs its code as itself, which RanAsOthers leaves out).
+		_, err := a.As.Exec(t.Context(), "UPDATE "+tableOf(s, "outbox_events")+
+			" SET quarantined_at = now(), last_error = 'boom' WHERE aggregate_id = 'e1'")
+		pgtest.Must(t, err, "quarantine in %s", s)
 	}
 	pub := &null.Publisher{}
 	e := consoleOn(t, a.Pool, victim, func(c *adminhttp.Config) {
@@ -100,6 +108,10 @@ func TestConsoleRefusesHostileTenants(t *testing.T) {
 			form.Set("once", e.onceOf("/event?schema="+victim+"&id="+ids[0].String()))
 			refused(t, "POST "+path+" on "+s, s, e.do("POST", path, "alice", e.aliceKey, form, nil))
 		}
+	}
+
+	if r := e.get("/dlq?schema=" + bidi); !strings.Contains(r.body, `trigger evil\u202etxt.exe on table`) || strings.ContainsRune(r.body, '\u202e') {
+		t.Errorf("the refusal of %s does not show the trigger's name escaped:\n%s", bidi, r.body)
 	}
 
 	// The victim's pages and actions work beside them.
