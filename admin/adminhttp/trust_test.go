@@ -13,6 +13,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 // consoleVariants are the attacker's outboxes the console meets: wrong owner
@@ -169,3 +170,21 @@ func refused(t *testing.T, what, schema string, r resp) {
 }
 
 func tableOf(schema, table string) string { return pgx.Identifier{schema, table}.Sanitize() }
+
+// Config.Trust is checked as migrate.Trust.Validate checks it.
+func TestConfigTrustValidated(t *testing.T) {
+	t.Parallel()
+	many := make([]string, 101)
+	for i := range many {
+		many[i] = "r"
+	}
+	for name, owners := range map[string][]string{"empty": {""}, "control": {"a\x01b"}, "too many": many} {
+		cfg := adminhttp.Config{NoAuth: true, Trust: migrate.Trust{Owners: owners}}
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "Config.Trust") {
+			t.Errorf("%s: %v, want an error naming Config.Trust", name, err)
+		}
+	}
+	if err := (&adminhttp.Config{NoAuth: true, Trust: migrate.Trust{Owners: []string{"pgoutbox_migrator"}}}).Validate(); err != nil {
+		t.Errorf("a trusted owner: %v", err)
+	}
+}
