@@ -70,8 +70,9 @@ off: anyone who can open a connection on this machine then acts as an operator.
 default --schema. Every page and action on a tenant first checks that its owner is
 trusted (a superuser, this login and its members, the roles of --tenant-owner) and
 that its tables carry no trigger, rule, policy or foreign code: a refused tenant is
-shown as refused, with the reason, and nothing touches its tables. Without --broker, replay previews only (a dry run); with it,
-replays publish there (the same broker flags as pgoutbox replay).
+shown as refused, with the reason, and nothing touches its tables. Without
+--broker, replay previews only (a dry run); with it, replays publish there (the
+same broker flags as pgoutbox replay).
 
 SIGTERM or SIGINT stops it after the requests in flight, at most
 --shutdown-timeout.`,
