@@ -38,6 +38,15 @@ type Config struct {
 	// the single schema migrate.DefaultSchema ("public").
 	Schemas []string
 
+	// Trust says who may own a tenant's schema and tables. Every page and
+	// action on a tenant first checks it (migrate.CheckTenant): a tenant whose
+	// owner is not trusted, or whose tables carry code pgoutbox did not create
+	// (a trigger, rule, policy, foreign default or operator), is shown as
+	// refused, with the reason, and no statement touches its tables. The zero
+	// Trust trusts superusers and the roles holding the console's login's
+	// rights (docs/security.md, "A tenant is a trust boundary").
+	Trust migrate.Trust
+
 	// Users are the people and programs who may sign in, with HTTP basic auth
 	// (name and secret) or a bearer token (the secret). Load them with
 	// LoadUsers or ParseUsers. Required unless NoAuth.
@@ -113,6 +122,7 @@ func (c *Config) withDefaults() (Config, error) {
 	}, func(c *Config, p *config.Problems) {
 		_, err := migrate.ParseSelector(strings.Join(c.Schemas, ","))
 		p.Field("Config.Schemas", err)
+		p.Field("Config.Trust", c.Trust.Validate())
 		for _, s := range c.Schemas {
 			p.Check(!strings.Contains(s, ","), "Config.Schemas: %q holds a comma; give one name or glob per item", s)
 		}

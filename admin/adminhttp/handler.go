@@ -234,7 +234,10 @@ func (h *Handler) tenants(ctx context.Context) ([]string, error) {
 }
 
 // schemaOf returns the schema the request asks for (its "schema" parameter, by
-// default the first tenant), which must be one of the tenants, and an Admin on it.
+// default the first tenant), which must be one of the tenants and pass
+// migrate.CheckTenant with Config.Trust (else an error wrapping
+// migrate.ErrUntrusted, which the page shows as the tenant's refusal), and an
+// Admin on it. Every page and action on a tenant goes through it.
 func (h *Handler) schemaOf(r *http.Request) (string, []string, *admin.Admin, error) {
 	all, err := h.tenants(r.Context())
 	if err != nil {
@@ -253,6 +256,14 @@ func (h *Handler) schemaOf(r *http.Request) (string, []string, *admin.Admin, err
 	case !slices.Contains(all, s):
 		return "", all, nil, &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no outbox schema %q among the console's schemas", s)}
 	}
+	// A tenant is a trust boundary: nothing of it runs, and no statement
+	// touches its tables, unless its owner is trusted and its tables are bare.
+	if err := migrate.CheckTenant(r.Context(), h.pool, s, h.cfg.Trust); err != nil {
+		if errors.Is(err, migrate.ErrUntrusted) {
+			h.log.Warn("console: tenant refused", slog.String("schema", s), slog.Any("error", err))
+		}
+		return s, all, nil, err
+	}
 	a, err := admin.New(h.pool, &admin.Config{Schema: s})
 	return s, all, a, err
 }
@@ -263,6 +274,10 @@ func errStatus(err error) (int, string) {
 	switch {
 	case errors.As(err, &he):
 		return he.status, he.msg
+	case errors.Is(err, migrate.ErrUntrusted):
+		// The catalog's names of what was found: shown escaped (html/template,
+		// then internal/visible), as producers' text.
+		return http.StatusForbidden, "tenant refused: " + err.Error()
 	case errors.Is(err, admin.ErrNotFound):
 		return http.StatusNotFound, err.Error()
 	case errors.Is(err, admin.ErrNotQuarantined):

@@ -67,6 +67,12 @@ func (c *clock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.now =
 func newEnv(t *testing.T, mod func(*adminhttp.Config)) *env {
 	t.Helper()
 	pool, schema := pgtest.Migrated(t, 6)
+	return consoleOn(t, pool, schema, mod)
+}
+
+// consoleOn is newEnv on the outbox schema of pool, which the test made.
+func consoleOn(t *testing.T, pool *pgxpool.Pool, schema string, mod func(*adminhttp.Config)) *env {
+	t.Helper()
 	e := &env{t: t, pool: pool, schema: schema, aliceKey: secret(), victorKey: secret()}
 	cfg := &adminhttp.Config{Schemas: []string{schema}, Logger: quiet(),
 		Users: []adminhttp.User{{Name: "alice", Role: adminhttp.RoleOperator, Secret: e.aliceKey},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 // Bounds of what a request may ask for.
@@ -99,7 +100,7 @@ type tenantRow struct {
 // tenantRows reads the status of the shown tenants, a few at a time, each
 // within the per-tenant timeout of admin.TenantsConfig: worst first.
 func (h *Handler) tenantRows(ctx context.Context, shown []string) ([]tenantRow, error) {
-	sts, err := admin.StatusOf(ctx, h.pool, shown, nil)
+	sts, err := admin.StatusOf(ctx, h.pool, shown, &admin.TenantsConfig{Trust: h.cfg.Trust})
 	if err != nil {
 		return nil, err
 	}
@@ -108,6 +109,9 @@ func (h *Handler) tenantRows(ctx context.Context, shown []string) ([]tenantRow, 
 		row := tenantRow{Schema: st.Tenant, Status: st.Status, Link: h.link("/", st.Tenant)}
 		if st.Err != nil {
 			row.Err = "could not read its status (see the console's log)"
+			if errors.Is(st.Err, migrate.ErrUntrusted) {
+				_, row.Err = errStatus(st.Err) // refused, with the reason
+			}
 			h.log.Warn("console: tenant status", slog.String("schema", st.Tenant), slog.Any("error", st.Err))
 		}
 		rows = append(rows, row)

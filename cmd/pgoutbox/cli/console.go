@@ -30,6 +30,7 @@ type consoleFlags struct {
 	log      logFlags
 	listen   string
 	schemas  []string
+	owners   string // --tenant-owner
 	authFile string
 	noAuth   bool
 	basePath string
@@ -66,8 +67,12 @@ address (127.0.0.1, [::1], localhost) may --insecure-loopback-no-auth turn sign-
 off: anyone who can open a connection on this machine then acts as an operator.
 
 --schemas chooses the outboxes (tenants) shown: names and globs ("tenant_*"),
-default --schema. Without --broker, replay previews only (a dry run); with it,
-replays publish there (the same broker flags as pgoutbox replay).
+default --schema. Every page and action on a tenant first checks that its owner is
+trusted (a superuser, this login and its members, the roles of --tenant-owner) and
+that its tables carry no trigger, rule, policy or foreign code: a refused tenant is
+shown as refused, with the reason, and nothing touches its tables. Without
+--broker, replay previews only (a dry run); with it, replays publish there (the
+same broker flags as pgoutbox replay).
 
 SIGTERM or SIGINT stops it after the requests in flight, at most
 --shutdown-timeout.`,
@@ -84,6 +89,7 @@ SIGTERM or SIGINT stops it after the requests in flight, at most
 	f.log.register(fs)
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8080", "host:port to serve the console on (env PGOUTBOX_CONSOLE_LISTEN)")
 	fs.StringSliceVar(&f.schemas, "schemas", nil, "outbox schemas shown, names and globs such as tenant_* (env PGOUTBOX_CONSOLE_SCHEMAS) (default --schema)")
+	registerTenantOwner(fs, &f.owners, "with --schemas: "+trustedOwnersHelp+"; a refused tenant's pages show why and its actions run nothing")
 	fs.StringVar(&f.authFile, "auth-file", "", "file of the users who may sign in, \"<name> <viewer|operator> <secret>\" a line (env PGOUTBOX_CONSOLE_AUTH_FILE); or set "+consoleUsersEnv)
 	// No environment variable: turning authentication off must be said on the command line.
 	fs.BoolVar(&f.noAuth, "insecure-loopback-no-auth", false, "serve without sign-in; refused unless --listen is a loopback address")
@@ -189,11 +195,15 @@ func runConsole(ctx context.Context, f *consoleFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	trust, err := parseTenantOwner(f.owners)
+	if err != nil {
+		return err
+	}
 	schemas := f.schemas
 	if len(schemas) == 0 {
 		schemas = []string{f.db.schema}
 	}
-	cfg := adminhttp.Config{Schemas: schemas, Users: users, NoAuth: f.noAuth, BasePath: f.basePath, Refresh: f.refresh, Logger: logger}
+	cfg := adminhttp.Config{Schemas: schemas, Trust: trust, Users: users, NoAuth: f.noAuth, BasePath: f.basePath, Refresh: f.refresh, Logger: logger}
 	var target *brokerTarget
 	if strings.TrimSpace(f.broker.url) != "" {
 		if target, err = f.broker.parse(); err != nil {
@@ -220,6 +230,15 @@ func runConsole(ctx context.Context, f *consoleFlags, stderr io.Writer) error {
 		return fmt.Errorf("no outbox schema matches %s in this database: run 'pgoutbox migrate' first, or check --schema/--schemas", strings.Join(schemas, ","))
 	}
 	for _, s := range found {
+		// Trust first: checkMigrated reads the tenant's tables. A refused
+		// tenant does not stop the console (any role with CREATE could make
+		// one): its pages say it is refused.
+		if err := migrate.CheckTrusted(cctx, pool, s, trust); errors.Is(err, migrate.ErrUntrusted) {
+			logger.Warn("console: tenant refused", slog.String("schema", s), slog.Any("error", err))
+			continue
+		} else if err != nil {
+			return err
+		}
 		if err := checkMigrated(cctx, pool, s); err != nil {
 			return err
 		}
@@ -289,5 +308,5 @@ func runConsole(ctx context.Context, f *consoleFlags, stderr io.Writer) error {
 // that set them.
 func consoleFlagNames(err error) error {
 	return errors.New(strings.NewReplacer("Config.Schemas", "--schemas", "Config.BasePath", "--base-path",
-		"Config.Refresh", "--refresh", "Config.Users", "users").Replace(err.Error()))
+		"Config.Refresh", "--refresh", "Config.Users", "users", "Config.Trust", "--tenant-owner").Replace(err.Error()))
 }

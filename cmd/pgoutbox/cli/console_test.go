@@ -68,6 +68,13 @@ func TestConsoleRefusesUnsafeSetups(t *testing.T) {
 		{"refresh too fast", []string{"--auth-file", good, "--refresh", "10ms"}, "--refresh"},
 		{"token flag does not exist", []string{"--token", tok}, "unknown flag"},
 	}
+	for _, owners := range []string{"public", "pg_monitor", "a\x01b", strings.Repeat("r,", 101)} {
+		cases = append(cases, struct {
+			name string
+			args []string
+			want string
+		}{"--tenant-owner " + owners, []string{"--auth-file", good, "--tenant-owner", owners}, "--tenant-owner"})
+	}
 	for _, c := range cases {
 		args := append([]string{"console", "--database-url", url, "--schema", schema}, c.args...)
 		_, stderr, code := run(t, args...)
@@ -80,95 +87,145 @@ func TestConsoleRefusesUnsafeSetups(t *testing.T) {
 	}
 }
 
+// consoleProc is a pgoutbox console running in the test, listening on a port
+// of 127.0.0.1 it chose.
+type consoleProc struct {
+	t      *testing.T
+	base   string
+	errb   lockedWriter
+	cancel context.CancelFunc
+	done   chan int
+}
+
+// startConsole runs pgoutbox console with args and the listen address, and
+// waits until it listens.
+func startConsole(t *testing.T, args ...string) *consoleProc {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &consoleProc{t: t, cancel: cancel, done: make(chan int, 1)}
+	t.Cleanup(cancel)
+	go func() {
+		c.done <- Run(ctx, append([]string{"console", "--listen", "127.0.0.1:0"}, args...), io.Discard, &c.errb)
+	}()
+	addr := regexp.MustCompile(`url=http://(127\.0\.0\.1:\d+)/`)
+	wait.Forf(t, 20*time.Second, func() string { return "the console to listen: " + c.errb.String() }, func() bool {
+		select {
+		case code := <-c.done:
+			t.Fatalf("the console exited (%d): %s", code, c.errb.String())
+		default:
+		}
+		if m := addr.FindStringSubmatch(c.errb.String()); m != nil {
+			c.base = "http://" + m[1]
+			return true
+		}
+		return false
+	})
+	return c
+}
+
+// get sends a GET of path with the Authorization header auth ("" for none).
+func (c *consoleProc) get(path, auth string) (int, string) {
+	c.t.Helper()
+	req, err := http.NewRequest("GET", c.base+path, nil)
+	pgtest.Must(c.t, err, "request")
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	res, err := http.DefaultClient.Do(req)
+	pgtest.Must(c.t, err, "get")
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+// stop stops the console as SIGTERM does and checks that it exits cleanly.
+func (c *consoleProc) stop() {
+	c.t.Helper()
+	c.cancel()
+	select {
+	case code := <-c.done:
+		if code != exitOK {
+			c.t.Fatalf("exit %d: %s", code, c.errb.String())
+		}
+	case <-time.After(20 * time.Second):
+		c.t.Fatal("the console did not stop")
+	}
+}
+
 func TestConsoleServesAndStops(t *testing.T) {
 	t.Parallel()
 	_, schema := pgtest.Migrated(t, 1)
 	tok := consoleSecret()
 	users := writeUsers(t, 0o600, "# users\nops operator "+tok+"\n")
-	var errb lockedWriter
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan int, 1)
-	go func() {
-		done <- Run(ctx, []string{"console", "--database-url", pgtest.URL(), "--schema", schema, "--listen", "127.0.0.1:0",
-			"--auth-file", users, "--broker", "null://"}, io.Discard, &errb)
-	}()
-	addr := regexp.MustCompile(`url=http://(127\.0\.0\.1:\d+)/`)
-	var base string
-	wait.Forf(t, 20*time.Second, func() string { return "the console to listen: " + errb.String() }, func() bool {
-		if m := addr.FindStringSubmatch(errb.String()); m != nil {
-			base = "http://" + m[1]
-			return true
-		}
-		return false
-	})
-	get := func(path, auth string) (int, string) {
-		req, _ := http.NewRequest("GET", base+path, nil)
-		if auth != "" {
-			req.Header.Set("Authorization", auth)
-		}
-		res, err := http.DefaultClient.Do(req)
-		pgtest.Must(t, err, "get")
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(b)
-	}
-	if s, _ := get("/?schema="+schema, ""); s != http.StatusUnauthorized {
+	c := startConsole(t, "--database-url", pgtest.URL(), "--schema", schema, "--auth-file", users, "--broker", "null://")
+	if s, _ := c.get("/?schema="+schema, ""); s != http.StatusUnauthorized {
 		t.Errorf("without credentials: %d", s)
 	}
-	if s, _ := get("/?schema="+schema, "Bearer "+tok); s != http.StatusOK {
+	if s, _ := c.get("/?schema="+schema, "Bearer "+tok); s != http.StatusOK {
 		t.Errorf("with the token: %d", s)
 	}
 	// With --broker the replay page offers to replay, naming the destination.
-	if s, body := get("/replay?schema="+schema, "Bearer "+tok); s != http.StatusOK || strings.Contains(body, "preview-only") || !strings.Contains(body, "null") {
+	if s, body := c.get("/replay?schema="+schema, "Bearer "+tok); s != http.StatusOK || strings.Contains(body, "preview-only") || !strings.Contains(body, "null") {
 		t.Errorf("replay page with --broker: %d\n%s", s, body)
 	}
-	if strings.Contains(errb.String(), tok) {
+	if strings.Contains(c.errb.String(), tok) {
 		t.Errorf("the token is in the log")
 	}
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Fatalf("exit %d: %s", code, errb.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the console did not stop")
-	}
+	c.stop()
 }
 
 func TestConsoleNoAuthOnLoopback(t *testing.T) {
 	t.Parallel()
 	_, schema := pgtest.Migrated(t, 1)
-	var errb lockedWriter
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan int, 1)
-	go func() {
-		done <- Run(ctx, []string{"console", "--database-url", pgtest.URL(), "--schema", schema, "--listen", "127.0.0.1:0",
-			"--insecure-loopback-no-auth"}, io.Discard, &errb)
-	}()
-	addr := regexp.MustCompile(`url=http://(127\.0\.0\.1:\d+)/`)
-	var base string
-	wait.Forf(t, 20*time.Second, func() string { return "the console to listen: " + errb.String() }, func() bool {
-		if m := addr.FindStringSubmatch(errb.String()); m != nil {
-			base = "http://" + m[1]
-			return true
+	c := startConsole(t, "--database-url", pgtest.URL(), "--schema", schema, "--insecure-loopback-no-auth")
+	if !strings.Contains(c.errb.String(), "WITHOUT sign-in") {
+		t.Errorf("no warning: %s", c.errb.String())
+	}
+	if s, _ := c.get("/", ""); s != http.StatusOK {
+		t.Errorf("no-auth console: %d", s)
+	}
+	c.stop()
+}
+
+// The console on 'tenant_*' as a superuser, beside outboxes a role holding
+// only CREATE on the database made under the glob: it starts (a refused tenant
+// does not stop it), logs each refusal, serves the victim and refuses the
+// attacker's outboxes, the one owned by the attacker alone being served once
+// --tenant-owner names it; the attacker's code never runs as anyone else.
+func TestConsoleTenantOwner(t *testing.T) {
+	t.Parallel()
+	a := pgtest.NewAttacker(t, "tenant_victim", 2)
+	pgtest.MigrateSchema(t, a.Pool, "tenant_victim")
+	for _, v := range pgtest.HostileVariants() {
+		if v.Name == "plain" || v.Name == "rls" {
+			a.Plant(t, "tenant_evil_"+v.Name, "postgres", v)
 		}
-		return false
-	})
-	if !strings.Contains(errb.String(), "WITHOUT sign-in") {
-		t.Errorf("no warning: %s", errb.String())
 	}
-	res, err := http.Get(base + "/")
-	pgtest.Must(t, err, "get")
-	res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		t.Errorf("no-auth console: %d", res.StatusCode)
+	tok := consoleSecret()
+	users := writeUsers(t, 0o600, "ops operator "+tok+"\n")
+	for _, owners := range []string{"", a.Role} {
+		args := []string{"--database-url", a.URL, "--schemas", "tenant_*", "--auth-file", users}
+		if owners != "" {
+			args = append(args, "--tenant-owner", owners)
+		}
+		c := startConsole(t, args...)
+		for schema, served := range map[string]bool{"tenant_victim": true, "tenant_evil_plain": owners != "", "tenant_evil_rls": false} {
+			logged := regexp.MustCompile(`(?m)tenant refused.* schema=` + schema + `( |$)`).MatchString(c.errb.String())
+			for _, page := range []string{"/", "/dlq", "/audit"} {
+				s, body := c.get(page+"?schema="+schema, "Bearer "+tok)
+				refused := s == http.StatusForbidden && strings.Contains(body, "tenant refused: migrate: outbox refused: schema &#34;"+schema+"&#34;")
+				if served && s != http.StatusOK || !served && !refused {
+					t.Errorf("--tenant-owner %q: %s of %s: %d, want served %v:\n%s", owners, page, schema, s, served, body)
+				}
+			}
+			if logged == served {
+				t.Errorf("--tenant-owner %q: %s refused in the log %v, want %v:\n%s", owners, schema, logged, !served, c.errb.String())
+			}
+		}
+		c.stop()
 	}
-	cancel()
-	if code := <-done; code != exitOK {
-		t.Fatalf("exit %d", code)
+	if ran := a.RanAsOthers(t); len(ran) > 0 {
+		t.Fatalf("the attacker's code ran as another role: %q", ran)
 	}
 }
 

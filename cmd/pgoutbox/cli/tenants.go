@@ -30,12 +30,32 @@ type tenantFlags struct {
 func (t *tenantFlags) register(fs *pflag.FlagSet, help string) {
 	fs.StringVar(&t.raw, "tenants", "", "outbox schemas to work on, a comma list of names and globs ('tenant_*,billing'; '*' for every outbox "+
 		"of the database) instead of --schema; "+help+" (no environment variable)")
-	fs.StringVar(&t.owners, "tenant-owner", "", tenantOwnerHelp+" (no environment variable)")
+	registerTenantOwner(fs, &t.owners, tenantOwnerHelp)
+}
+
+// registerTenantOwner declares --tenant-owner into dst, with help, for a verb
+// whose tenants are chosen on its command line; it has no environment variable
+// either. parseTenantOwner reads it.
+func registerTenantOwner(fs *pflag.FlagSet, dst *string, help string) {
+	fs.StringVar(dst, "tenant-owner", "", help+" (no environment variable)")
+}
+
+// parseTenantOwner reads --tenant-owner (migrate.ParseOwners).
+func parseTenantOwner(owners string) (migrate.Trust, error) {
+	trust, err := migrate.ParseOwners(owners)
+	if err != nil {
+		return trust, usagef("--tenant-owner: %v", err)
+	}
+	return trust, nil
 }
 
 // tenantOwnerHelp is the help of --tenant-owner, for the operator verbs and
 // the relay.
-const tenantOwnerHelp = "with --tenants: roles, a comma list, trusted to own a tenant's schema and tables besides superusers and the roles " +
+const tenantOwnerHelp = "with --tenants: " + trustedOwnersHelp
+
+// trustedOwnersHelp says what --tenant-owner names, whichever flag chooses the
+// tenants.
+const trustedOwnersHelp = "roles, a comma list, trusted to own a tenant's schema and tables besides superusers and the roles " +
 	"holding this login's rights; other tenants are refused, as are tables with triggers, rules, policies or foreign code (docs/security.md)"
 
 // parse checks --tenants and reports whether it was given. It refuses --schema
@@ -56,9 +76,9 @@ func (t *tenantFlags) parse(fs *pflag.FlagSet) (bool, error) {
 	if sel.String() == "" {
 		return false, usagef("--tenants is empty: give schema names or globs, or '*' for every outbox of the database")
 	}
-	trust, err := migrate.ParseOwners(t.owners)
+	trust, err := parseTenantOwner(t.owners)
 	if err != nil {
-		return false, usagef("--tenant-owner: %v", err)
+		return false, err
 	}
 	t.sel, t.trust, t.on = sel, trust, true
 	return true, nil
