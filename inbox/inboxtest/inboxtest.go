@@ -341,7 +341,12 @@ func poison(t *testing.T, e *env) {
 	c := e.Consumer(t, inbox.Config{}, nil)
 	e.start(t, c, Knobs{Concurrency: 1})
 	e.applied(t, 1)
-	wait.For(t, Settle, "the undecodable outcome", func() bool { return c.Stats().Undecodable >= 1 })
+	// The applied row commits before the consumer counts its outcome: wait on
+	// both counts, then check neither went past one.
+	wait.For(t, Settle, "the undecodable and the applied outcomes", func() bool {
+		st := c.Stats()
+		return st.Undecodable >= 1 && st.Applied >= 1
+	})
 	if st := c.Stats(); st.Undecodable != 1 || st.Applied != 1 {
 		t.Fatalf("inbox stats %+v, want 1 undecodable and 1 applied", st)
 	}
