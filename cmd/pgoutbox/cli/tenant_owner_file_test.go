@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,4 +54,23 @@ func TestRelayTenantsFileTenantOwnerPerDatabase(t *testing.T) {
 		t.Errorf("database b: %d events pending, want 3 (never served)", n)
 	}
 	p.sigterm(t)
+}
+
+// tenant_owner and --tenant-owner together name at most 100 roles per
+// database; more is refused at the start, naming the entry and no role.
+func TestRelayTenantsFileTenantOwnerBound(t *testing.T) {
+	t.Parallel()
+	var fileOwners, flagOwners []string
+	for i := range 60 {
+		fileOwners = append(fileOwners, fmt.Sprintf("file_owner_%d", i))
+		flagOwners = append(flagOwners, fmt.Sprintf("flag_owner_%d", i))
+	}
+	file := filepath.Join(t.TempDir(), "tenants.yaml")
+	body := "databases:\n  - url: 'postgres://relay@127.0.0.1:1/x'\n    tenant_owner: '" + strings.Join(fileOwners, ",") + "'\n"
+	pgtest.Must(t, os.WriteFile(file, []byte(body), 0o600), "write the tenants file")
+	_, errOut, code := run(t, "relay", "--tenants-file", file, "--tenant-owner", strings.Join(flagOwners, ","), "--broker", "null://")
+	if code != 2 || !strings.Contains(errOut, "databases[0].tenant_owner with --tenant-owner names more than 100 roles") ||
+		strings.Contains(errOut, "_owner_") || strings.Count(errOut, "\n") != 1 {
+		t.Fatalf("code %d, stderr %q; want 2 and the bound", code, errOut)
+	}
 }
