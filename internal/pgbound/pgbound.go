@@ -148,7 +148,10 @@ func (p *Pool) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comman
 }
 
 // Query runs sql in a bounded transaction of its own, committed when the rows
-// are closed (rolled back if reading them failed).
+// are closed (rolled back if reading them failed). The commit's error is seen
+// only by Err after Close, which pgx.CollectRows and pgx.ForEachRow do not
+// call: run a statement that changes rows with Exec, QueryRow or in a
+// transaction of Begin, whose commits are checked.
 func (p *Pool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	tx, err := p.Begin(ctx)
 	if err != nil {
