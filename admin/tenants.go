@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -23,15 +24,36 @@ import (
 // (migrate.Outboxes). The across-tenants operations (StatusAll, QuarantinedAll)
 // list the tenants a migrate.Selector chooses, then work on each with the same
 // code as the one-outbox operations, a few at a time, each tenant's statements
-// under their own deadline. A tenant that fails (its schema not migrated, dropped
-// mid-scan, unreadable for the role) is reported in its row; the others are
-// still read.
+// in a transaction of its own under server-side bounds (internal/pgbound:
+// lock_timeout and statement_timeout). A tenant that fails (its schema not
+// migrated, dropped mid-scan, unreadable for the role, its tables locked by
+// another session: ErrTenantStuck) is reported in its row; the others are
+// still read, and no pooled connection is closed for it.
 
 // Defaults of TenantsConfig.
 const (
 	DefaultTenantConcurrency = 4
 	DefaultTenantTimeout     = 10 * time.Second
+	DefaultTenantLockTimeout = time.Second
 )
+
+// ErrTenantStuck is wrapped by a tenant's error when the server ended its
+// statements at their bounds (TenantsConfig.LockTimeout, TenantsConfig.Timeout):
+// another session holds a lock on the tenant's tables (a LOCK TABLE, a
+// migration, rows locked FOR UPDATE), or its statements run too long. The
+// tenant is skipped, never waited on; the wording is relay.ErrOutboxStuck's.
+var ErrTenantStuck = errors.New("admin: the tenant's statements time out (a lock held by another session, or too slow)")
+
+// TenantStuck returns err wrapped with ErrTenantStuck when it is the server
+// ending a tenant's statement at its bounds (pgbound.Stuck), else err: the one
+// classification of the across-tenants operations, for a caller that runs a
+// tenant's statements under the same bounds itself (cleanup --tenants).
+func TenantStuck(err error) error {
+	if pgbound.Stuck(err) {
+		return fmt.Errorf("%w: %w", ErrTenantStuck, err)
+	}
+	return err
+}
 
 // TenantsConfig bounds the work of an across-tenants operation. A nil
 // *TenantsConfig and the zero value are ready to use; each field names its
@@ -41,10 +63,18 @@ type TenantsConfig struct {
 	// that many connections for it to be reached. Defaults to
 	// DefaultTenantConcurrency (4).
 	Concurrency int
-	// Timeout bounds all the statements of one tenant together; a tenant that
-	// takes longer (a lock held on its tables) is reported with an error
-	// wrapping context.DeadlineExceeded. Defaults to DefaultTenantTimeout (10s).
+	// Timeout bounds each statement of one tenant (statement_timeout, set for
+	// the tenant's transaction alone): the server ends a longer one and the
+	// tenant is reported with an error wrapping ErrTenantStuck. A client-side
+	// backstop of twice that over the tenant's whole transaction guards
+	// against a server that does not answer (an error wrapping
+	// context.DeadlineExceeded). Defaults to DefaultTenantTimeout (10s).
 	Timeout time.Duration
+	// LockTimeout bounds each wait of a tenant's statements for a lock another
+	// session holds on its tables (lock_timeout): past it the tenant is
+	// reported with an error wrapping ErrTenantStuck and skipped. Defaults to
+	// DefaultTenantLockTimeout (1s), or Timeout if shorter.
+	LockTimeout time.Duration
 	// Trust says who may own a tenant's schema and tables: a tenant whose
 	// owner is not trusted, or whose tables carry objects pgoutbox did not
 	// create, is refused (an error wrapping migrate.ErrUntrusted in its row)
@@ -58,9 +88,11 @@ func (c *TenantsConfig) withDefaults() (TenantsConfig, error) {
 	return config.Resolve("admin", c, func(c *TenantsConfig) {
 		config.Default(&c.Concurrency, DefaultTenantConcurrency)
 		config.Default(&c.Timeout, DefaultTenantTimeout)
+		config.Default(&c.LockTimeout, min(DefaultTenantLockTimeout, c.Timeout))
 	}, func(c *TenantsConfig, p *config.Problems) {
 		p.Check(c.Concurrency > 0, "TenantsConfig.Concurrency (%d) must be positive", c.Concurrency)
 		p.Check(c.Timeout > 0, "TenantsConfig.Timeout (%s) must be positive", c.Timeout)
+		p.Check(c.LockTimeout > 0, "TenantsConfig.LockTimeout (%s) must be positive", c.LockTimeout)
 		p.Field("TenantsConfig.Trust", c.Trust.Validate())
 	})
 }
@@ -90,11 +122,17 @@ func CheckOutbox(ctx context.Context, db migrate.Querier, schema string) error {
 	return migrate.CheckMigrated(ctx, db, schema)
 }
 
-// forTenants runs fn for each tenant, at most c.Concurrency at once, each under
-// its own c.Timeout, and returns each tenant's error in tenants' order. It
-// returns early only when ctx ends, with ctx's error: what fn reported for the
-// tenants read so far would then blame them for the caller's cancellation.
-func forTenants(ctx context.Context, c TenantsConfig, tenants []string, fn func(ctx context.Context, i int, tenant string) error) ([]error, error) {
+// forTenants runs fn for each tenant, at most c.Concurrency at once, each in a
+// transaction of its own on pool under c's bounds (pgbound.BeginFunc), and
+// returns each tenant's error in tenants' order: one the server ended at its
+// bounds wraps ErrTenantStuck. fn's statements go through tx. The transaction
+// is committed when fn returns nil, so fn may change rows; a failed one is
+// rolled back and its connection returns to the pool. forTenants returns early
+// only when ctx ends, with ctx's error: what fn reported for the tenants read
+// so far would then blame them for the caller's cancellation.
+func forTenants(ctx context.Context, pool *pgxpool.Pool, c TenantsConfig, tenants []string,
+	fn func(ctx context.Context, tx pgx.Tx, i int, tenant string) error) ([]error, error) {
+	bd := pgbound.New(c.Timeout, c.LockTimeout)
 	errs := make([]error, len(tenants))
 	var g errgroup.Group
 	g.SetLimit(c.Concurrency)
@@ -103,13 +141,13 @@ func forTenants(ctx context.Context, c TenantsConfig, tenants []string, fn func(
 			break
 		}
 		g.Go(func() error {
-			tctx, cancel := context.WithTimeout(ctx, c.Timeout)
+			tctx, cancel := context.WithTimeout(ctx, bd.Deadline())
 			defer cancel()
-			err := fn(tctx, i, tenant)
+			err := pgbound.BeginFunc(tctx, pool, bd, func(tx pgx.Tx) error { return fn(tctx, tx, i, tenant) })
 			if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
-				err = fmt.Errorf("gave up after %s: %w", c.Timeout, err)
+				err = fmt.Errorf("gave up after %s: %w", bd.Deadline(), err)
 			}
-			errs[i] = err
+			errs[i] = TenantStuck(err)
 			return nil
 		})
 	}
@@ -207,11 +245,11 @@ func StatusOf(ctx context.Context, pool *pgxpool.Pool, tenants []string, cfg *Te
 
 func statusOf(ctx context.Context, pool *pgxpool.Pool, tenants []string, c TenantsConfig) ([]TenantStatus, error) {
 	rows := make([]TenantStatus, len(tenants))
-	errs, err := forTenants(ctx, c, tenants, func(ctx context.Context, i int, tenant string) error {
-		if err := migrate.CheckTenant(ctx, pool, tenant, c.Trust); err != nil {
+	errs, err := forTenants(ctx, pool, c, tenants, func(ctx context.Context, tx pgx.Tx, i int, tenant string) error {
+		if err := migrate.CheckTenant(ctx, tx, tenant, c.Trust); err != nil {
 			return err
 		}
-		a, err := New(pool, &Config{Schema: tenant})
+		a, err := New(tx, &Config{Schema: tenant})
 		if err != nil {
 			return err
 		}
@@ -276,11 +314,11 @@ func QuarantinedAll(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selecto
 		return nil, err
 	}
 	out := make([]TenantEvents, len(tenants))
-	errs, err := forTenants(ctx, c, tenants, func(ctx context.Context, i int, tenant string) error {
-		if err := migrate.CheckTenant(ctx, pool, tenant, c.Trust); err != nil {
+	errs, err := forTenants(ctx, pool, c, tenants, func(ctx context.Context, tx pgx.Tx, i int, tenant string) error {
+		if err := migrate.CheckTenant(ctx, tx, tenant, c.Trust); err != nil {
 			return err
 		}
-		a, err := New(pool, &Config{Schema: tenant})
+		a, err := New(tx, &Config{Schema: tenant})
 		if err != nil {
 			return err
 		}
@@ -326,11 +364,11 @@ func FindEvents(ctx context.Context, pool *pgxpool.Pool, tenants []string, ids [
 		return nil, ErrNoEvents
 	}
 	found := make([][]pgoutbox.UUID, len(tenants))
-	errs, err := forTenants(ctx, c, tenants, func(ctx context.Context, i int, tenant string) error {
-		if err := migrate.CheckTenant(ctx, pool, tenant, c.Trust); err != nil {
+	errs, err := forTenants(ctx, pool, c, tenants, func(ctx context.Context, tx pgx.Tx, i int, tenant string) error {
+		if err := migrate.CheckTenant(ctx, tx, tenant, c.Trust); err != nil {
 			return err
 		}
-		rows, err := pool.Query(ctx, "SELECT event_id FROM "+pgx.Identifier{tenant, "outbox_events"}.Sanitize()+" WHERE event_id = ANY($1)", ids)
+		rows, err := tx.Query(ctx, "SELECT event_id FROM "+pgx.Identifier{tenant, "outbox_events"}.Sanitize()+" WHERE event_id = ANY($1)", ids)
 		if err != nil {
 			return err
 		}

@@ -37,8 +37,8 @@ var tables = []string{
 // schema, which CheckTrusted inspects (with their partitions and children).
 func Tables() []string { return slices.Clone(tables) }
 
-// maxTrustedOwners bounds the roles a Trust may name.
-const maxTrustedOwners = 100
+// MaxTrustedOwners bounds the roles a Trust may name.
+const MaxTrustedOwners = 100
 
 // Trust says which roles may own a served outbox: its schema, its tables and
 // their partitions. A superuser is always trusted (it could run anything
@@ -57,8 +57,8 @@ type Trust struct {
 // Validate reports a Trust that names too many roles, or a role name that is
 // empty or holds control characters.
 func (t Trust) Validate() error {
-	if len(t.Owners) > maxTrustedOwners {
-		return fmt.Errorf("migrate: at most %d trusted owner roles, got %d", maxTrustedOwners, len(t.Owners))
+	if len(t.Owners) > MaxTrustedOwners {
+		return fmt.Errorf("migrate: at most %d trusted owner roles, got %d", MaxTrustedOwners, len(t.Owners))
 	}
 	for _, o := range t.Owners {
 		if err := ValidateRoleName(o); err != nil {
@@ -76,7 +76,7 @@ func ParseOwners(s string) (Trust, error) {
 		if item = strings.TrimSpace(item); item != "" {
 			t.Owners = append(t.Owners, item)
 		}
-		if len(t.Owners) > maxTrustedOwners {
+		if len(t.Owners) > MaxTrustedOwners {
 			break
 		}
 	}

@@ -46,6 +46,15 @@ func millis(d time.Duration) string {
 	return strconv.FormatInt(max(1, (d+time.Millisecond-1).Milliseconds()), 10)
 }
 
+// LockOnly returns the bounds of a statement that may run as long as it
+// needs (statement_timeout 0, PostgreSQL's "no limit") but waits for a lock at
+// most lock, rounded up to a whole millisecond, at least one: for the work of
+// an operator's command (a cleanup's batches) whose length follows the data,
+// not a lock someone else holds. Its Deadline is zero: no backstop.
+func LockOnly(lock time.Duration) Bounds {
+	return Bounds{begin: "BEGIN; SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = " + millis(lock)}
+}
+
 // Deadline is the client-side backstop of a statement under b, for its
 // context: past it the server has not answered although it should have ended
 // the statement long before, which is what a hung host looks like.
@@ -66,7 +75,7 @@ const rollbackTimeout = 2 * time.Second
 // COMMIT on b: a batch is sent once. ctx governs the whole transaction.
 func Send(ctx context.Context, pool *pgxpool.Pool, bd Bounds, b *pgx.Batch, read func(pgx.BatchResults) error) error {
 	if bd.begin == "" {
-		return errors.New("pgbound: Bounds not made with New")
+		return errors.New("pgbound: Bounds not made with New or LockOnly")
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -100,9 +109,106 @@ func Send(ctx context.Context, pool *pgxpool.Pool, bd Bounds, b *pgx.Batch, read
 // more than Send (the COMMIT); for statements off the hot path.
 func BeginFunc(ctx context.Context, pool *pgxpool.Pool, bd Bounds, fn func(pgx.Tx) error) error {
 	if bd.begin == "" {
-		return errors.New("pgbound: Bounds not made with New")
+		return errors.New("pgbound: Bounds not made with New or LockOnly")
 	}
 	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{BeginQuery: bd.begin}, fn)
+}
+
+// Pool runs every statement and transaction on a pool under bounds: each
+// statement outside a transaction (Exec, Query, QueryRow) in a bounded
+// transaction of its own, each transaction (Begin) bounded. It serves code
+// written for a *pgxpool.Pool that opens its own transactions (admin.Cleanup,
+// admin.Admin), so that none of its statements waits for a lock past the
+// bounds. Make it with Bounds.On.
+type Pool struct {
+	pool *pgxpool.Pool
+	bd   Bounds
+}
+
+// On returns pool with every statement under b.
+func (b Bounds) On(pool *pgxpool.Pool) *Pool { return &Pool{pool: pool, bd: b} }
+
+// Begin opens a transaction under the bounds.
+func (p *Pool) Begin(ctx context.Context) (pgx.Tx, error) {
+	if p.bd.begin == "" {
+		return nil, errors.New("pgbound: Bounds not made with New or LockOnly")
+	}
+	return p.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: p.bd.begin})
+}
+
+// Exec runs sql in a bounded transaction of its own.
+func (p *Pool) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	var tag pgconn.CommandTag
+	err := BeginFunc(ctx, p.pool, p.bd, func(tx pgx.Tx) error {
+		var err error
+		tag, err = tx.Exec(ctx, sql, args...)
+		return err
+	})
+	return tag, err
+}
+
+// Query runs sql in a bounded transaction of its own, committed when the rows
+// are closed (rolled back if reading them failed). The commit's error is seen
+// only by Err after Close, which pgx.CollectRows and pgx.ForEachRow do not
+// call: run a statement that changes rows with Exec, QueryRow or in a
+// transaction of Begin, whose commits are checked.
+func (p *Pool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	tx, err := p.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return &txRows{Rows: rows, ctx: ctx, tx: tx}, nil
+}
+
+// QueryRow runs sql in a bounded transaction of its own when its row is
+// scanned.
+func (p *Pool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return txRow{p: p, ctx: ctx, sql: sql, args: args}
+}
+
+// txRows ends its transaction when closed.
+type txRows struct {
+	pgx.Rows
+	ctx  context.Context
+	tx   pgx.Tx
+	done bool
+	err  error // the commit's
+}
+
+func (r *txRows) Close() {
+	r.Rows.Close()
+	if r.done {
+		return
+	}
+	r.done = true
+	if r.Rows.Err() != nil {
+		_ = r.tx.Rollback(context.WithoutCancel(r.ctx))
+		return
+	}
+	r.err = r.tx.Commit(r.ctx)
+}
+
+func (r *txRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
+}
+
+type txRow struct {
+	p    *Pool
+	ctx  context.Context
+	sql  string
+	args []any
+}
+
+func (r txRow) Scan(dest ...any) error {
+	return BeginFunc(r.ctx, r.p.pool, r.p.bd, func(tx pgx.Tx) error { return tx.QueryRow(r.ctx, r.sql, r.args...).Scan(dest...) })
 }
 
 // rollback ends a transaction left open or failed on conn, if any.

@@ -65,6 +65,35 @@ func TestBoundsEndStuckStatements(t *testing.T) {
 		{name: "too slow", run: func(p *pgxpool.Pool) error {
 			return pgbound.Send(ctx, p, pgbound.New(50*time.Millisecond, 50*time.Millisecond), pgxBatch("SELECT pg_sleep(30)"), nil)
 		}},
+		// Pool: code written for a pool, each statement or transaction under
+		// a lock-only bound.
+		{name: "pool exec", hold: "SELECT 1 FROM " + table + " FOR UPDATE", run: func(p *pgxpool.Pool) error {
+			_, err := pgbound.LockOnly(100*time.Millisecond).On(p).Exec(ctx, "UPDATE "+table+" SET n = n + 1")
+			return err
+		}},
+		{name: "pool query", hold: "LOCK TABLE " + table + " IN ACCESS EXCLUSIVE MODE", run: func(p *pgxpool.Pool) error {
+			rows, err := pgbound.LockOnly(100*time.Millisecond).On(p).Query(ctx, "SELECT n FROM "+table)
+			if err != nil {
+				return err
+			}
+			_, err = pgx.CollectRows(rows, pgx.RowTo[int])
+			return err
+		}, warm: true},
+		{name: "pool query row", hold: "LOCK TABLE " + table + " IN ACCESS EXCLUSIVE MODE", run: func(p *pgxpool.Pool) error {
+			var n int
+			return pgbound.LockOnly(100*time.Millisecond).On(p).QueryRow(ctx, "SELECT n FROM "+table).Scan(&n)
+		}},
+		{name: "pool begin", hold: "SELECT 1 FROM " + table + " FOR UPDATE", run: func(p *pgxpool.Pool) error {
+			tx, err := bd.On(p).Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "UPDATE "+table+" SET n = n + 1"); err != nil {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+			return tx.Commit(ctx)
+		}, warm: true},
 		{name: "in a function's transaction", hold: "LOCK TABLE " + table + " IN ACCESS EXCLUSIVE MODE", run: func(p *pgxpool.Pool) error {
 			return pgbound.BeginFunc(ctx, p, bd, func(tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, "SELECT count(*) FROM "+table)
@@ -106,6 +135,22 @@ func TestBoundsEndStuckStatements(t *testing.T) {
 	pgtest.Must(t, setup.QueryRow(ctx, "SELECT n FROM "+table).Scan(&after), "n")
 	if after != n+1 {
 		t.Fatalf("n = %d after an update of %d: not committed", after, n)
+	}
+	// Pool commits what it ran, and its query's rows are read whole.
+	bp := pgbound.LockOnly(time.Second).On(pool)
+	_, err = bp.Exec(ctx, "UPDATE "+table+" SET n = n + 1")
+	pgtest.Must(t, err, "pool exec, nothing held")
+	rows, err := bp.Query(ctx, "SELECT n FROM "+table)
+	pgtest.Must(t, err, "pool query")
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	pgtest.Must(t, err, "pool rows")
+	if len(got) != 1 || got[0] != n+2 {
+		t.Fatalf("pool read %v after its exec, want [%d]", got, n+2)
+	}
+	var stmt string
+	pgtest.Must(t, bp.QueryRow(ctx, "SELECT current_setting('statement_timeout')").Scan(&stmt), "pool query row")
+	if stmt != "0" {
+		t.Fatalf("LockOnly's statement_timeout is %q, want 0 (no limit)", stmt)
 	}
 }
 

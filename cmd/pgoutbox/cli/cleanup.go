@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -279,8 +280,17 @@ func runCleanupTenants(ctx context.Context, db *dbFlags, lf *logFlags, tf *tenan
 }
 
 // cleanupTenant checks one tenant's outbox (trusted first, then migrated, and
-// its inbox with --inbox-retention) and cleans it.
+// its inbox with --inbox-retention) and cleans it. Every statement waits for a
+// lock another session holds on the tenant's tables at most
+// admin.DefaultTenantLockTimeout (pgbound.LockOnly: a cleanup's batches run as
+// long as the data needs): a stuck tenant fails at once with an error wrapping
+// admin.ErrTenantStuck, and the next is cleaned.
 func cleanupTenant(ctx context.Context, pool *pgxpool.Pool, cfg admin.CleanupConfig, trust migrate.Trust) (admin.CleanupResult, error) {
+	res, err := cleanupBounded(ctx, pgbound.LockOnly(admin.DefaultTenantLockTimeout).On(pool), cfg, trust)
+	return res, admin.TenantStuck(err)
+}
+
+func cleanupBounded(ctx context.Context, pool *pgbound.Pool, cfg admin.CleanupConfig, trust migrate.Trust) (admin.CleanupResult, error) {
 	if err := migrate.CheckTrusted(ctx, pool, cfg.Schema, trust); err != nil {
 		return admin.CleanupResult{}, err
 	}

@@ -432,14 +432,10 @@ the time.`,
 			if err != nil {
 				return err
 			}
-			for _, g := range groups {
-				db.schema = g.Tenant
-				if err := dlqRetryIn(cmd, &db, admin.RetryRequest{IDs: g.IDs, All: all, Filter: filter.f,
-					Actor: op.actor, Reason: op.reason}, many); err != nil {
-					return err
-				}
-			}
-			return nil
+			return dlqInTenants(cmd, &db, groups, many, "retry", func(g admin.TenantIDs) error {
+				return dlqRetryIn(cmd, &db, admin.RetryRequest{IDs: g.IDs, All: all, Filter: filter.f,
+					Actor: op.actor, Reason: op.reason}, many)
+			})
 		},
 	}
 	db.register(cmd.Flags())
@@ -470,10 +466,36 @@ func dlqTenantGroups(cmd *cobra.Command, db *dbFlags, tf *tenantFlags, ids []pgo
 	return []admin.TenantIDs{{Tenant: tenant}}, true, err
 }
 
+// dlqInTenants runs fn in each group's tenant in turn (db.schema set to it).
+// With --tenants (many), a tenant found stuck (its statements ended at their
+// lock bound: admin.ErrTenantStuck) is reported on stderr by name and skipped,
+// the others are acted on, and the error at the end counts the stuck ones; any
+// other error stops at once, as without --tenants.
+func dlqInTenants(cmd *cobra.Command, db *dbFlags, groups []admin.TenantIDs, many bool, verb string, fn func(admin.TenantIDs) error) error {
+	var stuck []string
+	for _, g := range groups {
+		db.schema = g.Tenant
+		err := fn(g)
+		if many && errors.Is(err, admin.ErrTenantStuck) {
+			stuck = append(stuck, g.Tenant)
+			fmt.Fprintf(cmd.ErrOrStderr(), "tenant %s: %s\n", tenantName(g.Tenant), errLine(err))
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if len(stuck) > 0 {
+		return fmt.Errorf("dlq %s: %d of %d tenants were stuck and left as they were (%s): %w; the others were done",
+			verb, len(stuck), len(groups), tenantList(stuck), admin.ErrTenantStuck)
+	}
+	return nil
+}
+
 // dlqRetryIn runs one retry in the outbox of db.schema and prints its summary,
 // naming the tenant when many.
 func dlqRetryIn(cmd *cobra.Command, db *dbFlags, req admin.RetryRequest, many bool) error {
-	a, closeDB, err := statusOpenAdmin(cmd.Context(), db, "")
+	a, closeDB, err := tenantOpenAdmin(cmd.Context(), db, many)
 	if err != nil {
 		return err
 	}
@@ -483,7 +505,7 @@ func dlqRetryIn(cmd *cobra.Command, db *dbFlags, req admin.RetryRequest, many bo
 		return usageError{err}
 	}
 	if err != nil {
-		return err
+		return admin.TenantStuck(err)
 	}
 	var left []string
 	for _, id := range req.IDs {
@@ -540,13 +562,9 @@ Only quarantined events can be skipped; if any id is not, nothing is skipped.`,
 					return err
 				}
 			}
-			for _, g := range groups {
-				db.schema = g.Tenant
-				if err := dlqSkipIn(cmd, &db, admin.SkipRequest{IDs: g.IDs, Reason: reason, Actor: actor}, many); err != nil {
-					return err
-				}
-			}
-			return nil
+			return dlqInTenants(cmd, &db, groups, many, "skip", func(g admin.TenantIDs) error {
+				return dlqSkipIn(cmd, &db, admin.SkipRequest{IDs: g.IDs, Reason: reason, Actor: actor}, many)
+			})
 		},
 	}
 	db.register(cmd.Flags())
@@ -583,7 +601,7 @@ func dlqCheckQuarantined(cmd *cobra.Command, db dbFlags, groups []admin.TenantID
 // dlqSkipIn runs one skip in the outbox of db.schema and prints its summary,
 // naming the tenant when many.
 func dlqSkipIn(cmd *cobra.Command, db *dbFlags, req admin.SkipRequest, many bool) error {
-	a, closeDB, err := statusOpenAdmin(cmd.Context(), db, "")
+	a, closeDB, err := tenantOpenAdmin(cmd.Context(), db, many)
 	if err != nil {
 		return err
 	}
@@ -593,7 +611,7 @@ func dlqSkipIn(cmd *cobra.Command, db *dbFlags, req admin.SkipRequest, many bool
 		return usageError{err}
 	}
 	if err != nil {
-		return err
+		return admin.TenantStuck(err)
 	}
 	var lanes []string
 	for _, s := range skipped {

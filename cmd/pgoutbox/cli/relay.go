@@ -293,7 +293,7 @@ func rejectZero(fs *pflag.FlagSet, names ...string) error {
 }
 
 // checkMigrated fails with advice when the schema lacks the outbox migrations.
-func checkMigrated(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+func checkMigrated(ctx context.Context, pool migrate.Querier, schema string) error {
 	if err := checkCompatible(ctx, pool, schema, migrate.LineOutbox); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -116,7 +117,12 @@ func (f *relayFlags) tenantDatabases(ctx context.Context) ([]tenantDatabase, err
 		if maxConns == 0 {
 			maxConns = t.maxConns
 		}
-		out = append(out, tenantDatabase{name: name, schemas: d.Schemas, prefix: d.TenantPrefix, conn: conn, maxConns: maxConns, trust: trust})
+		// This database's own trusted owners, besides --tenant-owner's.
+		dbTrust := migrate.Trust{Owners: slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(trust.Owners), d.TenantOwner.Owners...))))}
+		if err := dbTrust.Validate(); err != nil {
+			return nil, usagef("--tenants-file %s: databases[%d].tenant_owner with --tenant-owner names more than %d roles", t.file, i, migrate.MaxTrustedOwners)
+		}
+		out = append(out, tenantDatabase{name: name, schemas: d.Schemas, prefix: d.TenantPrefix, conn: conn, maxConns: maxConns, trust: dbTrust})
 	}
 	return out, nil
 }

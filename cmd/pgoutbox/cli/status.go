@@ -11,10 +11,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -129,8 +129,33 @@ func statusOpenAdmin(ctx context.Context, db *dbFlags, inboxSchema string) (*adm
 	return a, pool.Close, nil
 }
 
+// tenantOpenAdmin is statusOpenAdmin for a verb acting on a tenant of
+// --tenants (many): every statement and transaction then waits for a lock
+// another session holds on the tenant's tables at most
+// admin.DefaultTenantLockTimeout (pgbound.LockOnly), so that a stuck tenant
+// fails at once, wrapping admin.ErrTenantStuck (admin.TenantStuck), instead of
+// holding the others up.
+func tenantOpenAdmin(ctx context.Context, db *dbFlags, many bool) (*admin.Admin, func(), error) {
+	if !many {
+		return statusOpenAdmin(ctx, db, "")
+	}
+	pool, err := db.openPool(ctx, 2)
+	if err != nil {
+		return nil, nil, err
+	}
+	a, err := adminOn(ctx, pgbound.LockOnly(admin.DefaultTenantLockTimeout).On(pool), db, db.schema, "")
+	if err != nil {
+		pool.Close()
+		return nil, nil, admin.TenantStuck(err)
+	}
+	return a, pool.Close, nil
+}
+
 // adminOn checks that schema is migrated and returns an Admin on it.
-func adminOn(ctx context.Context, pool *pgxpool.Pool, db *dbFlags, schema, inboxSchema string) (*admin.Admin, error) {
+func adminOn(ctx context.Context, pool interface {
+	migrate.Querier
+	admin.DB
+}, db *dbFlags, schema, inboxSchema string) (*admin.Admin, error) {
 	cctx, cancel := context.WithTimeout(ctx, db.connectTimeout)
 	defer cancel()
 	if err := checkMigrated(cctx, pool, schema); err != nil {

@@ -33,6 +33,9 @@ type tenantsFileDB struct {
 	Schemas      string
 	TenantPrefix string
 	MaxConns     int
+	// TenantOwner names the roles trusted to own this database's tenants,
+	// besides --tenant-owner's (migrate.ParseOwners).
+	TenantOwner migrate.Trust
 }
 
 // Bounds of the --tenants-file. The file is read as a YAML tree and checked
@@ -49,7 +52,7 @@ const (
 )
 
 // tenantsFileKeys are the keys of a databases[] entry.
-var tenantsFileKeys = []string{"name", "url", "url_env", "schemas", "tenant_prefix", "max_conns"}
+var tenantsFileKeys = []string{"name", "url", "url_env", "schemas", "tenant_prefix", "max_conns", "tenant_owner"}
 
 // envName is the shape of url_env: the name of an environment variable,
 // which errors show.
@@ -198,6 +201,14 @@ func parseTenantsFileDB(n *yaml.Node, where string) (tenantsFileDB, error) {
 				return fmt.Errorf("line %d: %s.max_conns must be a whole number from 1 to %d (0 or none: --db-max-conns)", v.Line, where, maxTenantsFileMaxConns)
 			}
 			d.MaxConns = m
+		case "tenant_owner":
+			// ParseOwners' own error would quote a role name.
+			t, err := migrate.ParseOwners(value)
+			if err != nil {
+				return fmt.Errorf("line %d: %s.tenant_owner must be a comma list of at most %d role names (each printable, at most 63 bytes, not public, none or pg_*)",
+					v.Line, where, migrate.MaxTrustedOwners)
+			}
+			d.TenantOwner = t
 		}
 		return nil
 	})

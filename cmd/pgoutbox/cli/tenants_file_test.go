@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 // laughs is a YAML "billion laughs": levels of anchors, each alias list
@@ -62,6 +63,12 @@ var hostileTenantsFiles = []struct {
 	{"schemas not a selector", "databases:\n  - url: x\n    schemas: 's3cr3t-PW['\n", "schemas must be"},
 	{"tenant_prefix", "databases:\n  - url: x\n    tenant_prefix: 's3cr3t-PW.'\n", "tenant_prefix must be"},
 	{"name with a control character", "databases:\n  - url: x\n    name: \"s3cr3t-PW\\e[2J\"\n", "name must be"},
+	{"tenant_owner reserved role", "databases:\n  - url: x\n    tenant_owner: 's3cr3t-PW, public'\n", "tenant_owner must be"},
+	{"tenant_owner pg_ role", "databases:\n  - url: x\n    tenant_owner: pg_s3cr3t-PW\n", "tenant_owner must be"},
+	{"tenant_owner control character", "databases:\n  - url: x\n    tenant_owner: \"s3cr3t-PW\\e[2J\"\n", "tenant_owner must be"},
+	{"tenant_owner too long a name", "databases:\n  - url: x\n    tenant_owner: s3cr3t-PW" + strings.Repeat("x", 64) + "\n", "tenant_owner must be"},
+	{"tenant_owner too many", "databases:\n  - url: x\n    tenant_owner: s3cr3t-PW" + strings.Repeat(",r", 100) + "\n", "tenant_owner must be"},
+	{"tenant_owner as a list", "databases:\n  - url: x\n    tenant_owner: [s3cr3t-PW]\n", "must be a single value"},
 	{"syntax error", "databases:\n  - url: 'postgres://u:s3cr3t-PW@h/x\n", "line"},
 	{"tab indentation", "databases:\n\t- url: postgres://u:s3cr3t-PW@h/x\n", "line"},
 	{"not a map", "- postgres://u:s3cr3t-PW@h/x\n", "must be a map"},
@@ -116,12 +123,14 @@ databases:
     schemas: 'tenant_*, billing'
     tenant_prefix: eu-
     max_conns: 5
+    tenant_owner: ' tenant_owner ,migrator'
   - url_env: US_DATABASE_URL   # holds a password
     tenant_prefix: us-
 `))
 	pgtest.Must(t, err, "parse")
 	want := []tenantsFileDB{
-		{Name: "eu", URL: "postgres://relay@eu-db:5432/app?sslmode=verify-full", Schemas: "tenant_*, billing", TenantPrefix: "eu-", MaxConns: 5},
+		{Name: "eu", URL: "postgres://relay@eu-db:5432/app?sslmode=verify-full", Schemas: "tenant_*, billing", TenantPrefix: "eu-", MaxConns: 5,
+			TenantOwner: migrate.Trust{Owners: []string{"tenant_owner", "migrator"}}},
 		{URLEnv: "US_DATABASE_URL", TenantPrefix: "us-"},
 	}
 	if fmt.Sprint(tf.Databases) != fmt.Sprint(want) {
@@ -141,6 +150,8 @@ func FuzzTenantsFile(f *testing.F) {
 	f.Add("databases:\n  - url_env: X\n    SECRET: 1\n")
 	f.Add("databases: [{url: SECRET, max_conns: SECRET}]\n")
 	f.Add("a: &x SECRET\ndatabases: [{url: *x}]\n")
+	f.Add("databases:\n  - url: x\n    tenant_owner: 'SECRET,pg_SECRET'\n")
+	f.Add("databases:\n  - url: x\n    tenant_owner: owner_a, owner_b\n")
 	f.Fuzz(func(t *testing.T, body string) {
 		if len(body) > 64<<10 {
 			return
