@@ -140,8 +140,15 @@ func (c *Cluster) Promote(ctx context.Context) error {
 	// pg_promote is asked not to wait: a session waiting on a hot standby can
 	// be cancelled by a conflict with the recovery it waits for (SQLSTATE
 	// 40001), leaving it unknown whether the promotion was requested. The end
-	// of recovery is watched from fresh sessions instead.
-	requested := false
+	// of recovery is watched from fresh sessions instead, and the request is
+	// made again while recovery goes on: a request can be lost. pg_promote
+	// signals the postmaster, which passes the signal to the startup process;
+	// when a child of the standby has just died (a WAL receiver killed, as
+	// StalledReceiver.Lose does), the postmaster may restart recovery after
+	// passing it on, and the new startup process never hears of the request
+	// (seen once in a full run: still in recovery a minute later). A request
+	// made again is ignored by a startup process already promoting.
+	var requested time.Time
 	tick := time.NewTicker(promotePoll)
 	defer tick.Stop()
 	for {
@@ -160,28 +167,33 @@ func (c *Cluster) Promote(ctx context.Context) error {
 	}
 }
 
-// Promote's bounds: the whole promotion, and the pace of its checks.
+// Promote's bounds: the whole promotion, the pace of its checks, and how long
+// a request is given before it is made again.
 const (
 	promoteTimeout = time.Minute
 	promotePoll    = 20 * time.Millisecond
+	promoteAgain   = 2 * time.Second
 )
 
 // promoteStep reports whether c is still in recovery, requesting the
-// promotion once (again if a request failed).
-func (c *Cluster) promoteStep(ctx context.Context, requested *bool) (inRecovery bool, err error) {
+// promotion when no request succeeded in the last promoteAgain.
+func (c *Cluster) promoteStep(ctx context.Context, requested *time.Time) (inRecovery bool, err error) {
 	conn, err := pgx.Connect(ctx, c.URL)
 	if err != nil {
 		return true, err
 	}
 	defer conn.Close(context.Background())
-	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil || !inRecovery || *requested {
+	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil || !inRecovery ||
+		(!requested.IsZero() && time.Since(*requested) < promoteAgain) {
 		return inRecovery, err
 	}
 	var ok bool
 	if err := conn.QueryRow(ctx, "SELECT pg_promote(false)").Scan(&ok); err != nil {
 		return true, fmt.Errorf("pg_promote: %w", err)
 	}
-	*requested = ok
+	if ok {
+		*requested = time.Now()
+	}
 	return true, nil
 }
 
