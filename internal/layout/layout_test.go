@@ -337,15 +337,24 @@ func mapPaths(cell string) []string {
 	return paths
 }
 
+// table returns the repository root, its packages and the body rows of the
+// table in the section title of file; it fails the test, saying what the table
+// should hold, if there is none.
+func table(t *testing.T, file, title, holds string) (root string, pkgs []pkg, rows []tableRow) {
+	t.Helper()
+	root = repoRoot(t)
+	pkgs = packages(t)
+	rows = tableRows(section(t, root, file, title))
+	if len(rows) == 0 {
+		t.Fatalf("%s's %q section has no table: %s", file, title, holds)
+	}
+	return root, pkgs, rows
+}
+
 // Every package of every module has exactly one row in the package map, and
 // every row names a package that exists.
 func TestPackageMap(t *testing.T) {
-	root := repoRoot(t)
-	pkgs := packages(t)
-	rows := tableRows(section(t, root, mapFile, mapSection))
-	if len(rows) == 0 {
-		t.Fatalf("%s's %q section has no table: it is the package map, one row \"| `dir/of/package` | what it is |\" per package", mapFile, mapSection)
-	}
+	_, pkgs, rows := table(t, mapFile, mapSection, "it is the package map, one row \"| `dir/of/package` | what it is |\" per package")
 	isPkg := map[string]bool{}
 	for _, p := range pkgs {
 		isPkg[p.Rel] = true
@@ -436,16 +445,12 @@ var (
 // In a row's first cell, the first name is relative to the repository root
 // and the others to the first one's folder, or else to the root; `a/{b,c}/`
 // is a/b/ and a/c/. In the second cell, a name ending in .go is a file of the
-// row's folder (or else of the root); every other name in backticks shaped like a Go identifier,
-// Name or X.Name, is a symbol: a declaration or method of the row's files, a
-// method or field of a type declared there, or Name of the package X.
+// row's folder (or else of the root); every other name in backticks shaped
+// like a Go identifier, Name or X.Name, is a symbol: a declaration or method
+// of the row's files, a method or field of a type declared there, or Name of
+// the package X.
 func TestFileMap(t *testing.T) {
-	root := repoRoot(t)
-	pkgs := packages(t)
-	rows := tableRows(section(t, root, fileMapFile, fileMapName))
-	if len(rows) == 0 {
-		t.Fatalf("%s's %q section has no table", fileMapFile, fileMapName)
-	}
+	root, pkgs, rows := table(t, fileMapFile, fileMapName, "one row per file or group of files")
 	exists := func(rel string) (fs.FileInfo, bool) {
 		fi, err := os.Stat(filepath.Join(root, filepath.FromSlash(rel)))
 		return fi, err == nil
@@ -992,4 +997,37 @@ func coveredServices(t *testing.T, decls *declIndex, p pkg, pkgNames map[string]
 		}
 	}
 	return covered
+}
+
+// The Markdown helpers read what the maps are written with: brace lists, pipes
+// escaped or in code spans, and headings that are not headings inside code.
+func TestMarkdownHelpers(t *testing.T) {
+	if got, want := expand("a/{b,c}/{d,e}"), []string{"a/b/d", "a/b/e", "a/c/d", "a/c/e"}; !slices.Equal(got, want) {
+		t.Errorf("expand: got %q, want %q", got, want)
+	}
+	if got, want := splitCells("| `a|b` | c \\| d | e |"), []string{"`a|b`", "c | d", "e"}; !slices.Equal(got, want) {
+		t.Errorf("splitCells: got %q, want %q", got, want)
+	}
+	if got, want := mapPaths("`pgoutbox` (root)"), []string{"."}; !slices.Equal(got, want) {
+		t.Errorf("mapPaths: got %q, want %q", got, want)
+	}
+	doc := filepath.Join(t.TempDir(), "doc.md")
+	text := "# Doc\n## Layout\n| a | b |\n|---|---|\n| `x/` | y |\n```sh\n# not a heading\n```\n### Sub\ntext\n## Next\n| `z` | w |\n"
+	if err := os.WriteFile(doc, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lines, found, err := readSection(doc, "Layout")
+	if err != nil || !found {
+		t.Fatalf("readSection: found %v, err %v", found, err)
+	}
+	if n := len(lines); n != 8 {
+		t.Errorf("readSection: %d lines, want 8 (up to the next level-2 heading)", n)
+	}
+	rows := tableRows(lines)
+	if len(rows) != 1 || rows[0].n != 5 || rows[0].cells[0] != "`x/`" {
+		t.Errorf("tableRows: got %+v, want the one body row at line 5", rows)
+	}
+	if _, found, _ := readSection(doc, "not a heading"); found {
+		t.Error("readSection found a heading inside a code block")
+	}
 }
