@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -347,6 +346,3 @@ func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 		return nil, usagef("--log-format %q: want text or json", l.format)
 	}
 }
-
-// defaultEmbeddedDir is where --broker embedded keeps its data unless told.
-func defaultEmbeddedDir() string { return filepath.Join(os.TempDir(), "pgoutbox-embedded-nats") }

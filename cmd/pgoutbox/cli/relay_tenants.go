@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
 
-	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/health"
 	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -125,46 +123,6 @@ func (f *relayFlags) tenantDatabases(ctx context.Context) ([]tenantDatabase, err
 		out = append(out, tenantDatabase{name: name, schemas: d.Schemas, prefix: d.TenantPrefix, conn: conn, maxConns: maxConns, trust: dbTrust})
 	}
 	return out, nil
-}
-
-// forTenants makes the broker target tell tenants apart: a default template
-// with {tenant}, and an explicit one without it refused.
-func (t *brokerTarget) forTenants() error {
-	switch t.kind {
-	case "null":
-		return nil
-	case "webhook":
-		if !strings.Contains(t.flags.url, "{tenant}") {
-			return usagef("--broker: serving several outboxes (--tenants), the webhook URL must hold {tenant} so that tenants' events stay apart")
-		}
-		return nil
-	}
-	if t.template != nil {
-		if !t.template.Uses("tenant") {
-			return usagef("--topic-template %q: serving several outboxes (--tenants), the destination must hold {tenant}, or tenants' events would share it (and consumers' aggregates could collide)", t.template.String())
-		}
-		return nil
-	}
-	var def string
-	switch t.kind {
-	case "nats", "embedded":
-		def = "outbox.{tenant}.{aggregate_type}.{event_type}"
-	case "kafka":
-		def = "outbox.{tenant}.{aggregate_type}"
-	case "rabbitmq":
-		def = "{tenant}.{aggregate_type}.{event_type}"
-	default:
-		return fmt.Errorf("no tenant template for broker kind %q", t.kind)
-	}
-	tmpl, err := broker.ParseTemplate(def)
-	if err != nil {
-		return err
-	}
-	t.template = &tmpl
-	if len(t.streamSubjects) == 0 {
-		t.streamSubjects = []string{"outbox.>"}
-	}
-	return nil
 }
 
 // runRelayTenants runs a relay.Group until SIGTERM/SIGINT.

@@ -21,7 +21,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/health"
 	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/relay/relayprom"
@@ -181,29 +180,4 @@ func (o *relayOps) serve(pool *pgxpool.Pool, r *relay.Relay, schema string, logg
 	logger.Info("serving metrics and health probes", slog.String("addr", srv.Addr()),
 		slog.String("endpoints", "/metrics /healthz /readyz"))
 	return srv, nil
-}
-
-// system is the messaging.system attribute of publish spans.
-func (t *brokerTarget) system() string {
-	switch t.kind {
-	case "embedded", "nats":
-		return "nats"
-	}
-	return t.kind
-}
-
-// destination names a message's subject, topic or routing key for publish spans,
-// from --topic-template or the adapter's default (webhooks: the aggregate type).
-func (t *brokerTarget) destination() func(m *broker.Message) string {
-	tmpl := t.template
-	if tmpl == nil {
-		def := map[string]string{"embedded": "outbox.{aggregate_type}.{event_type}", "nats": "outbox.{aggregate_type}.{event_type}",
-			"kafka": "outbox.{aggregate_type}", "rabbitmq": "{aggregate_type}.{event_type}"}[t.kind]
-		if def == "" {
-			return nil
-		}
-		d := broker.MustParseTemplate(def)
-		tmpl = &d
-	}
-	return tmpl.Expand
 }
