@@ -115,14 +115,8 @@ var brokerKinds = []*brokerKind{
 			fs.StringSliceVar(&o.subjects, "nats-stream-subjects", nil, "subjects of the stream when it has to be created (env PGOUTBOX_NATS_STREAM_SUBJECTS) (default: the template's literal prefix + \".>\", e.g. outbox.>)")
 			return o
 		},
-		parse: parseNATS,
-		open: func(ctx context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
-			pub, err := dialNATS(ctx, t, t.flags.url, log)
-			if err != nil {
-				return nil, nil, err
-			}
-			return pub, func() { _ = pub.Close() }, nil
-		},
+		parse:   parseNATS,
+		open:    openNATS,
 		tenants: natsTenants,
 		plaintext: func(u *url.URL, _ string) bool {
 			return u.Scheme == "nats" || u.Scheme == "ws" // unless the server itself demands TLS
@@ -184,15 +178,7 @@ var brokerKinds = []*brokerKind{
 			return o
 		},
 		parse: parseWebhook,
-		open: func(_ context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
-			o := kindFlags[webhookFlags](t.flags, "webhook")
-			pub, err := webhook.New(&webhook.Config{URL: t.flags.url, Secret: o.secret, AllowUnsigned: o.unsigned,
-				Timeout: t.flags.ackTimeout, Logger: log, Encoding: t.encoding})
-			if err != nil {
-				return nil, nil, usageError{err}
-			}
-			return pub, func() { _ = pub.Close() }, nil
-		},
+		open:  openWebhook,
 		tenants: func(t *brokerTarget) error {
 			if !strings.Contains(t.flags.url, "{tenant}") {
 				return usagef("--broker: serving several outboxes (--tenants), the webhook URL must hold {tenant} so that tenants' events stay apart")
@@ -281,6 +267,15 @@ func dialNATS(ctx context.Context, t *brokerTarget, serverURL string, log *slog.
 	return pub, nil
 }
 
+// openNATS connects to NATS JetStream.
+func openNATS(ctx context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
+	pub, err := dialNATS(ctx, t, t.flags.url, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pub, func() { _ = pub.Close() }, nil
+}
+
 // openEmbedded starts the in-process NATS server and connects to it.
 func openEmbedded(ctx context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
 	o := kindFlags[embeddedFlags](t.flags, embeddedBroker)
@@ -340,6 +335,17 @@ func openRabbitMQ(ctx context.Context, t *brokerTarget, log *slog.Logger) (broke
 		// A malformed URL or a server that turned us away (403
 		// ACCESS_REFUSED, an unknown vhost): Dial waits out an unreachable
 		// server instead.
+		return nil, nil, usageError{err}
+	}
+	return pub, func() { _ = pub.Close() }, nil
+}
+
+// openWebhook makes the webhook's HTTP client.
+func openWebhook(_ context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
+	o := kindFlags[webhookFlags](t.flags, "webhook")
+	pub, err := webhook.New(&webhook.Config{URL: t.flags.url, Secret: o.secret, AllowUnsigned: o.unsigned,
+		Timeout: t.flags.ackTimeout, Logger: log, Encoding: t.encoding})
+	if err != nil {
 		return nil, nil, usageError{err}
 	}
 	return pub, func() { _ = pub.Close() }, nil
