@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 )
 
 // The registry (registry.go) is the one place of the CLI that names the broker
@@ -79,4 +81,30 @@ func hasAnyPrefix(s string, prefixes []string) bool {
 		}
 	}
 	return false
+}
+
+// The stream's subjects are derived from --topic-template for NATS only: a
+// Kafka topic or RabbitMQ routing key without a dot, or one that starts with a
+// placeholder, is fine.
+func TestStreamSubjectsAreNATSOnly(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		broker, template string
+		ok               bool
+	}{
+		{"kafka://k:9092", "orders", true},
+		{"kafka://k:9092", "{aggregate_type}", true},
+		{"amqp://h/", "{aggregate_type}.{event_type}", true},
+		{"nats://h:4222", "{aggregate_type}", false},
+		{"embedded", "orders", false},
+		{"nats://h:4222", "events.{aggregate_type}", true},
+	} {
+		var b brokerFlags
+		b.register(pflag.NewFlagSet("test", pflag.ContinueOnError))
+		b.url, b.topicTemplate = tc.broker, tc.template
+		_, err := b.parse()
+		if (err == nil) != tc.ok {
+			t.Errorf("--broker %s --topic-template %s: %v, want ok %v", tc.broker, tc.template, err, tc.ok)
+		}
+	}
 }
