@@ -27,6 +27,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Harness connects the suite to one kind of broker.
@@ -161,8 +162,8 @@ func newBatch(aggregates, perAggregate int) *batch {
 				OccurredAt:        occurred.Add(time.Duration(n) * time.Microsecond),
 				Payload:           []byte(fmt.Sprintf(`{"n":%d,"text":"caf\u00e9 \"quoted\""}`, n)),
 				Headers: map[string]string{
-					broker.HeaderTraceParent: fmt.Sprintf("00-%032x-%016x-01", n+1, n+1),
-					"Test-Tenant":            "tenant " + strconv.Itoa(n%7),
+					wire.HeaderTraceParent: fmt.Sprintf("00-%032x-%016x-01", n+1, n+1),
+					"Test-Tenant":          "tenant " + strconv.Itoa(n%7),
 				},
 			})
 		}
@@ -199,15 +200,15 @@ func (b *batch) mine(t *testing.T, inst *Instance) []stored {
 	var out []stored
 	for i := range all {
 		s := &all[i]
-		if typ, _ := s.header(broker.HeaderAggregateType); typ != b.aggType {
+		if typ, _ := s.header(wire.HeaderAggregateType); typ != b.aggType {
 			continue
 		}
-		id, _ := s.header(broker.HeaderEventID)
-		agg, _ := s.header(broker.HeaderAggregateID)
-		seqText, _ := s.header(broker.HeaderAggregateSequence)
+		id, _ := s.header(wire.HeaderEventID)
+		agg, _ := s.header(wire.HeaderAggregateID)
+		seqText, _ := s.header(wire.HeaderAggregateSequence)
 		seq, err := strconv.ParseInt(seqText, 10, 64)
 		if err != nil {
-			t.Fatalf("stored message %d: %s header %q: %v", i, broker.HeaderAggregateSequence, seqText, err)
+			t.Fatalf("stored message %d: %s header %q: %v", i, wire.HeaderAggregateSequence, seqText, err)
 		}
 		out = append(out, stored{Stored: s, eventID: id, aggID: agg, seq: seq})
 	}
@@ -247,7 +248,7 @@ func (b *batch) checkContent(t *testing.T, s stored) {
 	t.Helper()
 	m, ok := b.byID[s.eventID]
 	if !ok {
-		t.Errorf("stored message with unknown %s %q", broker.HeaderEventID, s.eventID)
+		t.Errorf("stored message with unknown %s %q", wire.HeaderEventID, s.eventID)
 		return
 	}
 	if s.Destination == "" {
@@ -298,8 +299,8 @@ func Message(aggType, aggID string, seq int64) broker.Message {
 		OccurredAt:        time.Date(2025, 3, 4, 5, 6, 7, 890, time.UTC),
 		Payload:           []byte(`{"total":"9.50"}`),
 		Headers: map[string]string{
-			broker.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-			"Tenant":                 "acme corp",
+			wire.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+			"Tenant":               "acme corp",
 		},
 	}
 }

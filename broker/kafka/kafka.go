@@ -39,6 +39,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Defaults of Config.
@@ -90,7 +91,7 @@ type Config struct {
 	// Encoding is the wire format of the records. The zero value is the default
 	// Outbox-* headers; FormatCloudEvents sends CloudEvents binary mode per the
 	// Kafka protocol binding (ce_* headers, a content-type header).
-	Encoding broker.Encoding
+	Encoding wire.Encoding
 }
 
 // SASL is how the publisher authenticates to the cluster.
@@ -428,10 +429,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error 
 // message fails as unavailable rather than wait in a Produce that ctx cannot
 // interrupt.
 func (p *Publisher) send(_ context.Context, m *broker.Message) (broker.AckFunc, error) {
-	if err := m.CheckHeaders(); err != nil {
-		return nil, err
-	}
-	if err := p.cfg.Encoding.CheckMessage(m); err != nil {
+	enc, err := p.cfg.Encoding.Encode(m, wire.CloudEventsKafka)
+	if err != nil {
 		return nil, err
 	}
 	topic, err := p.cfg.Topic.ExpandChecked(m)
@@ -449,8 +448,8 @@ func (p *Publisher) send(_ context.Context, m *broker.Message) (broker.AckFunc, 
 	rec := &kgo.Record{
 		Topic:   topic,
 		Key:     []byte(m.AggregateID),
-		Value:   m.Payload,
-		Headers: recordHeaders(p.cfg.Encoding, m),
+		Value:   enc.Body,
+		Headers: recordHeaders(enc),
 		// The timestamp is left to the client (now): the broker applies
 		// retention and timestamp checks to it, so an old event re-published by
 		// replay must not carry its occurred_at there. That is in a header.
@@ -476,11 +475,12 @@ func (p *Publisher) send(_ context.Context, m *broker.Message) (broker.AckFunc, 
 	}, nil
 }
 
-// recordHeaders returns m's wire headers in enc's format sorted by name, so
-// that equal events are equal records.
-func recordHeaders(enc broker.Encoding, m *broker.Message) []kgo.RecordHeader {
-	out := make([]kgo.RecordHeader, 0, enc.HeaderCount(m))
-	for k, v := range enc.Headers(m, broker.CloudEventsKafka) {
+// recordHeaders returns enc's headers sorted by name, so that equal events are
+// equal records. Kafka records have no content-type field: the CloudEvents
+// binding carries it as a header, the default format leaves it out.
+func recordHeaders(enc wire.Encoded) []kgo.RecordHeader {
+	out := make([]kgo.RecordHeader, 0, enc.HeaderCount)
+	for k, v := range enc.Headers {
 		out = append(out, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
 	slices.SortFunc(out, func(a, b kgo.RecordHeader) int { return strings.Compare(a.Key, b.Key) })

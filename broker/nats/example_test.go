@@ -14,6 +14,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Publish an event to an embedded NATS server, the zero-setup default, and read
@@ -67,7 +68,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(msg.Subject, string(msg.Data), msg.Header.Get(broker.HeaderAggregateSequence))
+	fmt.Println(msg.Subject, string(msg.Data), msg.Header.Get(wire.HeaderAggregateSequence))
 	// Output:
 	// result: <nil>
 	// outbox.order.created {"total":"9.50"} 1

@@ -37,6 +37,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Defaults of Config.
@@ -94,7 +95,7 @@ type Config struct {
 	// Encoding is the wire format of the messages. The zero value is the
 	// default Outbox-* headers; FormatCloudEvents sends CloudEvents binary mode
 	// per the NATS protocol binding (ce-* headers, a content-type header).
-	Encoding broker.Encoding
+	Encoding wire.Encoding
 }
 
 // withDefaults returns a copy of cfg (nil means all defaults) with defaults
@@ -499,10 +500,8 @@ func (p *Publisher) reserve(ctx context.Context, n int) error {
 
 // send publishes m asynchronously and returns how to wait for its ack.
 func (p *Publisher) send(st *streamState, m *broker.Message) (broker.AckFunc, error) {
-	if err := m.CheckHeaders(); err != nil {
-		return nil, err
-	}
-	if err := p.cfg.Encoding.CheckMessage(m); err != nil {
+	enc, err := p.cfg.Encoding.Encode(m, wire.CloudEventsNATS)
+	if err != nil {
 		return nil, err
 	}
 	subj, err := p.cfg.Subject.ExpandChecked(m)
@@ -518,10 +517,12 @@ func (p *Publisher) send(st *streamState, m *broker.Message) (broker.AckFunc, er
 	}
 	// Room for the Nats-Msg-Id and Nats-Expected-Stream headers the client adds: a
 	// map that has to grow for them costs more than the rest of the headers.
-	n := p.cfg.Encoding.HeaderCount(m)
-	msg := &natsgo.Msg{Subject: subj, Data: m.Payload, Header: make(natsgo.Header, n+2)}
+	// NATS messages have no content-type field: the CloudEvents binding
+	// carries it as a header, the default format leaves it out.
+	n := enc.HeaderCount
+	msg := &natsgo.Msg{Subject: subj, Data: enc.Body, Header: make(natsgo.Header, n+2)}
 	values := make([]string, 0, n) // one allocation for every header's value slice
-	for k, v := range p.cfg.Encoding.Headers(m, broker.CloudEventsNATS) {
+	for k, v := range enc.Headers {
 		// nats.go trims values and turns line breaks into spaces; refuse rather
 		// than deliver a header that differs from the event's.
 		if v != textproto.TrimString(v) || strings.ContainsAny(v, "\r\n") {

@@ -23,6 +23,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -240,8 +241,8 @@ func TestDuplicateAfterWindowStoredTwice(t *testing.T) {
 		if err != nil {
 			t.Fatalf("get message %d: %v", seq, err)
 		}
-		if id := got.Header.Get(broker.HeaderEventID); id != m.EventID.String() {
-			t.Errorf("message %d: %s = %q, want %s", seq, broker.HeaderEventID, id, m.EventID)
+		if id := got.Header.Get(wire.HeaderEventID); id != m.EventID.String() {
+			t.Errorf("message %d: %s = %q, want %s", seq, wire.HeaderEventID, id, m.EventID)
 		}
 	}
 }
@@ -275,8 +276,8 @@ func TestDedupIDStoresReplayWithinWindow(t *testing.T) {
 		if err != nil {
 			t.Fatalf("get message %d: %v", seq, err)
 		}
-		if id := got.Header.Get(broker.HeaderEventID); id != m.EventID.String() {
-			t.Errorf("message %d: %s = %q, want %s", seq, broker.HeaderEventID, id, m.EventID)
+		if id := got.Header.Get(wire.HeaderEventID); id != m.EventID.String() {
+			t.Errorf("message %d: %s = %q, want %s", seq, wire.HeaderEventID, id, m.EventID)
 		}
 		if id := got.Header.Get(jetstream.MsgIDHeader); id != wantDedup {
 			t.Errorf("message %d: %s = %q, want %q", seq, jetstream.MsgIDHeader, id, wantDedup)

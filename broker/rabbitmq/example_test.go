@@ -11,6 +11,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Publish an event to a RabbitMQ server on localhost and read it back from a
@@ -66,7 +67,7 @@ func Example() {
 	if err != nil || !ok {
 		log.Fatal("nothing in the queue: ", err)
 	}
-	fmt.Println(d.RoutingKey, string(d.Body), d.Headers[broker.HeaderAggregateSequence], d.ContentType)
+	fmt.Println(d.RoutingKey, string(d.Body), d.Headers[wire.HeaderAggregateSequence], d.ContentType)
 	// Output:
 	// result: <nil>
 	// order.created {"total":"9.50"} 1 application/json

@@ -3,10 +3,10 @@
 // Each event goes to [Config.Exchange] (a durable topic exchange "outbox",
 // declared if missing) with a routing key expanded from [Config.RoutingKey]
 // ("{aggregate_type}.{event_type}"), as a persistent message: content_type
-// application/json, message_id the event id, type the event type, timestamp
-// occurred_at, the wire headers (docs/design.md, "Wire headers") as string
-// headers, and the payload
-// as body. It is published with the mandatory flag on a channel in confirm
+// the payload's (application/json unless Message.ContentType says otherwise),
+// message_id the event id, type the event type, timestamp occurred_at, the
+// wire headers (package wire; docs/design.md, "Wire headers") as string
+// headers, and the payload as body. It is published with the mandatory flag on a channel in confirm
 // mode: an event succeeds only once the server confirmed it, and fails with
 // [ErrUnroutable] if no queue was bound for its routing key.
 //
@@ -40,6 +40,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/amqpconn"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Defaults of Config.
@@ -136,7 +137,7 @@ type Config struct {
 	// Encoding is the wire format of the messages. The zero value is the
 	// default Outbox-* headers; FormatCloudEvents sends CloudEvents binary mode
 	// per the AMQP protocol binding: cloudEvents_* message headers (application properties), datacontenttype as the content-type property.
-	Encoding broker.Encoding
+	Encoding wire.Encoding
 }
 
 // withDefaults returns a copy of cfg (nil means all defaults) with defaults

@@ -19,6 +19,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -254,8 +255,8 @@ func TestConcurrentPublish(t *testing.T) {
 	}
 	next := map[string]int64{}
 	for _, d := range got {
-		agg := d.Headers[broker.HeaderAggregateType].(string) + "/" + d.Headers[broker.HeaderAggregateID].(string)
-		seq := d.Headers[broker.HeaderAggregateSequence].(string)
+		agg := d.Headers[wire.HeaderAggregateType].(string) + "/" + d.Headers[wire.HeaderAggregateID].(string)
+		seq := d.Headers[wire.HeaderAggregateSequence].(string)
 		if want := next[agg] + 1; seq != fmt.Sprint(want) {
 			t.Errorf("%s: sequence %s stored after %d", agg, seq, next[agg])
 		}

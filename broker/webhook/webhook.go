@@ -6,7 +6,7 @@
 // Each event is one POST to [Config.URL] (whose path may be a template, see
 // [ParseURL]) with the payload as body and these headers:
 //
-//	Content-Type: application/json
+//	Content-Type: <the payload's>           application/json unless Message.ContentType says
 //	Outbox-Event-Id, Outbox-Event-Type, …   the wire headers (docs/design.md)
 //	traceparent, …                          the producer's headers
 //	Idempotency-Key: <event id>             the same on every attempt
@@ -102,6 +102,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/redact"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Defaults of Config.
@@ -178,7 +179,7 @@ type Config struct {
 	// Encoding is the wire format of the messages. The zero value is the
 	// default Outbox-* headers; FormatCloudEvents sends CloudEvents binary mode
 	// per the HTTP protocol binding (ce-* headers, Content-Type).
-	Encoding broker.Encoding
+	Encoding wire.Encoding
 }
 
 // The publisher's own transport (Config.HTTPClient nil) uses the values of
@@ -284,7 +285,7 @@ func (c *Config) check() (*endpoint, error) {
 		}
 		canon := http.CanonicalHeaderKey(name)
 		if reservedHeaders[canon] || strings.HasPrefix(canon, "Outbox-") ||
-			(c.Encoding.Format == broker.FormatCloudEvents && strings.HasPrefix(canon, "Ce-")) {
+			(c.Encoding.Format == wire.FormatCloudEvents && strings.HasPrefix(canon, "Ce-")) {
 			errs = append(errs, fmt.Errorf("webhook: Config.Header: %s is set by the publisher", canon))
 			continue
 		}
@@ -564,22 +565,20 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 
 // header returns the request headers of m, without the signature.
 func (p *Publisher) header(m *broker.Message) (http.Header, error) {
-	if err := m.CheckHeaders(); err != nil {
+	enc, err := p.cfg.Encoding.Encode(m, wire.CloudEventsHTTP)
+	if err != nil {
 		return nil, err
 	}
-	if err := p.cfg.Encoding.CheckMessage(m); err != nil {
-		return nil, err
+	headers := make(map[string]string, enc.HeaderCount)
+	for k, v := range enc.Headers {
+		headers[k] = v
 	}
-	wire := make(map[string]string, p.cfg.Encoding.HeaderCount(m))
-	for k, v := range p.cfg.Encoding.Headers(m, broker.CloudEventsHTTP) {
-		wire[k] = v
-	}
-	h := make(http.Header, len(wire)+len(p.cfg.Header)+4)
+	h := make(http.Header, len(headers)+len(p.cfg.Header)+4)
 	for name, values := range p.cfg.Header {
 		h[name] = slices.Clone(values)
 	}
-	sent := make(map[string]string, len(wire)) // canonical name → name as given
-	for name, v := range wire {
+	sent := make(map[string]string, len(headers)) // canonical name → name as given
+	for name, v := range headers {
 		if !isToken(name) {
 			return nil, fmt.Errorf("header name %q is not an HTTP token", name)
 		}
@@ -601,7 +600,7 @@ func (p *Publisher) header(m *broker.Message) (http.Header, error) {
 		sent[canon] = name
 		h[canon] = []string{v}
 	}
-	h.Set("Content-Type", "application/json")
+	h.Set("Content-Type", enc.ContentType)
 	h.Set(HeaderIdempotencyKey, m.EventID.String())
 	if h.Get("User-Agent") == "" {
 		h.Set("User-Agent", userAgent)
