@@ -39,6 +39,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
@@ -140,16 +141,16 @@ func (s SASL) mechanism() (canonical string, err error) {
 	switch canonical = normalizeMechanism(s.Mechanism); canonical {
 	case "":
 		if s.User != "" || s.Password != "" {
-			return "", errors.New("kafka: Config.SASL: credentials without a Mechanism (want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
+			return "", errors.New("Config.SASL: credentials without a Mechanism (want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
 		}
 		return "", nil
 	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
 		if s.User == "" {
-			return "", fmt.Errorf("kafka: Config.SASL.User: empty for mechanism %s", canonical)
+			return "", fmt.Errorf("Config.SASL.User: empty for mechanism %s", canonical)
 		}
 		return canonical, nil
 	default:
-		return "", fmt.Errorf("kafka: Config.SASL.Mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", s.Mechanism)
+		return "", fmt.Errorf("Config.SASL.Mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", s.Mechanism)
 	}
 }
 
@@ -165,51 +166,35 @@ func normalizeMechanism(m string) string {
 // withDefaults returns a copy of cfg (nil means all defaults) with defaults
 // applied, or the errors of Validate.
 func withDefaults(cfg *Config) (Config, error) {
-	if err := cfg.Validate(); err != nil {
-		return Config{}, err
-	}
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
+	return config.Resolve("kafka", cfg, fillDefaults, checkConfig)
+}
+
+func fillDefaults(c *Config) {
 	if c.Topic.String() == "" {
 		c.Topic = broker.MustParseTemplate(DefaultTopic)
 	}
-	if c.ProduceTimeout == 0 {
-		c.ProduceTimeout = DefaultProduceTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.ProduceTimeout, DefaultProduceTimeout)
+	config.Default(&c.Logger, slog.Default())
 	c.DialOptions = slices.Clone(c.DialOptions)
-	return c, nil
+}
+
+func checkConfig(c *Config, p *config.Problems) {
+	// The template's literal text must be legal in a topic name; placeholders
+	// are checked per event. A sample expansion finds bad literals at start-up.
+	sample := broker.Message{AggregateType: "a", AggregateID: "a", EventType: "a", SchemaVersion: 1, Tenant: "a"}
+	p.Field(fmt.Sprintf("Config.Topic (%q)", c.Topic.String()), validateTopic(c.Topic.Expand(&sample)))
+	p.Check(c.ProduceTimeout > 0, "Config.ProduceTimeout (%s) must be positive", c.ProduceTimeout)
+	if _, err := c.SASL.mechanism(); err != nil {
+		p.Check(false, "%w", err)
+	}
+	p.Field("Config.Encoding", c.Encoding.Validate())
 }
 
 // Validate reports every invalid field of c, each error naming its field; zero
 // fields stand for their defaults, and a nil c (all defaults) is valid.
 func (c *Config) Validate() error {
-	if c == nil {
-		return nil
-	}
-	var errs []error
-	if c.Topic.String() != "" {
-		// The template's literal text must be legal in a topic name; placeholders
-		// are checked per event. A sample expansion finds bad literals at start-up.
-		sample := broker.Message{AggregateType: "a", AggregateID: "a", EventType: "a", SchemaVersion: 1, Tenant: "a"}
-		if err := validateTopic(c.Topic.Expand(&sample)); err != nil {
-			errs = append(errs, fmt.Errorf("kafka: Config.Topic (%q): %w", c.Topic.String(), err))
-		}
-	}
-	if c.ProduceTimeout < 0 {
-		errs = append(errs, fmt.Errorf("kafka: Config.ProduceTimeout (%s) must be positive", c.ProduceTimeout))
-	}
-	if _, err := c.SASL.mechanism(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Encoding.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("kafka: Config.Encoding: %w", err))
-	}
-	return errors.Join(errs...)
+	_, err := withDefaults(c)
+	return err
 }
 
 // Publisher publishes outbox events to Kafka. It implements [broker.Publisher]

@@ -37,6 +37,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
@@ -101,16 +102,11 @@ type Config struct {
 // withDefaults returns a copy of cfg (nil means all defaults) with defaults
 // applied, or the errors of Validate.
 func withDefaults(cfg *Config) (Config, error) {
-	if err := cfg.Validate(); err != nil {
-		return Config{}, err
-	}
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.Stream == "" {
-		c.Stream = DefaultStream
-	}
+	return config.Resolve("nats", cfg, fillDefaults, checkConfig)
+}
+
+func fillDefaults(c *Config) {
+	config.Default(&c.Stream, DefaultStream)
 	if len(c.StreamSubjects) == 0 {
 		c.StreamSubjects = []string{DefaultStreamSubject}
 	} else {
@@ -119,44 +115,29 @@ func withDefaults(cfg *Config) (Config, error) {
 	if c.Subject.String() == "" {
 		c.Subject = broker.MustParseTemplate(DefaultSubject)
 	}
-	if c.AckTimeout == 0 {
-		c.AckTimeout = DefaultAckTimeout
-	}
-	if c.MaxPending == 0 {
-		c.MaxPending = DefaultMaxPending
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.AckTimeout, DefaultAckTimeout)
+	config.Default(&c.MaxPending, DefaultMaxPending)
+	config.Default(&c.Logger, slog.Default())
 	c.DialOptions = slices.Clone(c.DialOptions)
-	return c, nil
+}
+
+func checkConfig(c *Config, p *config.Problems) {
+	p.Check(!strings.ContainsAny(c.Stream, ".*> \t\r\n/\\"),
+		"Config.Stream (%q): a stream name cannot contain '.', '*', '>', '/', '\\' or whitespace", c.Stream)
+	for _, s := range c.StreamSubjects {
+		p.Check(!(s == "" || strings.ContainsAny(s, " \t\r\n") || strings.Contains(s, "..") || strings.HasPrefix(s, ".") || strings.HasSuffix(s, ".")),
+			"Config.StreamSubjects: invalid subject %q", s)
+	}
+	p.Check(c.AckTimeout > 0, "Config.AckTimeout (%s) must be positive", c.AckTimeout)
+	p.Check(c.MaxPending > 0, "Config.MaxPending (%d) must be positive", c.MaxPending)
+	p.Field("Config.Encoding", c.Encoding.Validate())
 }
 
 // Validate reports every invalid field of c, each error naming its field; zero
 // fields stand for their defaults, and a nil c (all defaults) is valid.
 func (c *Config) Validate() error {
-	if c == nil {
-		return nil
-	}
-	var errs []error
-	if strings.ContainsAny(c.Stream, ".*> \t\r\n/\\") {
-		errs = append(errs, fmt.Errorf("nats: Config.Stream (%q): a stream name cannot contain '.', '*', '>', '/', '\\' or whitespace", c.Stream))
-	}
-	for _, s := range c.StreamSubjects {
-		if s == "" || strings.ContainsAny(s, " \t\r\n") || strings.Contains(s, "..") || strings.HasPrefix(s, ".") || strings.HasSuffix(s, ".") {
-			errs = append(errs, fmt.Errorf("nats: Config.StreamSubjects: invalid subject %q", s))
-		}
-	}
-	if c.AckTimeout < 0 {
-		errs = append(errs, fmt.Errorf("nats: Config.AckTimeout (%s) must be positive", c.AckTimeout))
-	}
-	if c.MaxPending < 0 {
-		errs = append(errs, fmt.Errorf("nats: Config.MaxPending (%d) must be positive", c.MaxPending))
-	}
-	if err := c.Encoding.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("nats: Config.Encoding: %w", err))
-	}
-	return errors.Join(errs...)
+	_, err := withDefaults(c)
+	return err
 }
 
 // Publisher publishes outbox events to a JetStream stream. It implements

@@ -88,6 +88,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -101,6 +102,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/redact"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
@@ -219,89 +221,69 @@ var reservedHeaders = map[string]bool{
 	"Idempotency-Key":   true,
 }
 
-// withDefaults returns a copy of cfg with defaults applied and the parsed
+// withDefaults returns a copy of cfg with defaults applied and its parsed
 // endpoint, or the errors of Validate.
 func withDefaults(cfg *Config) (Config, *endpoint, error) {
-	ep, err := cfg.check()
+	if cfg == nil {
+		return Config{}, nil, errors.New("webhook: Config is required: Config.URL and Config.Secret have no defaults")
+	}
+	var ep *endpoint
+	c, err := config.Resolve("webhook", cfg, fillDefaults, func(c *Config, p *config.Problems) {
+		ep = checkConfig(c, p)
+	})
 	if err != nil {
 		return Config{}, nil, err
 	}
-	c := *cfg
+	return c, ep, nil
+}
+
+func fillDefaults(c *Config) {
 	c.Secret = slices.Clone(c.Secret)
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.MaxConcurrency == 0 {
-		c.MaxConcurrency = DefaultMaxConcurrency
-	}
-	if c.RetryAfterMax == 0 {
-		c.RetryAfterMax = DefaultRetryAfterMax
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.Timeout, DefaultTimeout)
+	config.Default(&c.MaxConcurrency, DefaultMaxConcurrency)
+	config.Default(&c.RetryAfterMax, DefaultRetryAfterMax)
+	config.Default(&c.Logger, slog.Default())
 	static := make(http.Header, len(c.Header))
 	for name, values := range c.Header {
 		canon := http.CanonicalHeaderKey(name)
 		static[canon] = append(static[canon], values...)
 	}
 	c.Header = static
-	return c, ep, nil
+}
+
+// checkConfig records c's problems in p and returns its parsed endpoint.
+func checkConfig(c *Config, p *config.Problems) *endpoint {
+	ep, err := parseEndpoint(c.URL)
+	p.Field("Config.URL", err)
+	p.Check(len(c.Secret) > 0 || c.AllowUnsigned,
+		"Config.Secret is required (or set Config.AllowUnsigned to send unsigned requests)")
+	p.Check(len(c.Secret) == 0 || len(c.Secret) >= MinSecretLen,
+		"Config.Secret is %d bytes, want at least %d", len(c.Secret), MinSecretLen)
+	p.Check(c.Timeout > 0, "Config.Timeout (%s) must be positive", c.Timeout)
+	p.Check(c.MaxConcurrency > 0, "Config.MaxConcurrency (%d) must be positive", c.MaxConcurrency)
+	for _, name := range slices.Sorted(maps.Keys(c.Header)) {
+		if !isToken(name) {
+			p.Check(false, "Config.Header: %q is not a valid header name", name)
+			continue
+		}
+		if reservedHeaders[name] || strings.HasPrefix(name, "Outbox-") ||
+			(c.Encoding.Format == wire.FormatCloudEvents && strings.HasPrefix(name, "Ce-")) {
+			p.Check(false, "Config.Header: %s is set by the publisher", name)
+			continue
+		}
+		for _, v := range c.Header[name] {
+			p.Field("Config.Header: "+name, checkHeaderValue(v))
+		}
+	}
+	p.Field("Config.Encoding", c.Encoding.Validate())
+	return ep
 }
 
 // Validate reports every invalid field of c, each error naming its field; zero
 // fields stand for their defaults. A nil c lacks the required URL and Secret.
 func (c *Config) Validate() error {
-	_, err := c.check()
+	_, _, err := withDefaults(c)
 	return err
-}
-
-// check is Validate, also returning the parsed endpoint when c is valid.
-func (c *Config) check() (*endpoint, error) {
-	if c == nil {
-		return nil, errors.New("webhook: Config is required: Config.URL and Config.Secret have no defaults")
-	}
-	var errs []error
-	ep, err := parseEndpoint(c.URL)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("webhook: Config.URL: %w", err))
-	}
-	switch {
-	case len(c.Secret) == 0 && !c.AllowUnsigned:
-		errs = append(errs, errors.New("webhook: Config.Secret is required (or set Config.AllowUnsigned to send unsigned requests)"))
-	case len(c.Secret) > 0 && len(c.Secret) < MinSecretLen:
-		errs = append(errs, fmt.Errorf("webhook: Config.Secret is %d bytes, want at least %d", len(c.Secret), MinSecretLen))
-	}
-	if c.Timeout < 0 {
-		errs = append(errs, fmt.Errorf("webhook: Config.Timeout (%s) must be positive", c.Timeout))
-	}
-	if c.MaxConcurrency < 0 {
-		errs = append(errs, fmt.Errorf("webhook: Config.MaxConcurrency (%d) must be positive", c.MaxConcurrency))
-	}
-	for name, values := range c.Header {
-		if !isToken(name) {
-			errs = append(errs, fmt.Errorf("webhook: Config.Header: %q is not a valid header name", name))
-			continue
-		}
-		canon := http.CanonicalHeaderKey(name)
-		if reservedHeaders[canon] || strings.HasPrefix(canon, "Outbox-") ||
-			(c.Encoding.Format == wire.FormatCloudEvents && strings.HasPrefix(canon, "Ce-")) {
-			errs = append(errs, fmt.Errorf("webhook: Config.Header: %s is set by the publisher", canon))
-			continue
-		}
-		for _, v := range values {
-			if err := checkHeaderValue(v); err != nil {
-				errs = append(errs, fmt.Errorf("webhook: Config.Header: %s: %w", canon, err))
-			}
-		}
-	}
-	if err := c.Encoding.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("webhook: Config.Encoding: %w", err))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return ep, nil
 }
 
 // Publisher POSTs outbox events to a webhook endpoint. It implements
