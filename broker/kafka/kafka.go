@@ -40,6 +40,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/kafkalog"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
@@ -306,7 +307,7 @@ func Dial(ctx context.Context, url string, config *Config) (*Publisher, error) {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(u.SeedBrokers...),
 		kgo.ClientID("pgoutbox"),
-		kgo.WithLogger(kgoLogger{log}),
+		kgo.WithLogger(kafkalog.New(log)),
 		// franz-go's defaults, spelled out because the guarantees rest on them.
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
@@ -501,29 +502,6 @@ func (p *Publisher) Close() error {
 		}
 	})
 	return nil
-}
-
-// kgoLogger hands the client's log lines to slog. franz-go logs at info what is
-// debugging detail for a relay (connections, metadata refreshes), so those go
-// to slog's debug level and are produced only when the handler wants them.
-type kgoLogger struct{ l *slog.Logger }
-
-func (k kgoLogger) Level() kgo.LogLevel {
-	if k.l.Enabled(context.Background(), slog.LevelDebug) {
-		return kgo.LogLevelInfo
-	}
-	return kgo.LogLevelWarn
-}
-
-func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
-	l := slog.LevelDebug
-	switch level {
-	case kgo.LogLevelError:
-		l = slog.LevelError
-	case kgo.LogLevelWarn:
-		l = slog.LevelWarn
-	}
-	k.l.Log(context.Background(), l, "kafka: "+msg, keyvals...)
 }
 
 var (
