@@ -3,26 +3,14 @@ package wire_test
 import (
 	"maps"
 	"testing"
-	"time"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
-func message() wire.Message {
-	return wire.Message{
-		EventID:           pgoutbox.NewEventID(),
-		AggregateType:     "order",
-		AggregateID:       "42",
-		AggregateSequence: 3,
-		EventType:         "created",
-		SchemaVersion:     1,
-		OccurredAt:        time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC),
-		Payload:           []byte(`{"total":"9.50"}`),
-		Headers:           map[string]string{"Tenant": "acme"},
-	}
-}
+// message is the conformance suite's message: producer headers included.
+func message() wire.Message { return brokertest.Message("order", "42", 3) }
 
 // TestEncodeContentType: the payload's content type reaches the adapter
 // (Encoded.ContentType) and the CloudEvents content-type header, JSON when

@@ -133,8 +133,10 @@ func checkConfig(c *Config, p *config.Problems) {
 	p.Field("Config.Encoding", c.Encoding.Validate())
 }
 
-// Validate reports every invalid field of c, each error naming its field; zero
-// fields stand for their defaults, and a nil c (all defaults) is valid.
+// Validate reports every invalid field of c — a Stream or StreamSubjects
+// JetStream would refuse, a negative AckTimeout or MaxPending, an unusable
+// Encoding — each error naming its field. Zero fields stand for their
+// defaults, and a nil c (all defaults) is valid.
 func (c *Config) Validate() error {
 	_, err := withDefaults(c)
 	return err
