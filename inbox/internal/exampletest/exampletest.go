@@ -38,32 +38,48 @@ func Paid() broker.Message {
 type Shop struct {
 	// Consumer is what the example's subscriber feeds.
 	Consumer *inbox.Consumer[pgx.Tx]
+	// Close removes the example's schema and closes its pool.
+	Close func()
 
 	pool     *pgxpool.Pool
 	schema   string
 	outcomes observer
 }
 
-// NewShop creates the schema and the Consumer, expecting n deliveries. logger
-// nil means slog.Default(). Close removes the schema.
-func NewShop(ctx context.Context, n int, logger *slog.Logger) *Shop {
+// DB gives an example a schema of its own holding the inbox tables and the
+// table described by table (its name and columns: "balances (account text
+// PRIMARY KEY, ...)"), and returns a function that drops it. Real code uses
+// its own pool and schema ("public" by default).
+func DB(ctx context.Context, table string) (*pgxpool.Pool, string, func()) {
 	pool, err := pgxpool.New(ctx, pgtest.URL())
 	if err != nil {
 		log.Fatal(err)
 	}
-	s := &Shop{pool: pool, schema: pgtest.Name("example"), outcomes: make(observer, n)}
-	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: s.schema, Lines: []migrate.Line{migrate.LineInbox}}); err != nil {
+	schema := pgtest.Name("example")
+	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineInbox}}); err != nil {
 		log.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "CREATE TABLE "+s.schema+".paid_orders (id text PRIMARY KEY, cents int)"); err != nil {
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+"."+table); err != nil {
 		log.Fatal(err)
 	}
+	return pool, schema, func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+		pool.Close()
+	}
+}
+
+// NewShop creates the schema and the Consumer, expecting n deliveries. logger
+// nil means slog.Default(). Close removes the schema.
+func NewShop(ctx context.Context, n int, logger *slog.Logger) *Shop {
+	s := &Shop{outcomes: make(observer, n)}
+	s.pool, s.schema, s.Close = DB(ctx, "paid_orders (id text PRIMARY KEY, cents int)")
 	type Paid struct {
 		Cents int `json:"cents"`
 	}
 	// An Observer sees every outcome (metrics use it); here it tells the
 	// example when the deliveries are processed.
-	s.Consumer, err = inbox.New(inbox.Pgx(pool), inbox.HandleJSON(func(ctx context.Context, tx pgx.Tx, ev inbox.Event, p Paid) error {
+	var err error
+	s.Consumer, err = inbox.New(inbox.Pgx(s.pool), inbox.HandleJSON(func(ctx context.Context, tx pgx.Tx, ev inbox.Event, p Paid) error {
 		_, err := tx.Exec(ctx, "INSERT INTO "+s.schema+".paid_orders VALUES ($1, $2)", ev.AggregateID, p.Cents)
 		return err
 	}), &inbox.Config{Name: "shipping", Schema: s.schema, Observer: s.outcomes, Logger: logger})
@@ -95,12 +111,6 @@ func (s *Shop) Report(ctx context.Context, acked int64) {
 	}
 	st := s.Consumer.Stats()
 	fmt.Printf("acked %d; applied %d, duplicates %d; paid orders: %d\n", acked, st.Applied, st.Duplicates, n)
-}
-
-// Close removes the example's schema and closes its pool.
-func (s *Shop) Close() {
-	_, _ = s.pool.Exec(context.Background(), "DROP SCHEMA "+s.schema+" CASCADE")
-	s.pool.Close()
 }
 
 // observer passes outcomes on; it never blocks (Observe must not).
