@@ -164,6 +164,15 @@ func normalizeMechanism(m string) string {
 	return m
 }
 
+// Validate reports every invalid field of c — a Topic whose literal text no
+// topic name allows, a negative ProduceTimeout, an incomplete SASL, an
+// unusable Encoding — each error naming its field. Zero fields stand for their
+// defaults, and a nil c (all defaults) is valid.
+func (c *Config) Validate() error {
+	_, err := withDefaults(c)
+	return err
+}
+
 // withDefaults returns a copy of cfg (nil means all defaults) with defaults
 // applied, or the errors of Validate.
 func withDefaults(cfg *Config) (Config, error) {
@@ -189,15 +198,6 @@ func checkConfig(c *Config, p *config.Problems) {
 		p.Check(false, "%w", err)
 	}
 	p.Field("Config.Encoding", c.Encoding.Validate())
-}
-
-// Validate reports every invalid field of c — a Topic whose literal text no
-// topic name allows, a negative ProduceTimeout, an incomplete SASL, an
-// unusable Encoding — each error naming its field. Zero fields stand for their
-// defaults, and a nil c (all defaults) is valid.
-func (c *Config) Validate() error {
-	_, err := withDefaults(c)
-	return err
 }
 
 // Publisher publishes outbox events to Kafka. It implements [broker.Publisher]

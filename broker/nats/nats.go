@@ -99,6 +99,15 @@ type Config struct {
 	Encoding wire.Encoding
 }
 
+// Validate reports every invalid field of c — a Stream or StreamSubjects
+// JetStream would refuse, a negative AckTimeout or MaxPending, an unusable
+// Encoding — each error naming its field. Zero fields stand for their
+// defaults, and a nil c (all defaults) is valid.
+func (c *Config) Validate() error {
+	_, err := withDefaults(c)
+	return err
+}
+
 // withDefaults returns a copy of cfg (nil means all defaults) with defaults
 // applied, or the errors of Validate.
 func withDefaults(cfg *Config) (Config, error) {
@@ -131,15 +140,6 @@ func checkConfig(c *Config, p *config.Problems) {
 	p.Check(c.AckTimeout > 0, "Config.AckTimeout (%s) must be positive", c.AckTimeout)
 	p.Check(c.MaxPending > 0, "Config.MaxPending (%d) must be positive", c.MaxPending)
 	p.Field("Config.Encoding", c.Encoding.Validate())
-}
-
-// Validate reports every invalid field of c — a Stream or StreamSubjects
-// JetStream would refuse, a negative AckTimeout or MaxPending, an unusable
-// Encoding — each error naming its field. Zero fields stand for their
-// defaults, and a nil c (all defaults) is valid.
-func (c *Config) Validate() error {
-	_, err := withDefaults(c)
-	return err
 }
 
 // Publisher publishes outbox events to a JetStream stream. It implements

@@ -141,6 +141,15 @@ type Config struct {
 	Encoding wire.Encoding
 }
 
+// Validate reports every invalid field of c — an Exchange or ConnectionName
+// AMQP cannot carry, a negative timeout or backoff, a MaxReconnectBackoff
+// below ReconnectBackoff, an unusable Encoding — each error naming its field.
+// Zero fields stand for their defaults, and a nil c (all defaults) is valid.
+func (c *Config) Validate() error {
+	_, err := withDefaults(c)
+	return err
+}
+
 // withDefaults returns a copy of cfg (nil means all defaults) with defaults
 // applied, or the errors of Validate.
 func withDefaults(cfg *Config) (Config, error) {
@@ -178,15 +187,6 @@ func checkConfig(c *Config, p *config.Problems) {
 	p.Check(len(c.ConnectionName) <= maxShortstr,
 		"Config.ConnectionName: %d bytes, want at most %d", len(c.ConnectionName), maxShortstr)
 	p.Field("Config.Encoding", c.Encoding.Validate())
-}
-
-// Validate reports every invalid field of c — an Exchange or ConnectionName
-// AMQP cannot carry, a negative timeout or backoff, a MaxReconnectBackoff
-// below ReconnectBackoff, an unusable Encoding — each error naming its field.
-// Zero fields stand for their defaults, and a nil c (all defaults) is valid.
-func (c *Config) Validate() error {
-	_, err := withDefaults(c)
-	return err
 }
 
 // Publisher publishes outbox events to a RabbitMQ exchange. It implements
