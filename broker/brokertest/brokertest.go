@@ -285,6 +285,37 @@ func Publish(t testing.TB, p broker.Publisher, msgs ...broker.Message) []error {
 	return results
 }
 
+// CheckUnreachable publishes msgs through p, whose broker cannot be reached,
+// and fails the test unless every result is marked [broker.Unavailable] (or is
+// ErrPredecessorFailed behind an unavailable message of its aggregate, for an
+// adapter that stops an aggregate at its first failure), and unless Ping,
+// when p is a [broker.Pinger], is unavailable too (a ping unanswered within
+// 5 s counts: a deadline is unavailable). An unreachable broker must
+// never look like a refusal: the relay would quarantine the events.
+func CheckUnreachable(t testing.TB, p broker.Publisher, msgs ...broker.Message) {
+	t.Helper()
+	failed := map[pgoutbox.Lane]bool{}
+	for i, err := range Publish(t, p, msgs...) {
+		lane := msgs[i].Lane()
+		switch {
+		case broker.IsUnavailable(err):
+			failed[lane] = true
+		case errors.Is(err, broker.ErrPredecessorFailed) && failed[lane]:
+		default:
+			t.Errorf("result %d: %v, want unavailable", i, err)
+		}
+	}
+	pinger, ok := p.(broker.Pinger)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := pinger.Ping(ctx); !broker.IsUnavailable(err) {
+		t.Errorf("Ping: %v, want unavailable", err)
+	}
+}
+
 // Message returns a message of the given aggregate and sequence with a fresh event
 // id, a fixed occurred-at, a small JSON payload and two producer headers
 // (traceparent and Tenant), for adapters' own tests.

@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/wire"
@@ -359,16 +360,7 @@ func TestDialUnreachableIsUnavailable(t *testing.T) {
 		t.Fatalf("Dial: %v; an unreachable cluster must not be fatal", err)
 	}
 	defer p.Close()
-	for i, err := range publish(t, p, message("order", "a", 1), message("order", "a", 2), message("invoice", "b", 1)) {
-		if !broker.IsUnavailable(err) && !errors.Is(err, broker.ErrPredecessorFailed) {
-			t.Errorf("result %d: %v, want unavailable", i, err)
-		}
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	if err := p.Ping(ctx); !broker.IsUnavailable(err) {
-		t.Errorf("Ping: %v, want unavailable", err)
-	}
+	brokertest.CheckUnreachable(t, p, message("order", "a", 1), message("order", "a", 2), message("invoice", "b", 1))
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("took %s to report an unreachable cluster", d)
 	}
