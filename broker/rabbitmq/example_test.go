@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
@@ -51,16 +51,10 @@ func Example() {
 	}
 	defer pub.Close()
 
-	results := pub.Publish(ctx, []broker.Message{{
-		EventID:           pgoutbox.NewEventID(),
-		AggregateType:     "order",
-		AggregateID:       "42",
-		AggregateSequence: 1,
-		EventType:         "created",
-		SchemaVersion:     1,
-		OccurredAt:        time.Now(),
-		Payload:           []byte(`{"total":"9.50"}`),
-	}})
+	results := pub.Publish(ctx, []broker.Message{
+		// An event as the relay reads it from the outbox: order 42, created.
+		brokertest.Message("order", "42", 1),
+	})
 	fmt.Println("result:", results[0])
 
 	d, ok, err := ch.Get(q.Name, true)

@@ -9,8 +9,8 @@ import (
 	"net/http/httptest"
 	"time"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
@@ -41,16 +41,10 @@ func Example() {
 	}
 	defer pub.Close()
 
-	results := pub.Publish(context.Background(), []broker.Message{{
-		EventID:           pgoutbox.NewEventID(),
-		AggregateType:     "order",
-		AggregateID:       "42",
-		AggregateSequence: 1,
-		EventType:         "created",
-		SchemaVersion:     1,
-		OccurredAt:        time.Now(),
-		Payload:           []byte(`{"total":"9.50"}`),
-	}})
+	results := pub.Publish(context.Background(), []broker.Message{
+		// An event as the relay reads it from the outbox: order 42, created.
+		brokertest.Message("order", "42", 1),
+	})
 	fmt.Println("result:", results[0])
 	fmt.Println(<-received)
 	// Output:
