@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/redact"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // brokerHelp documents --broker in --help, one paragraph per kind of the registry.
@@ -49,7 +50,7 @@ func (b *brokerFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&b.url, "broker", "", "where to publish, required: "+brokerChoices()+" (env PGOUTBOX_BROKER) (no default)")
 	fs.StringVar(&b.topicTemplate, "topic-template", "", "destination template: NATS subject (env PGOUTBOX_TOPIC_TEMPLATE) (default per broker)")
 	fs.DurationVar(&b.ackTimeout, "ack-timeout", 5*time.Second, "how long to wait for the broker's ack of one message; the request timeout of a webhook (env PGOUTBOX_ACK_TIMEOUT)")
-	fs.StringVar(&b.format, "format", broker.FormatNameOutbox, "wire format: outbox (Outbox-* headers) or cloudevents (CloudEvents 1.0 binary mode: "+
+	fs.StringVar(&b.format, "format", wire.FormatNameOutbox, "wire format: outbox (Outbox-* headers) or cloudevents (CloudEvents 1.0 binary mode: "+
 		cloudEventsBindings()+"; see docs/consumer.md) (env PGOUTBOX_FORMAT)")
 	fs.StringVar(&b.ceSource, "ce-source", "", "CloudEvents source attribute of --format cloudevents, a URI-reference (env PGOUTBOX_CE_SOURCE) (default /pgoutbox/<schema>)")
 	b.kinds = map[string]any{}
@@ -127,7 +128,7 @@ type brokerTarget struct {
 	kind           *brokerKind
 	template       *broker.Template
 	streamSubjects []string // NATS (parseNATS)
-	encoding       broker.Encoding
+	encoding       wire.Encoding
 }
 
 // schemeShape is a URL scheme as RFC 3986 has it, bounded: the one part of a
@@ -139,16 +140,16 @@ func redactURL(u *url.URL) string { return redact.URL(u.String()) }
 
 // parse checks the broker flags without connecting anywhere, so that a typo fails
 // at start-up with one line. The CloudEvents source, unless
-// --ce-source, is each event's own (broker.Encoding.Source).
+// --ce-source, is each event's own (wire.Encoding.Source).
 func (b *brokerFlags) parse() (*brokerTarget, error) {
 	t := &brokerTarget{flags: b}
-	format, err := broker.ParseFormat(b.format)
+	format, err := wire.ParseFormat(b.format)
 	if err != nil {
 		return nil, usagef("--format: %v", err)
 	}
 	t.encoding.Format = format
-	if format == broker.FormatCloudEvents {
-		// Empty: each event's own, /pgoutbox/<schema> (broker.Encoding.Source).
+	if format == wire.FormatCloudEvents {
+		// Empty: each event's own, /pgoutbox/<schema> (wire.Encoding.Source).
 		t.encoding.CloudEventsSource = b.ceSource
 		if err := t.encoding.Validate(); err != nil {
 			return nil, usagef("--ce-source: %v", err)

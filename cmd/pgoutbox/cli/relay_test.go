@@ -32,6 +32,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // relayEnv is a migrated schema and a NATS stream of one test's own, with helpers
@@ -340,8 +341,8 @@ func TestRelayFlagErrors(t *testing.T) {
 		{[]string{"--topic-template", "x.{nope}"}, "unknown placeholder {nope}"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"--max-attempts", "-1"}, "--max-attempts (-1) must be positive"},
-		{[]string{"--format", "xml"}, `--format: broker: unknown format "xml"`},
-		{[]string{"--format", "cloudevents", "--ce-source", "/a b"}, "--ce-source: broker: CloudEvents source"},
+		{[]string{"--format", "xml"}, `--format: wire: unknown format "xml"`},
+		{[]string{"--format", "cloudevents", "--ce-source", "/a b"}, "--ce-source: wire: CloudEvents source"},
 		{[]string{"--ce-source", "/app"}, "--ce-source applies to --format cloudevents only"},
 	}
 	for _, tc := range cases {
@@ -380,7 +381,7 @@ func TestRelayToWebhook(t *testing.T) {
 		for k := range r.Header {
 			names = append(names, k)
 		}
-		m, err := broker.ParseWireHeaders(body, names, r.Header.Get)
+		m, err := wire.ParseOutboxHeaders(body, names, r.Header.Get)
 		if err != nil || r.Header.Get("Idempotency-Key") != m.EventID.String() {
 			http.Error(w, fmt.Sprint("bad request: ", err), http.StatusBadRequest)
 			return
