@@ -27,14 +27,15 @@
 // ([ParseReceived]) and the inbox accept JSON only until a format is added
 // here.
 //
-// # Why a package of its own
+// # Why a package of its own, and why here
 //
-// The codec is shared by both sides of the broker: publishers and inbox
-// subscribers. It sits below package broker (the publish seam: [Message]'s
-// home, since the seam carries it, is here, and broker.Message is the same
-// type) so that a subscriber reads messages without the publish seam, and so
-// that the seam stays what it says: publish, acknowledge, classify. broker
-// keeps deprecated aliases of the names that moved here.
+// Both sides of the broker share the codec: publishers write with it, inbox
+// subscribers read with it. It is a top-level package rather than broker/wire
+// because a subscriber has no business with the publish seam, and package
+// broker imports it, not the other way round: broker stays the seam (publish,
+// acknowledge, classify), and broker.Message is an alias of [Message], the
+// message the seam carries and the codec writes. broker keeps deprecated
+// aliases of the names that moved here.
 //
 // Imports nothing beyond the standard library and the root package.
 package wire
