@@ -69,4 +69,5 @@ require (
 replace (
 	github.com/pgoutbox/pgoutbox => ../
 	github.com/pgoutbox/pgoutbox/cmd/pgoutbox => ../cmd/pgoutbox
+	github.com/pgoutbox/pgoutbox/internal/cetest => ../internal/cetest
 )

@@ -9,6 +9,7 @@ require (
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/pgoutbox/pgoutbox v0.0.0
+	github.com/pgoutbox/pgoutbox/internal/cetest v0.0.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.9
@@ -72,4 +73,7 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-replace github.com/pgoutbox/pgoutbox => ../..
+replace (
+	github.com/pgoutbox/pgoutbox => ../..
+	github.com/pgoutbox/pgoutbox/internal/cetest => ../../internal/cetest
+)
