@@ -17,8 +17,8 @@
 //
 // The package brokertest holds the conformance suite every adapter must pass.
 //
-// Imports nothing beyond the standard library and the root package's pgx and
-// OpenTelemetry API: no broker client.
+// Outside the standard library it pulls in only the root package's pgx and
+// OpenTelemetry trace API: no broker client.
 package broker
 
 import (
