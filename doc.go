@@ -5,8 +5,9 @@
 // to a broker, at least once and in order per aggregate; consumers apply each event
 // exactly once through an inbox table (package inbox).
 //
-// This package is what a producer imports. It depends on pgx, the standard library
-// and the OpenTelemetry API only: no broker client ends up in your binary.
+// This package is what a producer imports. Outside the standard library it pulls
+// in pgx and the OpenTelemetry trace API, and nothing else: no broker client ends
+// up in your binary.
 //
 // # Writing events
 //

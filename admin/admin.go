@@ -2,7 +2,8 @@
 // ([Admin.Status]), the dead letters (list, show, retry, skip with an audited
 // reason), replay and cleanup. The pgoutbox CLI is a thin layer over it.
 //
-// Imports pgx, x/sync and the OpenTelemetry API beyond the root package; no broker client.
+// Outside the standard library it pulls in pgx, golang.org/x/sync and the
+// OpenTelemetry API: no broker client.
 package admin
 
 import (

@@ -23,8 +23,8 @@
 // onto its transport. The codec's names that used to live here remain as
 // deprecated aliases.
 //
-// Imports nothing beyond the standard library, package wire and the root
-// package's pgx and OpenTelemetry API: no broker client.
+// Outside the standard library it pulls in only the root package's pgx and
+// OpenTelemetry trace API: no broker client.
 package broker
 
 import (

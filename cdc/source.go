@@ -19,7 +19,9 @@
 //
 // docs/design.md ("CDC source") states the rules and what each crash leaves.
 //
-// Imports pgx, pglogrepl and x/sync beyond the root package, and the Prometheus client for Source.Collector; no broker client.
+// Outside the standard library it pulls in pgx, pglogrepl, the OpenTelemetry trace
+// API (the root package's) and the Prometheus client for Source.Collector; no
+// broker client.
 package cdc
 
 import (

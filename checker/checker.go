@@ -24,7 +24,8 @@
 //  5. per aggregate, first appearances on the broker and first applications in each
 //     consumer follow aggregate_sequence.
 //
-// Imports pgx and nats.go beyond the root package (it reads a JetStream stream); no NATS server code.
+// Outside the standard library it pulls in nats.go (it reads a JetStream stream),
+// besides the root package's pgx and OpenTelemetry trace API; no NATS server code.
 package checker
 
 import (

@@ -12,7 +12,8 @@
 // (database or broker unreachable), never "restart me": keep liveness trivial,
 // or an outage of a dependency restarts every replica for nothing.
 //
-// Imports the Prometheus client only; no pgx and no broker client.
+// Outside the standard library it pulls in the Prometheus client only: no database
+// driver and no broker client.
 package health
 
 import (

@@ -91,5 +91,6 @@
 // subscribers; one for another broker is a small package that does the same. [Config.Observer] receives every outcome; package inbox/inboxprom turns them
 // into Prometheus metrics. docs/consumer.md covers all of this in more depth.
 //
-// Imports pgx and the OpenTelemetry API beyond the root package; no broker client.
+// Outside the standard library it pulls in pgx and the OpenTelemetry API, as the
+// root package does: no broker client.
 package inbox

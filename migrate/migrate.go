@@ -16,8 +16,9 @@
 // placeholders that are quoted for the context they land in (expand.go). A database
 // migrated by a newer pgoutbox is refused ([CheckCompatible]).
 //
-// Imports pgx only (with pgpassfile, pgservicefile and golang.org/x/text); no
-// broker client and no other pgoutbox package.
+// Outside the standard library it pulls in pgx only (with pgpassfile,
+// pgservicefile and golang.org/x/text): no broker client and no other pgoutbox
+// package.
 package migrate
 
 import (

@@ -18,6 +18,9 @@
 // It imports the standard library's testing package and pgoutbox's own
 // packages, nothing else of a testing framework. docs/producer.md, "Testing your
 // service", has a longer example.
+//
+// Outside the standard library it pulls in pgx and the OpenTelemetry trace API, as
+// the root package does.
 package pgoutboxtest
 
 import (

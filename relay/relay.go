@@ -13,7 +13,8 @@
 // docs/design.md states who owns a row when, and what each crash leaves behind;
 // its "Relay: the lane rule" is the one full explanation of the claim.
 //
-// Imports pgx (with puddle) and x/sync beyond the root package; no broker client and no metrics library.
+// Outside the standard library it pulls in pgx (with puddle) and the root
+// package's OpenTelemetry trace API: no broker client and no metrics library.
 package relay
 
 import (

@@ -19,6 +19,10 @@
 // answer redirects to a result page that shows the server's record of what
 // happened. Producers' text is shown escaped, hidden characters visibly, and
 // credential-looking headers are masked (internal/redact).
+//
+// Outside the standard library it pulls in pgx, golang.org/x/crypto (argon2id),
+// golang.org/x/sync and the OpenTelemetry trace API, through package admin and its
+// own password hashing; no broker client.
 package adminhttp
 
 import (

@@ -2,8 +2,6 @@ package adminhttp_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,13 +16,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
+	"github.com/pgoutbox/pgoutbox/admin/adminhttp/internal/consoletest"
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/visible"
@@ -33,13 +31,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(pgtest.Main(m)) }
 
-func secret() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
+func secret() string { return consoletest.Secret() }
 
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func quiet() *slog.Logger { return consoletest.Quiet() }
 
 // env is a migrated schema with a console on it, an operator (alice) and a
 // viewer (victor).
@@ -52,6 +46,7 @@ type env struct {
 	aliceKey, victorKey string
 	admin               *admin.Admin
 	clock               *clock
+	console             *consoletest.Env
 }
 
 // clock is the time the console's sign-in limiter reads: tests move it.
@@ -73,46 +68,23 @@ func newEnv(t *testing.T, mod func(*adminhttp.Config)) *env {
 // consoleOn is newEnv on the outbox schema of pool, which the test made.
 func consoleOn(t *testing.T, pool *pgxpool.Pool, schema string, mod func(*adminhttp.Config)) *env {
 	t.Helper()
-	e := &env{t: t, pool: pool, schema: schema, aliceKey: secret(), victorKey: secret()}
-	cfg := &adminhttp.Config{Schemas: []string{schema}, Logger: quiet(),
-		Users: []adminhttp.User{{Name: "alice", Role: adminhttp.RoleOperator, Secret: e.aliceKey},
-			{Name: "victor", Role: adminhttp.RoleViewer, Secret: e.victorKey}}}
-	if mod != nil {
-		mod(cfg)
-	}
-	h, err := adminhttp.New(pool, cfg)
-	pgtest.Must(t, err, "console")
-	e.h, e.clock = h, &clock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
-	adminhttp.SetClock(h, e.clock.Now)
-	e.srv = httptest.NewServer(h)
-	t.Cleanup(e.srv.Close)
-	e.admin, err = admin.New(pool, &admin.Config{Schema: schema})
-	pgtest.Must(t, err, "admin")
-	return e
+	c := &clock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	ce := consoletest.On(t, pool, schema, mod, func(h *adminhttp.Handler) { adminhttp.SetClock(h, c.Now) })
+	return &env{t: t, pool: pool, schema: schema, h: ce.Handler, srv: ce.Server, aliceKey: ce.AliceKey,
+		victorKey: ce.VictorKey, admin: ce.Admin, clock: c, console: ce}
 }
 
-func (e *env) table(n string) string { return pgx.Identifier{e.schema, n}.Sanitize() }
+func (e *env) table(n string) string { return e.console.Table(n) }
 
 // enqueue writes n events to one aggregate and returns their ids.
 func (e *env) enqueue(aggType, aggID string, n int, payload any) []pgoutbox.UUID {
 	e.t.Helper()
-	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: e.schema})
-	pgtest.Must(e.t, err, "producer")
-	var out []pgoutbox.UUID
-	for range n {
-		res, err := p.EnqueueTx(context.Background(), e.pool, pgoutbox.Event{AggregateType: aggType, AggregateID: aggID,
-			EventType: "changed", Payload: payload})
-		pgtest.Must(e.t, err, "enqueue")
-		out = append(out, res[0].EventID)
-	}
-	return out
+	return e.console.Enqueue(aggType, aggID, n, payload)
 }
 
 func (e *env) quarantine(id pgoutbox.UUID, lastErr string) {
 	e.t.Helper()
-	_, err := e.pool.Exec(context.Background(), "UPDATE "+e.table("outbox_events")+
-		" SET quarantined_at = now(), attempt_count = 10, last_error = $2 WHERE event_id = $1", id, lastErr)
-	pgtest.Must(e.t, err, "quarantine")
+	e.console.Quarantine(id, lastErr)
 }
 
 type resp struct {
@@ -175,9 +147,7 @@ func (e *env) onceOf(path string) string {
 
 func (e *env) state(id pgoutbox.UUID) string {
 	e.t.Helper()
-	ev, err := e.admin.Get(context.Background(), id)
-	pgtest.Must(e.t, err, "get")
-	return ev.State
+	return e.console.State(id)
 }
 
 func TestAuthenticationRequired(t *testing.T) {

@@ -14,9 +14,10 @@
 //
 // Messages without a trace context get a root span (subject to the sampler).
 //
-// Imports the OpenTelemetry API (otel with its global provider, which brings
-// go-logr and go.opentelemetry.io/auto/sdk) beside the root package's pgx; no
-// SDK and no exporter: the caller brings its TracerProvider.
+// Outside the standard library it pulls in the OpenTelemetry API (otel with its
+// global provider, which brings go-logr and go.opentelemetry.io/auto/sdk) beside
+// the root package's pgx; no SDK and no exporter: the caller brings its
+// TracerProvider.
 package brokerotel
 
 import (

@@ -6,8 +6,8 @@
 // reported acknowledged that the broker did not store (also across a broker
 // restart), and the wire headers (docs/design.md, "Wire headers").
 //
-// Imports nothing beyond the standard library (testing) and the root package's
-// pgx and OpenTelemetry API; each adapter's test brings its own broker.
+// Outside the standard library (testing) it pulls in only the root package's pgx
+// and OpenTelemetry trace API; each adapter's test brings its own broker.
 package brokertest
 
 import (

@@ -18,8 +18,8 @@
 // at start-up is not an error, publishes fail as [broker.Unavailable] until it is
 // reachable.
 //
-// Imports franz-go (with klauspost/compress and pierrec/lz4), besides the root
-// package's pgx and OpenTelemetry API.
+// Outside the standard library it pulls in franz-go (with klauspost/compress and
+// pierrec/lz4), besides the root package's pgx and OpenTelemetry trace API.
 package kafka
 
 import (

@@ -1,20 +1,17 @@
 package nats_test
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
-	cejs "github.com/cloudevents/sdk-go/protocol/nats_jetstream/v2"
-	natsgo "github.com/nats-io/nats.go"
-
 	"github.com/pgoutbox/pgoutbox/broker"
-	"github.com/pgoutbox/pgoutbox/internal/cetest"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
-// TestCloudEventsFormat publishes in the CloudEvents format and decodes the
-// stored message with the CloudEvents Go SDK's NATS JetStream protocol binding
-// (ce-* headers, a content-type header).
+// TestCloudEventsFormat publishes in the CloudEvents format and checks that the
+// stored message carries the NATS binding's headers as the codec makes them
+// (ce-* headers, a content-type header) and the payload; internal/cetest (a module of its own) has the CloudEvents Go SDK decode those headers.
 func TestCloudEventsFormat(t *testing.T) {
 	t.Parallel()
 	js := sharedJetStream(t)
@@ -41,7 +38,12 @@ func TestCloudEventsFormat(t *testing.T) {
 	if got := raw.Header.Get("Nats-Msg-Id"); got != m.EventID.String() {
 		t.Errorf("Nats-Msg-Id %q, want the event id", got)
 	}
-	msg := cejs.NewMessage(&natsgo.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
-	ev := cetest.Decode(t, msg)
-	t.Logf("NATS, SDK decoded: %s", cetest.Check(t, ev, &m, source))
+	for k, v := range cfg.Encoding.Headers(&m, wire.CloudEventsNATS) {
+		if got := raw.Header.Get(k); got != v {
+			t.Errorf("NATS header %s = %q, want %q", k, got, v)
+		}
+	}
+	if !bytes.Equal(raw.Data, m.Payload) {
+		t.Errorf("data %q, want the payload %q", raw.Data, m.Payload)
+	}
 }

@@ -14,9 +14,9 @@
 // connection and reconnects forever. Package natsembed runs an in-process server
 // for demos and tests.
 //
-// Imports nats.go (with nkeys, nuid, klauspost/compress and golang.org/x/crypto)
-// and golang.org/x/sync, besides the root package's pgx and OpenTelemetry API; no
-// server code.
+// Outside the standard library it pulls in nats.go (with nkeys, nuid and
+// klauspost/compress) and golang.org/x/sync, besides the root package's pgx and
+// OpenTelemetry trace API; no server code.
 package nats
 
 import (

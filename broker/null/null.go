@@ -2,8 +2,8 @@
 // nothing: the ceiling of what the relay can do without a network, for benchmarks
 // and for dry runs of a relay's database side ("--broker null://").
 //
-// Imports nothing beyond the standard library and the root package's pgx and
-// OpenTelemetry API.
+// Outside the standard library it pulls in only the root package's pgx and
+// OpenTelemetry trace API.
 package null
 
 import (

@@ -19,7 +19,8 @@
 // exponential backoff: a server that is unreachable makes publishes fail as
 // [broker.Unavailable] until it is back.
 //
-// Imports amqp091-go, besides the root package's pgx and OpenTelemetry API.
+// Outside the standard library it pulls in amqp091-go, besides the root package's
+// pgx and OpenTelemetry trace API.
 package rabbitmq
 
 import (

@@ -8,17 +8,15 @@ import (
 	"strings"
 	"testing"
 
-	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
-
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
-	"github.com/pgoutbox/pgoutbox/internal/cetest"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
-// TestCloudEventsFormat posts in the CloudEvents format and decodes the
-// request with the CloudEvents Go SDK's HTTP protocol binding (ce-* headers,
-// Content-Type). The signature covers the ce-* attributes in place of the
+// TestCloudEventsFormat posts in the CloudEvents format and checks that the
+// request carries the HTTP binding's headers as the codec makes them (ce-*
+// headers), datacontenttype as Content-Type and the payload as its body;
+// internal/cetest (a module of its own) has the CloudEvents Go SDK decode those headers. The signature covers the ce-* attributes in place of the
 // Outbox-* headers: a request whose ce-id was changed is refused.
 func TestCloudEventsFormat(t *testing.T) {
 	t.Parallel()
@@ -94,11 +92,13 @@ func TestCloudEventsFormat(t *testing.T) {
 		}
 	}
 
-	req, err := http.NewRequest(http.MethodPost, "/hooks", bytes.NewReader(r.body))
-	if err != nil {
-		t.Fatal(err)
+	enc := wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: source}
+	for k, v := range enc.Headers(&m, wire.CloudEventsHTTP) {
+		if got := r.header.Values(k); len(got) != 1 || got[0] != v {
+			t.Errorf("HTTP header %s = %q, want %q", k, got, v)
+		}
 	}
-	req.Header = r.header
-	ev := cetest.Decode(t, cehttp.NewMessageFromHttpRequest(req))
-	t.Logf("webhook (HTTP), SDK decoded: %s", cetest.Check(t, ev, &m, source))
+	if ct := r.header.Get("Content-Type"); ct != wire.DefaultContentType || !bytes.Equal(r.body, m.Payload) {
+		t.Errorf("Content-Type %q, body %q: want %q and the payload %q", ct, r.body, wire.DefaultContentType, m.Payload)
+	}
 }

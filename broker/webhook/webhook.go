@@ -76,8 +76,8 @@
 // [Verifier] checks signatures on the receiving side, as a function or as
 // net/http middleware, with several secrets for rotation.
 //
-// Imports nothing beyond the standard library (net/http) and the root package's
-// pgx and OpenTelemetry API.
+// Outside the standard library (net/http) it pulls in only the root package's pgx
+// and OpenTelemetry trace API.
 package webhook
 
 import (

@@ -22,7 +22,8 @@
 // one registry. The Collector keeps the slot's figures (lag, retained WAL,
 // buffered events, blocked lanes); register both.
 //
-// Imports the Prometheus client beyond package cdc.
+// Outside the standard library it pulls in the Prometheus client, besides what
+// package cdc pulls in (pgx, pglogrepl, the OpenTelemetry trace API).
 package cdcprom
 
 import (

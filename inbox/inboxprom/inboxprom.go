@@ -11,7 +11,8 @@
 //	pgoutbox_inbox_undecodable_total{consumer}        deliveries that are not outbox events
 //	pgoutbox_inbox_processing_seconds{consumer}       time to process a delivery, whatever its outcome
 //
-// Imports the Prometheus client beyond package inbox.
+// Outside the standard library it pulls in the Prometheus client, besides what
+// package inbox pulls in (pgx, the OpenTelemetry API).
 package inboxprom
 
 import (

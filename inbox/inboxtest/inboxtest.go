@@ -43,6 +43,9 @@
 //	                       Stop's deadline passed: the delivery in progress rolls
 //	                       back, and the next subscriber applies it
 //	Lifecycle              the lifecycle table, StopDeadline included
+//
+// Outside the standard library it pulls in pgx and the OpenTelemetry trace API,
+// through package inbox; each subscriber's test brings its own broker.
 package inboxtest
 
 import (

@@ -93,5 +93,6 @@
 // partition, not per aggregate lane; a gap-rejected or failed record is retried
 // in place, holding its partition, instead of being handed back for redelivery.
 //
-// Imports franz-go beyond package inbox.
+// Outside the standard library it pulls in franz-go, besides what package inbox
+// pulls in (pgx, the OpenTelemetry API).
 package kafkainbox

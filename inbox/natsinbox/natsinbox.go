@@ -20,7 +20,8 @@
 // Across instances, the inbox's per-aggregate position keeps the order: an event
 // that overtook its predecessor is rejected and redelivered (inbox.GapReject).
 //
-// Imports nats.go beyond package inbox; no NATS server code.
+// Outside the standard library it pulls in nats.go, besides what package inbox
+// pulls in (pgx, the OpenTelemetry API); no NATS server code.
 package natsinbox
 
 import (

@@ -61,7 +61,8 @@
 // between commit and ack ends the same way. Nothing is lost, nothing is applied
 // twice.
 //
-// Imports amqp091-go beyond package inbox.
+// Outside the standard library it pulls in amqp091-go, besides what package inbox
+// pulls in (pgx, the OpenTelemetry API).
 package rabbitinbox
 
 import (

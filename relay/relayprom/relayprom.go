@@ -30,7 +30,8 @@
 // reports the same figures, so aggregate them with max(), not sum().
 // docs/operations.md has the alerts built on them.
 //
-// Imports the Prometheus client beyond package relay.
+// Outside the standard library it pulls in the Prometheus client, besides what
+// package relay pulls in (pgx, the OpenTelemetry trace API).
 package relayprom
 
 import (

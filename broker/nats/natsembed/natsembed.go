@@ -6,6 +6,9 @@
 // client: this package imports the whole nats-server (and its dependencies:
 // jwt, nkeys, highwayhash, klauspost/compress, golang.org/x/crypto, sys and
 // time), which a relay talking to a real server never needs.
+//
+// Outside the standard library it pulls in nats-server (the whole NATS server,
+// embedded), and nothing else.
 package natsembed
 
 import (

@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgoutbox/pgoutbox/internal/bench"
+	"github.com/pgoutbox/pgoutbox/cmd/pgoutbox/internal/bench"
 )
 
 type benchFlags struct {

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgoutbox/pgoutbox/internal/bench"
+	"github.com/pgoutbox/pgoutbox/cmd/pgoutbox/internal/bench"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )

@@ -1,4 +1,4 @@
-package adminhttp_test
+package browsertest_test
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
+	"github.com/pgoutbox/pgoutbox/admin/adminhttp/internal/consoletest"
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/systool"
@@ -132,7 +133,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 	}
 	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
 	pgtest.Must(t, err, "screenshot")
-	dir := filepath.Join("..", "..", "docs", "console")
+	dir := filepath.Join("..", "..", "..", "docs", "console")
 	pgtest.Must(t, os.MkdirAll(dir, 0o755), "mkdir")
 	pgtest.Must(t, os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644), "write screenshot")
 }
@@ -143,10 +144,10 @@ func basicAuth(user, key string) string {
 
 // startRelay runs a relay on the schema, publishing to a null broker, until the
 // test ends.
-func startRelay(t *testing.T, e *env) *null.Publisher {
+func startRelay(t *testing.T, e *consoletest.Env) *null.Publisher {
 	t.Helper()
 	pub := &null.Publisher{}
-	r, err := relay.New(e.pool, pub, &relay.Config{Schema: e.schema, PollInterval: 50 * time.Millisecond, Logger: quiet()})
+	r, err := relay.New(e.Pool, pub, &relay.Config{Schema: e.Schema, PollInterval: 50 * time.Millisecond, Logger: consoletest.Quiet()})
 	pgtest.Must(t, err, "relay")
 	pgtest.Must(t, r.Start(context.Background()), "start relay")
 	t.Cleanup(func() {
@@ -161,17 +162,17 @@ func startRelay(t *testing.T, e *env) *null.Publisher {
 // reason, watches the lane drain without reloading, and finds the audit row.
 func TestBrowserSkipAndWatchTheLaneDrain(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *adminhttp.Config) { c.Refresh = time.Second })
-	ids := e.enqueue("order", "o-42", 5, map[string]any{"total": 99.5, "note": "<script>window.__xss=1</script>"})
-	e.quarantine(ids[0], "nats: maximum payload exceeded")
-	ctx := browser(t, basicAuth("alice", e.aliceKey))
-	base := e.srv.URL
+	e := consoletest.New(t, func(c *adminhttp.Config) { c.Refresh = time.Second })
+	ids := e.Enqueue("order", "o-42", 5, map[string]any{"total": 99.5, "note": "<script>window.__xss=1</script>"})
+	e.Quarantine(ids[0], "nats: maximum payload exceeded")
+	ctx := browser(t, basicAuth("alice", e.AliceKey))
+	base := e.Server.URL
 
-	run(t, ctx, "overview", navigate(base+"/?schema="+e.schema, "#pending")...)
+	run(t, ctx, "overview", navigate(base+"/?schema="+e.Schema, "#pending")...)
 	if q, p := text(t, ctx, "#quarantined"), text(t, ctx, "#pending"); q != "1" || p != "4" {
 		t.Fatalf("overview: quarantined %q pending %q, want 1 and 4", q, p)
 	}
-	run(t, ctx, "lanes", navigate(base+"/lanes?schema="+e.schema, "#lanes")...)
+	run(t, ctx, "lanes", navigate(base+"/lanes?schema="+e.Schema, "#lanes")...)
 	if w := text(t, ctx, "#lanes td.waiting"); w != "4" {
 		t.Fatalf("blocked lane: %q waiting, want 4", w)
 	}
@@ -190,7 +191,7 @@ func TestBrowserSkipAndWatchTheLaneDrain(t *testing.T) {
 	// The overview shows the lane's 4 events waiting; a relay starts and the
 	// page, refreshing itself, shows them drain — with no reload (the marker
 	// set on the page survives).
-	run(t, ctx, "overview", navigate(base+"/?schema="+e.schema, "#pending")...)
+	run(t, ctx, "overview", navigate(base+"/?schema="+e.Schema, "#pending")...)
 	if p := text(t, ctx, "#pending"); p != "4" {
 		t.Fatalf("pending before the relay: %q", p)
 	}
@@ -203,11 +204,11 @@ func TestBrowserSkipAndWatchTheLaneDrain(t *testing.T) {
 		t.Errorf("the relay published %d events, want the 4 behind the skipped head", pub.Published())
 	}
 
-	run(t, ctx, "audit", navigate(base+"/audit?schema="+e.schema, "#audit")...)
+	run(t, ctx, "audit", navigate(base+"/audit?schema="+e.Schema, "#audit")...)
 	if a, r := text(t, ctx, "#audit td.actor"), text(t, ctx, "#audit td.reason"); a != "console:alice" || !strings.HasPrefix(r, "poison: payload") {
 		t.Errorf("audit page: actor %q reason %q", a, r)
 	}
-	entries, err := e.admin.Audit(context.Background(), 5)
+	entries, err := e.Admin.Audit(context.Background(), 5)
 	pgtest.Must(t, err, "audit")
 	if len(entries) != 1 || entries[0].Action != admin.ActionSkip || entries[0].Actor != "console:alice" || entries[0].EventIDs[0] != ids[0] {
 		t.Fatalf("audit rows: %+v", entries)
@@ -221,21 +222,21 @@ func TestBrowserSkipAndWatchTheLaneDrain(t *testing.T) {
 // viewer's own page (with the viewer's token) is refused.
 func TestBrowserViewerCannotSkip(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, nil)
-	id := e.enqueue("order", "o-1", 2, map[string]int{"n": 1})[0]
-	e.quarantine(id, "boom")
-	ctx := browser(t, basicAuth("victor", e.victorKey))
-	run(t, ctx, "event", navigate(e.srv.URL+"/event?schema="+e.schema+"&id="+id.String(), "#state")...)
+	e := consoletest.New(t, nil)
+	id := e.Enqueue("order", "o-1", 2, map[string]int{"n": 1})[0]
+	e.Quarantine(id, "boom")
+	ctx := browser(t, basicAuth("victor", e.VictorKey))
+	run(t, ctx, "event", navigate(e.Server.URL+"/event?schema="+e.Schema+"&id="+id.String(), "#state")...)
 	if buttons := eval[int](t, ctx, `document.querySelectorAll("#skip, #retry, #act").length`); buttons != 0 {
 		t.Errorf("the viewer is offered %d action elements", buttons)
 	}
 	status := eval[int](t, ctx, fmt.Sprintf(`fetch("/dlq/skip", {method: "POST", body: new URLSearchParams({
 		csrf: document.querySelector('meta[name="csrf"]').content, schema: %q, id: %q, reason: "viewer tries"})}).then(r => r.status)`,
-		e.schema, id.String()))
+		e.Schema, id.String()))
 	if status != http.StatusForbidden {
 		t.Errorf("the viewer's POST: %d, want 403", status)
 	}
-	if s := e.state(id); s != admin.StateQuarantined {
+	if s := e.State(id); s != admin.StateQuarantined {
 		t.Fatalf("the event is %s", s)
 	}
 }
@@ -245,10 +246,10 @@ func TestBrowserViewerCannotSkip(t *testing.T) {
 // credentials — is refused, and nothing changes.
 func TestBrowserCrossSitePostRefused(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, nil)
-	id := e.enqueue("order", "o-1", 2, map[string]int{"n": 1})[0]
-	e.quarantine(id, "boom")
-	tok := e.csrfOf("alice", e.aliceKey)
+	e := consoletest.New(t, nil)
+	id := e.Enqueue("order", "o-1", 2, map[string]int{"n": 1})[0]
+	e.Quarantine(id, "boom")
+	tok := e.CSRF("alice", e.AliceKey)
 	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/go.js" {
 			w.Header().Set("Content-Type", "text/javascript")
@@ -258,17 +259,17 @@ func TestBrowserCrossSitePostRefused(t *testing.T) {
 		w.Header().Set("Content-Type", "text/html")
 		fmt.Fprintf(w, `<!doctype html><form id="f" method="post" action="%s/dlq/skip">
 <input name="csrf" value="%s"><input name="schema" value="%s"><input name="id" value="%s"><input name="reason" value="evil">
-</form><script src="/go.js"></script>`, e.srv.URL, tok, e.schema, id)
+</form><script src="/go.js"></script>`, e.Server.URL, tok, e.Schema, id)
 	}))
 	defer evil.Close()
-	ctx := browser(t, basicAuth("alice", e.aliceKey))
+	ctx := browser(t, basicAuth("alice", e.AliceKey))
 	run(t, ctx, "evil page", chromedp.Navigate(evil.URL+"/"))
 	waitJS(t, ctx, "the console's answer to the cross-site form",
 		`location.href.indexOf("/dlq/skip") >= 0 && document.body && document.body.innerText.indexOf("cross-origin request refused") >= 0`, 20*time.Second)
-	if s := e.state(id); s != admin.StateQuarantined {
+	if s := e.State(id); s != admin.StateQuarantined {
 		t.Fatalf("a cross-site form changed the event: %s", s)
 	}
-	if a, _ := e.admin.Audit(context.Background(), 5); len(a) != 0 {
+	if a, _ := e.Admin.Audit(context.Background(), 5); len(a) != 0 {
 		t.Fatalf("audit rows: %+v", a)
 	}
 }
@@ -277,18 +278,18 @@ func TestBrowserCrossSitePostRefused(t *testing.T) {
 // after the live region refreshed (innerHTML).
 func TestBrowserXSSInert(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *adminhttp.Config) { c.Refresh = time.Second })
+	e := consoletest.New(t, func(c *adminhttp.Config) { c.Refresh = time.Second })
 	var ids []pgoutbox.UUID
 	for i, h := range []string{`<script>window.__xss="script"</script>`, `"><img src=x onerror="window.__xss='img'">`,
 		`<svg onload="window.__xss='svg'">`, `</pre><script>window.__xss="pre"</script>`, `<iframe srcdoc="<script>parent.__xss='iframe'</script>">`} {
-		id := e.enqueue("t"+h, fmt.Sprintf("a%d%s", i, h), 2, map[string]string{"html": h})[0]
-		_, err := e.pool.Exec(context.Background(), "UPDATE "+e.table("outbox_events")+
+		id := e.Enqueue("t"+h, fmt.Sprintf("a%d%s", i, h), 2, map[string]string{"html": h})[0]
+		_, err := e.Pool.Exec(context.Background(), "UPDATE "+e.Table("outbox_events")+
 			" SET event_type = $2, headers = jsonb_build_object('x-html', $2::text) WHERE event_id = $1", id, h)
 		pgtest.Must(t, err, "seed")
-		e.quarantine(id, h)
+		e.Quarantine(id, h)
 		ids = append(ids, id)
 	}
-	ctx := browser(t, basicAuth("alice", e.aliceKey))
+	ctx := browser(t, basicAuth("alice", e.AliceKey))
 	check := func(where string) {
 		t.Helper()
 		if kind := eval[string](t, ctx, `typeof window.__xss + ":" + String(window.__xss)`); kind != "undefined:undefined" {
@@ -296,15 +297,15 @@ func TestBrowserXSSInert(t *testing.T) {
 		}
 	}
 	for _, p := range []string{"/", "/lanes", "/dlq", "/relays", "/audit"} {
-		run(t, ctx, p, navigate(e.srv.URL+p+"?schema="+e.schema, "main")...)
+		run(t, ctx, p, navigate(e.Server.URL+p+"?schema="+e.Schema, "main")...)
 		check(p)
 	}
-	run(t, ctx, "lanes", navigate(e.srv.URL+"/lanes?schema="+e.schema, "#lanes")...)
+	run(t, ctx, "lanes", navigate(e.Server.URL+"/lanes?schema="+e.Schema, "#lanes")...)
 	eval[bool](t, ctx, `window.__refreshed = 0; document.getElementById("live").addEventListener("console:refreshed", () => window.__refreshed++); true`)
 	waitJS(t, ctx, "two live refreshes", `window.__refreshed >= 2`, 20*time.Second)
 	check("lanes after live refreshes")
 	for _, id := range ids {
-		run(t, ctx, "event", navigate(e.srv.URL+"/event?schema="+e.schema+"&id="+id.String(), "#payload")...)
+		run(t, ctx, "event", navigate(e.Server.URL+"/event?schema="+e.Schema+"&id="+id.String(), "#payload")...)
 		check("event " + id.String())
 	}
 	// The texts are on the pages, as text.
@@ -317,15 +318,15 @@ func TestBrowserXSSInert(t *testing.T) {
 // with -update-screenshots; always run, so the pages render in a browser.
 func TestBrowserScreenshots(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, nil)
+	e := consoletest.New(t, nil)
 	ctx0 := context.Background()
 	types := []string{"order", "invoice", "customer", "shipment"}
 	for i, typ := range types {
 		for a := range 6 {
-			e.enqueue(typ, fmt.Sprintf("%s-%d", typ, 1000+a), 3+i, map[string]any{"id": a, "amount": 10 * a, "currency": "EUR"})
+			e.Enqueue(typ, fmt.Sprintf("%s-%d", typ, 1000+a), 3+i, map[string]any{"id": a, "amount": 10 * a, "currency": "EUR"})
 		}
 	}
-	tbl := e.table("outbox_events")
+	tbl := e.Table("outbox_events")
 	// History: most events published over the last hour by two relays; a few
 	// quarantined with a lane behind them; a backlog.
 	for _, q := range []string{
@@ -335,27 +336,27 @@ func TestBrowserScreenshots(t *testing.T) {
 		`UPDATE ` + tbl + ` SET claimed_by = 'relay-7d9f-1', claim_until = now() + interval '30 seconds' WHERE aggregate_id = 'customer-1002'`,
 		`UPDATE ` + tbl + ` SET occurred_at = coalesce(published_at - interval '40 milliseconds', now() - interval '3 minutes' - aggregate_sequence * interval '7 seconds')`,
 	} {
-		_, err := e.pool.Exec(ctx0, q)
+		_, err := e.Pool.Exec(ctx0, q)
 		pgtest.Must(t, err, "seed")
 	}
 	var heads []pgoutbox.UUID
 	for _, agg := range []string{"order-1001", "invoice-1003", "shipment-1005"} {
 		var id pgoutbox.UUID
-		pgtest.Must(t, e.pool.QueryRow(ctx0, "SELECT event_id FROM "+tbl+" WHERE aggregate_id = $1 ORDER BY aggregate_sequence LIMIT 1", agg).Scan(&id), "head")
+		pgtest.Must(t, e.Pool.QueryRow(ctx0, "SELECT event_id FROM "+tbl+" WHERE aggregate_id = $1 ORDER BY aggregate_sequence LIMIT 1", agg).Scan(&id), "head")
 		heads = append(heads, id)
 	}
-	e.quarantine(heads[0], `nats: maximum payload exceeded (1048576 bytes)`)
-	e.quarantine(heads[1], `kafka: INVALID_RECORD: schema registry rejected subject "invoice-value" version 7`)
-	e.quarantine(heads[2], `webhook: 422 Unprocessable Entity: {"error":"unknown carrier"}`)
-	_, err := e.pool.Exec(ctx0, "UPDATE "+tbl+` SET headers = '{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","x-tenant":"acme","authorization":"Bearer eyJhbGciOi...","x-api-key":"k-123"}' WHERE event_id = $1`, heads[0])
+	e.Quarantine(heads[0], `nats: maximum payload exceeded (1048576 bytes)`)
+	e.Quarantine(heads[1], `kafka: INVALID_RECORD: schema registry rejected subject "invoice-value" version 7`)
+	e.Quarantine(heads[2], `webhook: 422 Unprocessable Entity: {"error":"unknown carrier"}`)
+	_, err := e.Pool.Exec(ctx0, "UPDATE "+tbl+` SET headers = '{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","x-tenant":"acme","authorization":"Bearer eyJhbGciOi...","x-api-key":"k-123"}' WHERE event_id = $1`, heads[0])
 	pgtest.Must(t, err, "headers")
 	// An audit trail.
-	a := e.admin
+	a := e.Admin
 	_, err = a.RetryEvents(ctx0, admin.RetryRequest{IDs: []pgoutbox.UUID{heads[2]}, Reason: "carrier list fixed", Actor: "console:alice"})
 	pgtest.Must(t, err, "retry")
-	e.quarantine(heads[2], `webhook: 422 Unprocessable Entity: {"error":"unknown carrier"}`)
+	e.Quarantine(heads[2], `webhook: 422 Unprocessable Entity: {"error":"unknown carrier"}`)
 
-	ctx := browser(t, basicAuth("alice", e.aliceKey))
+	ctx := browser(t, basicAuth("alice", e.AliceKey))
 	pages := []struct{ name, path, sel string }{
 		{"overview", "/", "#pending"},
 		{"lanes", "/lanes", "#lanes"},
@@ -370,7 +371,7 @@ func TestBrowserScreenshots(t *testing.T) {
 		if strings.Contains(p.path, "?") {
 			sep = "&"
 		}
-		run(t, ctx, p.name, navigate(e.srv.URL+p.path+sep+"schema="+e.schema, p.sel)...)
+		run(t, ctx, p.name, navigate(e.Server.URL+p.path+sep+"schema="+e.Schema, p.sel)...)
 		screenshot(t, ctx, p.name)
 	}
 }
@@ -382,14 +383,14 @@ func TestBrowserScreenshots(t *testing.T) {
 func TestBrowserReplayOnceAndTruthfulNotices(t *testing.T) {
 	t.Parallel()
 	pub := &null.Publisher{}
-	e := newEnv(t, func(c *adminhttp.Config) { c.Publisher, c.Destination = pub, "null://" })
-	ids := e.enqueue("order", "o-1", 3, map[string]string{"note": "invoice\u202egpj.exe"})
-	_, err := e.pool.Exec(context.Background(), "UPDATE "+e.table("outbox_events")+" SET published_at = now()")
+	e := consoletest.New(t, func(c *adminhttp.Config) { c.Publisher, c.Destination = pub, "null://" })
+	ids := e.Enqueue("order", "o-1", 3, map[string]string{"note": "invoice\u202egpj.exe"})
+	_, err := e.Pool.Exec(context.Background(), "UPDATE "+e.Table("outbox_events")+" SET published_at = now()")
 	pgtest.Must(t, err, "publish")
-	ctx := browser(t, basicAuth("alice", e.aliceKey))
-	base := e.srv.URL
+	ctx := browser(t, basicAuth("alice", e.AliceKey))
+	base := e.Server.URL
 
-	run(t, ctx, "preview", navigate(base+"/replay?preview=1&aggregate_type=order&schema="+e.schema, "#run-replay")...)
+	run(t, ctx, "preview", navigate(base+"/replay?preview=1&aggregate_type=order&schema="+e.Schema, "#run-replay")...)
 	run(t, ctx, "reason", chromedp.SendKeys(chromedp.CSS("#replay-reason"), "consumer rebuilt"))
 	statuses := eval[string](t, ctx, `(() => { const f = document.querySelector("#run-replay");
 		const send = () => fetch(f.action, {method: "POST", body: new URLSearchParams(new FormData(f))}).then(r => r.status);
@@ -408,19 +409,19 @@ func TestBrowserReplayOnceAndTruthfulNotices(t *testing.T) {
 	if pub.Published() != 3 {
 		t.Errorf("published %d, want 3: the replay ran more than once", pub.Published())
 	}
-	entries, err := e.admin.Audit(context.Background(), 10)
+	entries, err := e.Admin.Audit(context.Background(), 10)
 	pgtest.Must(t, err, "audit")
 	if len(entries) != 1 || entries[0].Action != admin.ActionReplay || entries[0].Reason != "consumer rebuilt" {
 		t.Errorf("audit: %+v", entries)
 	}
 
-	for _, p := range []string{"/dlq?done=skip&n=5&schema=" + e.schema, "/replay?result=forged&schema=" + e.schema} {
+	for _, p := range []string{"/dlq?done=skip&n=5&schema=" + e.Schema, "/replay?result=forged&schema=" + e.Schema} {
 		run(t, ctx, p, navigate(base+p, "main")...)
 		if n := eval[int](t, ctx, `document.querySelectorAll(".notice, #replay-result").length`); n != 0 {
 			t.Errorf("%s shows a notice", p)
 		}
 	}
-	run(t, ctx, "event", navigate(base+"/event?schema="+e.schema+"&id="+ids[0].String(), "#payload")...)
+	run(t, ctx, "event", navigate(base+"/event?schema="+e.Schema+"&id="+ids[0].String(), "#payload")...)
 	if !eval[bool](t, ctx, `document.querySelector("#payload").textContent.indexOf("invoice\\u202egpj.exe") >= 0 &&
 		document.body.innerText.indexOf("\u202e") < 0`) {
 		t.Errorf("the override is not shown as an escape: %s", text(t, ctx, "#payload"))
