@@ -114,10 +114,12 @@ func Tenants(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selector) ([]s
 	return tenants, nil
 }
 
-// CheckOutbox reports whether schema holds an outbox this binary can work on
-// (migrate.CheckMigrated). It changes nothing. The across-tenants operations
-// check each tenant with migrate.CheckTenant instead, which first refuses an
-// outbox whose owner is not trusted (TenantsConfig.Trust).
+// CheckOutbox reports whether schema holds an outbox this binary can work on.
+// The across-tenants operations check each tenant with migrate.CheckTenant,
+// which first refuses an outbox whose owner is not trusted
+// (TenantsConfig.Trust).
+//
+// Deprecated: use migrate.CheckMigrated, the one outbox check.
 func CheckOutbox(ctx context.Context, db migrate.Querier, schema string) error {
 	return migrate.CheckMigrated(ctx, db, schema)
 }
