@@ -583,6 +583,14 @@ func NotifyChannel(schema string) string {
 	return c
 }
 
+// IdleLockClass is the first key of a schema's idle lock, the session-level
+// advisory lock (hashtext(IdleLockClass), hashtext(<schema>)) that a relay
+// waiting for work holds in exclusive mode, and that outbox_wake (outbox
+// migrations 4 and 5) tries to take in shared mode: a producer notifies on
+// NotifyChannel(schema) only when it cannot, i.e. while some relay waits.
+// docs/design.md ("Wake-up") describes the protocol; relay/hub.go holds the lock.
+const IdleLockClass = "pgoutbox.idle"
+
 // ParseLines parses a comma-separated list of line names; "all" or "" means every line.
 func ParseLines(s string) ([]Line, error) {
 	if s == "" || s == "all" {
