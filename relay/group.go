@@ -95,6 +95,15 @@ func ValidateTenant(name string) error {
 	return nil
 }
 
+// Validate reports every problem of the configuration as given, zero fields
+// meaning their defaults, each naming its field ("relay group:
+// GroupConfig.Databases[0].Pool must not be nil"), joined. Databases is
+// required, so a nil or zero GroupConfig is invalid. NewGroup calls it.
+func (c *GroupConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 func (c *GroupConfig) withDefaults() (GroupConfig, error) {
 	return config.Resolve("relay group", c, func(c *GroupConfig) {
 		config.Default(&c.DiscoverInterval, DefaultDiscoverInterval)
