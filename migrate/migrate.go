@@ -242,7 +242,7 @@ func up(ctx context.Context, db DB, c Config, all []Migration) ([]Applied, error
 	if err != nil {
 		return nil, fmt.Errorf("migrate: begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	defer tx.Rollback(context.WithoutCancel(ctx)) // no-op after Commit
 	// The lock serialises migrators of this schema, and is taken before anything is
 	// created: concurrent CREATE SCHEMA/TABLE IF NOT EXISTS can still fail with a
 	// unique violation in the catalogs.

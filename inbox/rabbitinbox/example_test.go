@@ -33,7 +33,7 @@ func Example() {
 	}
 	defer pool.Close()
 	schema := pgtest.Name("example")
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineInbox}}); err != nil {
 		log.Fatal(err)
 	}
