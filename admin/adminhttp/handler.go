@@ -49,6 +49,7 @@ var assets embed.FS
 type Handler struct {
 	pool  *pgxpool.Pool
 	cfg   Config
+	sel   migrate.Selector // Config.Schemas, parsed once by New
 	auth  *authenticator
 	acts  *actions
 	pages map[string]*template.Template
@@ -68,6 +69,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	sel, err := migrate.ParseSelector(strings.Join(c.Schemas, ","))
+	if err != nil {
+		return nil, err // withDefaults checked it
+	}
 	if c.NoAuth && c.NoAuthActor == "" {
 		c.NoAuthActor = admin.DefaultActor() + " (console, no auth)"
 	}
@@ -81,7 +86,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{pool: pool, cfg: c, auth: newAuthenticator(&c, key, time.Now), acts: newActions(), pages: pages, mux: http.NewServeMux(), log: c.Logger}
+	h := &Handler{pool: pool, cfg: c, sel: sel, auth: newAuthenticator(&c, key, time.Now), acts: newActions(), pages: pages, mux: http.NewServeMux(), log: c.Logger}
 	h.routes()
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -230,7 +235,7 @@ func badInput(format string, args ...any) error {
 
 // tenants returns the outbox schemas the console shows.
 func (h *Handler) tenants(ctx context.Context) ([]string, error) {
-	return migrate.Outboxes(ctx, h.pool, h.cfg.Schemas...)
+	return migrate.SelectOutboxes(ctx, h.pool, h.sel)
 }
 
 // schemaOf returns the schema the request asks for (its "schema" parameter, by
