@@ -66,6 +66,8 @@ func (r *Relay) schema() string        { return r.cfg.Schema }
 func (r *Relay) outboxTable() string   { return r.q.table }
 func (r *Relay) notifyChannel() string { return r.q.channel }
 
+var _ member = (*Relay)(nil)
+
 type hub struct {
 	pool          *pgxpool.Pool
 	log           *slog.Logger
