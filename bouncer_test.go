@@ -133,7 +133,7 @@ func produceOnce(ctx context.Context, pool interface {
 		if err != nil {
 			return err
 		}
-		defer tx.Rollback(ctx) //nolint:errcheck
+		defer tx.Rollback(ctx)
 		switch path {
 		case 0:
 			_, err = p.EnqueueTx(ctx, tx, ev(agg, 1), ev(agg, 2))
@@ -183,7 +183,7 @@ func produceOnce(ctx context.Context, pool interface {
 		if err != nil {
 			return err
 		}
-		defer tx.Rollback() //nolint:errcheck
+		defer tx.Rollback()
 		if _, err := p.EnqueueSQLTx(ctx, tx, ev(agg, 1), ev(agg, 2)); err != nil {
 			return err
 		}
@@ -216,7 +216,7 @@ func TestPgBouncerTransactionPoolingBreaksCachedStatements(t *testing.T) {
 	// b holds the server connection a prepared on.
 	tx, err := b.Begin(ctx)
 	pgtest.Must(t, err, "begin b")
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	_, err = tx.Exec(ctx, "SELECT 1")
 	pgtest.Must(t, err, "b's statement")
 	err = a.QueryRow(ctx, q, 1).Scan(&got)

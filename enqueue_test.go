@@ -264,7 +264,7 @@ func runTx(ctx context.Context, f *fixture, sqldb *sql.DB, path int, aggs []stri
 		if err != nil {
 			return nil, err
 		}
-		defer tx.Rollback(ctx) //nolint:errcheck
+		defer tx.Rollback(ctx)
 		if path == 0 {
 			if out, err = f.p.EnqueueTx(ctx, tx, events...); err != nil {
 				return nil, err
@@ -294,7 +294,7 @@ func runTx(ctx context.Context, f *fixture, sqldb *sql.DB, path int, aggs []stri
 		if err != nil {
 			return nil, err
 		}
-		defer tx.Rollback() //nolint:errcheck
+		defer tx.Rollback()
 		if out, err = f.p.EnqueueSQLTx(ctx, tx, events...); err != nil {
 			return nil, err
 		}
@@ -311,7 +311,7 @@ func TestEnqueueSequencesContinueAcrossCallsAndChunks(t *testing.T) {
 	ctx := context.Background()
 	tx, err := f.pool.Begin(ctx)
 	pgtest.Must(t, err, "begin")
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 
 	first, err := f.p.EnqueueTx(ctx, tx, ev("a", 1), ev("b", 1))
 	pgtest.Must(t, err, "enqueue")
@@ -391,7 +391,7 @@ func TestValidationLeavesTransactionUsable(t *testing.T) {
 
 			tx, err := f.pool.Begin(ctx)
 			pgtest.Must(t, err, "begin")
-			defer tx.Rollback(ctx) //nolint:errcheck
+			defer tx.Rollback(ctx)
 			_, err = tc.p.EnqueueTx(ctx, tx, valid, tc.ev)
 			check(err)
 			// Still usable: a query and a valid enqueue succeed and commit.
@@ -401,7 +401,7 @@ func TestValidationLeavesTransactionUsable(t *testing.T) {
 
 			stx, err := sqldb.BeginTx(ctx, nil)
 			pgtest.Must(t, err, "begin sql")
-			defer stx.Rollback() //nolint:errcheck
+			defer stx.Rollback()
 			_, err = tc.p.EnqueueSQLTx(ctx, stx, valid, tc.ev)
 			check(err)
 			res2, err := tc.p.EnqueueSQLTx(ctx, stx, valid)
@@ -661,7 +661,7 @@ func TestSQLFunctionValidation(t *testing.T) {
 	// The limit follows the pgoutbox.max_payload_bytes setting.
 	tx, err := f.pool.Begin(ctx)
 	pgtest.Must(t, err, "begin")
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	_, err = tx.Exec(ctx, "SET LOCAL pgoutbox.max_payload_bytes = 10")
 	pgtest.Must(t, err, "set")
 	if _, err := tx.Exec(ctx, "SELECT "+fn+"('o', '1', 't', '\"0123456789\"')"); err == nil || !strings.Contains(err.Error(), "above the limit of 10 bytes") {

@@ -195,7 +195,7 @@ func TestLimitsAndReservedHeaders(t *testing.T) {
 
 			tx, err := f.pool.Begin(ctx)
 			pgtest.Must(t, err, "begin")
-			defer tx.Rollback(ctx) //nolint:errcheck
+			defer tx.Rollback(ctx)
 			_, err = f.p.EnqueueTx(ctx, tx, valid, ev)
 			check("EnqueueTx", err)
 			var one int
@@ -208,7 +208,7 @@ func TestLimitsAndReservedHeaders(t *testing.T) {
 
 			stx, err := sqldb.BeginTx(ctx, nil)
 			pgtest.Must(t, err, "begin sql")
-			defer stx.Rollback() //nolint:errcheck
+			defer stx.Rollback()
 			_, err = f.p.EnqueueSQLTx(ctx, stx, valid, ev)
 			check("EnqueueSQLTx", err)
 			pgtest.Must(t, stx.QueryRowContext(ctx, "SELECT 1").Scan(&one), "database/sql statement after the error")
@@ -310,7 +310,7 @@ func TestPayloadLimitSettingCannotBeDisabled(t *testing.T) {
 		t.Helper()
 		tx, err := f.pool.Begin(ctx)
 		pgtest.Must(t, err, "begin")
-		defer tx.Rollback(ctx) //nolint:errcheck
+		defer tx.Rollback(ctx)
 		if setting != "" {
 			_, err = tx.Exec(ctx, "SELECT set_config('pgoutbox.max_payload_bytes', $1, true)", setting)
 			pgtest.Must(t, err, "set")

@@ -31,7 +31,7 @@ func TestQueueTxInTransaction(t *testing.T) {
 	ctx := context.Background()
 	tx, err := f.pool.Begin(ctx)
 	pgtest.Must(t, err, "begin")
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 
 	_, err = f.p.EnqueueTx(ctx, tx, ev("a", 1))
 	pgtest.Must(t, err, "enqueue")

@@ -164,7 +164,7 @@ func TestCleanupWhileRelayPublishes(t *testing.T) {
 	// deferred events, and in key order, so that the indexes grow at their ends.
 	tx, err := pool.Begin(ctx)
 	pgtest.Must(t, err, "begin")
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	_, err = tx.Exec(ctx, "SET LOCAL session_replication_role = replica")
 	pgtest.Must(t, err, "replica role")
 	_, err = tx.Exec(ctx, "INSERT INTO "+table+` (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at, published_at, attempt_count)
@@ -336,8 +336,8 @@ func ExampleCleanup() {
 		panic(err)
 	}
 	defer pool.Close()
-	schema := pgtest.Name("example")                       // Schema defaults to "public"
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	schema := pgtest.Name("example") // Schema defaults to "public"
+	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 	if _, err := migrateUp(ctx, pool, schema); err != nil {
 		panic(err)
 	}

@@ -46,7 +46,7 @@ func ExampleAdmin_Skip() {
 	}
 	defer pool.Close()
 	schema, _ := exampleOutbox(ctx, pool)
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 
 	a, err := admin.New(pool, &admin.Config{Schema: schema})
 	if err != nil {
@@ -89,7 +89,7 @@ func ExampleAdmin_RetryWhere() {
 	}
 	defer pool.Close()
 	schema, poison := exampleOutbox(ctx, pool)
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 
 	a, err := admin.New(pool, &admin.Config{Schema: schema})
 	if err != nil {

@@ -94,7 +94,7 @@ func dropPartition(ctx context.Context, db CleanupDB, events, table string) (boo
 	if err != nil {
 		return false, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	defer tx.Rollback(context.WithoutCancel(ctx)) // no-op after Commit
 	// A waiting ACCESS EXCLUSIVE request queues every later query on the table
 	// behind it, so never wait long: try again next run instead.
 	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+dropLockTimeout+"'"); err != nil {

@@ -295,8 +295,8 @@ func ExampleReplay() {
 		panic(err)
 	}
 	defer pool.Close()
-	schema := pgtest.Name("example")                       // Schema defaults to "public"
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	schema := pgtest.Name("example") // Schema defaults to "public"
+	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 	if _, err := migrateUp(ctx, pool, schema); err != nil {
 		panic(err)
 	}

@@ -105,19 +105,21 @@ func (c *TenantsConfig) Validate() error {
 }
 
 // Tenants lists the outboxes of pool's database that sel chooses, in name order
-// (migrate.Outboxes); the zero Selector chooses every outbox.
+// (migrate.SelectOutboxes); the zero Selector chooses every outbox.
 func Tenants(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selector) ([]string, error) {
-	tenants, err := migrate.Outboxes(ctx, pool, sel.String())
+	tenants, err := migrate.SelectOutboxes(ctx, pool, sel)
 	if err != nil {
 		return nil, fmt.Errorf("admin: list tenants: %w", err)
 	}
 	return tenants, nil
 }
 
-// CheckOutbox reports whether schema holds an outbox this binary can work on
-// (migrate.CheckMigrated). It changes nothing. The across-tenants operations
-// check each tenant with migrate.CheckTenant instead, which first refuses an
-// outbox whose owner is not trusted (TenantsConfig.Trust).
+// CheckOutbox reports whether schema holds an outbox this binary can work on.
+// The across-tenants operations check each tenant with migrate.CheckTenant,
+// which first refuses an outbox whose owner is not trusted
+// (TenantsConfig.Trust).
+//
+// Deprecated: use migrate.CheckMigrated, the one outbox check.
 func CheckOutbox(ctx context.Context, db migrate.Querier, schema string) error {
 	return migrate.CheckMigrated(ctx, db, schema)
 }

@@ -200,7 +200,7 @@ func TestStatusAllIsolatesSlowAndForbiddenTenants(t *testing.T) {
 
 	tx, err := d.pool.Begin(ctx)
 	pgtest.Must(t, err, "begin")
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	_, err = tx.Exec(ctx, "LOCK TABLE "+d.table("a_locked", "outbox_events")+" IN ACCESS EXCLUSIVE MODE")
 	pgtest.Must(t, err, "lock")
 

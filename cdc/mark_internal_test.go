@@ -26,7 +26,7 @@ func TestMarkAllMarksAnEventThatBecomesVisibleMidway(t *testing.T) {
 	pgtest.Must(t, err, "producer")
 	tx, err := pool.Begin(ctx)
 	pgtest.Must(t, err, "begin")
-	defer tx.Rollback(ctx) //nolint:errcheck // after the commit: a no-op
+	defer tx.Rollback(ctx) // after the commit: a no-op
 	enq, err := prod.EnqueueTx(ctx, tx, pgoutbox.Event{AggregateType: "order", AggregateID: "1", EventType: "placed",
 		Payload: map[string]any{"n": 1}})
 	pgtest.Must(t, err, "enqueue")

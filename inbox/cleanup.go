@@ -40,6 +40,39 @@ type CleanupConfig struct {
 	BatchSize int
 }
 
+// Validate reports the first problem of the configuration as given, zero
+// fields meaning their defaults: Retention and ReplayHorizon are required, and
+// a Retention shorter than ReplayHorizon is an error wrapping
+// ErrRetentionTooShort. Cleanup calls it.
+func (c CleanupConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+func (c CleanupConfig) withDefaults() (CleanupConfig, error) {
+	if c.Schema == "" {
+		c.Schema = migrate.DefaultSchema
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 1000
+	}
+	switch {
+	case migrate.ValidateSchema(c.Schema) != nil:
+		return c, fmt.Errorf("inbox: CleanupConfig.Schema: %w", migrate.ValidateSchema(c.Schema))
+	case c.ReplayHorizon <= 0:
+		return c, errors.New("inbox: CleanupConfig.ReplayHorizon is required: the longest time after which an applied event can be delivered again")
+	case c.Retention <= 0:
+		return c, errors.New("inbox: CleanupConfig.Retention is required")
+	case c.Retention < c.ReplayHorizon:
+		return c, fmt.Errorf("%w: CleanupConfig.Retention %s is shorter than CleanupConfig.ReplayHorizon %s; "+
+			"events applied between %s and %s ago could be delivered again and applied twice",
+			ErrRetentionTooShort, c.Retention, c.ReplayHorizon, c.Retention, c.ReplayHorizon)
+	case c.BatchSize < 1:
+		return c, fmt.Errorf("inbox: CleanupConfig.BatchSize %d: must be positive", c.BatchSize)
+	}
+	return c, nil
+}
+
 // CleanupResult reports what Cleanup did.
 type CleanupResult struct {
 	// Deleted is the number of processed_events rows deleted.
@@ -63,25 +96,9 @@ type CleanupResult struct {
 // when it ends early, and the result counts them.
 func Cleanup[TX any](ctx context.Context, db Driver[TX], cfg CleanupConfig) (CleanupResult, error) {
 	var res CleanupResult
-	if cfg.Schema == "" {
-		cfg.Schema = migrate.DefaultSchema
-	}
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = 1000
-	}
-	switch {
-	case migrate.ValidateSchema(cfg.Schema) != nil:
-		return res, fmt.Errorf("inbox: CleanupConfig.Schema: %w", migrate.ValidateSchema(cfg.Schema))
-	case cfg.ReplayHorizon <= 0:
-		return res, errors.New("inbox: CleanupConfig.ReplayHorizon is required: the longest time after which an applied event can be delivered again")
-	case cfg.Retention <= 0:
-		return res, errors.New("inbox: CleanupConfig.Retention is required")
-	case cfg.Retention < cfg.ReplayHorizon:
-		return res, fmt.Errorf("%w: CleanupConfig.Retention %s is shorter than CleanupConfig.ReplayHorizon %s; "+
-			"events applied between %s and %s ago could be delivered again and applied twice",
-			ErrRetentionTooShort, cfg.Retention, cfg.ReplayHorizon, cfg.Retention, cfg.ReplayHorizon)
-	case cfg.BatchSize < 1:
-		return res, fmt.Errorf("inbox: CleanupConfig.BatchSize %d: must be positive", cfg.BatchSize)
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return res, err
 	}
 	q := newQueries(cfg.Schema)
 	if err := db.queryRow(ctx, q.cutoff, []any{cfg.Retention.Microseconds()}, &res.Cutoff); err != nil {

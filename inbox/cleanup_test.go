@@ -43,6 +43,12 @@ func TestCleanup(t *testing.T) {
 		if name == "shorter than the replay horizon" && !errors.Is(err, inbox.ErrRetentionTooShort) {
 			t.Errorf("%s: %v does not match ErrRetentionTooShort", name, err)
 		}
+		if verr := cfg.Validate(); verr == nil || err == nil || verr.Error() != err.Error() {
+			t.Errorf("%s: Validate = %v, want Cleanup's refusal %v", name, verr, err)
+		}
+	}
+	if err := (&inbox.CleanupConfig{Retention: week, ReplayHorizon: week}).Validate(); err != nil {
+		t.Errorf("a valid CleanupConfig: Validate = %v", err)
 	}
 	if n := f.count(t, "processed_events", "true"); n != 2810 {
 		t.Fatalf("%d rows after refusals, want 2810", n)

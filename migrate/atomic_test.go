@@ -128,7 +128,7 @@ func TestVersionSkew(t *testing.T) {
 		t.Run(row.name, func(t *testing.T) {
 			tx, err := pool.Begin(ctx)
 			pgtest.Must(t, err, "begin")
-			defer tx.Rollback(ctx) //nolint:errcheck
+			defer tx.Rollback(ctx)
 			if row.version == 1 {
 				_, err = tx.Exec(ctx, "UPDATE "+table+" SET name = $1 WHERE line = $2 AND version = 1", row.name, row.line)
 			} else {

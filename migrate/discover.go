@@ -22,11 +22,20 @@ import (
 // With patterns, only the schemas that match one of them are listed; a pattern
 // is a name or a glob of [path.Match] ("tenant_*"). A bad pattern is an error
 // wrapping [ErrBadSelector].
+//
+// A caller that lists again and again (a relay Group, the console) parses its
+// selector once, at the edge, and calls SelectOutboxes.
 func Outboxes(ctx context.Context, db Querier, patterns ...string) ([]string, error) {
 	sel, err := ParseSelector(strings.Join(patterns, ","))
 	if err != nil {
 		return nil, err
 	}
+	return SelectOutboxes(ctx, db, sel)
+}
+
+// SelectOutboxes is Outboxes for a parsed Selector: the outbox schemas of the
+// database that sel chooses (the zero Selector: all of them), in name order.
+func SelectOutboxes(ctx context.Context, db Querier, sel Selector) ([]string, error) {
 	rows, err := db.Query(ctx, `
 SELECT n.nspname FROM pg_catalog.pg_namespace n
  WHERE n.nspname NOT LIKE 'pg\_%' AND n.nspname <> 'information_schema'

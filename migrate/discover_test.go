@@ -47,6 +47,13 @@ func TestOutboxesListsMigratedSchemasOnly(t *testing.T) {
 	if want := []string{"other", "tenant_a", "tenant_b"}; !slices.Equal(got, want) {
 		t.Fatalf("Outboxes(tenant_*, other) = %q, want %q", got, want)
 	}
+	sel, err := migrate.ParseSelector("tenant_b, oth*")
+	pgtest.Must(t, err, "selector")
+	got, err = migrate.SelectOutboxes(ctx, pool, sel)
+	pgtest.Must(t, err, "outboxes of a parsed selector")
+	if want := []string{"other", "tenant_b"}; !slices.Equal(got, want) {
+		t.Fatalf("SelectOutboxes(%s) = %q, want %q", sel, got, want)
+	}
 	var n int
 	pgtest.Must(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{`x"; DROP TABLE y; --`, "outbox_events"}.Sanitize()).Scan(&n), "hostile schema intact")
 }

@@ -20,7 +20,7 @@ func ExampleUp() {
 	defer pool.Close()
 	// Config.Schema defaults to "public"; this example uses a schema of its own.
 	schema := pgtest.Name("example")
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 
 	applied, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema})
 	if err != nil {

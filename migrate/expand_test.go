@@ -141,7 +141,7 @@ func FuzzSchemaName(f *testing.F) {
 		}
 		tx, err := conn.Begin(ctx)
 		pgtest.Must(t, err, "begin")
-		defer tx.Rollback(ctx) //nolint:errcheck
+		defer tx.Rollback(ctx)
 		if _, err := tx.Exec(ctx, fn, pgx.QueryExecModeSimpleProtocol); err != nil {
 			t.Fatalf("%q: %v", fn, err)
 		}

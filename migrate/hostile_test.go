@@ -186,7 +186,7 @@ func hostileRound(ctx context.Context, t *testing.T, pool *pgxpool.Pool, schema 
 	defer listener.Release()
 	channel := migrate.NotifyChannel(schema)
 	pgtest.Must(t, exec(ctx, listener.Conn(), "LISTEN "+pgx.Identifier{channel}.Sanitize()), "listen")
-	pgtest.Must(t, exec(ctx, listener.Conn(), "SELECT pg_advisory_lock(hashtext('pgoutbox.idle'), hashtext($1))", schema), "idle lock")
+	pgtest.Must(t, exec(ctx, listener.Conn(), "SELECT pg_advisory_lock(hashtext($1), hashtext($2))", migrate.IdleLockClass, schema), "idle lock")
 
 	// Enqueue through the Go API and through outbox_enqueue.
 	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
@@ -206,7 +206,7 @@ func hostileRound(ctx context.Context, t *testing.T, pool *pgxpool.Pool, schema 
 	if n.Channel != channel {
 		t.Fatalf("notified on %q, want %q", n.Channel, channel)
 	}
-	pgtest.Must(t, exec(ctx, listener.Conn(), "SELECT pg_advisory_unlock(hashtext('pgoutbox.idle'), hashtext($1))", schema), "idle unlock")
+	pgtest.Must(t, exec(ctx, listener.Conn(), "SELECT pg_advisory_unlock(hashtext($1), hashtext($2))", migrate.IdleLockClass, schema), "idle unlock")
 	pgtest.Must(t, exec(ctx, listener.Conn(), "UNLISTEN *"), "unlisten")
 
 	// A relay drains both, with LISTEN/NOTIFY and the idle lock on.

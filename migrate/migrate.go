@@ -243,7 +243,7 @@ func up(ctx context.Context, db DB, c Config, all []Migration) ([]Applied, error
 	if err != nil {
 		return nil, fmt.Errorf("migrate: begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	defer tx.Rollback(context.WithoutCancel(ctx)) // no-op after Commit
 	// The lock serialises migrators of this schema, and is taken before anything is
 	// created: concurrent CREATE SCHEMA/TABLE IF NOT EXISTS can still fail with a
 	// unique violation in the catalogs.
@@ -583,6 +583,14 @@ func NotifyChannel(schema string) string {
 	}
 	return c
 }
+
+// IdleLockClass is the first key of a schema's idle lock, the session-level
+// advisory lock (hashtext(IdleLockClass), hashtext(<schema>)) that a relay
+// waiting for work holds in exclusive mode, and that outbox_wake (outbox
+// migrations 4 and 5) tries to take in shared mode: a producer notifies on
+// NotifyChannel(schema) only when it cannot, i.e. while some relay waits.
+// docs/design.md ("Wake-up") describes the protocol; relay/hub.go holds the lock.
+const IdleLockClass = "pgoutbox.idle"
 
 // ParseLines parses a comma-separated list of line names; "all" or "" means every line.
 func ParseLines(s string) ([]Line, error) {

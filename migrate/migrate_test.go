@@ -229,7 +229,8 @@ func TestEmbeddedMigrationsAreWellFormed(t *testing.T) {
 // outbox_wake, in each of its three cases, for a schema whose channel name is too
 // long and is hashed: notifications off → false and silent; no relay idle → false
 // and silent (the caller now holds the idle lock shared); a relay idle (the lock
-// held exclusively elsewhere) → true and one notification on NotifyChannel.
+// held exclusively elsewhere, as IdleLockClass says) → true and one notification
+// on NotifyChannel.
 func TestOutboxWake(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -283,7 +284,7 @@ func TestOutboxWake(t *testing.T) {
 	relay, err := pool.Acquire(ctx)
 	pgtest.Must(t, err, "acquire")
 	defer relay.Release()
-	_, err = relay.Exec(ctx, "SELECT pg_advisory_lock(hashtext('pgoutbox.idle'), hashtext($1))", schema)
+	_, err = relay.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1), hashtext($2))", migrate.IdleLockClass, schema)
 	pgtest.Must(t, err, "idle lock")
 	if woke, notified := call(""); !woke || !notified {
 		t.Fatalf("a relay idle: returned %v, notified %v", woke, notified)
@@ -291,6 +292,6 @@ func TestOutboxWake(t *testing.T) {
 	if woke, notified := call("SET LOCAL pgoutbox.notify = 'off'"); woke || notified {
 		t.Fatalf("notifications off: returned %v, notified %v", woke, notified)
 	}
-	_, err = relay.Exec(ctx, "SELECT pg_advisory_unlock(hashtext('pgoutbox.idle'), hashtext($1))", schema)
+	_, err = relay.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1), hashtext($2))", migrate.IdleLockClass, schema)
 	pgtest.Must(t, err, "idle unlock")
 }

@@ -92,7 +92,7 @@ func CreatePartitions(ctx context.Context, db DB, schema string, daysAhead int) 
 	if err != nil {
 		return nil, fmt.Errorf("migrate: create partitions: begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	defer tx.Rollback(context.WithoutCancel(ctx)) // no-op after Commit
 	partitioned, err := IsPartitioned(ctx, tx, schema)
 	if err != nil || !partitioned {
 		return nil, err

@@ -231,10 +231,34 @@ func CheckTrusted(ctx context.Context, db Querier, schema string, trust Trust) e
 	return nil
 }
 
-// CheckMigrated reports whether schema holds an outbox this binary can work
-// on: an error wrapping ErrDatabaseNewer when it was migrated by a newer
-// pgoutbox (CheckCompatible), an error naming the first missing migration when
-// it is not fully migrated. It changes nothing.
+// ErrNotMigrated is the sentinel of a [NotMigratedError]: errors.Is(err,
+// ErrNotMigrated) reports a schema that lacks some of the outbox migrations.
+var ErrNotMigrated = errors.New("migrate: outbox not migrated")
+
+// NotMigratedError reports a schema that lacks an outbox migration this
+// binary needs (all of them when it was never migrated). Running 'pgoutbox
+// migrate' (or Up) on the schema fixes it.
+type NotMigratedError struct {
+	Schema string
+	// Missing is the first migration not applied.
+	Missing Status
+}
+
+func (e *NotMigratedError) Error() string {
+	return fmt.Sprintf("migrate: schema %q lacks migration %s/%d %s: run 'pgoutbox migrate --schema %s' first",
+		e.Schema, e.Missing.Line, e.Missing.Version, e.Missing.Name, e.Schema)
+}
+
+// Is makes errors.Is(err, ErrNotMigrated) hold.
+func (e *NotMigratedError) Is(target error) bool { return target == ErrNotMigrated }
+
+// CheckMigrated is the one check that schema holds an outbox this binary can
+// work on, run by every command and service before it uses an outbox (the
+// relay, a Group's tenants, the operator commands, the console): an error
+// wrapping ErrDatabaseNewer (a *SkewError) when it was migrated by a newer
+// pgoutbox (CheckCompatible), a *NotMigratedError (ErrNotMigrated) naming the
+// first missing migration when it is not fully migrated. It changes nothing.
+// An outbox served as one tenant of many is checked with CheckTenant instead.
 func CheckMigrated(ctx context.Context, db Querier, schema string) error {
 	if err := CheckCompatible(ctx, db, schema, LineOutbox); err != nil {
 		return err
@@ -245,8 +269,7 @@ func CheckMigrated(ctx context.Context, db Querier, schema string) error {
 	}
 	for _, s := range st {
 		if !s.Applied {
-			return fmt.Errorf("schema %q lacks migration %s/%d %s: run 'pgoutbox migrate --schema %s' first",
-				schema, s.Line, s.Version, s.Name, schema)
+			return &NotMigratedError{Schema: schema, Missing: s}
 		}
 	}
 	return nil

@@ -215,3 +215,35 @@ func FuzzParseOwners(f *testing.F) {
 		}
 	})
 }
+
+// TestCheckMigratedIsTheOneOutboxCheck: a schema never migrated, or missing
+// a migration, gets one typed error in one wording; a migrated one none.
+func TestCheckMigratedIsTheOneOutboxCheck(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Migrated(t, 2)
+	ctx := context.Background()
+	if err := migrate.CheckMigrated(ctx, pool, schema); err != nil {
+		t.Fatalf("migrated schema: %v", err)
+	}
+	if err := migrate.CheckTenant(ctx, pool, schema, migrate.Trust{}); err != nil {
+		t.Fatalf("migrated schema as a tenant: %v", err)
+	}
+	absent := pgtest.Name("absent")
+	err := migrate.CheckMigrated(ctx, pool, absent)
+	var nm *migrate.NotMigratedError
+	if !errors.As(err, &nm) || !errors.Is(err, migrate.ErrNotMigrated) || nm.Schema != absent ||
+		nm.Missing.Line != migrate.LineOutbox || nm.Missing.Version != 1 {
+		t.Fatalf("never migrated: %#v (%v)", nm, err)
+	}
+	want := `migrate: schema "` + absent + `" lacks migration outbox/1 ` + nm.Missing.Name +
+		": run 'pgoutbox migrate --schema " + absent + "' first"
+	if err.Error() != want {
+		t.Fatalf("wording:\n got %s\nwant %s", err, want)
+	}
+	table := pgx.Identifier{schema, migrate.Table}.Sanitize()
+	pgtest.Must(t, exec(ctx, pool, "DELETE FROM "+table+" WHERE line = 'outbox' AND version = 3"), "forget outbox/3")
+	err = migrate.CheckTenant(ctx, pool, schema, migrate.Trust{})
+	if !errors.As(err, &nm) || nm.Missing.Version != 3 || errors.Is(err, migrate.ErrDatabaseNewer) {
+		t.Fatalf("missing outbox/3: %v", err)
+	}
+}

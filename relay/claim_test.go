@@ -156,7 +156,7 @@ func TestClaimDoesNotOvertakeAnUncommittedClaim(t *testing.T) {
 	}
 	other, err := pool.Begin(ctx)
 	pgtest.Must(t, err, "begin")
-	defer other.Rollback(ctx) //nolint:errcheck
+	defer other.Rollback(ctx)
 	_, err = other.Exec(ctx, "SELECT 1 FROM "+pgx.Identifier{schema, "outbox_events"}.Sanitize()+
 		" WHERE aggregate_sequence = 1 FOR UPDATE")
 	pgtest.Must(t, err, "lock the head")

@@ -45,11 +45,11 @@ type Database struct {
 	// them all together. The hub's LISTEN and idle-lock sessions are two more
 	// connections of their own (none with Config.DisableNotify).
 	Pool *pgxpool.Pool
-	// Schemas selects the outbox schemas to serve: names and globs
-	// (migrate.ParseSelector). Every DiscoverInterval the Group lists the
-	// schemas of the database that hold an outbox (migrate.Outboxes) and serves
-	// those that match: outboxes come and go without a restart. Empty means
-	// every outbox schema of the database.
+	// Schemas selects the outbox schemas to serve: names and globs, parsed
+	// once by NewGroup (migrate.ParseSelector). Every DiscoverInterval the
+	// Group lists the schemas of the database that hold an outbox
+	// (migrate.SelectOutboxes) and serves those that match: outboxes come and
+	// go without a restart. Empty means every outbox schema of the database.
 	Schemas string
 	// TenantPrefix is put before each schema's name to make its tenant name
 	// (Message.Tenant, {tenant} in destinations), keeping apart the same schema
@@ -93,6 +93,15 @@ func ValidateTenant(name string) error {
 		return fmt.Errorf("relay: tenant name %q must be 1 to %d bytes of letters, digits, '_' and '-'", name, maxTenantName)
 	}
 	return nil
+}
+
+// Validate reports every problem of the configuration as given, zero fields
+// meaning their defaults, each naming its field ("relay group:
+// GroupConfig.Databases[0].Pool must not be nil"), joined. Databases is
+// required, so a nil or zero GroupConfig is invalid. NewGroup calls it.
+func (c *GroupConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
 }
 
 func (c *GroupConfig) withDefaults() (GroupConfig, error) {
@@ -167,6 +176,7 @@ type Group struct {
 
 type groupDB struct {
 	Database
+	sel migrate.Selector // Database.Schemas, parsed once by NewGroup
 	hub *hub
 
 	mu       sync.Mutex
@@ -197,8 +207,10 @@ func NewGroup(pub broker.Publisher, cfg *GroupConfig) (*Group, error) {
 	g := &Group{cfg: c, pub: pub, log: resolved.Logger.With(slog.String("relay", resolved.ID)), names: map[string]*groupDB{},
 		bounds: pgbound.New(resolved.StatementTimeout, resolved.LockTimeout)}
 	for _, d := range c.Databases {
+		sel, _ := migrate.ParseSelector(d.Schemas) // checked by withDefaults
 		g.dbs = append(g.dbs, &groupDB{
 			Database: d,
+			sel:      sel,
 			hub:      newHub(d.Pool, g.log.With(slog.String("database", d.Name)), &resolved),
 			tenants:  map[string]*tenant{},
 			problems: map[string]error{},
@@ -309,7 +321,7 @@ func (g *Group) discover() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(stoppable, discoverTimeout)
 			defer cancel()
-			listed[i], errs[i] = migrate.Outboxes(ctx, d.Pool, d.Schemas)
+			listed[i], errs[i] = migrate.SelectOutboxes(ctx, d.Pool, d.sel)
 		}()
 	}
 	wg.Wait()

@@ -331,6 +331,10 @@ func TestGroupTenantNames(t *testing.T) {
 func TestGroupConfigValidate(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t, pgtest.URL(), 1)
+	var none *relay.GroupConfig
+	if err := none.Validate(); err == nil || !strings.Contains(err.Error(), "GroupConfig.Databases") {
+		t.Errorf("nil GroupConfig: Validate = %v, want an error about GroupConfig.Databases", err)
+	}
 	for _, tc := range []struct {
 		cfg  relay.GroupConfig
 		want string
@@ -344,8 +348,14 @@ func TestGroupConfigValidate(t *testing.T) {
 		{relay.GroupConfig{Config: relay.Config{Workers: 1000}, Databases: []relay.Database{{Pool: pool}}}, "Workers"},
 	} {
 		_, err := relay.NewGroup(&brokertest.Recorder{}, &tc.cfg)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err == nil {
+			t.Fatalf("NewGroup(%+v) accepted it", tc.cfg)
+		}
+		if !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("NewGroup(%+v) = %v, want an error about %s", tc.cfg, err, tc.want)
+		}
+		if verr := tc.cfg.Validate(); verr == nil || verr.Error() != err.Error() {
+			t.Errorf("Validate(%+v) = %v, want NewGroup's error %v", tc.cfg, verr, err)
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
+	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 // hub listens, holds idle locks and polls for the relays of one database: a
@@ -39,6 +40,34 @@ import (
 // So an idle database costs the same few queries a second whatever the number
 // of its outboxes. The relays' workers, claims and settles are their own, on
 // the database's one pool.
+// member is what the hub needs of each of its relays, and all it may use:
+// *Relay implements it (below); the hub never reaches into a Relay.
+type member interface {
+	// schema is the outbox's schema: its idle lock's key, the hub's order.
+	schema() string
+	// outboxTable is the quoted outbox_events table the probe asks of.
+	outboxTable() string
+	// notifyChannel is the channel its producers notify (migrate.NotifyChannel).
+	notifyChannel() string
+	// allIdle reports that every worker waits for a wake-up.
+	allIdle() bool
+	// refused reports that its own claims fail for a reason the database
+	// gave: it is left out of the probe and woken to claim on its own.
+	refused() bool
+	// poke wakes a worker to claim.
+	poke()
+	// probeFailed and probeOK report the probe's outcome for it, as from a
+	// claim of its own (its health, its log); reset drops hung connections.
+	probeFailed(err error, reset bool)
+	probeOK()
+}
+
+func (r *Relay) schema() string        { return r.cfg.Schema }
+func (r *Relay) outboxTable() string   { return r.q.table }
+func (r *Relay) notifyChannel() string { return r.q.channel }
+
+var _ member = (*Relay)(nil)
+
 type hub struct {
 	pool          *pgxpool.Pool
 	log           *slog.Logger
@@ -48,7 +77,7 @@ type hub struct {
 	lc            lifecycle.Lifecycle
 
 	mu     sync.Mutex
-	relays map[*Relay]struct{}
+	relays map[member]struct{}
 	// relaysChanged is poked when relays come or go: the listener LISTENs to
 	// their channels. (The guard hears of it through idleChanged.)
 	relaysChanged lifecycle.Wake
@@ -62,7 +91,7 @@ func newHub(pool *pgxpool.Pool, log *slog.Logger, c *Config) *hub {
 	h := &hub{
 		pool: pool, log: log, pollInterval: c.PollInterval, disableNotify: c.DisableNotify,
 		bounds:        pgbound.New(c.StatementTimeout, min(c.LockTimeout, probeLockTimeout)),
-		relays:        map[*Relay]struct{}{},
+		relays:        map[member]struct{}{},
 		relaysChanged: lifecycle.NewWake(),
 		idleChanged:   lifecycle.NewWake(),
 	}
@@ -84,7 +113,7 @@ func (h *hub) start(ctx context.Context) error {
 func (h *hub) stop(ctx context.Context) error { return h.lc.Stop(ctx) }
 
 // add makes r one of the hub's relays; New has given it the hub's idleChanged.
-func (h *hub) add(r *Relay) {
+func (h *hub) add(r member) {
 	h.mu.Lock()
 	h.relays[r] = struct{}{}
 	h.mu.Unlock()
@@ -93,7 +122,7 @@ func (h *hub) add(r *Relay) {
 }
 
 // remove drops r, whose idle lock the guard then releases.
-func (h *hub) remove(r *Relay) {
+func (h *hub) remove(r member) {
 	h.mu.Lock()
 	delete(h.relays, r)
 	h.mu.Unlock()
@@ -102,14 +131,14 @@ func (h *hub) remove(r *Relay) {
 }
 
 // snapshot returns the hub's relays, in schema order.
-func (h *hub) snapshot() []*Relay {
+func (h *hub) snapshot() []member {
 	h.mu.Lock()
-	rs := make([]*Relay, 0, len(h.relays))
+	rs := make([]member, 0, len(h.relays))
 	for r := range h.relays {
 		rs = append(rs, r)
 	}
 	h.mu.Unlock()
-	slices.SortFunc(rs, func(a, b *Relay) int { return strings.Compare(a.cfg.Schema, b.cfg.Schema) })
+	slices.SortFunc(rs, func(a, b member) int { return strings.Compare(a.schema(), b.schema()) })
 	return rs
 }
 
@@ -146,7 +175,7 @@ func (h *hub) probe() {
 			return
 		case <-t.C:
 		}
-		var idle, refused []*Relay
+		var idle, refused []member
 		for _, r := range h.snapshot() {
 			switch {
 			case !r.allIdle():
@@ -172,9 +201,9 @@ func (h *hub) probe() {
 			// so that the others are not held up by it.
 			due, err = nil, nil
 			for _, r := range idle {
-				d, perr := h.probeOnce(ctx, []*Relay{r})
+				d, perr := h.probeOnce(ctx, []member{r})
 				if errors.As(perr, &pgErr) {
-					d = []*Relay{r}
+					d = []member{r}
 				} else if perr != nil {
 					err = perr
 					break
@@ -205,7 +234,7 @@ func (h *hub) probe() {
 // probeOnce returns the relays of rs whose outbox holds a claimable event.
 // The statement runs under the hub's bounds: a lock on one outbox makes the
 // server end it with an error naming the outbox's relation, not hang.
-func (h *hub) probeOnce(ctx context.Context, rs []*Relay) ([]*Relay, error) {
+func (h *hub) probeOnce(ctx context.Context, rs []member) ([]member, error) {
 	ctx, cancel := context.WithTimeout(ctx, max(h.pollInterval, time.Second, h.bounds.Deadline()))
 	defer cancel()
 	h.probes.Add(1)
@@ -223,7 +252,7 @@ func (h *hub) probeOnce(ctx context.Context, rs []*Relay) ([]*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("probe: %w", err)
 	}
-	due := make([]*Relay, 0, len(idx))
+	due := make([]member, 0, len(idx))
 	for _, i := range idx {
 		if i >= 0 && int(i) < len(rs) {
 			due = append(due, rs[i])
@@ -232,11 +261,13 @@ func (h *hub) probeOnce(ctx context.Context, rs []*Relay) ([]*Relay, error) {
 	return due, nil
 }
 
-// probeSQL is one EXISTS per outbox: is some event claimable now? Its answer
-// may be yes for a lane whose head is quarantined (its later events wait):
-// the claim then finds nothing, once per PollInterval. Only schema names,
-// quoted as identifiers, and row numbers go into the text.
-func probeSQL(rs []*Relay) string {
+// probeSQL is one EXISTS per outbox: is some event claimable now, by the
+// claim's own rule (claimableSQL)? It asks of any event, not of a lane's head
+// only, so it never misses what a claim would take; its answer may be yes for
+// a lane whose head is quarantined, backing off or leased (its later events
+// wait): the claim then finds nothing, once per PollInterval. Only schema
+// names, quoted as identifiers, and row numbers go into the text.
+func probeSQL(rs []member) string {
 	var b strings.Builder
 	for i, r := range rs {
 		if i > 0 {
@@ -245,9 +276,10 @@ func probeSQL(rs []*Relay) string {
 		b.WriteString("SELECT ")
 		b.WriteString(strconv.Itoa(i))
 		b.WriteString("::int4 WHERE EXISTS (SELECT 1 FROM ")
-		b.WriteString(r.q.table)
-		b.WriteString(` WHERE published_at IS NULL AND quarantined_at IS NULL AND available_at <= now()
-   AND (claim_until IS NULL OR claim_until < now()))`)
+		b.WriteString(r.outboxTable())
+		b.WriteString(" e WHERE ")
+		b.WriteString(claimableSQL)
+		b.WriteString(")")
 	}
 	return b.String()
 }
@@ -302,7 +334,7 @@ func (h *hub) listenOnce(ctx context.Context, up func()) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.Background())
-	heard := map[string]*Relay{} // channel → relay
+	heard := map[string]member{} // channel → relay
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{hubProbeChannel}.Sanitize()); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
@@ -356,7 +388,7 @@ func (h *hub) listenOnce(ctx context.Context, up func()) error {
 	}
 }
 
-func (h *hub) route(heard map[string]*Relay, channel string) {
+func (h *hub) route(heard map[string]member, channel string) {
 	if r := heard[channel]; r != nil {
 		r.poke()
 	}
@@ -364,10 +396,10 @@ func (h *hub) route(heard map[string]*Relay, channel string) {
 
 // sync LISTENs to the channels of relays added since the last sync, and
 // UNLISTENs those of relays gone; heard is updated to match.
-func (h *hub) sync(ctx context.Context, conn *pgx.Conn, heard map[string]*Relay) error {
-	want := map[string]*Relay{}
+func (h *hub) sync(ctx context.Context, conn *pgx.Conn, heard map[string]member) error {
+	want := map[string]member{}
 	for _, r := range h.snapshot() {
-		want[r.q.channel] = r
+		want[r.notifyChannel()] = r
 	}
 	for ch := range heard {
 		if want[ch] == nil {
@@ -393,7 +425,7 @@ func (h *hub) sync(ctx context.Context, conn *pgx.Conn, heard map[string]*Relay)
 
 // probeListener is Relay.probeListener for the hub's session, on its own
 // channel; notifications of the relays' channels meanwhile wake them.
-func (h *hub) probeListener(ctx context.Context, conn *pgx.Conn, heard map[string]*Relay) error {
+func (h *hub) probeListener(ctx context.Context, conn *pgx.Conn, heard map[string]member) error {
 	token := make([]byte, 8)
 	_, _ = rand.Read(token)
 	payload := "pgoutbox.probe." + hex.EncodeToString(token)
@@ -436,7 +468,7 @@ func (h *hub) guard() {
 	defer cancel()
 	var (
 		conn  *pgx.Conn
-		held  = map[*Relay]time.Time{} // held locks; the time the relay got busy, or zero
+		held  = map[member]time.Time{} // held locks; the time the relay got busy, or zero
 		wait  retry.Backoff
 		timer = time.NewTimer(time.Hour)
 	)
@@ -483,9 +515,9 @@ func (h *hub) guard() {
 // guardOnce takes and releases locks as the relays' states ask, and returns
 // when to look again (0: at the next change), or again when a lock it wants
 // could not be had within guardLockTimeout.
-func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[*Relay]time.Time) (next time.Duration, again bool, err error) {
+func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[member]time.Time) (next time.Duration, again bool, err error) {
 	relays := h.snapshot()
-	present := make(map[*Relay]bool, len(relays))
+	present := make(map[member]bool, len(relays))
 	later := func(d time.Duration) {
 		if next == 0 || d < next {
 			next = d
@@ -506,7 +538,7 @@ func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[*Relay]ti
 		busySince, isHeld := held[r]
 		switch idle := r.allIdle(); {
 		case idle && !isHeld && h.listening.Load():
-			ok, err := h.lockIdle(ctx, *conn, r.cfg.Schema)
+			ok, err := h.lockIdle(ctx, *conn, r.schema())
 			if err != nil {
 				return 0, false, err
 			}
@@ -526,7 +558,7 @@ func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[*Relay]ti
 				later(d)
 				continue
 			}
-			if err := h.unlockIdle(ctx, *conn, r.cfg.Schema); err != nil {
+			if err := h.unlockIdle(ctx, *conn, r.schema()); err != nil {
 				return 0, false, err
 			}
 			delete(held, r)
@@ -534,7 +566,7 @@ func (h *hub) guardOnce(ctx context.Context, conn **pgx.Conn, held map[*Relay]ti
 	}
 	for r := range held {
 		if !present[r] {
-			if err := h.unlockIdle(ctx, *conn, r.cfg.Schema); err != nil {
+			if err := h.unlockIdle(ctx, *conn, r.schema()); err != nil {
 				return 0, false, err
 			}
 			delete(held, r)
@@ -561,7 +593,7 @@ func (h *hub) guardConnect(ctx context.Context) (*pgx.Conn, error) {
 // lockIdle takes schema's idle lock, waiting at most guardLockTimeout; false
 // when a producer held it that long.
 func (h *hub) lockIdle(ctx context.Context, conn *pgx.Conn, schema string) (bool, error) {
-	_, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1), hashtext($2))", idleLockClass, schema)
+	_, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1), hashtext($2))", migrate.IdleLockClass, schema)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
 		return false, nil
@@ -575,7 +607,7 @@ func (h *hub) lockIdle(ctx context.Context, conn *pgx.Conn, schema string) (bool
 func (h *hub) unlockIdle(ctx context.Context, conn *pgx.Conn, schema string) error {
 	ctx, cancel := context.WithTimeout(ctx, idleUnlockTimeout)
 	defer cancel()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1), hashtext($2))", idleLockClass, schema); err != nil {
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1), hashtext($2))", migrate.IdleLockClass, schema); err != nil {
 		return fmt.Errorf("idle unlock: %w", err)
 	}
 	return nil

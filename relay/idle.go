@@ -2,9 +2,10 @@ package relay
 
 import "time"
 
-// Producers notify only while a relay waits for work (outbox migration 4): an idle
-// relay holds the schema's idle lock, an exclusive session-level advisory lock, and
-// a committing producer notifies only when it cannot take that lock in shared mode.
+// Producers notify only while a relay waits for work (outbox migration 4): an
+// idle relay holds the schema's idle lock (migrate.IdleLockClass), an exclusive
+// session-level advisory lock, and a committing producer notifies only when it
+// cannot take that lock in shared mode.
 //
 // The relay counts as idle when every worker waits for a wake-up. Its hub's
 // guard (hub.go) then takes the lock on a connection of its own, once the
@@ -19,10 +20,9 @@ import "time"
 // Several idle relays queue for the one lock; while any holds it, every commit
 // notifies, and every listening relay hears it.
 
-const (
-	idleLockClass = "pgoutbox.idle"
-	idleRelease   = 100 * time.Millisecond
-)
+// idleRelease is how long a relay that got busy keeps its idle lock
+// (migrate.IdleLockClass).
+const idleRelease = 100 * time.Millisecond
 
 // Timeouts of the guard's own connection.
 const (

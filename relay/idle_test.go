@@ -22,8 +22,8 @@ func idleLock(t testing.TB, o *outbox, granted bool) int {
 	var n int
 	pgtest.Must(t, o.pool.QueryRow(context.Background(), `
 		SELECT count(*) FROM pg_locks
-		WHERE locktype = 'advisory' AND classid::int = hashtext('pgoutbox.idle') AND objid::int = hashtext($1)
-		  AND objsubid = 2 AND mode = 'ExclusiveLock' AND granted = $2`, o.schema, granted).Scan(&n), "pg_locks")
+		WHERE locktype = 'advisory' AND classid::int = hashtext($3) AND objid::int = hashtext($1)
+		  AND objsubid = 2 AND mode = 'ExclusiveLock' AND granted = $2`, o.schema, granted, migrate.IdleLockClass).Scan(&n), "pg_locks")
 	return n
 }
 

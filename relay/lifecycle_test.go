@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle/lifecycletest"
@@ -141,4 +143,61 @@ func TestWrongResultCountIsRetriedNotQuarantined(t *testing.T) {
 		t.Fatalf("stats %+v: want at least 4 failed attempts, none released or quarantined", s)
 	}
 	wait.For(t, 10*time.Second, "the relay to report healthy", func() bool { return r.Healthy() == nil })
+}
+
+// groupUnderTest is a Group with its one outbox and its publisher.
+type groupUnderTest struct {
+	*relay.Group
+	d      *tenantDB
+	schema string
+	pub    *gatePublisher
+}
+
+// The Group follows the one lifecycle rule too, with its hubs and its
+// outboxes' relays; a stop whose deadline passes while a publish is held turns
+// hard, and the held event's lease is released.
+func TestGroupLifecycle(t *testing.T) {
+	t.Parallel()
+	lifecycletest.Run(t, lifecycletest.Harness{
+		New: func(t *testing.T) lifecycletest.Service {
+			d := newTenantDB(t, 8)
+			schema := "tenant_a"
+			d.migrate(t, schema)
+			pub := newGatePublisher()
+			g, err := relay.NewGroup(pub, &relay.GroupConfig{
+				Config:    relay.Config{Logger: quietLogger(), PollInterval: 50 * time.Millisecond},
+				Databases: []relay.Database{{Pool: d.pool}},
+			})
+			pgtest.Must(t, err, "relay.NewGroup")
+			t.Cleanup(func() {
+				pub.open()
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if err := g.Stop(ctx); err != nil {
+					t.Errorf("stop: %v", err)
+				}
+			})
+			return &groupUnderTest{Group: g, d: d, schema: schema, pub: pub}
+		},
+		Busy: func(t *testing.T, s lifecycletest.Service) func() {
+			g := s.(*groupUnderTest)
+			g.d.enqueue(t, g.schema, 1, 1)
+			select {
+			case <-g.pub.inFlight:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the group never published the event")
+			}
+			t.Cleanup(func() {
+				// Stopped hard: the held event was released, not failed.
+				wait.For(t, 10*time.Second, "the held event's lease released", func() bool {
+					var n int
+					pgtest.Must(t, g.d.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+
+						pgx.Identifier{g.schema, "outbox_events"}.Sanitize()+
+						" WHERE claim_until IS NULL AND attempt_count = 0 AND published_at IS NULL").Scan(&n), "count")
+					return n == 1
+				})
+			})
+			return g.pub.open
+		},
+	})
 }

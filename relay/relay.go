@@ -10,6 +10,13 @@
 // after Config.MaxAttempts. LISTEN/NOTIFY wakes the relay within milliseconds of a
 // commit; polling is the safety net.
 //
+// A Group serves many outboxes (schemas of several databases, chosen by a
+// selector and found again every GroupConfig.DiscoverInterval) with a Relay
+// each. The wake-up of a database's relays is its hub's (hub.go): one LISTEN
+// session, one session holding the idle locks (migrate.IdleLockClass, idle.go)
+// and one probe statement per poll for all of them, the probe asking the
+// claim's own rule (claimableSQL in sql.go). A lone Relay has a hub of its own.
+//
 // docs/design.md states who owns a row when, and what each crash leaves behind;
 // its "Relay: the lane rule" is the one full explanation of the claim.
 //

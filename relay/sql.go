@@ -19,7 +19,7 @@ type queries struct {
 func newQueries(schema string) queries {
 	t := pgx.Identifier{schema, "outbox_events"}.Sanitize()
 	return queries{
-		claim:   fmt.Sprintf(claimSQL, t),
+		claim:   fmt.Sprintf(claimSQL, t, claimableSQL),
 		mark:    fmt.Sprintf(markSQL, t),
 		fail:    fmt.Sprintf(failSQL, t),
 		release: fmt.Sprintf(releaseSQL, t),
@@ -27,6 +27,15 @@ func newQueries(schema string) queries {
 		table:   t,
 	}
 }
+
+// claimableSQL is the one rule of an event a claim may take now (on the outbox
+// row aliased e): not published, not quarantined, its backoff over, not leased
+// (or its lease expired). The claim statement applies it to a lane's head and
+// to the rest of its run; the hub's probe (probeSQL) to any event, so that an
+// idle relay is woken whenever its claim would find something
+// (TestProbeSeesWhatTheClaimTakes). Change the rule here, never in one of them.
+const claimableSQL = `e.published_at IS NULL AND e.quarantined_at IS NULL AND e.available_at <= now()
+           AND (e.claim_until IS NULL OR e.claim_until < now())`
 
 // claimSQL leases up to $5 events in one statement, in a short transaction of
 // its own under the relay's bounds (pgbound.Send).
@@ -39,8 +48,9 @@ func newQueries(schema string) queries {
 //
 //   - lanes is step 1, the scan of lanes: a loose index scan of the partial index of
 //     unpublished events from the cursor, noting each lane's head.
-//   - runs is steps 2 and 3: each head FOR UPDATE SKIP LOCKED if claimable, then the
-//     gapless, claimable rest of its run (the gapless column).
+//   - runs is steps 2 and 3: each head FOR UPDATE SKIP LOCKED if claimable
+//     (claimableSQL, as %[2]s), then the gapless, claimable rest of its run (the
+//     gapless column).
 //   - lease is step 4: only the heads are written. runs is MATERIALIZED so that it is
 //     computed once; lease finds the heads by (tableoid, ctid), their current version
 //     since this statement locked them, without searching an index again. The
@@ -72,11 +82,9 @@ runs AS MATERIALIZED (
         SELECT e.tableoid, e.ctid, e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type,
                e.schema_version, e.payload, e.headers, e.occurred_at, e.attempt_count, e.claimed_by
           FROM %[1]s e
-         WHERE e.published_at IS NULL
-           AND e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
+         WHERE e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
            AND e.aggregate_sequence = l.head
-           AND e.quarantined_at IS NULL AND e.available_at <= now()
-           AND (e.claim_until IS NULL OR e.claim_until < now())
+           AND %[2]s
            FOR UPDATE OF e SKIP LOCKED) h
       CROSS JOIN LATERAL (
         SELECT h.event_id, h.aggregate_type, h.aggregate_id, h.aggregate_sequence, h.event_type,
@@ -86,11 +94,9 @@ runs AS MATERIALIZED (
                s.schema_version, s.payload, s.headers, s.occurred_at, s.attempt_count
           FROM (SELECT e.*, e.aggregate_sequence - l.head = row_number() OVER (ORDER BY e.aggregate_sequence) AS gapless
                   FROM %[1]s e
-                 WHERE e.published_at IS NULL
-                   AND e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
+                 WHERE e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
                    AND e.aggregate_sequence > l.head AND e.aggregate_sequence < l.head + $6
-                   AND e.quarantined_at IS NULL AND e.available_at <= now()
-                   AND (e.claim_until IS NULL OR e.claim_until < now())
+                   AND %[2]s
                  ORDER BY e.aggregate_sequence) s
          WHERE s.gapless
       ) r

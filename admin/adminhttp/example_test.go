@@ -29,7 +29,7 @@ func ExampleNew() {
 	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema}); err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 
 	// A generated token: at least 32 characters (openssl rand -hex 16). Or a
 	// bcrypt hash of a password, as pgoutbox console hash-password prints it.

@@ -814,7 +814,7 @@ func TestQueryTimeout(t *testing.T) {
 	ctx := context.Background()
 	tx, err := e.pool.Begin(ctx)
 	pgtest.Must(t, err, "begin")
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	_, err = tx.Exec(ctx, "LOCK TABLE "+e.table("outbox_events")+" IN ACCESS EXCLUSIVE MODE")
 	pgtest.Must(t, err, "lock")
 	r := e.get("/?schema=" + e.schema)

@@ -62,7 +62,7 @@ func Migrate(ctx context.Context, db migrate.DB, schema string) error {
 	if err != nil {
 		return fmt.Errorf("orders: migrate: %w", err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // after Commit a no-op
+	defer tx.Rollback(ctx) // after Commit a no-op
 	// The same advisory lock key for every process: concurrent CREATE ... IF NOT
 	// EXISTS can still collide on the catalog otherwise.
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "pgoutbox-example-orders:"+schema); err != nil {

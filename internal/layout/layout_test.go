@@ -39,11 +39,7 @@ const lifecycletestPath = "internal/lifecycle/lifecycletest"
 // root) known not to run the lifecycle table yet, each with why. Empty is the
 // goal: a service listed here that runs the table, or is no longer a service,
 // fails the test so that its entry is removed.
-var knownLifecycleGaps = map[string]string{
-	// The relay group is being put through lifecycletest.Run by a change of its
-	// own; when it lands, this entry goes.
-	"relay.Group": "the lifecycle table for relay.Group is being added by another change",
-}
+var knownLifecycleGaps = map[string]string{}
 
 // pkg is one Go package of the repository, in any of its modules.
 type pkg struct {

@@ -32,6 +32,24 @@ type TenantsConfig struct {
 	Logger *slog.Logger
 }
 
+// Validate reports the problems of the configuration as given, zero fields
+// meaning their defaults, each naming its field; nil is valid (all defaults).
+func (c *TenantsConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+func (c *TenantsConfig) withDefaults() (TenantsConfig, error) {
+	return config.Resolve("relayprom", c, func(c *TenantsConfig) {
+		config.Default(&c.MaxTenants, DefaultMaxTenants)
+		if c.Logger == nil {
+			c.Logger = slog.Default()
+		}
+	}, func(c *TenantsConfig, p *config.Problems) {
+		p.Check(c.MaxTenants > 0 && c.MaxTenants <= 10000, "TenantsConfig.MaxTenants (%d) must be in 1..10000", c.MaxTenants)
+	})
+}
+
 // Tenants exports the work of a relay.Group: it implements relay.Observer
 // (set it as GroupConfig.Config.Observer) with Metrics' series under a
 // "tenant" label, and, once Watch is called, collects for each served tenant
@@ -57,14 +75,7 @@ func NewTenants(reg prometheus.Registerer, cfg *TenantsConfig) (*Tenants, error)
 	if reg == nil {
 		return nil, errors.New("relayprom: NewTenants needs a prometheus.Registerer")
 	}
-	c, err := config.Resolve("relayprom", cfg, func(c *TenantsConfig) {
-		config.Default(&c.MaxTenants, DefaultMaxTenants)
-		if c.Logger == nil {
-			c.Logger = slog.Default()
-		}
-	}, func(c *TenantsConfig, p *config.Problems) {
-		p.Check(c.MaxTenants > 0 && c.MaxTenants <= 10000, "TenantsConfig.MaxTenants (%d) must be in 1..10000", c.MaxTenants)
-	})
+	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}

@@ -66,3 +66,19 @@ func TestTenantsOneSeriesPerTenantName(t *testing.T) {
 		}
 	}
 }
+
+func TestTenantsConfigValidate(t *testing.T) {
+	t.Parallel()
+	var none *relayprom.TenantsConfig
+	if err := none.Validate(); err != nil {
+		t.Errorf("nil TenantsConfig: %v", err)
+	}
+	bad := &relayprom.TenantsConfig{MaxTenants: -1}
+	err := bad.Validate()
+	if err == nil || err.Error() != "relayprom: TenantsConfig.MaxTenants (-1) must be in 1..10000" {
+		t.Errorf("MaxTenants -1: Validate = %v", err)
+	}
+	if _, nerr := relayprom.NewTenants(prometheus.NewRegistry(), bad); nerr == nil || err == nil || nerr.Error() != err.Error() {
+		t.Errorf("NewTenants = %v, want Validate's error", nerr)
+	}
+}

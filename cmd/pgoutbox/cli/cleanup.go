@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -125,7 +124,7 @@ func runCleanup(ctx context.Context, db *dbFlags, lf *logFlags, cfg admin.Cleanu
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := checkMigratedConn(ctx, conn, db.schema); err != nil {
+	if err := checkMigrated(ctx, conn, db.schema); err != nil {
 		return err
 	}
 	if cfg.InboxRetention > 0 {
@@ -207,15 +206,6 @@ func progressTTY(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb"
 }
 
-// checkMigratedConn is checkMigrated on a single connection.
-func checkMigratedConn(ctx context.Context, q migrate.Querier, schema string) error {
-	err := migrate.CheckMigrated(ctx, q, schema)
-	if errors.Is(err, migrate.ErrDatabaseNewer) {
-		return usageError{err}
-	}
-	return err
-}
-
 // tenantCleanup is one row of cleanup --tenants (--json: an array of them).
 type tenantCleanup struct {
 	Tenant string `json:"tenant"`
@@ -291,10 +281,7 @@ func cleanupTenant(ctx context.Context, pool *pgxpool.Pool, cfg admin.CleanupCon
 }
 
 func cleanupBounded(ctx context.Context, pool *pgbound.Pool, cfg admin.CleanupConfig, trust migrate.Trust) (admin.CleanupResult, error) {
-	if err := migrate.CheckTrusted(ctx, pool, cfg.Schema, trust); err != nil {
-		return admin.CleanupResult{}, err
-	}
-	if err := checkMigratedConn(ctx, pool, cfg.Schema); err != nil {
+	if err := usageOnSkew(migrate.CheckTenant(ctx, pool, cfg.Schema, trust)); err != nil {
 		return admin.CleanupResult{}, err
 	}
 	if cfg.InboxRetention > 0 {

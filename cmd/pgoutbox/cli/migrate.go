@@ -208,10 +208,14 @@ func newMigrateStatusCmd() *cobra.Command {
 
 // checkCompatible refuses a database migrated by a newer pgoutbox (version skew):
 // a configuration error, exit 2, naming the unknown migrations. Every command
-// that uses the outbox or inbox tables calls it at start (through checkMigrated
-// and checkMigratedConn).
+// that uses the outbox or inbox tables calls it at start (through checkMigrated).
 func checkCompatible(ctx context.Context, q migrate.Querier, schema string, lines ...migrate.Line) error {
-	err := migrate.CheckCompatible(ctx, q, schema, lines...)
+	return usageOnSkew(migrate.CheckCompatible(ctx, q, schema, lines...))
+}
+
+// usageOnSkew makes version skew (migrate.ErrDatabaseNewer) a configuration
+// error, exit 2; other errors are returned as they are.
+func usageOnSkew(err error) error {
 	if errors.Is(err, migrate.ErrDatabaseNewer) {
 		return usageError{err}
 	}

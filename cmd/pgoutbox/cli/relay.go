@@ -286,21 +286,10 @@ func rejectZero(fs *pflag.FlagSet, names ...string) error {
 	return nil
 }
 
-// checkMigrated fails with advice when the schema lacks the outbox migrations.
-func checkMigrated(ctx context.Context, pool migrate.Querier, schema string) error {
-	if err := checkCompatible(ctx, pool, schema, migrate.LineOutbox); err != nil {
-		return err
-	}
-	st, err := migrate.State(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
-	if err != nil {
-		return err
-	}
-	for _, s := range st {
-		if !s.Applied {
-			return fmt.Errorf("schema %s lacks migration %s/%d %s: run 'pgoutbox migrate --schema %s' first", schema, s.Line, s.Version, s.Name, schema)
-		}
-	}
-	return nil
+// checkMigrated is migrate.CheckMigrated, the one outbox check, with version
+// skew made a configuration error (exit 2, see checkCompatible).
+func checkMigrated(ctx context.Context, q migrate.Querier, schema string) error {
+	return usageOnSkew(migrate.CheckMigrated(ctx, q, schema))
 }
 
 // flagNames rewrites relay.Config field names in err as the flags that set them.

@@ -246,7 +246,7 @@ func TestRelaySIGKILLHoldingLeases(t *testing.T) {
 	r, err := relay.New(e.pool, pub, &relay.Config{Schema: e.schema, ID: "successor", PollInterval: 100 * time.Millisecond})
 	pgtest.Must(t, err, "relay")
 	pgtest.Must(t, r.Start(context.Background()), "start")
-	defer r.Stop(context.Background()) //nolint:errcheck
+	defer r.Stop(context.Background())
 	wait.For(t, 30*time.Second, "the successor to publish everything", func() bool { return e.count("published_at IS NULL") == 0 })
 	dups := brokertest.CheckStream(t, e.target.Read(t), ids)
 	if s := r.Stats(); s.TakenOver < int64(held) {

@@ -186,7 +186,7 @@ func runReplay(ctx context.Context, db *dbFlags, bf *brokerFlags, lf *logFlags, 
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := checkMigratedConn(ctx, conn, db.schema); err != nil {
+	if err := checkMigrated(ctx, conn, db.schema); err != nil {
 		return err
 	}
 	req.Schema = db.schema

@@ -132,7 +132,7 @@ func attempt(pool *pgxpool.Pool, prod *pgoutbox.Producer, business, agg string, 
 	if err != nil {
 		return checker.RolledBack, fmt.Errorf("begin: %w", err)
 	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck // after a commit: a no-op
+	defer tx.Rollback(context.Background()) // after a commit: a no-op
 	for i, it := range intents {
 		if _, err := tx.Exec(ctx, "INSERT INTO "+business+" (key, event_id, aggregate_id) VALUES ($1, $2, $3)",
 			it.BusinessKey, it.EventID, agg); err != nil {
