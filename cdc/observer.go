@@ -89,12 +89,13 @@ const (
 	ResultHeld = pipeline.ResultHeld
 )
 
-// FailureReason classifies a failed publish (pipeline.FailureReason, that is
-// broker.FailureReason: the one classification of the relay and the CDC
+// FailureReason classifies a failed publish, the reason label of
+// pgoutbox_cdc_publish_failures_by_reason_total (pipeline.FailureReason, that
+// is broker.FailureReason: the one classification of the relay and the CDC
 // source).
 type FailureReason = pipeline.FailureReason
 
-// The failure reasons (see broker.FailureReason).
+// The failure reasons of a CDC source's events (see broker.FailureReason).
 const (
 	ReasonPermanent   = pipeline.ReasonPermanent
 	ReasonUnavailable = pipeline.ReasonUnavailable

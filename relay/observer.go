@@ -3,7 +3,6 @@ package relay
 import (
 	"time"
 
-	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 )
 
@@ -75,20 +74,21 @@ const (
 	ResultReleased = pipeline.ResultReleased
 )
 
-// FailureReason classifies a failed publish: broker.FailureReason, the one
-// classification of the relay and the CDC source.
-type FailureReason = broker.FailureReason
+// FailureReason classifies a failed publish, the reason label of
+// pgoutbox_relay_publish_failures_total (pipeline.FailureReason, that is
+// broker.FailureReason).
+type FailureReason = pipeline.FailureReason
 
-// The failure reasons (see broker.FailureReason).
+// The failure reasons of a relay's events (see broker.FailureReason).
 const (
-	ReasonPermanent   = broker.ReasonPermanent
-	ReasonUnavailable = broker.ReasonUnavailable
-	ReasonError       = broker.ReasonError
+	ReasonPermanent   = pipeline.ReasonPermanent
+	ReasonUnavailable = pipeline.ReasonUnavailable
+	ReasonError       = pipeline.ReasonError
 )
 
-// ClassifyFailure returns the reason class of a publish error
-// (broker.ClassifyFailure).
-func ClassifyFailure(err error) FailureReason { return broker.ClassifyFailure(err) }
+// ClassifyFailure returns the reason class of a relay's publish error
+// (pipeline.ClassifyFailure).
+func ClassifyFailure(err error) FailureReason { return pipeline.ClassifyFailure(err) }
 
 // EventOutcome is the outcome of one event of a settled batch
 // (pipeline.EventOutcome): its Attempt is 0 for a released event.

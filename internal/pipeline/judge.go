@@ -138,3 +138,13 @@ func FailColumnsOf(failed []Failure) FailColumns {
 	}
 	return c
 }
+
+// FailAssignments is what every fail statement sets on an outbox row e for its
+// failure f, a row of the FailColumns unnested as (event_id, error, delay_ms,
+// quarantine): one attempt more, the error, the backoff through available_at,
+// and the quarantine when the policy decided it. Each source adds who holds
+// the event next.
+const FailAssignments = `attempt_count = e.attempt_count + 1,
+       last_error = f.error,
+       available_at = now() + f.delay_ms * interval '1 millisecond',
+       quarantined_at = CASE WHEN f.quarantine THEN now() END`
