@@ -28,9 +28,9 @@
 // and any future source plug in: a new source embeds Event in its items, calls
 // Publish and Judge, and records Judged with its own statements.
 //
-// Imports pgx's error type (pgconn) beyond the root package and broker; no
-// broker client and no metrics library (internal/promreg counts the outcomes
-// for Prometheus).
+// Imports pgx (pgconn, through migrate too), broker and migrate beyond the
+// root package; no broker client and no metrics library (internal/promreg
+// counts the outcomes for Prometheus).
 package pipeline
 
 import (
