@@ -56,10 +56,8 @@ type Health struct {
 	// statement is stuck (with Errs.OutboxStuck).
 	LockTimeout, StatementTimeout time.Duration
 
-	// Broker is what the last batch said about the broker.
-	Broker retry.BrokerHealth
-
-	down atomic.Bool
+	broker retry.BrokerHealth // what the last batch said about the broker
+	down   atomic.Bool        // the database did not answer at the last contact
 	// refusals counts the entries of denied, stuck and unusable: OK's fast
 	// path when there is none.
 	refusals atomic.Int32
@@ -171,7 +169,7 @@ func (h *Health) Refused(stmt string) bool {
 }
 
 // Settled records what a batch said about the broker (Judged.Broker).
-func (h *Health) Settled(o retry.BatchOutcome) { h.Broker.Settled(h.Log, o) }
+func (h *Health) Settled(o retry.BatchOutcome) { h.broker.Settled(h.Log, o) }
 
 // Errors returns what is wrong, for Healthy: the database unreachable, each
 // statement denied (by statement name), the outbox unusable, each statement
@@ -194,7 +192,7 @@ func (h *Health) Errors() []error {
 		errs = append(errs, fmt.Errorf("%w: %w", h.Errs.OutboxStuck, h.stuck[stmt]))
 	}
 	h.mu.Unlock()
-	return append(errs, h.Broker.Errors(h.Errs.BrokerUnreachable, h.Errs.BrokerMisconfigured)...)
+	return append(errs, h.broker.Errors(h.Errs.BrokerUnreachable, h.Errs.BrokerMisconfigured)...)
 }
 
 // outboxUnusable reports whether err is the database refusing a statement
