@@ -17,182 +17,34 @@
 //
 // The package brokertest holds the conformance suite every adapter must pass.
 //
-// Imports nothing beyond the standard library and the root package's pgx and
-// OpenTelemetry API: no broker client.
+// The wire codec — the Outbox-* headers, the CloudEvents bindings, the content
+// type, and parsing what a subscriber receives — lives in package wire: an
+// adapter encodes each message with wire.Encoding.Encode and maps the result
+// onto its transport. The codec's names that used to live here remain as
+// deprecated aliases.
+//
+// Imports nothing beyond the standard library, package wire and the root
+// package's pgx and OpenTelemetry API: no broker client.
 package broker
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"iter"
 	"strconv"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
-// Wire header names, part of the public contract (docs/design.md, "Wire headers").
-const (
-	HeaderEventID           = "Outbox-Event-Id"
-	HeaderEventType         = "Outbox-Event-Type"
-	HeaderAggregateType     = "Outbox-Aggregate-Type"
-	HeaderAggregateID       = "Outbox-Aggregate-Id"
-	HeaderAggregateSequence = "Outbox-Aggregate-Sequence"
-	HeaderSchemaVersion     = "Outbox-Schema-Version"
-	HeaderOccurredAt        = "Outbox-Occurred-At"
-	HeaderTraceParent       = "traceparent"
-	HeaderTraceState        = "tracestate"
-)
-
-// Message is one outbox event on its way to the broker.
-type Message struct {
-	EventID           pgoutbox.UUID
-	AggregateType     string
-	AggregateID       string
-	AggregateSequence int64
-	EventType         string
-	SchemaVersion     int
-	OccurredAt        time.Time
-	// Payload is the event's JSON, sent as the message body.
-	Payload []byte
-	// Headers are the producer's headers, including traceparent when the producer
-	// had a trace context.
-	Headers map[string]string
-	// DedupID is the id a broker with publish-side deduplication (NATS JetStream's
-	// Nats-Msg-Id) drops repeats by. Empty means the event id, which the relay
-	// always uses: a re-publish after a crash is then dropped as a duplicate. A
-	// replay sets a different one so that a broker inside its duplicate window
-	// stores the message again; the Outbox-Event-Id header, which consumers dedup
-	// on, stays the event id. Adapters without such a feature ignore it.
-	DedupID string
-	// Tenant names the outbox the event came from: the relay's Config.Tenant
-	// (its schema unless set). Destination templates may use it as {tenant},
-	// so that the events of many outboxes served by one relay process stay
-	// apart on the wire (relay.Group). It is not a header.
-	Tenant string
-	// Schema is the PostgreSQL schema of the outbox the event came from, set
-	// by everything that reads an outbox (the relay, the CDC source and its
-	// recovery, replay). The default CloudEvents source is made from it
-	// ([Encoding.Source]). It is not a header.
-	Schema string
-}
-
-// Lane returns the message's lane: its aggregate, within which messages are
-// published in AggregateSequence order.
-func (m *Message) Lane() pgoutbox.Lane { return pgoutbox.LaneOf(m.AggregateType, m.AggregateID) }
-
-// BrokerDedupID returns the id a broker's publish-side deduplication should use:
-// DedupID, or the event id when DedupID is empty.
-func (m *Message) BrokerDedupID() string {
-	if m.DedupID != "" {
-		return m.DedupID
-	}
-	return m.EventID.String()
-}
-
-// WireHeaders returns every header the message carries on the wire: the producer's
-// headers and the Outbox-* headers. A producer header with a reserved name
-// (pgoutbox.ReservedHeader: Outbox-*, Nats-*, Authorization, …) never goes out: the
-// relay refuses such an event before publishing (see [CheckMessage]), and should
-// one reach an adapter anyway, it is left out here, so the contract cannot be
-// spoofed and the broker cannot be steered.
-func (m *Message) WireHeaders() map[string]string {
-	h := make(map[string]string, m.WireHeaderCount())
-	for k, v := range m.AllWireHeaders() {
-		h[k] = v
-	}
-	return h
-}
-
-// AllWireHeaders yields the headers of [Message.WireHeaders] one by one, each name
-// once, without building a map: the producer's headers first (in no set order),
-// then the Outbox-* headers.
-func (m *Message) AllWireHeaders() iter.Seq2[string, string] {
-	return func(yield func(string, string) bool) {
-		for k, v := range m.Headers {
-			// Compared without case: HTTP and AMQP peers may fold header names, so a
-			// producer's "outbox-event-id" must not travel beside the real one.
-			if _, reserved := pgoutbox.ReservedHeader(k); reserved {
-				continue
-			}
-			if !yield(k, v) {
-				return
-			}
-		}
-		_ = yield(HeaderEventID, m.EventID.String()) &&
-			yield(HeaderEventType, m.EventType) &&
-			yield(HeaderAggregateType, m.AggregateType) &&
-			yield(HeaderAggregateID, m.AggregateID) &&
-			yield(HeaderAggregateSequence, strconv.FormatInt(m.AggregateSequence, 10)) &&
-			yield(HeaderSchemaVersion, strconv.Itoa(m.SchemaVersion)) &&
-			yield(HeaderOccurredAt, m.OccurredAt.UTC().Format(time.RFC3339Nano))
-	}
-}
-
-// WireHeaderCount is an upper bound of the headers [Message.AllWireHeaders]
-// yields, for sizing what holds them.
-func (m *Message) WireHeaderCount() int { return len(m.Headers) + outboxHeaders }
-
-// outboxHeaders is how many Outbox-* headers every message carries.
-const outboxHeaders = 7
-
-// ParseWireHeaders rebuilds a Message from what a consumer received: the body and a
-// header lookup (get returns "" for a missing header). Every Outbox-* header must be
-// present and well-formed; other headers become Message.Headers.
-func ParseWireHeaders(body []byte, names []string, get func(name string) string) (Message, error) {
-	m := Message{Payload: body, Headers: map[string]string{}}
-	var err error
-	need := func(name string) string {
-		v := get(name)
-		if v == "" && err == nil {
-			err = fmt.Errorf("broker: message lacks header %s", name)
-		}
-		return v
-	}
-	if m.EventID, err = pgoutbox.ParseUUID(need(HeaderEventID)); err != nil {
-		return Message{}, fmt.Errorf("broker: header %s: %w", HeaderEventID, err)
-	}
-	m.EventType = need(HeaderEventType)
-	m.AggregateType = need(HeaderAggregateType)
-	m.AggregateID = need(HeaderAggregateID)
-	seq, version, occurred := need(HeaderAggregateSequence), need(HeaderSchemaVersion), need(HeaderOccurredAt)
-	if err != nil {
-		return Message{}, err
-	}
-	if m.AggregateSequence, err = strconv.ParseInt(seq, 10, 64); err != nil || m.AggregateSequence < 1 {
-		return Message{}, fmt.Errorf("broker: header %s: invalid sequence %q", HeaderAggregateSequence, seq)
-	}
-	if m.SchemaVersion, err = strconv.Atoi(version); err != nil || m.SchemaVersion < 1 {
-		return Message{}, fmt.Errorf("broker: header %s: invalid version %q", HeaderSchemaVersion, version)
-	}
-	if m.OccurredAt, err = time.Parse(time.RFC3339Nano, occurred); err != nil {
-		return Message{}, fmt.Errorf("broker: header %s: %w", HeaderOccurredAt, err)
-	}
-	for _, n := range names {
-		if !strings.HasPrefix(strings.ToLower(n), "outbox-") {
-			m.Headers[n] = get(n)
-		}
-	}
-	return m, nil
-}
-
-// CheckHeaders returns why one of m's producer headers must not go out
-// (pgoutbox.CheckHeader: a reserved name, an invalid name or value), marked
-// [Permanent], or nil. Every adapter calls it before sending, so that such a
-// header reaching it without the relay's check (a direct Publish) is refused
-// rather than silently left out. Sizes are left to [CheckMessage] and to each
-// adapter's own limits.
-func (m *Message) CheckHeaders() error {
-	for k, v := range m.Headers {
-		if err := pgoutbox.CheckHeader(k, v); err != nil {
-			return Permanent(fmt.Errorf("broker: event %s: headers: %w", m.EventID, err))
-		}
-	}
-	return nil
-}
+// Message is one outbox event on its way to the broker. The type lives in
+// package wire, beside the codec that writes it onto a transport and reads it
+// back (wire.Message documents its fields); this is its name at the seam.
+// Payload's media type is ContentType, empty meaning application/json
+// (wire.DefaultContentType).
+type Message = wire.Message
 
 // CheckMessage returns why m must not be published, marked [Permanent], or nil:
 // the checks of the Go API and outbox_enqueue (pgoutbox.CheckEventFields,
@@ -311,10 +163,12 @@ func Permanent(err error) error {
 	return permanentError{err}
 }
 
-// IsPermanent reports whether err, or an error it wraps, was marked with Permanent.
+// IsPermanent reports whether err, or an error it wraps, was marked with
+// Permanent, or is the codec refusing a message (wire.Refused: a message that
+// cannot be encoded never can).
 func IsPermanent(err error) bool {
 	var p permanentError
-	return errors.As(err, &p)
+	return errors.As(err, &p) || wire.IsRefused(err)
 }
 
 type unavailableError struct{ err error }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 func msg(agg string, seq int64) broker.Message {
@@ -192,7 +193,7 @@ func TestWireHeadersRoundTrip(t *testing.T) {
 	for k := range h {
 		names = append(names, k)
 	}
-	back, err := broker.ParseWireHeaders(m.Payload, names, func(n string) string { return h[n] })
+	back, err := wire.ParseOutboxHeaders(m.Payload, names, func(n string) string { return h[n] })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,8 +201,8 @@ func TestWireHeadersRoundTrip(t *testing.T) {
 		!back.OccurredAt.Equal(m.OccurredAt) || back.Headers["tenant"] != "acme" || back.Headers["traceparent"] == "" {
 		t.Fatalf("round trip: %+v", back)
 	}
-	for _, missing := range []string{broker.HeaderEventID, broker.HeaderAggregateSequence, broker.HeaderOccurredAt} {
-		_, err := broker.ParseWireHeaders(nil, nil, func(n string) string {
+	for _, missing := range []string{wire.HeaderEventID, wire.HeaderAggregateSequence, wire.HeaderOccurredAt} {
+		_, err := wire.ParseOutboxHeaders(nil, nil, func(n string) string {
 			if n == missing {
 				return ""
 			}

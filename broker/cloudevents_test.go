@@ -8,9 +8,10 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
-func ceHeaders(enc broker.Encoding, m *broker.Message, b broker.CloudEventsBinding) map[string]string {
+func ceHeaders(enc wire.Encoding, m *broker.Message, b wire.CloudEventsBinding) map[string]string {
 	h := map[string]string{}
 	for k, v := range enc.Headers(m, b) {
 		h[k] = v
@@ -35,13 +36,13 @@ func lookup(h map[string]string) (names []string, get func(string) string) {
 func TestCloudEventsRoundTrip(t *testing.T) {
 	t.Parallel()
 	m := brokertest.Message("order", "order/42", 9)
-	if got, want := ceHeaders(broker.Encoding{}, &m, broker.CloudEventsKafka), m.WireHeaders(); !maps.Equal(got, want) {
+	if got, want := ceHeaders(wire.Encoding{}, &m, wire.CloudEventsKafka), m.WireHeaders(); !maps.Equal(got, want) {
 		t.Fatalf("the zero Encoding wrote %v, want the default wire headers %v", got, want)
 	}
-	enc := broker.Encoding{Format: broker.FormatCloudEvents}
-	for _, b := range []broker.CloudEventsBinding{broker.CloudEventsHTTP, broker.CloudEventsNATS, broker.CloudEventsKafka, broker.CloudEventsAMQP} {
+	enc := wire.Encoding{Format: wire.FormatCloudEvents}
+	for _, b := range []wire.CloudEventsBinding{wire.CloudEventsHTTP, wire.CloudEventsNATS, wire.CloudEventsKafka, wire.CloudEventsAMQP} {
 		h := ceHeaders(enc, &m, b)
-		if h[b.Prefix+"source"] != broker.DefaultCloudEventsSource || h[b.Prefix+"subject"] != "order/order/42" ||
+		if h[b.Prefix+"source"] != wire.DefaultCloudEventsSource || h[b.Prefix+"subject"] != "order/order/42" ||
 			h[b.Prefix+"specversion"] != "1.0" || h[b.Prefix+"time"] != "2025-03-04T05:06:07.00000089Z" {
 			t.Errorf("%s: headers %v", b.Prefix, h)
 		}
@@ -54,7 +55,7 @@ func TestCloudEventsRoundTrip(t *testing.T) {
 			}
 		}
 		names, get := lookup(h)
-		got, err := broker.ParseCloudEvent(m.Payload, names, get)
+		got, err := wire.ParseCloudEvent(m.Payload, names, get)
 		if err != nil {
 			t.Fatalf("%s: ParseCloudEvent: %v", b.Prefix, err)
 		}
@@ -63,7 +64,7 @@ func TestCloudEventsRoundTrip(t *testing.T) {
 			!got.OccurredAt.Equal(m.OccurredAt) || !maps.Equal(got.Headers, m.Headers) || string(got.Payload) != string(m.Payload) {
 			t.Errorf("%s: read back %+v, want %+v", b.Prefix, got, m)
 		}
-		if at, id := broker.LaneHeaders(get); at != m.AggregateType || id != m.AggregateID {
+		if at, id := wire.LaneHeaders(get); at != m.AggregateType || id != m.AggregateID {
 			t.Errorf("%s: LaneHeaders = %q, %q", b.Prefix, at, id)
 		}
 	}
@@ -73,33 +74,33 @@ func TestCloudEventsRoundTrip(t *testing.T) {
 // in the CloudEvents format only; a bad source or format is a config error.
 func TestCloudEventsRefusals(t *testing.T) {
 	t.Parallel()
-	enc := broker.Encoding{Format: broker.FormatCloudEvents}
+	enc := wire.Encoding{Format: wire.FormatCloudEvents}
 	for _, name := range []string{"ce-id", "CE_type", "cloudEvents_source", "Ce-Pgoutboxseq", "cloudevents:id"} {
 		m := brokertest.Message("order", "1", 1)
 		m.Headers[name] = "x"
 		if err := enc.CheckMessage(&m); !broker.IsPermanent(err) {
 			t.Errorf("header %s: %v, want a permanent refusal", name, err)
 		}
-		if err := (broker.Encoding{}).CheckMessage(&m); err != nil {
+		if err := (wire.Encoding{}).CheckMessage(&m); err != nil {
 			t.Errorf("header %s in the default format: %v", name, err)
 		}
 	}
 	for _, src := range []string{"/pgoutbox/app", "urn:pgoutbox:app", "https://example.com/app", "app"} {
-		if err := (broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: src}).Validate(); err != nil {
+		if err := (wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: src}).Validate(); err != nil {
 			t.Errorf("source %q: %v", src, err)
 		}
 	}
 	for _, src := range []string{"/a b", "/a\n", "/é", "%zz", strings.Repeat("a", 1025)} {
-		if err := (broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: src}).Validate(); err == nil {
+		if err := (wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: src}).Validate(); err == nil {
 			t.Errorf("source %q accepted", src)
 		}
 	}
-	for in, want := range map[string]broker.Format{"": broker.FormatOutbox, "outbox": broker.FormatOutbox, "CloudEvents": broker.FormatCloudEvents} {
-		if got, err := broker.ParseFormat(in); err != nil || got != want {
+	for in, want := range map[string]wire.Format{"": wire.FormatOutbox, "outbox": wire.FormatOutbox, "CloudEvents": wire.FormatCloudEvents} {
+		if got, err := wire.ParseFormat(in); err != nil || got != want {
 			t.Errorf("ParseFormat(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	if _, err := broker.ParseFormat("cloudevent"); err == nil {
+	if _, err := wire.ParseFormat("cloudevent"); err == nil {
 		t.Error("ParseFormat(cloudevent) succeeded")
 	}
 }
@@ -109,7 +110,7 @@ func TestCloudEventsRefusals(t *testing.T) {
 func TestParseCloudEventHostile(t *testing.T) {
 	t.Parallel()
 	m := brokertest.Message("order", "1", 1)
-	good := ceHeaders(broker.Encoding{Format: broker.FormatCloudEvents}, &m, broker.CloudEventsKafka)
+	good := ceHeaders(wire.Encoding{Format: wire.FormatCloudEvents}, &m, wire.CloudEventsKafka)
 	huge := strings.Repeat("9", 1<<20)
 	for name, change := range map[string]func(h map[string]string){
 		"no specversion":     func(h map[string]string) { delete(h, "ce_specversion") },
@@ -128,7 +129,7 @@ func TestParseCloudEventHostile(t *testing.T) {
 		h := maps.Clone(good)
 		change(h)
 		names, get := lookup(h)
-		_, err := broker.ParseCloudEvent(m.Payload, names, get)
+		_, err := wire.ParseCloudEvent(m.Payload, names, get)
 		if err == nil {
 			t.Errorf("%s: accepted", name)
 		} else if len(err.Error()) > 300 {
@@ -141,9 +142,9 @@ func TestParseCloudEventHostile(t *testing.T) {
 // the schema is named; --ce-source replaces it; the header carries it.
 func TestCloudEventsSourceOfTheOutbox(t *testing.T) {
 	t.Parallel()
-	enc := broker.Encoding{Format: broker.FormatCloudEvents}
+	enc := wire.Encoding{Format: wire.FormatCloudEvents}
 	for schema, want := range map[string]string{
-		"":          broker.DefaultCloudEventsSource,
+		"":          wire.DefaultCloudEventsSource,
 		"app":       "/pgoutbox/app",
 		"tenant_1":  "/pgoutbox/tenant_1",
 		"a/b":       "/pgoutbox/a%2Fb",
@@ -159,13 +160,13 @@ func TestCloudEventsSourceOfTheOutbox(t *testing.T) {
 		if got != want {
 			t.Errorf("schema %q: source %q, want %q", schema, got, want)
 		}
-		if err := broker.CheckCloudEventsSource(got); err != nil {
+		if err := wire.CheckCloudEventsSource(got); err != nil {
 			t.Errorf("schema %q: source %q: %v", schema, got, err)
 		}
-		if h := ceHeaders(enc, &m, broker.CloudEventsHTTP); h["ce-source"] != want {
+		if h := ceHeaders(enc, &m, wire.CloudEventsHTTP); h["ce-source"] != want {
 			t.Errorf("schema %q: ce-source header %q, want %q", schema, h["ce-source"], want)
 		}
-		set := broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: "urn:app"}
+		set := wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: "urn:app"}
 		if got := set.Source(&m); got != "urn:app" {
 			t.Errorf("schema %q with CloudEventsSource: source %q", schema, got)
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // The headers of one event in the CloudEvents format, per the Kafka binding.
@@ -18,8 +19,8 @@ func ExampleEncoding_Headers() {
 		EventType: "order.paid", SchemaVersion: 2, OccurredAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
 		Payload: []byte(`{"total":"9.50"}`), Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
 	}
-	enc := broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: "/pgoutbox/app"}
-	h := maps.Collect(enc.Headers(&m, broker.CloudEventsKafka))
+	enc := wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: "/pgoutbox/app"}
+	h := maps.Collect(enc.Headers(&m, wire.CloudEventsKafka))
 	for _, k := range slices.Sorted(maps.Keys(h)) {
 		fmt.Printf("%s: %s\n", k, h[k])
 	}

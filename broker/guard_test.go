@@ -9,6 +9,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // CheckMessage refuses, as permanent, every message the producer's checks would
@@ -84,7 +85,7 @@ func TestWireHeadersLeaveOutReservedNames(t *testing.T) {
 			t.Errorf("reserved header %s on the wire", k)
 		}
 	}
-	if h[broker.HeaderEventID] != m.EventID.String() || h["tenant"] != "acme" || h["traceparent"] == "" {
+	if h[wire.HeaderEventID] != m.EventID.String() || h["tenant"] != "acme" || h["traceparent"] == "" {
 		t.Errorf("wire headers %v", h)
 	}
 }

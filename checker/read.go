@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/migrate"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Querier runs a query: *pgxpool.Pool, *pgx.Conn and pgx.Tx are Queriers.
@@ -134,7 +135,7 @@ func ReadJetStream(ctx context.Context, js jetstream.JetStream, stream string) (
 			for k := range h {
 				names = append(names, k)
 			}
-			m, err := broker.ParseReceived(msg.Data(), names, h.Get) // either wire format
+			m, err := wire.ParseReceived(msg.Data(), names, h.Get) // either wire format
 			if err != nil {
 				return nil, fmt.Errorf("checker: stream %s, sequence %d (%s): %w", stream, md.Sequence.Stream, msg.Subject(), err)
 			}

@@ -359,11 +359,8 @@ func (c *Consumer[TX]) transact(ctx context.Context, ev Event) (o Outcome) {
 		if seq > last {
 			// The row exists but the position lags: it was set back by hand. Catch up,
 			// or the aggregate would wait for this event forever.
-			if _, err := tx.exec(ctx, c.q.advance, c.cfg.Name, ev.AggregateType, ev.AggregateID, seq); err != nil {
-				return fail("inbox: event %s: advance position: %w", ev.EventID, err)
-			}
-			if err := tx.commit(ctx); err != nil {
-				return fail("inbox: event %s: commit: %w", ev.EventID, err)
+			if err := c.advance(ctx, tx, &ev, last); err != nil {
+				return fail("%w", err)
 			}
 			finished = true
 		}
@@ -380,19 +377,28 @@ func (c *Consumer[TX]) transact(ctx context.Context, ev Event) (o Outcome) {
 		o.Status, o.Err = StatusFailed, err
 		return o
 	}
-	if seq > last {
-		if _, err := tx.exec(ctx, c.q.advance, c.cfg.Name, ev.AggregateType, ev.AggregateID, seq); err != nil {
-			return fail("inbox: event %s: advance position: %w", ev.EventID, err)
-		}
-	}
-	if err := tx.commit(ctx); err != nil {
-		// The commit may or may not have happened (a lost connection): the
-		// redelivery finds out, through processed_events.
-		return fail("inbox: event %s: commit: %w", ev.EventID, err)
+	if err := c.advance(ctx, tx, &ev, last); err != nil {
+		return fail("%w", err)
 	}
 	finished = true
 	o.Status = StatusApplied
 	return o
+}
+
+// advance moves the aggregate's position from last to ev's sequence, when that
+// is above last, and commits tx. A commit error may hide a commit that
+// happened (a lost connection): the redelivery finds out, through
+// processed_events.
+func (c *Consumer[TX]) advance(ctx context.Context, tx txn[TX], ev *Event, last int64) error {
+	if ev.AggregateSequence > last {
+		if _, err := tx.exec(ctx, c.q.advance, c.cfg.Name, ev.AggregateType, ev.AggregateID, ev.AggregateSequence); err != nil {
+			return fmt.Errorf("inbox: event %s: advance position: %w", ev.EventID, err)
+		}
+	}
+	if err := tx.commit(ctx); err != nil {
+		return fmt.Errorf("inbox: event %s: commit: %w", ev.EventID, err)
+	}
+	return nil
 }
 
 // handle runs the handler, turning a panic into an error.

@@ -19,6 +19,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Acceptance: every message delivered three times changes the business table once.
@@ -477,12 +478,12 @@ func TestUndecodableDeliveries(t *testing.T) {
 	}
 	cases := map[string]inbox.Delivery{
 		"no headers":    {Body: []byte(`{}`)},
-		"no event id":   without(broker.HeaderEventID),
-		"no sequence":   without(broker.HeaderAggregateSequence),
+		"no event id":   without(wire.HeaderEventID),
+		"no sequence":   without(wire.HeaderAggregateSequence),
 		"body not JSON": {Body: []byte(`{"half":`), Headers: good.Headers},
 	}
 	bad := maps(good.Headers)
-	bad[broker.HeaderAggregateSequence] = "0"
+	bad[wire.HeaderAggregateSequence] = "0"
 	cases["sequence 0"] = inbox.Delivery{Body: good.Body, Headers: bad}
 	for name, d := range cases {
 		o := c.Process(context.Background(), d)
@@ -736,13 +737,13 @@ func TestHostileSequencesDoNotWedgeTheAggregate(t *testing.T) {
 			process(t, c, m[0], inbox.StatusApplied)
 			for _, d := range []inbox.Delivery{
 				inbox.DeliveryOf(event("1", maxBigint)),
-				withHeader(inbox.DeliveryOf(event("1", 2)), broker.HeaderAggregateSequence, "9223372036854775807"),
-				withHeader(inbox.DeliveryOf(event("1", 2)), broker.HeaderAggregateSequence, "+9223372036854775807"),
+				withHeader(inbox.DeliveryOf(event("1", 2)), wire.HeaderAggregateSequence, "9223372036854775807"),
+				withHeader(inbox.DeliveryOf(event("1", 2)), wire.HeaderAggregateSequence, "+9223372036854775807"),
 			} {
 				o := c.Process(ctx, d)
 				if o.Status != inbox.StatusUndecodable || !errors.Is(o.Err, inbox.ErrUndecodable) || !errors.Is(o.Err, inbox.ErrSequenceOutOfRange) {
 					t.Fatalf("sequence %s: status %s, err %v; want undecodable, ErrSequenceOutOfRange",
-						d.Headers[broker.HeaderAggregateSequence], o.Status, o.Err)
+						d.Headers[wire.HeaderAggregateSequence], o.Status, o.Err)
 				}
 			}
 			process(t, c, m[1], inbox.StatusApplied)

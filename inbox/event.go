@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Event is a delivered outbox event, decoded from the wire headers and upcast to the
@@ -96,7 +97,7 @@ var ErrSequenceOutOfRange = errors.New("inbox: aggregate sequence out of range")
 // Decode reads the event carried by d, without upcasting. Its errors match
 // ErrUndecodable. d may be in the default format (Outbox-* headers) or a
 // CloudEvents binary-mode message as the relay's --format cloudevents sends it
-// (recognised by its specversion header: see [broker.ParseReceived] and
+// (recognised by its specversion header: see [wire.ParseReceived] and
 // docs/consumer.md, "CloudEvents").
 func Decode(d Delivery) (Event, error) {
 	names := slices.Sorted(maps.Keys(d.Headers))
@@ -111,12 +112,12 @@ func Decode(d Delivery) (Event, error) {
 		}
 		return ""
 	}
-	m, err := broker.ParseReceived(d.Body, names, get)
+	m, err := wire.ParseReceived(d.Body, names, get)
 	if err != nil {
 		return Event{}, fmt.Errorf("%w: %w", ErrUndecodable, err)
 	}
 	if m.EventID.IsZero() {
-		return Event{}, fmt.Errorf("%w: header %s is the nil UUID", ErrUndecodable, broker.HeaderEventID)
+		return Event{}, fmt.Errorf("%w: header %s is the nil UUID", ErrUndecodable, wire.HeaderEventID)
 	}
 	if m.AggregateSequence > MaxSequence {
 		return Event{}, fmt.Errorf("%w: event %s: %w: %d is above %d", ErrUndecodable, m.EventID,

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Decode reads untrusted input: whatever it is given, it returns an event whose
@@ -16,15 +17,15 @@ import (
 func FuzzDecode(f *testing.F) {
 	good := inbox.DeliveryOf(event("1", 1))
 	h := good.Headers
-	f.Add(string(good.Body), h[broker.HeaderEventID], h[broker.HeaderAggregateType], h[broker.HeaderAggregateID],
-		h[broker.HeaderAggregateSequence], h[broker.HeaderSchemaVersion], h[broker.HeaderOccurredAt], "outbox-event-id")
+	f.Add(string(good.Body), h[wire.HeaderEventID], h[wire.HeaderAggregateType], h[wire.HeaderAggregateID],
+		h[wire.HeaderAggregateSequence], h[wire.HeaderSchemaVersion], h[wire.HeaderOccurredAt], "outbox-event-id")
 	f.Add(`{"a":1}`, "not-a-uuid", "order", "1", "-4", "1", "2026-01-01T00:00:00Z", "x")
-	f.Add(`[`, h[broker.HeaderEventID], "", "1", "9223372036854775808", "0", "yesterday", "")
+	f.Add(`[`, h[wire.HeaderEventID], "", "1", "9223372036854775808", "0", "yesterday", "")
 	f.Fuzz(func(t *testing.T, body, id, aggType, aggID, seq, version, occurred, extra string) {
 		d := inbox.Delivery{Body: []byte(body), Headers: map[string]string{
-			broker.HeaderEventID: id, broker.HeaderEventType: "t", broker.HeaderAggregateType: aggType,
-			broker.HeaderAggregateID: aggID, broker.HeaderAggregateSequence: seq, broker.HeaderSchemaVersion: version,
-			broker.HeaderOccurredAt: occurred, extra: "v",
+			wire.HeaderEventID: id, wire.HeaderEventType: "t", wire.HeaderAggregateType: aggType,
+			wire.HeaderAggregateID: aggID, wire.HeaderAggregateSequence: seq, wire.HeaderSchemaVersion: version,
+			wire.HeaderOccurredAt: occurred, extra: "v",
 		}}
 		ev, err := inbox.Decode(d)
 		if err != nil {
@@ -50,8 +51,8 @@ func FuzzDecode(f *testing.F) {
 // cloudEventDelivery is m as the relay sends it with --format cloudevents over
 // binding b, with every header name passed through fold (a broker or HTTP
 // changing their case).
-func cloudEventDelivery(m broker.Message, b broker.CloudEventsBinding, fold func(string) string) inbox.Delivery {
-	enc := broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: "/pgoutbox/app"}
+func cloudEventDelivery(m broker.Message, b wire.CloudEventsBinding, fold func(string) string) inbox.Delivery {
+	enc := wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: "/pgoutbox/app"}
 	h := map[string]string{}
 	for k, v := range enc.Headers(&m, b) {
 		h[fold(k)] = v
@@ -70,15 +71,15 @@ func TestDecodeCloudEvents(t *testing.T) {
 	}
 	same := func(s string) string { return s }
 	for _, c := range []struct {
-		b    broker.CloudEventsBinding
+		b    wire.CloudEventsBinding
 		fold func(string) string
 	}{
-		{broker.CloudEventsHTTP, http.CanonicalHeaderKey},
-		{broker.CloudEventsNATS, same},
-		{broker.CloudEventsKafka, same},
-		{broker.CloudEventsAMQP, same},
-		{broker.CloudEventsAMQP, strings.ToLower},
-		{broker.CloudEventsBinding{Prefix: "cloudEvents:"}, same}, // the older AMQP binding's prefix
+		{wire.CloudEventsHTTP, http.CanonicalHeaderKey},
+		{wire.CloudEventsNATS, same},
+		{wire.CloudEventsKafka, same},
+		{wire.CloudEventsAMQP, same},
+		{wire.CloudEventsAMQP, strings.ToLower},
+		{wire.CloudEventsBinding{Prefix: "cloudEvents:"}, same}, // the older AMQP binding's prefix
 	} {
 		d := cloudEventDelivery(m, c.b, c.fold)
 		got, err := inbox.Decode(d)
@@ -98,7 +99,7 @@ func TestDecodeCloudEvents(t *testing.T) {
 // contract, or ErrUndecodable; never a panic, never an attribute or Outbox-*
 // header among Event.Headers.
 func FuzzDecodeCloudEvents(f *testing.F) {
-	good := cloudEventDelivery(event("1", 1), broker.CloudEventsKafka, func(s string) string { return s })
+	good := cloudEventDelivery(event("1", 1), wire.CloudEventsKafka, func(s string) string { return s })
 	h := good.Headers
 	f.Add(string(good.Body), "1.0", h["ce_id"], h["ce_pgoutboxaggtype"], h["ce_pgoutboxaggid"], h["ce_pgoutboxseq"],
 		h["ce_pgoutboxschemaver"], h["ce_time"], "application/json", "Outbox-Event-Id")

@@ -8,35 +8,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/inbox"
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
-	"github.com/pgoutbox/pgoutbox/migrate"
+	"github.com/pgoutbox/pgoutbox/inbox/internal/exampletest"
 )
 
-// exampleDB gives each example a schema of its own holding the inbox tables and a
-// balances table, and returns a function that drops it. Real code uses its own pool
-// and schema ("public" by default).
-func exampleDB(ctx context.Context) (*pgxpool.Pool, string, func()) {
-	pool, err := pgxpool.New(ctx, pgtest.URL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	schema := pgtest.Name("example")
-	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineInbox}}); err != nil {
-		log.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".balances (account text PRIMARY KEY, cents bigint NOT NULL)"); err != nil {
-		log.Fatal(err)
-	}
-	return pool, schema, func() {
-		_, _ = pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-		pool.Close()
-	}
-}
+// balances is the examples' table: an account's balance.
+const balances = "balances (account text PRIMARY KEY, cents bigint NOT NULL)"
 
 // deposited is what the relay would publish: an event of aggregate account/<id>.
 func deposited(account string, seq int64, cents int) broker.Message {
@@ -51,7 +31,7 @@ func deposited(account string, seq int64, cents int) broker.Message {
 // once: the processed_events row and the balance update commit together.
 func Example() {
 	ctx := context.Background()
-	pool, schema, done := exampleDB(ctx)
+	pool, schema, done := exampletest.DB(ctx, balances)
 	defer done()
 
 	type Deposited struct {
@@ -91,7 +71,7 @@ func Example() {
 // and nacked; redelivered after the predecessor, it applies in order.
 func ExampleGapReject() {
 	ctx := context.Background()
-	pool, schema, done := exampleDB(ctx)
+	pool, schema, done := exampletest.DB(ctx, balances)
 	defer done()
 
 	consumer, err := inbox.New(inbox.Pgx(pool), func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
@@ -118,7 +98,7 @@ func ExampleGapReject() {
 // delivered. Moving the consumer's position past it lets sequence 3 through.
 func ExampleConsumer_SetPosition() {
 	ctx := context.Background()
-	pool, schema, done := exampleDB(ctx)
+	pool, schema, done := exampletest.DB(ctx, balances)
 	defer done()
 
 	consumer, err := inbox.New(inbox.Pgx(pool), func(context.Context, pgx.Tx, inbox.Event) error { return nil },
@@ -195,7 +175,7 @@ func ExampleIdempotencyKey() {
 // Retention keeps dedup rows at least as long as an event can be delivered again.
 func ExampleCleanup() {
 	ctx := context.Background()
-	pool, schema, done := exampleDB(ctx)
+	pool, schema, done := exampletest.DB(ctx, balances)
 	defer done()
 	// Three events applied 40 days ago, one today.
 	if _, err := pool.Exec(ctx, "INSERT INTO "+schema+".processed_events (consumer_name, event_id, processed_at) "+

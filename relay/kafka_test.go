@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Two relays publish to a Kafka cluster (kfake, the real protocol in process) with
@@ -86,7 +87,7 @@ func readKafka(t *testing.T, addrs []string, topic string) ([]broker.Message, ma
 		for i, h := range r.Headers {
 			names[i] = h.Key
 		}
-		m, err := broker.ParseWireHeaders(r.Value, names, func(n string) string {
+		m, err := wire.ParseOutboxHeaders(r.Value, names, func(n string) string {
 			for _, h := range r.Headers {
 				if h.Key == n {
 					return string(h.Value)

@@ -19,6 +19,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 const rabbitURL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -124,7 +125,7 @@ func fromAMQP(t *testing.T, d amqp.Delivery) broker.Message {
 	for k := range d.Headers {
 		names = append(names, k)
 	}
-	m, err := broker.ParseWireHeaders(d.Body, names, func(n string) string {
+	m, err := wire.ParseOutboxHeaders(d.Body, names, func(n string) string {
 		if v, ok := d.Headers[n]; ok {
 			return fmt.Sprint(v)
 		}

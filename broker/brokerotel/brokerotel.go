@@ -22,7 +22,6 @@ package brokerotel
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"strconv"
 	"strings"
@@ -36,6 +35,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/config"
 )
 
 // ScopeName is the instrumentation scope of the spans.
@@ -71,13 +71,27 @@ type Config struct {
 // zero value, so only a System that could not be an attribute value (not
 // printable UTF-8) is refused; a nil c is valid.
 func (c *Config) Validate() error {
-	if c == nil {
-		return nil
-	}
-	if !utf8.ValidString(c.System) || strings.ContainsFunc(c.System, func(r rune) bool { return !unicode.IsPrint(r) }) {
-		return fmt.Errorf("brokerotel: Config.System (%q) must be printable UTF-8", c.System)
-	}
-	return nil
+	_, err := withDefaults(c)
+	return err
+}
+
+// withDefaults returns a copy of cfg (nil means all defaults) with defaults
+// applied, or the errors of Validate.
+func withDefaults(cfg *Config) (Config, error) {
+	return config.Resolve("brokerotel", cfg, func(c *Config) {
+		if c.TracerProvider == nil {
+			c.TracerProvider = otel.GetTracerProvider()
+		}
+		if c.Propagator == nil {
+			c.Propagator = propagation.TraceContext{}
+		}
+		if c.Destination == nil {
+			c.Destination = func(m *broker.Message) string { return m.AggregateType }
+		}
+	}, func(c *Config, p *config.Problems) {
+		p.Check(utf8.ValidString(c.System) && !strings.ContainsFunc(c.System, func(r rune) bool { return !unicode.IsPrint(r) }),
+			"Config.System (%q) must be printable UTF-8", c.System)
+	})
 }
 
 // New wraps pub, configured by cfg (nil means all defaults). The result
@@ -86,21 +100,9 @@ func New(pub broker.Publisher, cfg *Config) (broker.Publisher, error) {
 	if pub == nil {
 		return nil, errors.New("brokerotel: New: nil publisher")
 	}
-	if err := cfg.Validate(); err != nil {
+	c, err := withDefaults(cfg)
+	if err != nil {
 		return nil, err
-	}
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.TracerProvider == nil {
-		c.TracerProvider = otel.GetTracerProvider()
-	}
-	if c.Propagator == nil {
-		c.Propagator = propagation.TraceContext{}
-	}
-	if c.Destination == nil {
-		c.Destination = func(m *broker.Message) string { return m.AggregateType }
 	}
 	p := &publisher{inner: pub, cfg: c, tracer: c.TracerProvider.Tracer(ScopeName)}
 	if pinger, ok := pub.(broker.Pinger); ok {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Harness connects the suite to one kind of broker.
@@ -161,8 +162,8 @@ func newBatch(aggregates, perAggregate int) *batch {
 				OccurredAt:        occurred.Add(time.Duration(n) * time.Microsecond),
 				Payload:           []byte(fmt.Sprintf(`{"n":%d,"text":"caf\u00e9 \"quoted\""}`, n)),
 				Headers: map[string]string{
-					broker.HeaderTraceParent: fmt.Sprintf("00-%032x-%016x-01", n+1, n+1),
-					"Test-Tenant":            "tenant " + strconv.Itoa(n%7),
+					wire.HeaderTraceParent: fmt.Sprintf("00-%032x-%016x-01", n+1, n+1),
+					"Test-Tenant":          "tenant " + strconv.Itoa(n%7),
 				},
 			})
 		}
@@ -199,15 +200,15 @@ func (b *batch) mine(t *testing.T, inst *Instance) []stored {
 	var out []stored
 	for i := range all {
 		s := &all[i]
-		if typ, _ := s.header(broker.HeaderAggregateType); typ != b.aggType {
+		if typ, _ := s.header(wire.HeaderAggregateType); typ != b.aggType {
 			continue
 		}
-		id, _ := s.header(broker.HeaderEventID)
-		agg, _ := s.header(broker.HeaderAggregateID)
-		seqText, _ := s.header(broker.HeaderAggregateSequence)
+		id, _ := s.header(wire.HeaderEventID)
+		agg, _ := s.header(wire.HeaderAggregateID)
+		seqText, _ := s.header(wire.HeaderAggregateSequence)
 		seq, err := strconv.ParseInt(seqText, 10, 64)
 		if err != nil {
-			t.Fatalf("stored message %d: %s header %q: %v", i, broker.HeaderAggregateSequence, seqText, err)
+			t.Fatalf("stored message %d: %s header %q: %v", i, wire.HeaderAggregateSequence, seqText, err)
 		}
 		out = append(out, stored{Stored: s, eventID: id, aggID: agg, seq: seq})
 	}
@@ -247,7 +248,7 @@ func (b *batch) checkContent(t *testing.T, s stored) {
 	t.Helper()
 	m, ok := b.byID[s.eventID]
 	if !ok {
-		t.Errorf("stored message with unknown %s %q", broker.HeaderEventID, s.eventID)
+		t.Errorf("stored message with unknown %s %q", wire.HeaderEventID, s.eventID)
 		return
 	}
 	if s.Destination == "" {
@@ -284,6 +285,37 @@ func Publish(t testing.TB, p broker.Publisher, msgs ...broker.Message) []error {
 	return results
 }
 
+// CheckUnreachable publishes msgs through p, whose broker cannot be reached,
+// and fails the test unless every result is marked [broker.Unavailable] (or is
+// ErrPredecessorFailed behind an unavailable message of its aggregate, for an
+// adapter that stops an aggregate at its first failure), and unless Ping,
+// when p is a [broker.Pinger], is unavailable too (a ping unanswered within
+// 5 s counts: a deadline is unavailable). An unreachable broker must
+// never look like a refusal: the relay would quarantine the events.
+func CheckUnreachable(t testing.TB, p broker.Publisher, msgs ...broker.Message) {
+	t.Helper()
+	failed := map[pgoutbox.Lane]bool{}
+	for i, err := range Publish(t, p, msgs...) {
+		lane := msgs[i].Lane()
+		switch {
+		case broker.IsUnavailable(err):
+			failed[lane] = true
+		case errors.Is(err, broker.ErrPredecessorFailed) && failed[lane]:
+		default:
+			t.Errorf("result %d: %v, want unavailable", i, err)
+		}
+	}
+	pinger, ok := p.(broker.Pinger)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := pinger.Ping(ctx); !broker.IsUnavailable(err) {
+		t.Errorf("Ping: %v, want unavailable", err)
+	}
+}
+
 // Message returns a message of the given aggregate and sequence with a fresh event
 // id, a fixed occurred-at, a small JSON payload and two producer headers
 // (traceparent and Tenant), for adapters' own tests.
@@ -298,8 +330,8 @@ func Message(aggType, aggID string, seq int64) broker.Message {
 		OccurredAt:        time.Date(2025, 3, 4, 5, 6, 7, 890, time.UTC),
 		Payload:           []byte(`{"total":"9.50"}`),
 		Headers: map[string]string{
-			broker.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-			"Tenant":                 "acme corp",
+			wire.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+			"Tenant":               "acme corp",
 		},
 	}
 }

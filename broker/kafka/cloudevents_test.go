@@ -7,6 +7,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
 	"github.com/pgoutbox/pgoutbox/internal/cetest"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // TestCloudEventsFormat publishes in the CloudEvents format and decodes the
@@ -16,7 +17,7 @@ func TestCloudEventsFormat(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, false)
 	const source = "/pgoutbox/app"
-	p := c.dial(kafka.Config{Encoding: broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: source}})
+	p := c.dial(kafka.Config{Encoding: wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: source}})
 
 	spoofed := message("order", "order-spoof", 1)
 	spoofed.Headers["CE_id"] = "spoofed"

@@ -14,6 +14,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Publish two events of one aggregate to Kafka and read them back from their
@@ -63,7 +64,7 @@ func Example() {
 			read++
 			var typ string
 			for _, h := range r.Headers {
-				if h.Key == broker.HeaderEventType {
+				if h.Key == wire.HeaderEventType {
 					typ = string(h.Value)
 				}
 			}

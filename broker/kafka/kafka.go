@@ -39,6 +39,9 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/kafkalog"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Defaults of Config.
@@ -90,7 +93,7 @@ type Config struct {
 	// Encoding is the wire format of the records. The zero value is the default
 	// Outbox-* headers; FormatCloudEvents sends CloudEvents binary mode per the
 	// Kafka protocol binding (ce_* headers, a content-type header).
-	Encoding broker.Encoding
+	Encoding wire.Encoding
 }
 
 // SASL is how the publisher authenticates to the cluster.
@@ -139,16 +142,16 @@ func (s SASL) mechanism() (canonical string, err error) {
 	switch canonical = normalizeMechanism(s.Mechanism); canonical {
 	case "":
 		if s.User != "" || s.Password != "" {
-			return "", errors.New("kafka: Config.SASL: credentials without a Mechanism (want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
+			return "", errors.New("Config.SASL: credentials without a Mechanism (want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
 		}
 		return "", nil
 	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
 		if s.User == "" {
-			return "", fmt.Errorf("kafka: Config.SASL.User: empty for mechanism %s", canonical)
+			return "", fmt.Errorf("Config.SASL.User: empty for mechanism %s", canonical)
 		}
 		return canonical, nil
 	default:
-		return "", fmt.Errorf("kafka: Config.SASL.Mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", s.Mechanism)
+		return "", fmt.Errorf("Config.SASL.Mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", s.Mechanism)
 	}
 }
 
@@ -161,54 +164,40 @@ func normalizeMechanism(m string) string {
 	return m
 }
 
+// Validate reports every invalid field of c — a Topic whose literal text no
+// topic name allows, a negative ProduceTimeout, an incomplete SASL, an
+// unusable Encoding — each error naming its field. Zero fields stand for their
+// defaults, and a nil c (all defaults) is valid.
+func (c *Config) Validate() error {
+	_, err := withDefaults(c)
+	return err
+}
+
 // withDefaults returns a copy of cfg (nil means all defaults) with defaults
 // applied, or the errors of Validate.
 func withDefaults(cfg *Config) (Config, error) {
-	if err := cfg.Validate(); err != nil {
-		return Config{}, err
-	}
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
+	return config.Resolve("kafka", cfg, fillDefaults, checkConfig)
+}
+
+func fillDefaults(c *Config) {
 	if c.Topic.String() == "" {
 		c.Topic = broker.MustParseTemplate(DefaultTopic)
 	}
-	if c.ProduceTimeout == 0 {
-		c.ProduceTimeout = DefaultProduceTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.ProduceTimeout, DefaultProduceTimeout)
+	config.Default(&c.Logger, slog.Default())
 	c.DialOptions = slices.Clone(c.DialOptions)
-	return c, nil
 }
 
-// Validate reports every invalid field of c, each error naming its field; zero
-// fields stand for their defaults, and a nil c (all defaults) is valid.
-func (c *Config) Validate() error {
-	if c == nil {
-		return nil
-	}
-	var errs []error
-	if c.Topic.String() != "" {
-		// The template's literal text must be legal in a topic name; placeholders
-		// are checked per event. A sample expansion finds bad literals at start-up.
-		sample := broker.Message{AggregateType: "a", AggregateID: "a", EventType: "a", SchemaVersion: 1, Tenant: "a"}
-		if err := validateTopic(c.Topic.Expand(&sample)); err != nil {
-			errs = append(errs, fmt.Errorf("kafka: Config.Topic (%q): %w", c.Topic.String(), err))
-		}
-	}
-	if c.ProduceTimeout < 0 {
-		errs = append(errs, fmt.Errorf("kafka: Config.ProduceTimeout (%s) must be positive", c.ProduceTimeout))
-	}
+func checkConfig(c *Config, p *config.Problems) {
+	// The template's literal text must be legal in a topic name; placeholders
+	// are checked per event. A sample expansion finds bad literals at start-up.
+	sample := broker.Message{AggregateType: "a", AggregateID: "a", EventType: "a", SchemaVersion: 1, Tenant: "a"}
+	p.Field(fmt.Sprintf("Config.Topic (%q)", c.Topic.String()), validateTopic(c.Topic.Expand(&sample)))
+	p.Check(c.ProduceTimeout > 0, "Config.ProduceTimeout (%s) must be positive", c.ProduceTimeout)
 	if _, err := c.SASL.mechanism(); err != nil {
-		errs = append(errs, err)
+		p.Check(false, "%w", err)
 	}
-	if err := c.Encoding.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("kafka: Config.Encoding: %w", err))
-	}
-	return errors.Join(errs...)
+	p.Field("Config.Encoding", c.Encoding.Validate())
 }
 
 // Publisher publishes outbox events to Kafka. It implements [broker.Publisher]
@@ -320,7 +309,7 @@ func Dial(ctx context.Context, url string, config *Config) (*Publisher, error) {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(u.SeedBrokers...),
 		kgo.ClientID("pgoutbox"),
-		kgo.WithLogger(kgoLogger{log}),
+		kgo.WithLogger(kafkalog.New(log)),
 		// franz-go's defaults, spelled out because the guarantees rest on them.
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
@@ -428,10 +417,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error 
 // message fails as unavailable rather than wait in a Produce that ctx cannot
 // interrupt.
 func (p *Publisher) send(_ context.Context, m *broker.Message) (broker.AckFunc, error) {
-	if err := m.CheckHeaders(); err != nil {
-		return nil, err
-	}
-	if err := p.cfg.Encoding.CheckMessage(m); err != nil {
+	enc, err := p.cfg.Encoding.Encode(m, wire.CloudEventsKafka)
+	if err != nil {
 		return nil, err
 	}
 	topic, err := p.cfg.Topic.ExpandChecked(m)
@@ -449,8 +436,8 @@ func (p *Publisher) send(_ context.Context, m *broker.Message) (broker.AckFunc, 
 	rec := &kgo.Record{
 		Topic:   topic,
 		Key:     []byte(m.AggregateID),
-		Value:   m.Payload,
-		Headers: recordHeaders(p.cfg.Encoding, m),
+		Value:   enc.Body,
+		Headers: recordHeaders(enc),
 		// The timestamp is left to the client (now): the broker applies
 		// retention and timestamp checks to it, so an old event re-published by
 		// replay must not carry its occurred_at there. That is in a header.
@@ -476,11 +463,12 @@ func (p *Publisher) send(_ context.Context, m *broker.Message) (broker.AckFunc, 
 	}, nil
 }
 
-// recordHeaders returns m's wire headers in enc's format sorted by name, so
-// that equal events are equal records.
-func recordHeaders(enc broker.Encoding, m *broker.Message) []kgo.RecordHeader {
-	out := make([]kgo.RecordHeader, 0, enc.HeaderCount(m))
-	for k, v := range enc.Headers(m, broker.CloudEventsKafka) {
+// recordHeaders returns enc's headers sorted by name, so that equal events are
+// equal records. Kafka records have no content-type field: the CloudEvents
+// binding carries it as a header, the default format leaves it out.
+func recordHeaders(enc wire.Encoded) []kgo.RecordHeader {
+	out := make([]kgo.RecordHeader, 0, enc.HeaderCount)
+	for k, v := range enc.Headers {
 		out = append(out, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
 	slices.SortFunc(out, func(a, b kgo.RecordHeader) int { return strings.Compare(a.Key, b.Key) })
@@ -516,29 +504,6 @@ func (p *Publisher) Close() error {
 		}
 	})
 	return nil
-}
-
-// kgoLogger hands the client's log lines to slog. franz-go logs at info what is
-// debugging detail for a relay (connections, metadata refreshes), so those go
-// to slog's debug level and are produced only when the handler wants them.
-type kgoLogger struct{ l *slog.Logger }
-
-func (k kgoLogger) Level() kgo.LogLevel {
-	if k.l.Enabled(context.Background(), slog.LevelDebug) {
-		return kgo.LogLevelInfo
-	}
-	return kgo.LogLevelWarn
-}
-
-func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
-	l := slog.LevelDebug
-	switch level {
-	case kgo.LogLevelError:
-		l = slog.LevelError
-	case kgo.LogLevelWarn:
-		l = slog.LevelWarn
-	}
-	k.l.Log(context.Background(), l, "kafka: "+msg, keyvals...)
 }
 
 var (

@@ -26,8 +26,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // fastRetries make the client retry at once in tests where the cluster fails
@@ -160,7 +162,7 @@ func TestAggregateOrderUnderTransientErrors(t *testing.T) {
 			t.Errorf("aggregate %s in partitions %d and %d", key, p, r.Partition)
 		}
 		partitionOf[key] = r.Partition
-		seq, _ := strconv.ParseInt(header(r, broker.HeaderAggregateSequence), 10, 64)
+		seq, _ := strconv.ParseInt(header(r, wire.HeaderAggregateSequence), 10, 64)
 		if want := next[key] + 1; seq != want {
 			t.Errorf("aggregate %s: offset %d of partition %d holds sequence %d, want %d", key, r.Offset, r.Partition, seq, want)
 		}
@@ -276,9 +278,9 @@ func TestRefusalsArePermanent(t *testing.T) {
 	}
 	// Nothing of a refused aggregate was stored, not even its later, valid events.
 	for _, r := range read(t, c) {
-		if header(r, broker.HeaderAggregateType) != "fine" {
-			t.Errorf("stored %s seq %s in %s after its refusal", header(r, broker.HeaderAggregateType),
-				header(r, broker.HeaderAggregateSequence), r.Topic)
+		if header(r, wire.HeaderAggregateType) != "fine" {
+			t.Errorf("stored %s seq %s in %s after its refusal", header(r, wire.HeaderAggregateType),
+				header(r, wire.HeaderAggregateSequence), r.Topic)
 		}
 	}
 }
@@ -317,7 +319,7 @@ func TestTransientErrorsAreUnavailable(t *testing.T) {
 	var first []string
 	seen := map[string]bool{}
 	for _, r := range read(t, c, "outbox.flaky") {
-		if s := header(r, broker.HeaderAggregateSequence); !seen[s] {
+		if s := header(r, wire.HeaderAggregateSequence); !seen[s] {
 			seen[s] = true
 			first = append(first, s)
 		}
@@ -358,16 +360,7 @@ func TestDialUnreachableIsUnavailable(t *testing.T) {
 		t.Fatalf("Dial: %v; an unreachable cluster must not be fatal", err)
 	}
 	defer p.Close()
-	for i, err := range publish(t, p, message("order", "a", 1), message("order", "a", 2), message("invoice", "b", 1)) {
-		if !broker.IsUnavailable(err) && !errors.Is(err, broker.ErrPredecessorFailed) {
-			t.Errorf("result %d: %v, want unavailable", i, err)
-		}
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	if err := p.Ping(ctx); !broker.IsUnavailable(err) {
-		t.Errorf("Ping: %v, want unavailable", err)
-	}
+	brokertest.CheckUnreachable(t, p, message("order", "a", 1), message("order", "a", 2), message("invoice", "b", 1))
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("took %s to report an unreachable cluster", d)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/cetest"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // TestCloudEventsFormat publishes in the CloudEvents format and decodes the
@@ -19,7 +20,7 @@ func TestCloudEventsFormat(t *testing.T) {
 	js := sharedJetStream(t)
 	cfg := isolated(t, js)
 	const source = "/pgoutbox/app"
-	cfg.Encoding = broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: source}
+	cfg.Encoding = wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: source}
 	p := newPublisher(t, js, cfg)
 
 	spoofed := message("order", 1)

@@ -5,15 +5,15 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Publish an event to an embedded NATS server, the zero-setup default, and read
@@ -38,16 +38,10 @@ func Example() {
 	}
 	defer pub.Close()
 
-	results := pub.Publish(ctx, []broker.Message{{
-		EventID:           pgoutbox.NewEventID(),
-		AggregateType:     "order",
-		AggregateID:       "42",
-		AggregateSequence: 1,
-		EventType:         "created",
-		SchemaVersion:     1,
-		OccurredAt:        time.Now(),
-		Payload:           []byte(`{"total":"9.50"}`),
-	}})
+	results := pub.Publish(ctx, []broker.Message{
+		// An event as the relay reads it from the outbox: order 42, created.
+		brokertest.Message("order", "42", 1),
+	})
 	fmt.Println("result:", results[0])
 
 	nc, err := natsgo.Connect(srv.URL())
@@ -67,7 +61,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(msg.Subject, string(msg.Data), msg.Header.Get(broker.HeaderAggregateSequence))
+	fmt.Println(msg.Subject, string(msg.Data), msg.Header.Get(wire.HeaderAggregateSequence))
 	// Output:
 	// result: <nil>
 	// outbox.order.created {"total":"9.50"} 1

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/nats"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // authServer runs a JetStream server that accepts user u with password right,
@@ -164,9 +165,9 @@ func TestAmbiguousSubjectsRefused(t *testing.T) {
 	subjects := map[string]string{}
 	for _, m := range streamMessages(t, js, cfg.Stream) {
 		if prev, ok := subjects[m.Subject]; ok {
-			t.Errorf("subject %s holds %s and %s", m.Subject, prev, m.Header.Get(broker.HeaderAggregateType))
+			t.Errorf("subject %s holds %s and %s", m.Subject, prev, m.Header.Get(wire.HeaderAggregateType))
 		}
-		subjects[m.Subject] = m.Header.Get(broker.HeaderAggregateType) + "/" + m.Header.Get(broker.HeaderEventType)
+		subjects[m.Subject] = m.Header.Get(wire.HeaderAggregateType) + "/" + m.Header.Get(wire.HeaderEventType)
 	}
 	if len(subjects) != 4 {
 		t.Errorf("stream subjects %v, want the 4 accepted pairs", subjects)

@@ -37,6 +37,8 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Defaults of Config.
@@ -94,22 +96,26 @@ type Config struct {
 	// Encoding is the wire format of the messages. The zero value is the
 	// default Outbox-* headers; FormatCloudEvents sends CloudEvents binary mode
 	// per the NATS protocol binding (ce-* headers, a content-type header).
-	Encoding broker.Encoding
+	Encoding wire.Encoding
+}
+
+// Validate reports every invalid field of c — a Stream or StreamSubjects
+// JetStream would refuse, a negative AckTimeout or MaxPending, an unusable
+// Encoding — each error naming its field. Zero fields stand for their
+// defaults, and a nil c (all defaults) is valid.
+func (c *Config) Validate() error {
+	_, err := withDefaults(c)
+	return err
 }
 
 // withDefaults returns a copy of cfg (nil means all defaults) with defaults
 // applied, or the errors of Validate.
 func withDefaults(cfg *Config) (Config, error) {
-	if err := cfg.Validate(); err != nil {
-		return Config{}, err
-	}
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.Stream == "" {
-		c.Stream = DefaultStream
-	}
+	return config.Resolve("nats", cfg, fillDefaults, checkConfig)
+}
+
+func fillDefaults(c *Config) {
+	config.Default(&c.Stream, DefaultStream)
 	if len(c.StreamSubjects) == 0 {
 		c.StreamSubjects = []string{DefaultStreamSubject}
 	} else {
@@ -118,44 +124,22 @@ func withDefaults(cfg *Config) (Config, error) {
 	if c.Subject.String() == "" {
 		c.Subject = broker.MustParseTemplate(DefaultSubject)
 	}
-	if c.AckTimeout == 0 {
-		c.AckTimeout = DefaultAckTimeout
-	}
-	if c.MaxPending == 0 {
-		c.MaxPending = DefaultMaxPending
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.AckTimeout, DefaultAckTimeout)
+	config.Default(&c.MaxPending, DefaultMaxPending)
+	config.Default(&c.Logger, slog.Default())
 	c.DialOptions = slices.Clone(c.DialOptions)
-	return c, nil
 }
 
-// Validate reports every invalid field of c, each error naming its field; zero
-// fields stand for their defaults, and a nil c (all defaults) is valid.
-func (c *Config) Validate() error {
-	if c == nil {
-		return nil
-	}
-	var errs []error
-	if strings.ContainsAny(c.Stream, ".*> \t\r\n/\\") {
-		errs = append(errs, fmt.Errorf("nats: Config.Stream (%q): a stream name cannot contain '.', '*', '>', '/', '\\' or whitespace", c.Stream))
-	}
+func checkConfig(c *Config, p *config.Problems) {
+	p.Check(!strings.ContainsAny(c.Stream, ".*> \t\r\n/\\"),
+		"Config.Stream (%q): a stream name cannot contain '.', '*', '>', '/', '\\' or whitespace", c.Stream)
 	for _, s := range c.StreamSubjects {
-		if s == "" || strings.ContainsAny(s, " \t\r\n") || strings.Contains(s, "..") || strings.HasPrefix(s, ".") || strings.HasSuffix(s, ".") {
-			errs = append(errs, fmt.Errorf("nats: Config.StreamSubjects: invalid subject %q", s))
-		}
+		p.Check(!(s == "" || strings.ContainsAny(s, " \t\r\n") || strings.Contains(s, "..") || strings.HasPrefix(s, ".") || strings.HasSuffix(s, ".")),
+			"Config.StreamSubjects: invalid subject %q", s)
 	}
-	if c.AckTimeout < 0 {
-		errs = append(errs, fmt.Errorf("nats: Config.AckTimeout (%s) must be positive", c.AckTimeout))
-	}
-	if c.MaxPending < 0 {
-		errs = append(errs, fmt.Errorf("nats: Config.MaxPending (%d) must be positive", c.MaxPending))
-	}
-	if err := c.Encoding.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("nats: Config.Encoding: %w", err))
-	}
-	return errors.Join(errs...)
+	p.Check(c.AckTimeout > 0, "Config.AckTimeout (%s) must be positive", c.AckTimeout)
+	p.Check(c.MaxPending > 0, "Config.MaxPending (%d) must be positive", c.MaxPending)
+	p.Field("Config.Encoding", c.Encoding.Validate())
 }
 
 // Publisher publishes outbox events to a JetStream stream. It implements
@@ -499,10 +483,8 @@ func (p *Publisher) reserve(ctx context.Context, n int) error {
 
 // send publishes m asynchronously and returns how to wait for its ack.
 func (p *Publisher) send(st *streamState, m *broker.Message) (broker.AckFunc, error) {
-	if err := m.CheckHeaders(); err != nil {
-		return nil, err
-	}
-	if err := p.cfg.Encoding.CheckMessage(m); err != nil {
+	enc, err := p.cfg.Encoding.Encode(m, wire.CloudEventsNATS)
+	if err != nil {
 		return nil, err
 	}
 	subj, err := p.cfg.Subject.ExpandChecked(m)
@@ -518,10 +500,12 @@ func (p *Publisher) send(st *streamState, m *broker.Message) (broker.AckFunc, er
 	}
 	// Room for the Nats-Msg-Id and Nats-Expected-Stream headers the client adds: a
 	// map that has to grow for them costs more than the rest of the headers.
-	n := p.cfg.Encoding.HeaderCount(m)
-	msg := &natsgo.Msg{Subject: subj, Data: m.Payload, Header: make(natsgo.Header, n+2)}
+	// NATS messages have no content-type field: the CloudEvents binding
+	// carries it as a header, the default format leaves it out.
+	n := enc.HeaderCount
+	msg := &natsgo.Msg{Subject: subj, Data: enc.Body, Header: make(natsgo.Header, n+2)}
 	values := make([]string, 0, n) // one allocation for every header's value slice
-	for k, v := range p.cfg.Encoding.Headers(m, broker.CloudEventsNATS) {
+	for k, v := range enc.Headers {
 		// nats.go trims values and turns line breaks into spaces; refuse rather
 		// than deliver a header that differs from the event's.
 		if v != textproto.TrimString(v) || strings.ContainsAny(v, "\r\n") {

@@ -23,6 +23,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -240,8 +241,8 @@ func TestDuplicateAfterWindowStoredTwice(t *testing.T) {
 		if err != nil {
 			t.Fatalf("get message %d: %v", seq, err)
 		}
-		if id := got.Header.Get(broker.HeaderEventID); id != m.EventID.String() {
-			t.Errorf("message %d: %s = %q, want %s", seq, broker.HeaderEventID, id, m.EventID)
+		if id := got.Header.Get(wire.HeaderEventID); id != m.EventID.String() {
+			t.Errorf("message %d: %s = %q, want %s", seq, wire.HeaderEventID, id, m.EventID)
 		}
 	}
 }
@@ -275,8 +276,8 @@ func TestDedupIDStoresReplayWithinWindow(t *testing.T) {
 		if err != nil {
 			t.Fatalf("get message %d: %v", seq, err)
 		}
-		if id := got.Header.Get(broker.HeaderEventID); id != m.EventID.String() {
-			t.Errorf("message %d: %s = %q, want %s", seq, broker.HeaderEventID, id, m.EventID)
+		if id := got.Header.Get(wire.HeaderEventID); id != m.EventID.String() {
+			t.Errorf("message %d: %s = %q, want %s", seq, wire.HeaderEventID, id, m.EventID)
 		}
 		if id := got.Header.Get(jetstream.MsgIDHeader); id != wantDedup {
 			t.Errorf("message %d: %s = %q, want %q", seq, jetstream.MsgIDHeader, id, wantDedup)
@@ -336,14 +337,7 @@ func TestDialUnreachableIsUnavailable(t *testing.T) {
 		t.Fatalf("Dial: %v; an unreachable server must not be fatal", err)
 	}
 	defer p.Close()
-	for i, err := range publish(t, p, message("order", 1), message("order", 2), message("invoice", 1)) {
-		if !broker.IsUnavailable(err) {
-			t.Errorf("result %d: %v, want unavailable", i, err)
-		}
-	}
-	if err := p.Ping(t.Context()); !broker.IsUnavailable(err) {
-		t.Errorf("Ping: %v, want unavailable", err)
-	}
+	brokertest.CheckUnreachable(t, p, message("order", 1), message("order", 2), message("invoice", 1))
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("took %s to report an unreachable server", d)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/cetest"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // TestCloudEventsFormat publishes in the CloudEvents format and decodes the
@@ -17,7 +18,7 @@ func TestCloudEventsFormat(t *testing.T) {
 	t.Parallel()
 	cfg, a, q := isolated(t)
 	const source = "/pgoutbox/app"
-	cfg.Encoding = broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: source}
+	cfg.Encoding = wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: source}
 	p := dial(t, sharedURL, cfg)
 
 	spoofed := message("order", "order-spoof", 1)

@@ -4,13 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Publish an event to a RabbitMQ server on localhost and read it back from a
@@ -50,23 +51,17 @@ func Example() {
 	}
 	defer pub.Close()
 
-	results := pub.Publish(ctx, []broker.Message{{
-		EventID:           pgoutbox.NewEventID(),
-		AggregateType:     "order",
-		AggregateID:       "42",
-		AggregateSequence: 1,
-		EventType:         "created",
-		SchemaVersion:     1,
-		OccurredAt:        time.Now(),
-		Payload:           []byte(`{"total":"9.50"}`),
-	}})
+	results := pub.Publish(ctx, []broker.Message{
+		// An event as the relay reads it from the outbox: order 42, created.
+		brokertest.Message("order", "42", 1),
+	})
 	fmt.Println("result:", results[0])
 
 	d, ok, err := ch.Get(q.Name, true)
 	if err != nil || !ok {
 		log.Fatal("nothing in the queue: ", err)
 	}
-	fmt.Println(d.RoutingKey, string(d.Body), d.Headers[broker.HeaderAggregateSequence], d.ContentType)
+	fmt.Println(d.RoutingKey, string(d.Body), d.Headers[wire.HeaderAggregateSequence], d.ContentType)
 	// Output:
 	// result: <nil>
 	// order.created {"total":"9.50"} 1 application/json

@@ -7,6 +7,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // maxShortstr is the longest AMQP short string: routing keys, header names,
@@ -31,19 +32,18 @@ func validateRoutingKey(key string) error {
 // encode returns m as an AMQP message: persistent, with the event id as
 // message_id, the event type as type, occurred_at as timestamp, and every wire
 // header as a string header. Its errors are about the event and never change on
-// a retry. enc selects the format of the headers.
-func encode(enc broker.Encoding, m *broker.Message) (amqp.Publishing, error) {
-	if err := m.CheckHeaders(); err != nil {
-		return amqp.Publishing{}, err
-	}
-	if err := enc.CheckMessage(m); err != nil {
+// a retry. format selects the format of the headers; the content-type property
+// is the payload's (wire.Encoded.ContentType).
+func encode(format wire.Encoding, m *broker.Message) (amqp.Publishing, error) {
+	enc, err := format.Encode(m, wire.CloudEventsAMQP)
+	if err != nil {
 		return amqp.Publishing{}, err
 	}
 	if len(m.EventType) > maxShortstr {
 		return amqp.Publishing{}, fmt.Errorf("event type of %d bytes is longer than AMQP's %d for the type property", len(m.EventType), maxShortstr)
 	}
-	headers := make(amqp.Table, enc.HeaderCount(m))
-	for k, v := range enc.Headers(m, broker.CloudEventsAMQP) {
+	headers := make(amqp.Table, enc.HeaderCount)
+	for k, v := range enc.Headers {
 		if len(k) > maxShortstr {
 			return amqp.Publishing{}, fmt.Errorf("header name of %d bytes is longer than AMQP's %d", len(k), maxShortstr)
 		}
@@ -51,12 +51,12 @@ func encode(enc broker.Encoding, m *broker.Message) (amqp.Publishing, error) {
 	}
 	return amqp.Publishing{
 		Headers:      headers,
-		ContentType:  "application/json",
+		ContentType:  enc.ContentType,
 		DeliveryMode: amqp.Persistent,
 		MessageId:    m.EventID.String(),
 		Timestamp:    m.OccurredAt,
 		Type:         m.EventType,
-		Body:         m.Payload,
+		Body:         enc.Body,
 	}, nil
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 func testMessage() broker.Message {
@@ -29,14 +30,14 @@ func testMessage() broker.Message {
 		SchemaVersion:     1,
 		OccurredAt:        time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC),
 		Payload:           []byte(`{"total":"9.50"}`),
-		Headers:           map[string]string{broker.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+		Headers:           map[string]string{wire.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
 	}
 }
 
 func TestEncode(t *testing.T) {
 	t.Parallel()
 	m := testMessage()
-	p, err := encode(broker.Encoding{}, &m)
+	p, err := encode(wire.Encoding{}, &m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,6 +52,10 @@ func TestEncode(t *testing.T) {
 		if p.Headers[k] != v {
 			t.Errorf("header %s = %v, want %q", k, p.Headers[k], v)
 		}
+	}
+	m.ContentType = "application/x-protobuf"
+	if p, err := encode(wire.Encoding{}, &m); err != nil || p.ContentType != m.ContentType {
+		t.Errorf("encode of a %s payload: content type %q, %v", m.ContentType, p.ContentType, err)
 	}
 }
 
@@ -92,7 +97,7 @@ func FuzzRoutingKey(f *testing.F) {
 		} else if len(key) <= maxShortstr && utf8.ValidString(key) {
 			t.Fatalf("refused routing key %q: %v", key, err)
 		}
-		p, err := encode(broker.Encoding{}, &m)
+		p, err := encode(wire.Encoding{}, &m)
 		if (err == nil) != (len(eventType) <= maxShortstr) {
 			t.Fatalf("encode with a %d-byte event type: %v", len(eventType), err)
 		}
@@ -244,7 +249,7 @@ func TestHeaderFrameSizeOnTheWire(t *testing.T) {
 	}
 
 	m := testMessage()
-	msg, err := encode(broker.Encoding{}, &m)
+	msg, err := encode(wire.Encoding{}, &m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +276,7 @@ func TestHeaderFrameSizeOnTheWire(t *testing.T) {
 	frameMax := s.link.frameMax
 	pad := testMessage()
 	pad.Headers["Pad"] = ""
-	padMsg, _ := encode(broker.Encoding{}, &pad)
+	padMsg, _ := encode(wire.Encoding{}, &pad)
 	pad.Headers["Pad"] = strings.Repeat("p", frameMax-headerFrameSize(&padMsg))
 	if err := publish(pad); err != nil {
 		t.Fatalf("header frame of exactly %d bytes: %v", frameMax, err)

@@ -3,10 +3,10 @@
 // Each event goes to [Config.Exchange] (a durable topic exchange "outbox",
 // declared if missing) with a routing key expanded from [Config.RoutingKey]
 // ("{aggregate_type}.{event_type}"), as a persistent message: content_type
-// application/json, message_id the event id, type the event type, timestamp
-// occurred_at, the wire headers (docs/design.md, "Wire headers") as string
-// headers, and the payload
-// as body. It is published with the mandatory flag on a channel in confirm
+// the payload's (application/json unless Message.ContentType says otherwise),
+// message_id the event id, type the event type, timestamp occurred_at, the
+// wire headers (package wire; docs/design.md, "Wire headers") as string
+// headers, and the payload as body. It is published with the mandatory flag on a channel in confirm
 // mode: an event succeeds only once the server confirmed it, and fails with
 // [ErrUnroutable] if no queue was bound for its routing key.
 //
@@ -40,6 +40,8 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/amqpconn"
+	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Defaults of Config.
@@ -136,89 +138,55 @@ type Config struct {
 	// Encoding is the wire format of the messages. The zero value is the
 	// default Outbox-* headers; FormatCloudEvents sends CloudEvents binary mode
 	// per the AMQP protocol binding: cloudEvents_* message headers (application properties), datacontenttype as the content-type property.
-	Encoding broker.Encoding
+	Encoding wire.Encoding
+}
+
+// Validate reports every invalid field of c — an Exchange or ConnectionName
+// AMQP cannot carry, a negative timeout or backoff, a MaxReconnectBackoff
+// below ReconnectBackoff, an unusable Encoding — each error naming its field.
+// Zero fields stand for their defaults, and a nil c (all defaults) is valid.
+func (c *Config) Validate() error {
+	_, err := withDefaults(c)
+	return err
 }
 
 // withDefaults returns a copy of cfg (nil means all defaults) with defaults
 // applied, or the errors of Validate.
 func withDefaults(cfg *Config) (Config, error) {
-	if err := cfg.Validate(); err != nil {
-		return Config{}, err
-	}
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.Exchange == "" {
-		c.Exchange = DefaultExchange
-	}
+	return config.Resolve("rabbitmq", cfg, fillDefaults, checkConfig)
+}
+
+func fillDefaults(c *Config) {
+	config.Default(&c.Exchange, DefaultExchange)
 	if c.RoutingKey.String() == "" {
 		c.RoutingKey = broker.MustParseTemplate(DefaultRoutingKey)
 	}
-	if c.ConfirmTimeout == 0 {
-		c.ConfirmTimeout = DefaultConfirmTimeout
-	}
-	if c.MaxPending == 0 {
-		c.MaxPending = DefaultMaxPending
-	}
-	if c.ConnectTimeout == 0 {
-		c.ConnectTimeout = DefaultConnectTimeout
-	}
-	if c.ReconnectBackoff == 0 {
-		c.ReconnectBackoff = DefaultReconnectBackoff
-	}
-	if c.MaxReconnectBackoff == 0 {
-		c.MaxReconnectBackoff = max(DefaultMaxReconnectBackoff, c.ReconnectBackoff)
-	}
-	if c.ConnectionName == "" {
-		c.ConnectionName = DefaultConnectionName
-	}
+	config.Default(&c.ConfirmTimeout, DefaultConfirmTimeout)
+	config.Default(&c.MaxPending, DefaultMaxPending)
+	config.Default(&c.ConnectTimeout, DefaultConnectTimeout)
+	config.Default(&c.ReconnectBackoff, DefaultReconnectBackoff)
+	config.Default(&c.MaxReconnectBackoff, max(DefaultMaxReconnectBackoff, c.ReconnectBackoff))
+	config.Default(&c.ConnectionName, DefaultConnectionName)
 	if c.DialContext == nil {
 		var d net.Dialer
 		c.DialContext = d.DialContext
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return c, nil
+	config.Default(&c.Logger, slog.Default())
 }
 
-// Validate reports every invalid field of c, each error naming its field; zero
-// fields stand for their defaults, and a nil c (all defaults) is valid.
-func (c *Config) Validate() error {
-	if c == nil {
-		return nil
-	}
-	var errs []error
-	if len(c.Exchange) > maxShortstr || !utf8.ValidString(c.Exchange) ||
-		strings.IndexFunc(c.Exchange, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
-		errs = append(errs, fmt.Errorf("rabbitmq: Config.Exchange (%q): want at most %d bytes of UTF-8 without whitespace", c.Exchange, maxShortstr))
-	}
-	if c.ConfirmTimeout < 0 {
-		errs = append(errs, fmt.Errorf("rabbitmq: Config.ConfirmTimeout (%s) must be positive", c.ConfirmTimeout))
-	}
-	if c.MaxPending < 0 {
-		errs = append(errs, fmt.Errorf("rabbitmq: Config.MaxPending (%d) must be positive", c.MaxPending))
-	}
-	if c.ConnectTimeout < 0 {
-		errs = append(errs, fmt.Errorf("rabbitmq: Config.ConnectTimeout (%s) must be positive", c.ConnectTimeout))
-	}
-	backoff := c.ReconnectBackoff
-	if backoff < 0 {
-		errs = append(errs, fmt.Errorf("rabbitmq: Config.ReconnectBackoff (%s) must be positive", c.ReconnectBackoff))
-	} else if backoff == 0 {
-		backoff = DefaultReconnectBackoff
-	}
-	if c.MaxReconnectBackoff != 0 && c.MaxReconnectBackoff < backoff {
-		errs = append(errs, fmt.Errorf("rabbitmq: Config.MaxReconnectBackoff (%s) must be at least ReconnectBackoff (%s)", c.MaxReconnectBackoff, backoff))
-	}
-	if len(c.ConnectionName) > maxShortstr {
-		errs = append(errs, fmt.Errorf("rabbitmq: Config.ConnectionName: %d bytes, want at most %d", len(c.ConnectionName), maxShortstr))
-	}
-	if err := c.Encoding.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("rabbitmq: Config.Encoding: %w", err))
-	}
-	return errors.Join(errs...)
+func checkConfig(c *Config, p *config.Problems) {
+	p.Check(len(c.Exchange) <= maxShortstr && utf8.ValidString(c.Exchange) &&
+		strings.IndexFunc(c.Exchange, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) < 0,
+		"Config.Exchange (%q): want at most %d bytes of UTF-8 without whitespace", c.Exchange, maxShortstr)
+	p.Check(c.ConfirmTimeout > 0, "Config.ConfirmTimeout (%s) must be positive", c.ConfirmTimeout)
+	p.Check(c.MaxPending > 0, "Config.MaxPending (%d) must be positive", c.MaxPending)
+	p.Check(c.ConnectTimeout > 0, "Config.ConnectTimeout (%s) must be positive", c.ConnectTimeout)
+	p.Check(c.ReconnectBackoff > 0, "Config.ReconnectBackoff (%s) must be positive", c.ReconnectBackoff)
+	p.Check(c.ReconnectBackoff <= 0 || c.MaxReconnectBackoff >= c.ReconnectBackoff,
+		"Config.MaxReconnectBackoff (%s) must be at least ReconnectBackoff (%s)", c.MaxReconnectBackoff, c.ReconnectBackoff)
+	p.Check(len(c.ConnectionName) <= maxShortstr,
+		"Config.ConnectionName: %d bytes, want at most %d", len(c.ConnectionName), maxShortstr)
+	p.Field("Config.Encoding", c.Encoding.Validate())
 }
 
 // Publisher publishes outbox events to a RabbitMQ exchange. It implements

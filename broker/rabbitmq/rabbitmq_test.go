@@ -17,8 +17,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -254,8 +256,8 @@ func TestConcurrentPublish(t *testing.T) {
 	}
 	next := map[string]int64{}
 	for _, d := range got {
-		agg := d.Headers[broker.HeaderAggregateType].(string) + "/" + d.Headers[broker.HeaderAggregateID].(string)
-		seq := d.Headers[broker.HeaderAggregateSequence].(string)
+		agg := d.Headers[wire.HeaderAggregateType].(string) + "/" + d.Headers[wire.HeaderAggregateID].(string)
+		seq := d.Headers[wire.HeaderAggregateSequence].(string)
 		if want := next[agg] + 1; seq != fmt.Sprint(want) {
 			t.Errorf("%s: sequence %s stored after %d", agg, seq, next[agg])
 		}
@@ -271,14 +273,7 @@ func TestDialUnreachableIsUnavailable(t *testing.T) {
 		t.Fatalf("Dial: %v; an unreachable server must not be fatal", err)
 	}
 	defer p.Close()
-	for i, err := range publish(t, p, message("order", "1", 1), message("order", "1", 2), message("invoice", "1", 1)) {
-		if !broker.IsUnavailable(err) {
-			t.Errorf("result %d: %v, want unavailable", i, err)
-		}
-	}
-	if err := p.Ping(t.Context()); !broker.IsUnavailable(err) {
-		t.Errorf("Ping: %v, want unavailable", err)
-	}
+	brokertest.CheckUnreachable(t, p, message("order", "1", 1), message("order", "1", 2), message("invoice", "1", 1))
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("took %s to report an unreachable server", d)
 	}

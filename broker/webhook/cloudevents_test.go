@@ -13,6 +13,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
 	"github.com/pgoutbox/pgoutbox/internal/cetest"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // TestCloudEventsFormat posts in the CloudEvents format and decodes the
@@ -34,14 +35,14 @@ func TestCloudEventsFormat(t *testing.T) {
 	const source = "/pgoutbox/app"
 	p := newPublisher(t, webhook.Config{
 		URL:      srv.URL() + "/hooks",
-		Encoding: broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: source},
+		Encoding: wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: source},
 	})
 	if _, err := webhook.New(&webhook.Config{URL: srv.URL(), Secret: secret, Header: http.Header{"Ce-Source": {"/x"}},
-		Encoding: broker.Encoding{Format: broker.FormatCloudEvents}}); err == nil {
+		Encoding: wire.Encoding{Format: wire.FormatCloudEvents}}); err == nil {
 		t.Error("Config.Header Ce-Source accepted in the CloudEvents format")
 	}
 	if _, err := webhook.New(&webhook.Config{URL: srv.URL(), Secret: secret,
-		Encoding: broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: "not a uri"}}); err == nil {
+		Encoding: wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: "not a uri"}}); err == nil {
 		t.Error("a source with spaces accepted")
 	}
 	spoofed := message("order", "order-spoof", 1)

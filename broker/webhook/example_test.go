@@ -9,9 +9,10 @@ import (
 	"net/http/httptest"
 	"time"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Publish an event to a webhook endpoint, here an httptest server that checks the
@@ -24,8 +25,8 @@ func Example() {
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			body, _ := io.ReadAll(r.Body)
 			received <- fmt.Sprintf("%s %s %s seq=%s key-is-event-id=%t",
-				r.Method, r.URL.Path, body, r.Header.Get(broker.HeaderAggregateSequence),
-				r.Header.Get(webhook.HeaderIdempotencyKey) == r.Header.Get(broker.HeaderEventID))
+				r.Method, r.URL.Path, body, r.Header.Get(wire.HeaderAggregateSequence),
+				r.Header.Get(webhook.HeaderIdempotencyKey) == r.Header.Get(wire.HeaderEventID))
 			w.WriteHeader(http.StatusNoContent)
 		}))
 	srv := httptest.NewServer(endpoint)
@@ -40,16 +41,10 @@ func Example() {
 	}
 	defer pub.Close()
 
-	results := pub.Publish(context.Background(), []broker.Message{{
-		EventID:           pgoutbox.NewEventID(),
-		AggregateType:     "order",
-		AggregateID:       "42",
-		AggregateSequence: 1,
-		EventType:         "created",
-		SchemaVersion:     1,
-		OccurredAt:        time.Now(),
-		Payload:           []byte(`{"total":"9.50"}`),
-	}})
+	results := pub.Publish(context.Background(), []broker.Message{
+		// An event as the relay reads it from the outbox: order 42, created.
+		brokertest.Message("order", "42", 1),
+	})
 	fmt.Println("result:", results[0])
 	fmt.Println(<-received)
 	// Output:
@@ -72,13 +67,13 @@ func ExampleVerifier_Verify() {
 	// A request as the publisher sends it: wire headers, body, signature.
 	body := []byte(`{"total":"9.50"}`)
 	h := http.Header{}
-	h.Set(broker.HeaderEventID, "01970a3c-7d2e-7c4b-9a51-2f3e4d5c6b7a")
-	h.Set(broker.HeaderEventType, "created")
-	h.Set(broker.HeaderAggregateType, "order")
-	h.Set(broker.HeaderAggregateID, "42")
-	h.Set(broker.HeaderAggregateSequence, "1")
-	h.Set(broker.HeaderSchemaVersion, "1")
-	h.Set(broker.HeaderOccurredAt, "2025-06-01T12:00:00Z")
+	h.Set(wire.HeaderEventID, "01970a3c-7d2e-7c4b-9a51-2f3e4d5c6b7a")
+	h.Set(wire.HeaderEventType, "created")
+	h.Set(wire.HeaderAggregateType, "order")
+	h.Set(wire.HeaderAggregateID, "42")
+	h.Set(wire.HeaderAggregateSequence, "1")
+	h.Set(wire.HeaderSchemaVersion, "1")
+	h.Set(wire.HeaderOccurredAt, "2025-06-01T12:00:00Z")
 	h.Set("Content-Type", "application/json")
 	r := httptest.NewRequest(http.MethodPost, "/hooks/order", nil) // as a handler gets it
 	r.Header = h
@@ -87,9 +82,9 @@ func ExampleVerifier_Verify() {
 	fmt.Println("authentic:", v.Verify(r, body))
 	fmt.Println("tampered body:", v.Verify(r, []byte(`{"total":"0.01"}`)))
 
-	h.Add(broker.HeaderAggregateID, "43")
+	h.Add(wire.HeaderAggregateID, "43")
 	fmt.Println("a second aggregate id:", v.Verify(r, body))
-	h.Set(broker.HeaderAggregateID, "42")
+	h.Set(wire.HeaderAggregateID, "42")
 
 	h.Set(webhook.HeaderSignature, webhook.Sign(newKey, now.Add(-time.Hour), r, body))
 	fmt.Println("replayed an hour later:", v.Verify(r, body))

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Names of the headers the publisher sets beside the wire headers
@@ -33,25 +33,25 @@ const (
 // signedHeaders are the wire headers the signature covers, in signing order:
 // everything a receiver needs to act on an event besides the body.
 var signedHeaders = [...]string{
-	broker.HeaderEventID,
-	broker.HeaderEventType,
-	broker.HeaderAggregateType,
-	broker.HeaderAggregateID,
-	broker.HeaderAggregateSequence,
-	broker.HeaderSchemaVersion,
-	broker.HeaderOccurredAt,
+	wire.HeaderEventID,
+	wire.HeaderEventType,
+	wire.HeaderAggregateType,
+	wire.HeaderAggregateID,
+	wire.HeaderAggregateSequence,
+	wire.HeaderSchemaVersion,
+	wire.HeaderOccurredAt,
 }
 
 // signedCloudEventsHeaders stand for signedHeaders, position by position, in a
 // request of the CloudEvents format (one with a Ce-Specversion header).
 var signedCloudEventsHeaders = [...]string{
-	broker.CloudEventsHTTP.Prefix + broker.CEAttrID,
-	broker.CloudEventsHTTP.Prefix + broker.CEAttrType,
-	broker.CloudEventsHTTP.Prefix + broker.CEExtAggregateType,
-	broker.CloudEventsHTTP.Prefix + broker.CEExtAggregateID,
-	broker.CloudEventsHTTP.Prefix + broker.CEExtSequence,
-	broker.CloudEventsHTTP.Prefix + broker.CEExtSchemaVersion,
-	broker.CloudEventsHTTP.Prefix + broker.CEAttrTime,
+	wire.CloudEventsHTTP.Prefix + wire.CEAttrID,
+	wire.CloudEventsHTTP.Prefix + wire.CEAttrType,
+	wire.CloudEventsHTTP.Prefix + wire.CEExtAggregateType,
+	wire.CloudEventsHTTP.Prefix + wire.CEExtAggregateID,
+	wire.CloudEventsHTTP.Prefix + wire.CEExtSequence,
+	wire.CloudEventsHTTP.Prefix + wire.CEExtSchemaVersion,
+	wire.CloudEventsHTTP.Prefix + wire.CEAttrTime,
 }
 
 // signedV2Headers are the headers a v2 signature covers in a request of the
@@ -65,9 +65,9 @@ var signedV2Headers = append(signedHeaders[:len(signedHeaders):len(signedHeaders
 // source, subject: every attribute the publisher sends is signed), the content
 // type and the key.
 var signedV2CloudEventsHeaders = append(signedCloudEventsHeaders[:len(signedCloudEventsHeaders):len(signedCloudEventsHeaders)],
-	broker.CloudEventsHTTP.Prefix+broker.CEAttrSpecVersion,
-	broker.CloudEventsHTTP.Prefix+broker.CEAttrSource,
-	broker.CloudEventsHTTP.Prefix+broker.CEAttrSubject,
+	wire.CloudEventsHTTP.Prefix+wire.CEAttrSpecVersion,
+	wire.CloudEventsHTTP.Prefix+wire.CEAttrSource,
+	wire.CloudEventsHTTP.Prefix+wire.CEAttrSubject,
 	"Content-Type", HeaderIdempotencyKey)
 
 // v2Tag opens the text a v2 signature covers, so that it can never be taken for
@@ -167,7 +167,7 @@ func Sign(secret []byte, t time.Time, r *http.Request, body []byte) string {
 // isCloudEvents reports whether a request with header h is of the CloudEvents
 // format, as the publisher sends it: it has a Ce-Specversion header.
 func isCloudEvents(h http.Header) bool {
-	return len(h.Values(broker.CloudEventsHTTP.Prefix+broker.CEAttrSpecVersion)) > 0
+	return len(h.Values(wire.CloudEventsHTTP.Prefix+wire.CEAttrSpecVersion)) > 0
 }
 
 // signatureV1 is the v1 scheme, sent for receivers of earlier releases.
@@ -227,9 +227,9 @@ func checkUnambiguous(h http.Header) error {
 	}
 	// A specversion header under another prefix marks a CloudEvent to whoever
 	// looks for it there: refuse it, whether or not Ce-Specversion is present.
-	ceSpec := http.CanonicalHeaderKey(broker.CloudEventsHTTP.Prefix + broker.CEAttrSpecVersion)
+	ceSpec := http.CanonicalHeaderKey(wire.CloudEventsHTTP.Prefix + wire.CEAttrSpecVersion)
 	var other string
-	broker.CloudEventsPrefix(func(name string) string {
+	wire.CloudEventsPrefix(func(name string) string {
 		if key := http.CanonicalHeaderKey(name); key != ceSpec && other == "" && len(h.Values(key)) > 0 {
 			other = key
 		}
@@ -427,9 +427,9 @@ func (v *Verifier) Verify(r *http.Request, body []byte) error {
 	if err != nil {
 		return err
 	}
-	idHeader := broker.HeaderEventID
+	idHeader := wire.HeaderEventID
 	if isCloudEvents(h) {
-		idHeader = broker.CloudEventsHTTP.Prefix + broker.CEAttrID
+		idHeader = wire.CloudEventsHTTP.Prefix + wire.CEAttrID
 	}
 	if key := h.Get(HeaderIdempotencyKey); key != "" && key != h.Get(idHeader) {
 		return fmt.Errorf("%w: %s differs from %s", ErrBadSignature, HeaderIdempotencyKey, idHeader)

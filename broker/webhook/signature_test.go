@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // target is the path and query of the requests of these tests.
@@ -52,11 +52,11 @@ func TestVerify(t *testing.T) {
 			return h, []byte(strings.Replace(string(b), "9.50", "0.01", 1))
 		}, webhook.ErrBadSignature},
 		"tampered event type": {func(h http.Header, b []byte) (http.Header, []byte) {
-			h.Set(broker.HeaderEventType, "deleted")
+			h.Set(wire.HeaderEventType, "deleted")
 			return h, b
 		}, webhook.ErrBadSignature},
 		"tampered sequence": {func(h http.Header, b []byte) (http.Header, []byte) {
-			h.Set(broker.HeaderAggregateSequence, "2")
+			h.Set(wire.HeaderAggregateSequence, "2")
 			return h, b
 		}, webhook.ErrBadSignature},
 		"Idempotency-Key not the event id": {func(h http.Header, b []byte) (http.Header, []byte) {
@@ -113,9 +113,9 @@ func TestVerify(t *testing.T) {
 		"relabelled as a CloudEvent": {func(h http.Header, b []byte) (http.Header, []byte) {
 			// The v1 attack: the same positions under Ce-* names, an unsigned source.
 			for from, to := range map[string]string{
-				broker.HeaderEventID: "Ce-Id", broker.HeaderEventType: "Ce-Type", broker.HeaderAggregateType: "Ce-Pgoutboxaggtype",
-				broker.HeaderAggregateID: "Ce-Pgoutboxaggid", broker.HeaderAggregateSequence: "Ce-Pgoutboxseq",
-				broker.HeaderSchemaVersion: "Ce-Pgoutboxschemaver", broker.HeaderOccurredAt: "Ce-Time",
+				wire.HeaderEventID: "Ce-Id", wire.HeaderEventType: "Ce-Type", wire.HeaderAggregateType: "Ce-Pgoutboxaggtype",
+				wire.HeaderAggregateID: "Ce-Pgoutboxaggid", wire.HeaderAggregateSequence: "Ce-Pgoutboxseq",
+				wire.HeaderSchemaVersion: "Ce-Pgoutboxschemaver", wire.HeaderOccurredAt: "Ce-Time",
 			} {
 				h.Set(to, h.Get(from))
 				h.Del(from)
@@ -135,8 +135,8 @@ func TestVerify(t *testing.T) {
 
 	// A second value of any signed header: a receiver may read either one.
 	for _, name := range []string{
-		broker.HeaderEventID, broker.HeaderEventType, broker.HeaderAggregateType, broker.HeaderAggregateID,
-		broker.HeaderAggregateSequence, broker.HeaderSchemaVersion, broker.HeaderOccurredAt,
+		wire.HeaderEventID, wire.HeaderEventType, wire.HeaderAggregateType, wire.HeaderAggregateID,
+		wire.HeaderAggregateSequence, wire.HeaderSchemaVersion, wire.HeaderOccurredAt,
 		"Content-Type", webhook.HeaderIdempotencyKey,
 	} {
 		for _, second := range []string{"forged", ""} {
@@ -264,7 +264,7 @@ func TestVerifierHandler(t *testing.T) {
 // signed, each header once, with no other CloudEvents binding's specversion.
 func FuzzVerifyRequest(f *testing.F) {
 	for _, c := range [][3]string{
-		{"Tenant", "acme", target}, {broker.HeaderAggregateID, "43", target}, {"Content-Type", "text/plain", target},
+		{"Tenant", "acme", target}, {wire.HeaderAggregateID, "43", target}, {"Content-Type", "text/plain", target},
 		{webhook.HeaderIdempotencyKey, "k", target}, {"Ce-Specversion", "1.0", target}, {"Ce_specversion", "1.0", target},
 		{"Ce-Source", "/forged", target}, {"Outbox-Signature", "t=1,v2=00", target}, {"X", "y", "/hooks/order"},
 		{"X", "y", "/hooks/order?tenant=other"}, {"X", "y", "/hooks/order?tenant=acme&x=1"}, {"X", "y", "/hooks/%6Frder?tenant=acme"},
@@ -273,8 +273,8 @@ func FuzzVerifyRequest(f *testing.F) {
 	}
 	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 	v := &webhook.Verifier{Secrets: [][]byte{secret}, Now: func() time.Time { return now }}
-	signed := []string{broker.HeaderEventID, broker.HeaderEventType, broker.HeaderAggregateType, broker.HeaderAggregateID,
-		broker.HeaderAggregateSequence, broker.HeaderSchemaVersion, broker.HeaderOccurredAt, "Content-Type", webhook.HeaderIdempotencyKey}
+	signed := []string{wire.HeaderEventID, wire.HeaderEventType, wire.HeaderAggregateType, wire.HeaderAggregateID,
+		wire.HeaderAggregateSequence, wire.HeaderSchemaVersion, wire.HeaderOccurredAt, "Content-Type", webhook.HeaderIdempotencyKey}
 	f.Fuzz(func(t *testing.T, name, value, uri string) {
 		h, body := signedRequest(secret, now)
 		orig := h.Clone()

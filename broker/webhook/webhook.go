@@ -6,7 +6,7 @@
 // Each event is one POST to [Config.URL] (whose path may be a template, see
 // [ParseURL]) with the payload as body and these headers:
 //
-//	Content-Type: application/json
+//	Content-Type: <the payload's>           application/json unless Message.ContentType says
 //	Outbox-Event-Id, Outbox-Event-Type, …   the wire headers (docs/design.md)
 //	traceparent, …                          the producer's headers
 //	Idempotency-Key: <event id>             the same on every attempt
@@ -88,6 +88,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -101,7 +102,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/redact"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Defaults of Config.
@@ -178,7 +181,7 @@ type Config struct {
 	// Encoding is the wire format of the messages. The zero value is the
 	// default Outbox-* headers; FormatCloudEvents sends CloudEvents binary mode
 	// per the HTTP protocol binding (ce-* headers, Content-Type).
-	Encoding broker.Encoding
+	Encoding wire.Encoding
 }
 
 // The publisher's own transport (Config.HTTPClient nil) uses the values of
@@ -218,89 +221,69 @@ var reservedHeaders = map[string]bool{
 	"Idempotency-Key":   true,
 }
 
-// withDefaults returns a copy of cfg with defaults applied and the parsed
+// withDefaults returns a copy of cfg with defaults applied and its parsed
 // endpoint, or the errors of Validate.
 func withDefaults(cfg *Config) (Config, *endpoint, error) {
-	ep, err := cfg.check()
+	if cfg == nil {
+		return Config{}, nil, errors.New("webhook: Config is required: Config.URL and Config.Secret have no defaults")
+	}
+	var ep *endpoint
+	c, err := config.Resolve("webhook", cfg, fillDefaults, func(c *Config, p *config.Problems) {
+		ep = checkConfig(c, p)
+	})
 	if err != nil {
 		return Config{}, nil, err
 	}
-	c := *cfg
+	return c, ep, nil
+}
+
+func fillDefaults(c *Config) {
 	c.Secret = slices.Clone(c.Secret)
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.MaxConcurrency == 0 {
-		c.MaxConcurrency = DefaultMaxConcurrency
-	}
-	if c.RetryAfterMax == 0 {
-		c.RetryAfterMax = DefaultRetryAfterMax
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	config.Default(&c.Timeout, DefaultTimeout)
+	config.Default(&c.MaxConcurrency, DefaultMaxConcurrency)
+	config.Default(&c.RetryAfterMax, DefaultRetryAfterMax)
+	config.Default(&c.Logger, slog.Default())
 	static := make(http.Header, len(c.Header))
 	for name, values := range c.Header {
 		canon := http.CanonicalHeaderKey(name)
 		static[canon] = append(static[canon], values...)
 	}
 	c.Header = static
-	return c, ep, nil
+}
+
+// checkConfig records c's problems in p and returns its parsed endpoint.
+func checkConfig(c *Config, p *config.Problems) *endpoint {
+	ep, err := parseEndpoint(c.URL)
+	p.Field("Config.URL", err)
+	p.Check(len(c.Secret) > 0 || c.AllowUnsigned,
+		"Config.Secret is required (or set Config.AllowUnsigned to send unsigned requests)")
+	p.Check(len(c.Secret) == 0 || len(c.Secret) >= MinSecretLen,
+		"Config.Secret is %d bytes, want at least %d", len(c.Secret), MinSecretLen)
+	p.Check(c.Timeout > 0, "Config.Timeout (%s) must be positive", c.Timeout)
+	p.Check(c.MaxConcurrency > 0, "Config.MaxConcurrency (%d) must be positive", c.MaxConcurrency)
+	for _, name := range slices.Sorted(maps.Keys(c.Header)) {
+		if !isToken(name) {
+			p.Check(false, "Config.Header: %q is not a valid header name", name)
+			continue
+		}
+		if reservedHeaders[name] || strings.HasPrefix(name, "Outbox-") ||
+			(c.Encoding.Format == wire.FormatCloudEvents && strings.HasPrefix(name, "Ce-")) {
+			p.Check(false, "Config.Header: %s is set by the publisher", name)
+			continue
+		}
+		for _, v := range c.Header[name] {
+			p.Field("Config.Header: "+name, checkHeaderValue(v))
+		}
+	}
+	p.Field("Config.Encoding", c.Encoding.Validate())
+	return ep
 }
 
 // Validate reports every invalid field of c, each error naming its field; zero
 // fields stand for their defaults. A nil c lacks the required URL and Secret.
 func (c *Config) Validate() error {
-	_, err := c.check()
+	_, _, err := withDefaults(c)
 	return err
-}
-
-// check is Validate, also returning the parsed endpoint when c is valid.
-func (c *Config) check() (*endpoint, error) {
-	if c == nil {
-		return nil, errors.New("webhook: Config is required: Config.URL and Config.Secret have no defaults")
-	}
-	var errs []error
-	ep, err := parseEndpoint(c.URL)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("webhook: Config.URL: %w", err))
-	}
-	switch {
-	case len(c.Secret) == 0 && !c.AllowUnsigned:
-		errs = append(errs, errors.New("webhook: Config.Secret is required (or set Config.AllowUnsigned to send unsigned requests)"))
-	case len(c.Secret) > 0 && len(c.Secret) < MinSecretLen:
-		errs = append(errs, fmt.Errorf("webhook: Config.Secret is %d bytes, want at least %d", len(c.Secret), MinSecretLen))
-	}
-	if c.Timeout < 0 {
-		errs = append(errs, fmt.Errorf("webhook: Config.Timeout (%s) must be positive", c.Timeout))
-	}
-	if c.MaxConcurrency < 0 {
-		errs = append(errs, fmt.Errorf("webhook: Config.MaxConcurrency (%d) must be positive", c.MaxConcurrency))
-	}
-	for name, values := range c.Header {
-		if !isToken(name) {
-			errs = append(errs, fmt.Errorf("webhook: Config.Header: %q is not a valid header name", name))
-			continue
-		}
-		canon := http.CanonicalHeaderKey(name)
-		if reservedHeaders[canon] || strings.HasPrefix(canon, "Outbox-") ||
-			(c.Encoding.Format == broker.FormatCloudEvents && strings.HasPrefix(canon, "Ce-")) {
-			errs = append(errs, fmt.Errorf("webhook: Config.Header: %s is set by the publisher", canon))
-			continue
-		}
-		for _, v := range values {
-			if err := checkHeaderValue(v); err != nil {
-				errs = append(errs, fmt.Errorf("webhook: Config.Header: %s: %w", canon, err))
-			}
-		}
-	}
-	if err := c.Encoding.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("webhook: Config.Encoding: %w", err))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return ep, nil
 }
 
 // Publisher POSTs outbox events to a webhook endpoint. It implements
@@ -564,22 +547,20 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 
 // header returns the request headers of m, without the signature.
 func (p *Publisher) header(m *broker.Message) (http.Header, error) {
-	if err := m.CheckHeaders(); err != nil {
+	enc, err := p.cfg.Encoding.Encode(m, wire.CloudEventsHTTP)
+	if err != nil {
 		return nil, err
 	}
-	if err := p.cfg.Encoding.CheckMessage(m); err != nil {
-		return nil, err
+	headers := make(map[string]string, enc.HeaderCount)
+	for k, v := range enc.Headers {
+		headers[k] = v
 	}
-	wire := make(map[string]string, p.cfg.Encoding.HeaderCount(m))
-	for k, v := range p.cfg.Encoding.Headers(m, broker.CloudEventsHTTP) {
-		wire[k] = v
-	}
-	h := make(http.Header, len(wire)+len(p.cfg.Header)+4)
+	h := make(http.Header, len(headers)+len(p.cfg.Header)+4)
 	for name, values := range p.cfg.Header {
 		h[name] = slices.Clone(values)
 	}
-	sent := make(map[string]string, len(wire)) // canonical name → name as given
-	for name, v := range wire {
+	sent := make(map[string]string, len(headers)) // canonical name → name as given
+	for name, v := range headers {
 		if !isToken(name) {
 			return nil, fmt.Errorf("header name %q is not an HTTP token", name)
 		}
@@ -601,7 +582,7 @@ func (p *Publisher) header(m *broker.Message) (http.Header, error) {
 		sent[canon] = name
 		h[canon] = []string{v}
 	}
-	h.Set("Content-Type", "application/json")
+	h.Set("Content-Type", enc.ContentType)
 	h.Set(HeaderIdempotencyKey, m.EventID.String())
 	if h.Get("User-Agent") == "" {
 		h.Set("User-Agent", userAgent)

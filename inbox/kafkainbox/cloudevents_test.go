@@ -12,6 +12,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox/kafkainbox"
 	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // TestCloudEventsFormat: the relay's Kafka adapter publishes in the CloudEvents
@@ -20,7 +21,7 @@ import (
 func TestCloudEventsFormat(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4, 2)
-	publish := func(t *testing.T, enc broker.Encoding) broker.Publisher {
+	publish := func(t *testing.T, enc wire.Encoding) broker.Publisher {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/kafkalog"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
@@ -200,7 +201,7 @@ func New(opts []kgo.Opt, proc inbox.Processor, cfg *Config) (*Subscriber, error)
 		kgo.ConsumerGroup(proc.Name()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(time.Second),
-		kgo.WithLogger(kgoLogger{c.Logger}),
+		kgo.WithLogger(kafkalog.New(c.Logger)),
 	)
 	s.opts = append(s.opts, opts...)
 	s.opts = append(s.opts,
@@ -573,28 +574,4 @@ func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
 // longer start.
 func (s *Subscriber) Stop(ctx context.Context) error {
 	return s.lc.Stop(ctx)
-}
-
-// kgoLogger hands the client's log lines to slog. franz-go logs at info what is
-// debugging detail for a consumer (connections, heartbeats, fetch sessions), so
-// those go to slog's debug level and are produced only when the handler wants
-// them.
-type kgoLogger struct{ l *slog.Logger }
-
-func (k kgoLogger) Level() kgo.LogLevel {
-	if k.l.Enabled(context.Background(), slog.LevelDebug) {
-		return kgo.LogLevelInfo
-	}
-	return kgo.LogLevelWarn
-}
-
-func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
-	l := slog.LevelDebug
-	switch level {
-	case kgo.LogLevelError:
-		l = slog.LevelError
-	case kgo.LogLevelWarn:
-		l = slog.LevelWarn
-	}
-	k.l.Log(context.Background(), l, "kafka: "+msg, keyvals...)
 }

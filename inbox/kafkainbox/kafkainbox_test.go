@@ -26,6 +26,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Acceptance: two instances in one group consume 2,000 events over 40 aggregates
@@ -194,7 +195,7 @@ func TestHandlerErrorRetriesInPlace(t *testing.T) {
 	var targetOffset int64 = -1
 	recs := e.records(t)
 	for _, r := range recs {
-		if r.Partition == 0 && header(r, broker.HeaderEventID) == target.EventID.String() {
+		if r.Partition == 0 && header(r, wire.HeaderEventID) == target.EventID.String() {
 			targetOffset = r.Offset
 		}
 	}
@@ -205,7 +206,7 @@ func TestHandlerErrorRetriesInPlace(t *testing.T) {
 		if r.Partition != 0 {
 			continue
 		}
-		n := applied[header(r, broker.HeaderEventID)]
+		n := applied[header(r, wire.HeaderEventID)]
 		if (r.Offset < targetOffset && n > at) || (r.Offset > targetOffset && n < at) {
 			t.Errorf("offset %d of the partition applied as #%d, the retried event at offset %d as #%d", r.Offset, n, targetOffset, at)
 		}

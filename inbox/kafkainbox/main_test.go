@@ -128,13 +128,7 @@ func (e *kcluster) subscribe(t testing.TB, proc inbox.Processor, cfg kafkainbox.
 	t.Helper()
 	s := e.newSubscriber(t, proc, cfg, extra...)
 	pgtest.Must(t, s.Start(context.Background()), "Start")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := s.Stop(ctx); err != nil {
-			t.Errorf("stop subscriber: %v", err)
-		}
-	})
+	inboxtest.StopAtEnd(t, s)
 	return s
 }
 

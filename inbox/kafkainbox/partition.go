@@ -1,7 +1,6 @@
 package kafkainbox
 
 import (
-	"context"
 	"log/slog"
 	"sync"
 	"time"
@@ -9,7 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/pgoutbox/inbox"
-	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
 )
 
 // partition is the goroutine of one assigned partition: it processes the
@@ -167,23 +166,17 @@ func (s *Subscriber) handle(p *partition, rec *kgo.Record) bool {
 		case <-p.quit:
 			return false
 		}
-		ctx, cancel := context.WithTimeout(s.lc.Hard(), s.cfg.ProcessTimeout)
-		o := s.proc.Process(ctx, d)
-		cancel()
+		o := subscriber.Process(s.lc.Hard(), s.proc, s.cfg.ProcessTimeout, d)
 		<-s.sem
 
-		switch o.Action() {
-		case inbox.ActionAck:
-			// The transaction has committed (or found the event applied): only now
-			// may the offset move past the record. A crash before the commit of
-			// that offset means a re-read, which the inbox recognises.
-			if o.Status == inbox.StatusApplied {
-				_ = failpoint.Inject(failpoint.ConsumerAfterCommit) // crash or delay: the commit is done
-			}
+		switch subscriber.Judge(o) {
+		case subscriber.Ack:
+			// Only now may the offset move past the record. A crash before the
+			// commit of that offset means a re-read, which the inbox recognises.
 			p.finish(rec)
 			s.acked.Add(1)
 			return true
-		case inbox.ActionTerm:
+		case subscriber.Term:
 			p.finish(rec)
 			s.terminated.Add(1)
 			s.log.Error("skipped a record that is not an outbox event; its offset is committed", recordAttrs(rec, slog.Any("error", o.Err))...)

@@ -10,6 +10,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox/natsinbox"
 	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // TestCloudEventsFormat: the relay's NATS adapter publishes in the CloudEvents
@@ -18,7 +19,7 @@ import (
 func TestCloudEventsFormat(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	publish := func(t *testing.T, enc broker.Encoding) broker.Publisher {
+	publish := func(t *testing.T, enc wire.Encoding) broker.Publisher {
 		t.Helper()
 		p, err := natsbroker.New(t.Context(), connect(t), &natsbroker.Config{
 			Stream: e.target.Stream, StreamSubjects: e.target.Subjects(),

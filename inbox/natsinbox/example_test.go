@@ -2,24 +2,18 @@ package natsinbox_test
 
 import (
 	"context"
-	"fmt"
 	"log"
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
-	"github.com/pgoutbox/pgoutbox/inbox"
+	"github.com/pgoutbox/pgoutbox/inbox/internal/exampletest"
 	"github.com/pgoutbox/pgoutbox/inbox/natsinbox"
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
-	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 // A consumer service: events published to the OUTBOX stream (here by a publisher
@@ -44,41 +38,15 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer pub.Close()
-	paid := broker.Message{EventID: pgoutbox.NewEventID(), AggregateType: "order", AggregateID: "42",
-		AggregateSequence: 1, EventType: "paid", SchemaVersion: 1, OccurredAt: time.Now(),
-		Payload: []byte(`{"cents":1250}`)}
+	paid := exampletest.Paid()
 	if err := pub.Publish(ctx, []broker.Message{paid})[0]; err != nil {
 		log.Fatal(err)
 	}
 
-	// The consumer's database (a schema of its own here).
-	pool, err := pgxpool.New(ctx, pgtest.URL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	schema := pgtest.Name("example")
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
-	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineInbox}}); err != nil {
-		log.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".paid_orders (id text PRIMARY KEY, cents int)"); err != nil {
-		log.Fatal(err)
-	}
-
-	// An Observer sees every outcome (metrics use it); here it tells the example
-	// when both deliveries are processed.
-	outcomes := make(observer, 2)
-	type Paid struct {
-		Cents int `json:"cents"`
-	}
-	consumer, err := inbox.New(inbox.Pgx(pool), inbox.HandleJSON(func(ctx context.Context, tx pgx.Tx, ev inbox.Event, p Paid) error {
-		_, err := tx.Exec(ctx, "INSERT INTO "+schema+".paid_orders VALUES ($1, $2)", ev.AggregateID, p.Cents)
-		return err
-	}), &inbox.Config{Name: "shipping", Schema: schema, Observer: outcomes})
-	if err != nil {
-		log.Fatal(err)
-	}
+	// The consumer service: a Consumer "shipping" that records each paid order
+	// once (built as in the inbox package's example).
+	shop := exampletest.NewShop(ctx, 2, nil)
+	defer shop.Close()
 
 	nc, err := natsgo.Connect(srv.URL())
 	if err != nil {
@@ -90,7 +58,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	// Durable consumer "shipping" on stream OUTBOX, shared by every instance.
-	sub, err := natsinbox.New(js, consumer, &natsinbox.Config{Stream: "OUTBOX"})
+	sub, err := natsinbox.New(js, shop.Consumer, &natsinbox.Config{Stream: "OUTBOX"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -106,38 +74,16 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	for range 2 {
-		select {
-		case o := <-outcomes:
-			fmt.Println(o.Status)
-		case <-time.After(30 * time.Second):
-			log.Fatal("no delivery within 30s")
-		}
-	}
+	shop.Await()
 	// Stop lets the deliveries in progress commit and ack.
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := sub.Stop(stopCtx); err != nil {
 		log.Fatal(err)
 	}
-	var n int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".paid_orders").Scan(&n); err != nil {
-		log.Fatal(err)
-	}
-	s := consumer.Stats()
-	fmt.Printf("acked %d; applied %d, duplicates %d; paid orders: %d\n", sub.Stats().Acked, s.Applied, s.Duplicates, n)
+	shop.Report(ctx, sub.Stats().Acked)
 	// Output:
 	// applied
 	// duplicate
 	// acked 2; applied 1, duplicates 1; paid orders: 1
-}
-
-// observer passes outcomes on; it never blocks (Observe must not).
-type observer chan inbox.Outcome
-
-func (o observer) Observe(out inbox.Outcome) {
-	select {
-	case o <- out:
-	default:
-	}
 }

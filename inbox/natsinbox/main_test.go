@@ -74,13 +74,7 @@ func (e *env) subscribe(t testing.TB, js jetstream.JetStream, proc inbox.Process
 	s, err := natsinbox.New(js, proc, &cfg)
 	pgtest.Must(t, err, "natsinbox.New")
 	pgtest.Must(t, s.Start(context.Background()), "Start")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := s.Stop(ctx); err != nil {
-			t.Errorf("stop subscriber: %v", err)
-		}
-	})
+	inboxtest.StopAtEnd(t, s)
 	return s
 }
 

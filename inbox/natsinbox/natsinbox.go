@@ -35,12 +35,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgoutbox/pgoutbox"
-	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
 	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // pullRetry is the backoff between failed pull requests (the connection is down and
@@ -329,7 +329,7 @@ type jsBroker struct{ s *Subscriber }
 
 func (b jsBroker) Lane(msg jetstream.Msg) pgoutbox.Lane {
 	h := msg.Headers()
-	return pgoutbox.LaneOf(broker.LaneHeaders(h.Get))
+	return pgoutbox.LaneOf(wire.LaneHeaders(h.Get))
 }
 
 func (b jsBroker) Delivery(msg jetstream.Msg) (inbox.Delivery, bool) {

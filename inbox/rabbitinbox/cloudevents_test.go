@@ -11,6 +11,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox/rabbitinbox"
 	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // TestCloudEventsFormat: the relay's RabbitMQ adapter publishes in the
@@ -19,7 +20,7 @@ import (
 func TestCloudEventsFormat(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 4)
-	publish := func(t *testing.T, enc broker.Encoding) broker.Publisher {
+	publish := func(t *testing.T, enc wire.Encoding) broker.Publisher {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

@@ -8,7 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/pgoutbox"
-	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // brokerHeaders are headers RabbitMQ itself adds to a message (dead-lettering,
@@ -124,7 +124,7 @@ func header(h map[string]string, name string) string {
 // messages are processed one at a time. Messages without the headers (not outbox events) share one lane; they
 // are rejected quickly.
 func laneKey(h map[string]string) pgoutbox.Lane {
-	return pgoutbox.LaneOf(broker.LaneHeaders(func(name string) string { return header(h, name) }))
+	return pgoutbox.LaneOf(wire.LaneHeaders(func(name string) string { return header(h, name) }))
 }
 
 // attempt is the delivery count of d, for the inbox's retry backoff. Quorum queues

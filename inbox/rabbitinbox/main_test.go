@@ -202,13 +202,7 @@ func (e *env) dial(t testing.TB, proc inbox.Processor, cfg rabbitinbox.Config) *
 	defer cancel()
 	s, err := rabbitinbox.Dial(ctx, amqpURL, proc, &cfg)
 	pgtest.Must(t, err, "rabbitinbox.Dial")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := s.Stop(ctx); err != nil {
-			t.Errorf("stop subscriber: %v", err)
-		}
-	})
+	inboxtest.StopAtEnd(t, s)
 	return s
 }
 

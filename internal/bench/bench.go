@@ -54,6 +54,9 @@ const (
 // Sources lists every relay source.
 var Sources = []string{SourcePoll, SourceCDC}
 
+// DefaultBrokers are the brokers drain publishes to unless Config.Brokers says.
+var DefaultBrokers = []string{"null", "nats"}
+
 // Config says what to measure and where. Zero fields take the documented defaults.
 type Config struct {
 	// DatabaseURL is the PostgreSQL server to measure. Required. Scenarios create
@@ -171,7 +174,7 @@ func configDefaults(c *Config) {
 		c.Relays = []int{1, 2, 4}
 	}
 	if len(c.Brokers) == 0 {
-		c.Brokers = []string{"null", "nats"}
+		c.Brokers = slices.Clone(DefaultBrokers)
 	}
 	if len(c.TenantCounts) == 0 {
 		c.TenantCounts = []int{1, 10, 100}

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgoutbox/pgoutbox"
-	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // LatencyResult is the latency scenario: commit → seen on the stream, at a fixed
@@ -235,7 +235,7 @@ func (p *latencyProbe) subscribe(ctx context.Context) (jetstream.ConsumeContext,
 	}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		now := time.Now().UnixNano()
-		id, err := pgoutbox.ParseUUID(m.Headers().Get(broker.HeaderEventID))
+		id, err := pgoutbox.ParseUUID(m.Headers().Get(wire.HeaderEventID))
 		if err != nil {
 			return
 		}

@@ -1,5 +1,5 @@
 // Package cetest checks, with the official CloudEvents Go SDK, what an adapter
-// published in the CloudEvents format (broker.FormatCloudEvents): a
+// published in the CloudEvents format (wire.FormatCloudEvents): a
 // binding.Message over received headers for the bindings whose SDK protocol
 // packages target other client libraries (Kafka, AMQP), and a check of every
 // attribute of the decoded event against the outbox message.
@@ -22,6 +22,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // HeaderMessage is a binary-mode binding.Message read from string headers: the
@@ -166,10 +167,10 @@ func Compare(ev *event.Event, m *broker.Message, source string) []error {
 		errs = append(errs, fmt.Errorf("CloudEvent time = %s, want %s", ev.Time().Format(time.RFC3339Nano), m.OccurredAt.Format(time.RFC3339Nano)))
 	}
 	want := map[string]string{
-		broker.CEExtAggregateType: m.AggregateType,
-		broker.CEExtAggregateID:   m.AggregateID,
-		broker.CEExtSequence:      strconv.FormatInt(m.AggregateSequence, 10),
-		broker.CEExtSchemaVersion: strconv.Itoa(m.SchemaVersion),
+		wire.CEExtAggregateType: m.AggregateType,
+		wire.CEExtAggregateID:   m.AggregateID,
+		wire.CEExtSequence:      strconv.FormatInt(m.AggregateSequence, 10),
+		wire.CEExtSchemaVersion: strconv.Itoa(m.SchemaVersion),
 	}
 	got := map[string]string{}
 	for k, v := range ev.Extensions() {

@@ -20,12 +20,12 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/checker"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/migrate"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // The tests of relays serving many tenants (`pgoutbox relay --tenants-file`):
@@ -258,7 +258,7 @@ func readSubject(ctx context.Context, js jetstream.JetStream, stream, filter str
 			for k := range h {
 				names = append(names, k)
 			}
-			m, err := broker.ParseReceived(msg.Data(), names, h.Get)
+			m, err := wire.ParseReceived(msg.Data(), names, h.Get)
 			if err != nil {
 				return nil, fmt.Errorf("stream %s, sequence %d (%s): %w", stream, md.Sequence.Stream, msg.Subject(), err)
 			}

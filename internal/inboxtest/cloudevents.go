@@ -14,6 +14,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // cloudEventsSettle bounds the wait for the CloudEvents case's events.
@@ -21,10 +22,10 @@ const cloudEventsSettle = time.Minute
 
 // Publisher returns the broker adapter, configured with enc, that publishes to
 // the destination a subscriber reads. The case closes it.
-type Publisher func(t *testing.T, enc broker.Encoding) broker.Publisher
+type Publisher func(t *testing.T, enc wire.Encoding) broker.Publisher
 
 // publishAll publishes msgs through a new adapter with enc, each acknowledged.
-func publishAll(t *testing.T, newPublisher Publisher, enc broker.Encoding, msgs ...broker.Message) {
+func publishAll(t *testing.T, newPublisher Publisher, enc wire.Encoding, msgs ...broker.Message) {
 	t.Helper()
 	p := newPublisher(t, enc)
 	defer func() { _ = p.Close() }()
@@ -39,7 +40,7 @@ func publishAll(t *testing.T, newPublisher Publisher, enc broker.Encoding, msgs 
 
 // CloudEvents is the case of a subscriber fed in the CloudEvents format: three
 // events of one aggregate published by the adapter with
-// broker.FormatCloudEvents, then the second again in the default format (a
+// wire.FormatCloudEvents, then the second again in the default format (a
 // re-publish, as after a format change). The consumer applies the three once
 // each, in order, the re-publish is a duplicate, and the handler sees each
 // event as it was published. start starts a subscriber of the destination for
@@ -49,7 +50,7 @@ func CloudEvents(t *testing.T, e *Effects, publish Publisher, start func(t *test
 	msgs := Lane("ce-1", 3)
 	for i := range msgs {
 		msgs[i].SchemaVersion = 2
-		msgs[i].Headers = map[string]string{"Tenant": "acme", broker.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+		msgs[i].Headers = map[string]string{"Tenant": "acme", wire.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 	}
 	byID := map[pgoutbox.UUID]broker.Message{}
 	for _, m := range msgs {
@@ -70,10 +71,10 @@ func CloudEvents(t *testing.T, e *Effects, publish Publisher, start func(t *test
 		}
 		return e.Record(ctx, tx, ev)
 	})
-	publishAll(t, publish, broker.Encoding{Format: broker.FormatCloudEvents, CloudEventsSource: "/pgoutbox/" + e.Schema}, msgs...)
+	publishAll(t, publish, wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: "/pgoutbox/" + e.Schema}, msgs...)
 	again := msgs[1]
 	again.DedupID = again.EventID.String() + "-again"
-	publishAll(t, publish, broker.Encoding{}, again)
+	publishAll(t, publish, wire.Encoding{}, again)
 	start(t, c)
 	wait.For(t, cloudEventsSettle, "3 events applied and the re-publish found a duplicate", func() bool {
 		st := c.Stats()

@@ -144,3 +144,15 @@ func Lane(id string, n int) []broker.Message {
 	}
 	return out
 }
+
+// StopAtEnd stops s when the test ends, within 30 s, and fails the test if the
+// stop fails: the cleanup of every subscriber a test starts.
+func StopAtEnd(tb testing.TB, s interface{ Stop(context.Context) error }) {
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.Stop(ctx); err != nil {
+			tb.Errorf("stop subscriber: %v", err)
+		}
+	})
+}

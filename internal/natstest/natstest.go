@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // URL returns the shared test server's URL.
@@ -121,7 +122,7 @@ func (t Target) Read(tb testing.TB) []broker.Message {
 			for k := range h {
 				names = append(names, k)
 			}
-			m, err := broker.ParseReceived(msg.Data(), names, h.Get)
+			m, err := wire.ParseReceived(msg.Data(), names, h.Get)
 			if err != nil {
 				tb.Fatalf("natstest: message %d of %s: %v", len(out)+1, msg.Subject(), err)
 			}

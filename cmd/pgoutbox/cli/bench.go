@@ -75,7 +75,7 @@ docs/performance.md explains each figure and what bounds it.`,
 	fs.IntVar(&f.cfg.PayloadBytes, "payload-bytes", 256, "approximate JSON payload size (env PGOUTBOX_BENCH_PAYLOAD_BYTES)")
 	fs.IntVar(&f.cfg.BatchSize, "batch-size", 500, "relays' --batch-size and the SQL ceiling's batch (env PGOUTBOX_BENCH_BATCH_SIZE)")
 	fs.IntSliceVar(&f.cfg.Relays, "relays", []int{1, 2, 4}, "drain: relay counts to time (env PGOUTBOX_BENCH_RELAYS)")
-	fs.StringSliceVar(&f.cfg.Brokers, "broker", []string{"null", "nats"}, "drain: brokers: null, nats, embedded or a relay --broker URL (env PGOUTBOX_BENCH_BROKER)")
+	fs.StringSliceVar(&f.cfg.Brokers, "broker", slices.Clone(bench.DefaultBrokers), "drain: brokers: null, nats, embedded or a relay --broker URL (env PGOUTBOX_BENCH_BROKER)")
 	fs.IntVar(&f.cfg.Rate, "rate", 1_000, "latency: offered events/s (env PGOUTBOX_BENCH_RATE)")
 	fs.DurationVar(&f.cfg.Duration, "duration", 10*time.Second, "latency: how long load is offered; enqueue: time per cell (env PGOUTBOX_BENCH_DURATION)")
 	fs.DurationVar(&f.cfg.PollInterval, "poll-interval", 2*time.Second, "relays' --poll-interval (latency's polling-only run depends on it) (env PGOUTBOX_BENCH_POLL_INTERVAL)")

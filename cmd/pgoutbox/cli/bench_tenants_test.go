@@ -35,14 +35,7 @@ func TestBenchTenantsSmall(t *testing.T) {
 		"--tenant-counts", "4,1", "--events", "1200", "--aggregates", "40", "--broker", natstest.URL(),
 		"--idle-duration", "2s", "--duration", "1s", "--tenant-rate", "10", "--poll-interval", "500ms",
 		"--json", jsonFile, "--report", report)
-	cmd.Env = os.Environ()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
-	t.Logf("bench took %s:\n%s", time.Since(start).Round(time.Millisecond), stdout.String())
+	stdout, _ := benchRun(t, cmd)
 
 	raw, err := os.ReadFile(jsonFile)
 	pgtest.Must(t, err, "read JSON")
@@ -108,7 +101,7 @@ func TestBenchTenantsSmall(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"tenants: one relay process serving many outboxes", "4 tenants in 2 databases", "hot tenant draining", "quiet tenants' p99"} {
-		if !strings.Contains(stdout.String(), want) {
+		if !strings.Contains(stdout, want) {
 			t.Errorf("stdout lacks %q", want)
 		}
 	}
@@ -119,7 +112,7 @@ func TestBenchTenantsSmall(t *testing.T) {
 	}
 	// The tables can be printed again from the JSON alone.
 	out, errOut, code := run(t, "bench", "--from-json", jsonFile)
-	if code != 0 || out != stdout.String() {
+	if code != 0 || out != stdout {
 		t.Errorf("--from-json: code %d, stderr %q; stdout differs from the run's:\n%s", code, errOut, out)
 	}
 }

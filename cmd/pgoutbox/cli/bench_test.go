@@ -26,6 +26,21 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
+// benchRun runs cmd, a bench through the binary, in this environment, and
+// returns its output; it fails the test when the bench fails.
+func benchRun(t *testing.T, cmd *exec.Cmd) (stdout, stderr string) {
+	t.Helper()
+	cmd.Env = os.Environ()
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errOut.String())
+	}
+	t.Logf("bench took %s:\n%s", time.Since(start).Round(time.Millisecond), out.String())
+	return out.String(), errOut.String()
+}
+
 // Every scenario at toy sizes through the real binary (relays as its subprocesses):
 // the JSON holds every figure, and the figures are consistent with what was asked
 // (all events published and on the stream, one latency sample per offered event).
@@ -48,21 +63,14 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 		"--relays", "1,2", "--broker", "null,"+natstest.URL(), "--duration", "500ms", "--rate", "200",
 		"--poll-interval", "500ms", "--idle-duration", "2s", "--history-rows", "20000", "--history-trials", "3",
 		"--enqueue-rounds", "2", "--json", jsonFile, "--report", report)
-	cmd.Env = os.Environ()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
-	t.Logf("bench took %s:\n%s", time.Since(start).Round(time.Millisecond), stdout.String())
+	stdout, stderr := benchRun(t, cmd)
 	for _, want := range []string{"drain:", "enqueue:", "latency:", "idle:", "history:", "targets"} {
-		if !strings.Contains(stdout.String(), want) {
+		if !strings.Contains(stdout, want) {
 			t.Errorf("stdout lacks %q", want)
 		}
 	}
-	if !strings.Contains(stderr.String(), "bench: drain") {
-		t.Errorf("no progress lines on stderr (not a terminal):\n%s", stderr.String())
+	if !strings.Contains(stderr, "bench: drain") {
+		t.Errorf("no progress lines on stderr (not a terminal):\n%s", stderr)
 	}
 
 	raw, err := os.ReadFile(jsonFile)
@@ -75,7 +83,7 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 	if res.Context.CPUs < 1 || res.Context.PostgreSQL == "" || res.Context.GoVersion == "" || res.Settings.Events != events {
 		t.Errorf("context/settings incomplete: %+v %+v", res.Context, res.Settings)
 	}
-	if len(res.ScenarioCPU) != 5 || !strings.Contains(stdout.String(), "machine CPU during each scenario") { // the tests run on Linux
+	if len(res.ScenarioCPU) != 5 || !strings.Contains(stdout, "machine CPU during each scenario") { // the tests run on Linux
 		t.Errorf("scenario CPU shares %+v", res.ScenarioCPU)
 	}
 	for s, sh := range res.ScenarioCPU {
@@ -248,14 +256,14 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"CDC stream", "cdc"} {
-		if !strings.Contains(stdout.String(), want) {
+		if !strings.Contains(stdout, want) {
 			t.Errorf("stdout lacks %q", want)
 		}
 	}
 
 	// The tables can be printed again from the JSON alone.
 	out, errOut, code := run(t, "bench", "--from-json", jsonFile)
-	if code != 0 || out != stdout.String() {
+	if code != 0 || out != stdout {
 		t.Errorf("--from-json: code %d, stderr %q; stdout differs from the run's:\n%s", code, errOut, out)
 	}
 

@@ -108,7 +108,7 @@ or DATABASE_URL it uses ` + demoDatabaseURL + `.`,
 	fs.BoolVar(&f.chaos, "chaos", false, "SIGKILL relays and consumers at random while it runs, and restart them (env PGOUTBOX_DEMO_CHAOS)")
 	fs.BoolVar(&f.keep, "keep", false, "keep the schema and the stream afterwards, for inspection (env PGOUTBOX_DEMO_KEEP)")
 	fs.Float64Var(&f.rate, "rate", 40, "orders placed per second (env PGOUTBOX_DEMO_RATE)")
-	fs.StringVar(&f.natsURL, "nats-url", "embedded", "NATS JetStream server, or embedded for an in-process one (env PGOUTBOX_DEMO_NATS_URL)")
+	fs.StringVar(&f.natsURL, "nats-url", embeddedBroker, "NATS JetStream server, or embedded for an in-process one (env PGOUTBOX_DEMO_NATS_URL)")
 	fs.IntVar(&f.replicas, "replicas", 2, "processes of each kind: relays, inventory consumers, payment workers (env PGOUTBOX_DEMO_REPLICAS)")
 	fs.Float64Var(&f.timeoutRate, "payment-timeout-rate", 0.05, "share of charge requests the fake payment API records and then leaves unanswered (env PGOUTBOX_DEMO_PAYMENT_TIMEOUT_RATE)")
 	fs.Float64Var(&f.failRate, "payment-fail-rate", 0.05, "share of charge requests the fake payment API fails with 503 (env PGOUTBOX_DEMO_PAYMENT_FAIL_RATE)")
@@ -297,7 +297,7 @@ func (d *demo) createSchema(ctx, bg context.Context) error {
 func (d *demo) startBroker(ctx, bg context.Context) (string, error) {
 	brokerDesc := redact.URL(d.f.natsURL)
 	d.natsURL = d.f.natsURL
-	if d.f.natsURL == "embedded" {
+	if d.f.natsURL == embeddedBroker {
 		url, err := d.startEmbeddedNATS()
 		if err != nil {
 			return "", err

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -495,17 +496,11 @@ func dlqInTenants(cmd *cobra.Command, db *dbFlags, groups []admin.TenantIDs, man
 // dlqRetryIn runs one retry in the outbox of db.schema and prints its summary,
 // naming the tenant when many.
 func dlqRetryIn(cmd *cobra.Command, db *dbFlags, req admin.RetryRequest, many bool) error {
-	a, closeDB, err := tenantOpenAdmin(cmd.Context(), db, many)
+	retried, err := dlqActIn(cmd, db, many, func(ctx context.Context, a *admin.Admin) ([]pgoutbox.UUID, error) {
+		return a.RetryEvents(ctx, req)
+	})
 	if err != nil {
 		return err
-	}
-	defer closeDB()
-	retried, err := a.RetryEvents(cmd.Context(), req)
-	if errors.Is(err, admin.ErrInvalidAuditText) {
-		return usageError{err}
-	}
-	if err != nil {
-		return admin.TenantStuck(err)
 	}
 	var left []string
 	for _, id := range req.IDs {
@@ -517,10 +512,7 @@ func dlqRetryIn(cmd *cobra.Command, db *dbFlags, req admin.RetryRequest, many bo
 	if len(left) > 0 {
 		summary += "; not quarantined, left alone: " + strings.Join(left, ", ")
 	}
-	if many {
-		summary = "tenant " + tenantName(db.schema) + ": " + summary
-	}
-	_, err = fmt.Fprintln(cmd.OutOrStdout(), summary)
+	_, err = fmt.Fprintln(cmd.OutOrStdout(), dlqTenantPrefix(db, many)+summary)
 	return err
 }
 
@@ -598,20 +590,44 @@ func dlqCheckQuarantined(cmd *cobra.Command, db dbFlags, groups []admin.TenantID
 	return nil
 }
 
+// dlqActIn runs act, an audited dlq action, on the Admin of db.schema (a
+// tenant's, bounded by its lock timeout, when many): an invalid audit text is
+// a usage error, any other failure marks the tenant stuck when it is
+// (admin.TenantStuck).
+func dlqActIn[T any](cmd *cobra.Command, db *dbFlags, many bool, act func(context.Context, *admin.Admin) (T, error)) (T, error) {
+	var none T
+	a, closeDB, err := tenantOpenAdmin(cmd.Context(), db, many)
+	if err != nil {
+		return none, err
+	}
+	defer closeDB()
+	res, err := act(cmd.Context(), a)
+	if errors.Is(err, admin.ErrInvalidAuditText) {
+		return none, usageError{err}
+	}
+	if err != nil {
+		return none, admin.TenantStuck(err)
+	}
+	return res, nil
+}
+
+// dlqTenantPrefix names the tenant of db.schema before a summary line when
+// many, else nothing.
+func dlqTenantPrefix(db *dbFlags, many bool) string {
+	if !many {
+		return ""
+	}
+	return "tenant " + tenantName(db.schema) + ": "
+}
+
 // dlqSkipIn runs one skip in the outbox of db.schema and prints its summary,
 // naming the tenant when many.
 func dlqSkipIn(cmd *cobra.Command, db *dbFlags, req admin.SkipRequest, many bool) error {
-	a, closeDB, err := tenantOpenAdmin(cmd.Context(), db, many)
+	skipped, err := dlqActIn(cmd, db, many, func(ctx context.Context, a *admin.Admin) ([]admin.Skipped, error) {
+		return a.Skip(ctx, req)
+	})
 	if err != nil {
 		return err
-	}
-	defer closeDB()
-	skipped, err := a.Skip(cmd.Context(), req)
-	if errors.Is(err, admin.ErrInvalidAuditText) {
-		return usageError{err}
-	}
-	if err != nil {
-		return admin.TenantStuck(err)
 	}
 	var lanes []string
 	for _, s := range skipped {
@@ -621,11 +637,7 @@ func dlqSkipIn(cmd *cobra.Command, db *dbFlags, req admin.SkipRequest, many bool
 	if len(skipped) > 0 {
 		by = skipped[0].SkippedBy
 	}
-	prefix := ""
-	if many {
-		prefix = "tenant " + tenantName(db.schema) + ": "
-	}
-	_, err = fmt.Fprintf(cmd.OutOrStdout(), "%sskipped %s (%s) as %s\n", prefix, dlqPlural(len(skipped), "event"), strings.Join(lanes, ", "), by)
+	_, err = fmt.Fprintf(cmd.OutOrStdout(), "%sskipped %s (%s) as %s\n", dlqTenantPrefix(db, many), dlqPlural(len(skipped), "event"), strings.Join(lanes, ", "), by)
 	return err
 }
 

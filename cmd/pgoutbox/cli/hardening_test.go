@@ -149,7 +149,7 @@ func TestDescribeBrokerHidesCredentials(t *testing.T) {
 		"nats://u:" + strings.Repeat(secret, 3) + "@[::1]:4222":           "nats://xxxxx@[::1]:4222",
 		"nats://u:" + secret + "@h:4222, nats://u:" + secret + "@i:4222 ": "nats://xxxxx@i:4222",
 	} {
-		got := (&brokerTarget{kind: "nats", flags: &brokerFlags{url: raw}}).describe()
+		got := (&brokerTarget{kind: kindNamed("nats"), flags: &brokerFlags{url: raw}}).describe()
 		if strings.Contains(got, secret) || got != want {
 			t.Errorf("describe(%q) = %q, want %q", raw, got, want)
 		}

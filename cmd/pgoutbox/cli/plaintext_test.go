@@ -27,7 +27,7 @@ func TestWarnPlaintextCredentials(t *testing.T) {
 		{"kafka", "kafka://k1:9092", false},
 	} {
 		var logs bytes.Buffer
-		warnPlaintextCredentials(slog.New(slog.NewTextHandler(&logs, nil)), tc.kind, tc.url)
+		warnPlaintextCredentials(slog.New(slog.NewTextHandler(&logs, nil)), kindNamed(tc.kind), tc.url)
 		if got := strings.Contains(logs.String(), "level=WARN"); got != tc.warn {
 			t.Errorf("%s %s: warned %v, want %v: %s", tc.kind, tc.url, got, tc.warn, logs.String())
 		}

@@ -6,21 +6,23 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
-	"github.com/pgoutbox/pgoutbox/broker/brokerotel"
+	"github.com/pgoutbox/pgoutbox/health"
 	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/relay/relayprom"
 )
 
 type relayFlags struct {
@@ -78,12 +80,12 @@ The polling relay runs Go's garbage collector at GOGC=200 unless GOGC is set.
 				return usagef("--source cdc serves one schema per replication slot: run a CDC relay per tenant, or poll with --tenants (docs/operations.md, \"Many tenants\")")
 			case f.tenants.enabled():
 				tuneGC()
-				return runRelayTenants(cmd.Context(), &f, cmd.Flags(), cmd.ErrOrStderr())
+				return runDaemon(cmd.Context(), &f, cmd.ErrOrStderr(), &tenantsRelay{f: &f, flags: cmd.Flags()})
 			case isCDC:
-				return runRelayCDC(cmd.Context(), &f, cmd.ErrOrStderr())
+				return runDaemon(cmd.Context(), &f, cmd.ErrOrStderr(), &cdcRelay{f: &f})
 			}
 			tuneGC() // the polling relay only: the CDC source holds more memory, for no gain measured
-			return runRelay(cmd.Context(), &f, cmd.ErrOrStderr())
+			return runDaemon(cmd.Context(), &f, cmd.ErrOrStderr(), &singleRelay{f: &f})
 		},
 	}
 	fs := cmd.Flags()
@@ -137,149 +139,141 @@ func tuneGC() {
 	}
 }
 
-func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
-	if f.stopMax <= 0 {
-		return usagef("--shutdown-timeout must be positive, got %s", f.stopMax)
-	}
+// singleRelay is the relay of one outbox (relay.Relay), with its cleanup job.
+type singleRelay struct {
+	f        *relayFlags
+	cfg      relay.Config
+	logger   *slog.Logger
+	observer *relayprom.Metrics // nil without --metrics-addr
+	pool     *pgxpool.Pool
+	relay    *relay.Relay
+}
+
+func (m *singleRelay) check(_ context.Context, logger *slog.Logger) error {
+	f := m.f
 	if f.cleanupInterval < 0 || f.retention <= 0 {
 		return usagef("--cleanup-interval must not be negative and --retention must be positive, got %s and %s", f.cleanupInterval, f.retention)
 	}
-	logger, err := f.log.logger(stderr)
-	if err != nil {
-		return err
-	}
-	cfg := f.cfg
-	cfg.Schema = f.db.schema
-	cfg.Logger = logger
-	// Validate everything before touching the network.
-	if err := cfg.Validate(); err != nil {
+	m.logger = logger
+	m.cfg = f.cfg
+	m.cfg.Schema = f.db.schema
+	m.cfg.Logger = logger
+	if err := m.cfg.Validate(); err != nil {
 		return usageError{flagNames(err)}
 	}
-	target, err := f.broker.parse()
-	if err != nil {
-		return err
-	}
+	_, err := f.db.parse() // a bad URL fails before anything starts
+	return err
+}
+
+func (m *singleRelay) useBroker(_ *brokerTarget, brokerLog *slog.Logger) error {
 	// Every line of the relay, "relay starting" first, names where events go.
-	cfg.Logger = logger.With(slog.String("broker", target.describe()))
-	if _, err := f.db.parse(); err != nil { // a bad URL fails before anything starts
-		return err
-	}
-	ops, err := newRelayOps(f.metricsAddr)
-	if err != nil {
-		return err
-	}
-	if ops != nil {
-		cfg.Observer = ops.metrics
-	}
-	traces, err := setupTracing(ctx, f.stdout)
-	if err != nil {
-		return err
-	}
-	defer flushTraces(traces, logger)
-
-	maxConns := int32(cfg.Workers + 2)
-	if f.cleanupInterval > 0 {
-		maxConns++ // the cleanup job's connection
-	}
-	if ops != nil {
-		maxConns++ // scrapes and readiness probes
-	}
-	pool, err := f.db.openPool(ctx, maxConns)
-	if err != nil {
-		return err
-	}
-	defer closePool(pool, logger)
-	cctx, cancel := context.WithTimeout(ctx, f.db.connectTimeout)
-	defer cancel()
-	// A missing privilege fails here, naming each one, instead of as a claim
-	// retried for ever.
-	if err := migrate.CheckPrivileges(cctx, pool, cfg.Schema, migrate.RoleRelay, false); err != nil {
-		return err
-	}
-	if err := checkMigrated(cctx, pool, cfg.Schema); err != nil {
-		return err
-	}
-
-	pub, closeBroker, err := openPublisher(ctx, target, traces, logger)
-	if err != nil {
-		return err
-	}
-	defer closeBroker()
-
-	r, err := relay.New(pool, pub, &cfg)
-	if err != nil {
-		return err
-	}
-	if ops != nil {
-		srv, err := ops.serve(pool, r, cfg.Schema, logger)
-		if err != nil {
-			return err
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Stop(sctx)
-		}()
-	}
-	if err := r.Start(context.WithoutCancel(ctx)); err != nil {
-		return err
-	}
-	if f.cleanupInterval > 0 {
-		cc := admin.CleanerConfig{Interval: f.cleanupInterval, Logger: logger,
-			Cleanup: admin.CleanupConfig{Schema: cfg.Schema, Retention: f.retention}}
-		if ops != nil {
-			cc.Done = func(res admin.CleanupResult, _ error) {
-				ops.metrics.CleanupDeleted("outbox_events", res.Deleted+res.DroppedRows)
-				ops.metrics.CleanupDeleted("processed_events", res.InboxDeleted)
-			}
-		}
-		cleaner, err := admin.NewCleaner(pool, &cc)
-		if err != nil {
-			return usageError{err}
-		}
-		if err := cleaner.Start(context.WithoutCancel(ctx)); err != nil {
-			return err
-		}
-		// Deferred: stopped before the pool closes, after the relay stopped.
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = cleaner.Stop(sctx)
-		}()
-	}
-	<-ctx.Done() // SIGTERM or SIGINT
-	logger.Info("stopping: finishing in-flight publishes", slog.Duration("shutdown_timeout", f.stopMax))
-	sctx, scancel := context.WithTimeout(context.Background(), f.stopMax)
-	defer scancel()
-	if err := r.Stop(sctx); err != nil {
-		return fmt.Errorf("relay did not stop within --shutdown-timeout %s; unreleased leases expire after --lease", f.stopMax)
-	}
+	m.cfg.Logger = brokerLog
 	return nil
 }
 
-// flushTraces flushes the spans still buffered, for at most 5s.
-func flushTraces(traces *tracing, logger *slog.Logger) {
-	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := traces.shutdown(fctx); err != nil {
-		logger.Warn("could not flush traces", slog.Any("error", err))
-	}
+func (m *singleRelay) metrics(reg *prometheus.Registry) (err error) {
+	m.observer, err = relayprom.New(reg)
+	m.cfg.Observer = m.observer
+	return err
 }
 
-// openPublisher connects to the broker, with publish spans when tracing is on.
-func openPublisher(ctx context.Context, target *brokerTarget, traces *tracing, logger *slog.Logger) (broker.Publisher, func(), error) {
-	pub, closeBroker, err := target.open(ctx, logger)
-	if err != nil {
-		return nil, nil, err
+func (m *singleRelay) connect(ctx context.Context) (func(), error) {
+	maxConns := int32(m.cfg.Workers + 2)
+	if m.f.cleanupInterval > 0 {
+		maxConns++ // the cleanup job's connection
 	}
-	if tp := traces.provider(); tp != nil {
-		if pub, err = brokerotel.New(pub, &brokerotel.Config{TracerProvider: tp, System: target.system(), Destination: target.destination()}); err != nil {
-			closeBroker()
-			return nil, nil, err
+	if m.f.metricsAddr != "" {
+		maxConns++ // scrapes and readiness probes
+	}
+	pool, err := m.f.db.openPool(ctx, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	closeDB := func() { closePool(pool, m.logger) }
+	cctx, cancel := context.WithTimeout(ctx, m.f.db.connectTimeout)
+	defer cancel()
+	// A missing privilege fails here, naming each one, instead of as a claim
+	// retried for ever.
+	if err := migrate.CheckPrivileges(cctx, pool, m.cfg.Schema, migrate.RoleRelay, false); err != nil {
+		closeDB()
+		return nil, err
+	}
+	if err := checkMigrated(cctx, pool, m.cfg.Schema); err != nil {
+		closeDB()
+		return nil, err
+	}
+	m.pool = pool
+	return closeDB, nil
+}
+
+func (m *singleRelay) service(pub broker.Publisher) (service, error) {
+	r, err := relay.New(m.pool, pub, &m.cfg)
+	if err != nil {
+		return nil, err
+	}
+	m.relay = r
+	return r, nil
+}
+
+// health adds the backlog collector of the outbox; /readyz checks the
+// database and the relay.
+func (m *singleRelay) health(reg *prometheus.Registry) (http.Handler, string, error) {
+	backlog, err := relayprom.NewOutbox(m.pool, &relayprom.OutboxConfig{Schema: m.cfg.Schema, Health: m.relay.Healthy, Logger: m.logger})
+	if err != nil {
+		return nil, "", err
+	}
+	if err := reg.Register(backlog); err != nil {
+		return nil, "", fmt.Errorf("register outbox metrics: %w", err)
+	}
+	h, err := health.Handler(&health.Config{
+		Gatherer: reg,
+		Checks: []health.Check{
+			{Name: "database", Func: m.pool.Ping},
+			{Name: "relay", Func: health.Status(m.relay.Healthy)},
+		},
+		Logger: m.logger,
+	})
+	return h, healthEndpoints, err
+}
+
+// started starts the cleanup job of --cleanup-interval.
+func (m *singleRelay) started(ctx context.Context) (func(), error) {
+	if m.f.cleanupInterval == 0 {
+		return func() {}, nil
+	}
+	cc := admin.CleanerConfig{Interval: m.f.cleanupInterval, Logger: m.logger,
+		Cleanup: admin.CleanupConfig{Schema: m.cfg.Schema, Retention: m.f.retention}}
+	if m.observer != nil {
+		cc.Done = func(res admin.CleanupResult, _ error) {
+			m.observer.CleanupDeleted("outbox_events", res.Deleted+res.DroppedRows)
+			m.observer.CleanupDeleted("processed_events", res.InboxDeleted)
 		}
 	}
-	return pub, closeBroker, nil
+	cleaner, err := admin.NewCleaner(m.pool, &cc)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	if err := cleaner.Start(context.WithoutCancel(ctx)); err != nil {
+		return nil, err
+	}
+	// Stopped before the pool closes, after the relay stopped.
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = cleaner.Stop(sctx)
+	}, nil
 }
+
+func (m *singleRelay) stopping() (string, error) { return stoppingRelay(m.f) }
+
+// stoppingRelay is the stop of a polling relay, one outbox or many.
+func stoppingRelay(f *relayFlags) (string, error) {
+	return "stopping: finishing in-flight publishes",
+		fmt.Errorf("relay did not stop within --shutdown-timeout %s; unreleased leases expire after --lease", f.stopMax)
+}
+
+// healthEndpoints are what health.Handler serves.
+const healthEndpoints = "/metrics /healthz /readyz"
 
 // rejectZero refuses an explicit zero for flags whose zero would silently mean
 // "the default" in relay.Config.
@@ -347,6 +341,3 @@ func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 		return nil, usagef("--log-format %q: want text or json", l.format)
 	}
 }
-
-// defaultEmbeddedDir is where --broker embedded keeps its data unless told.
-func defaultEmbeddedDir() string { return filepath.Join(os.TempDir(), "pgoutbox-embedded-nats") }

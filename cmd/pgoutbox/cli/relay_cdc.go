@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/cdc/cdcprom"
 	"github.com/pgoutbox/pgoutbox/migrate"
@@ -61,68 +60,85 @@ published at once, sharing no aggregate), --run-length, --max-attempts, --backof
 and --publish-timeout apply. If the slot is lost,
 run 'pgoutbox cdc recover'; 'pgoutbox cdc disable' hands the schema back to polling.`
 
-// runRelayCDC runs the relay with the CDC source until SIGTERM/SIGINT.
-func runRelayCDC(ctx context.Context, f *relayFlags, stderr io.Writer) error {
-	if f.stopMax <= 0 {
-		return usagef("--shutdown-timeout must be positive, got %s", f.stopMax)
-	}
-	logger, err := f.log.logger(stderr)
-	if err != nil {
-		return err
-	}
-	cfg, err := f.cdcConfig(logger)
-	if err != nil {
-		return err
-	}
-	target, err := f.broker.parse()
-	if err != nil {
-		return err
-	}
-	pool, err := openCDCPool(ctx, &f.db)
-	if err != nil {
-		return err
-	}
-	defer closePool(pool, logger)
-	if err := migrate.CheckPrivileges(ctx, pool, f.db.schema, migrate.RoleCDC, false); err != nil {
-		return err
-	}
-	pub, closeBroker, err := target.open(ctx, logger)
-	if err != nil {
-		return err
-	}
-	defer closeBroker()
-	var reg *prometheus.Registry
-	if f.metricsAddr != "" {
-		reg = prometheus.NewRegistry()
-		m, err := cdcprom.New(reg)
-		if err != nil {
-			return err
-		}
-		cfg.Observer = m
-	}
-	src, err := cdc.New(pool, pub, &cfg)
-	if err != nil {
-		return usageError{err}
-	}
-	if f.metricsAddr != "" {
-		stop, err := serveCDCMetrics(f.metricsAddr, reg, src, logger)
-		if err != nil {
-			return err
-		}
-		defer stop()
-	}
-	if err := src.Start(context.WithoutCancel(ctx)); err != nil {
-		return err
-	}
-	logger.Info("relay starting", slog.String("source", "cdc"), slog.String("schema", cfg.Schema), slog.String("broker", target.describe()))
-	<-ctx.Done()
-	logger.Info("stopping: finishing the batch in flight", slog.Duration("shutdown_timeout", f.stopMax))
-	sctx, cancel := context.WithTimeout(context.Background(), f.stopMax)
-	defer cancel()
-	if err := src.Stop(sctx); err != nil {
-		return fmt.Errorf("cdc relay did not stop within --shutdown-timeout %s; the restart publishes the batch again", f.stopMax)
-	}
+// cdcRelay is the relay with the CDC source (cdc.Source, --source cdc).
+type cdcRelay struct {
+	f      *relayFlags
+	cfg    cdc.Config
+	logger *slog.Logger
+	broker string // the broker, described for "relay starting"
+	pool   *pgxpool.Pool
+	src    *cdc.Source
+}
+
+func (m *cdcRelay) check(_ context.Context, logger *slog.Logger) (err error) {
+	m.logger = logger
+	m.cfg, err = m.f.cdcConfig(logger)
+	return err
+}
+
+func (m *cdcRelay) useBroker(t *brokerTarget, _ *slog.Logger) error {
+	m.broker = t.describe()
 	return nil
+}
+
+func (m *cdcRelay) metrics(reg *prometheus.Registry) error {
+	o, err := cdcprom.New(reg)
+	if err != nil {
+		return err
+	}
+	m.cfg.Observer = o
+	return nil
+}
+
+func (m *cdcRelay) connect(ctx context.Context) (func(), error) {
+	pool, err := openCDCPool(ctx, &m.f.db)
+	if err != nil {
+		return nil, err
+	}
+	if err := migrate.CheckPrivileges(ctx, pool, m.f.db.schema, migrate.RoleCDC, false); err != nil {
+		closePool(pool, m.logger)
+		return nil, err
+	}
+	m.pool = pool
+	return func() { closePool(pool, m.logger) }, nil
+}
+
+func (m *cdcRelay) service(pub broker.Publisher) (service, error) {
+	src, err := cdc.New(m.pool, pub, &m.cfg)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	m.src = src
+	return src, nil
+}
+
+// health serves cdcprom's metrics beside the source's collector, and a
+// /healthz that answers 503 while the source is unhealthy (docs/operations.md:
+// a readiness probe, not a liveness one).
+func (m *cdcRelay) health(reg *prometheus.Registry) (http.Handler, string, error) {
+	if err := reg.Register(m.src.Collector()); err != nil {
+		return nil, "", err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := m.src.Healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux, "/metrics /healthz", nil
+}
+
+func (m *cdcRelay) started(context.Context) (func(), error) {
+	m.logger.Info("relay starting", slog.String("source", "cdc"), slog.String("schema", m.cfg.Schema), slog.String("broker", m.broker))
+	return func() {}, nil
+}
+
+func (m *cdcRelay) stopping() (string, error) {
+	return "stopping: finishing the batch in flight",
+		fmt.Errorf("cdc relay did not stop within --shutdown-timeout %s; the restart publishes the batch again", m.f.stopMax)
 }
 
 // cdcConfig builds the CDC source's configuration from the relay's flags.
@@ -163,38 +179,6 @@ func openCDCPool(ctx context.Context, db *dbFlags) (*pgxpool.Pool, error) {
 		return nil, err
 	}
 	return pool, nil
-}
-
-// serveCDCMetrics serves /metrics (reg, which holds cdcprom's metrics, and the
-// CDC source's collector) and /healthz.
-func serveCDCMetrics(addr string, reg *prometheus.Registry, src *cdc.Source, logger *slog.Logger) (func(), error) {
-	if err := reg.Register(src.Collector()); err != nil {
-		return nil, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := src.Healthy(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, usagef("--metrics-addr %q: %v", addr, err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Warn("metrics server stopped", slog.Any("error", err))
-		}
-	}()
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, nil
 }
 
 // newCDCCmd is `pgoutbox cdc`: operator actions on the CDC source's slot.

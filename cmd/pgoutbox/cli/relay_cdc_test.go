@@ -1,15 +1,10 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"os"
-	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,37 +26,7 @@ func (e *relayEnv) startCDCRelay(env []string, extra ...string) *relayProc {
 	e.t.Helper()
 	args := append([]string{"relay", "--source", "cdc", "--database-url", e.dbURL, "--schema", e.schema,
 		"--broker", natstest.URL(), "--nats-stream", e.target.Stream, "--topic-template", e.target.Template}, extra...)
-	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), env...)
-	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, ready: make(chan struct{}), done: make(chan error, 1)}
-	pr, pw := io.Pipe()
-	cmd.Stderr = pw
-	pgtest.Must(e.t, cmd.Start(), "start cdc relay")
-	go func() {
-		sc := bufio.NewScanner(pr)
-		var once sync.Once
-		for sc.Scan() {
-			p.stderr.WriteLine(sc.Text())
-			if strings.Contains(sc.Text(), "relay starting") {
-				once.Do(func() { close(p.ready) })
-			}
-		}
-	}()
-	go func() { err := cmd.Wait(); pw.Close(); p.done <- err }()
-	e.t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	select {
-	case <-p.ready:
-	case err := <-p.done:
-		e.t.Fatalf("cdc relay exited before starting: %v\n%s", err, p.stderr.String())
-	case <-time.After(60 * time.Second):
-		e.t.Fatalf("cdc relay did not start:\n%s", p.stderr.String())
-	}
-	return p
+	return startRelayProc(e.t, "cdc relay", env, args)
 }
 
 // newCDCRelayEnv is newRelayEnv in a database of its own on the test binary's

@@ -3,16 +3,15 @@ package cli
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/pgoutbox/broker"
@@ -127,55 +126,25 @@ func (f *relayFlags) tenantDatabases(ctx context.Context) ([]tenantDatabase, err
 	return out, nil
 }
 
-// forTenants makes the broker target tell tenants apart: a default template
-// with {tenant}, and an explicit one without it refused.
-func (t *brokerTarget) forTenants() error {
-	switch t.kind {
-	case "null":
-		return nil
-	case "webhook":
-		if !strings.Contains(t.flags.url, "{tenant}") {
-			return usagef("--broker: serving several outboxes (--tenants), the webhook URL must hold {tenant} so that tenants' events stay apart")
-		}
-		return nil
-	}
-	if t.template != nil {
-		if !t.template.Uses("tenant") {
-			return usagef("--topic-template %q: serving several outboxes (--tenants), the destination must hold {tenant}, or tenants' events would share it (and consumers' aggregates could collide)", t.template.String())
-		}
-		return nil
-	}
-	var def string
-	switch t.kind {
-	case "nats", "embedded":
-		def = "outbox.{tenant}.{aggregate_type}.{event_type}"
-	case "kafka":
-		def = "outbox.{tenant}.{aggregate_type}"
-	case "rabbitmq":
-		def = "{tenant}.{aggregate_type}.{event_type}"
-	default:
-		return fmt.Errorf("no tenant template for broker kind %q", t.kind)
-	}
-	tmpl, err := broker.ParseTemplate(def)
-	if err != nil {
-		return err
-	}
-	t.template = &tmpl
-	if len(t.streamSubjects) == 0 {
-		t.streamSubjects = []string{"outbox.>"}
-	}
-	return nil
+// tenantsRelay is the relay of many outboxes (relay.Group, --tenants or
+// --tenants-file).
+type tenantsRelay struct {
+	f       *relayFlags
+	flags   *pflag.FlagSet
+	cfg     relay.GroupConfig
+	logger  *slog.Logger
+	dbs     []tenantDatabase
+	tenants *relayprom.Tenants // nil without --metrics-addr
+	group   *relay.Group
 }
 
-// runRelayTenants runs a relay.Group until SIGTERM/SIGINT.
-func runRelayTenants(ctx context.Context, f *relayFlags, flags *pflag.FlagSet, stderr io.Writer) error {
+func (m *tenantsRelay) check(ctx context.Context, logger *slog.Logger) error {
+	f := m.f
 	switch {
-	case flags.Changed("schema"):
+	case m.flags.Changed("schema"):
 		return usagef("--schema names one outbox: with --tenants or --tenants-file, select the schemas there")
 	case f.cleanupInterval != 0:
 		return usagef("--cleanup-interval runs inside a single-outbox relay only: with many tenants, schedule 'pgoutbox cleanup' per tenant")
-	case f.stopMax <= 0:
-		return usagef("--shutdown-timeout must be positive, got %s", f.stopMax)
 	case f.tenants.discover <= 0:
 		return usagef("--discover-interval must be positive, got %s", f.tenants.discover)
 	case f.tenants.metrics != "per-tenant" && f.tenants.metrics != "aggregate":
@@ -183,111 +152,74 @@ func runRelayTenants(ctx context.Context, f *relayFlags, flags *pflag.FlagSet, s
 	case f.tenants.metricsMax <= 0:
 		return usagef("--tenant-metrics-max must be positive, got %d", f.tenants.metricsMax)
 	}
-	logger, err := f.log.logger(stderr)
-	if err != nil {
-		return err
-	}
-	cfg := relay.GroupConfig{Config: f.cfg, DiscoverInterval: f.tenants.discover}
-	cfg.Config.Logger = logger
-	one := cfg.Config
+	m.logger = logger
+	m.cfg = relay.GroupConfig{Config: f.cfg, DiscoverInterval: f.tenants.discover}
+	m.cfg.Config.Logger = logger
+	one := m.cfg.Config
 	one.Schema = migrate.DefaultSchema
 	if err := one.Validate(); err != nil {
 		return usageError{flagNames(err)}
 	}
-	dbs, err := f.tenantDatabases(ctx)
-	if err != nil {
-		return err
-	}
-	target, err := f.broker.parse()
-	if err != nil {
-		return err
-	}
-	if err := target.forTenants(); err != nil {
+	var err error
+	m.dbs, err = f.tenantDatabases(ctx)
+	return err
+}
+
+func (m *tenantsRelay) useBroker(t *brokerTarget, brokerLog *slog.Logger) error {
+	if err := t.forTenants(); err != nil {
 		return err
 	}
 	// Every line of the relays names where events go.
-	cfg.Config.Logger = logger.With(slog.String("broker", target.describe()))
+	m.cfg.Config.Logger = brokerLog
+	return nil
+}
 
-	var (
-		reg     *prometheus.Registry
-		tenants *relayprom.Tenants
-	)
-	if f.metricsAddr != "" {
-		if _, err := newRelayOps(f.metricsAddr); err != nil { // checks the address
-			return err
-		}
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		tenants, err = relayprom.NewTenants(reg, &relayprom.TenantsConfig{MaxTenants: f.tenants.metricsMax,
-			Aggregate: f.tenants.metrics == "aggregate", Logger: logger})
-		if err != nil {
-			return err
-		}
-		cfg.Config.Observer = tenants
-	}
-	traces, err := setupTracing(ctx, f.stdout)
-	if err != nil {
-		return err
-	}
-	defer flushTraces(traces, logger)
+func (m *tenantsRelay) metrics(reg *prometheus.Registry) (err error) {
+	m.tenants, err = relayprom.NewTenants(reg, &relayprom.TenantsConfig{MaxTenants: m.f.tenants.metricsMax,
+		Aggregate: m.f.tenants.metrics == "aggregate", Logger: m.logger})
+	m.cfg.Config.Observer = m.tenants
+	return err
+}
 
-	for _, d := range dbs {
+func (m *tenantsRelay) connect(ctx context.Context) (func(), error) {
+	var pools []*pgxpool.Pool
+	closeDB := func() {
+		for _, p := range slices.Backward(pools) {
+			closePool(p, m.logger)
+		}
+	}
+	for _, d := range m.dbs {
 		// Not pinged: a database that is down is reported, and the others served.
 		pool, err := newPool(ctx, d.conn, int32(d.maxConns))
 		if err != nil {
-			return fmt.Errorf("database %s: %w", d.name, err)
+			closeDB()
+			return nil, fmt.Errorf("database %s: %w", d.name, err)
 		}
-		defer closePool(pool, logger)
-		cfg.Databases = append(cfg.Databases, relay.Database{Name: d.name, Pool: pool, Schemas: d.schemas, TenantPrefix: d.prefix, Trust: d.trust})
+		pools = append(pools, pool)
+		m.cfg.Databases = append(m.cfg.Databases, relay.Database{Name: d.name, Pool: pool, Schemas: d.schemas, TenantPrefix: d.prefix, Trust: d.trust})
 	}
-
-	pub, closeBroker, err := openPublisher(ctx, target, traces, logger)
-	if err != nil {
-		return err
-	}
-	defer closeBroker()
-
-	g, err := relay.NewGroup(pub, &cfg)
-	if err != nil {
-		return usageError{flagNames(err)}
-	}
-	if reg != nil {
-		if err := tenants.Watch(g); err != nil {
-			return err
-		}
-		h, err := health.Handler(&health.Config{Gatherer: reg, Logger: logger,
-			Checks: []health.Check{{Name: "tenants", Func: health.Status(g.Healthy)}}})
-		if err != nil {
-			return err
-		}
-		srv, err := health.Start(f.metricsAddr, h, logger)
-		if err != nil {
-			return usagef("--metrics-addr: %v", err)
-		}
-		logger.Info("serving metrics and health probes", slog.String("addr", srv.Addr()), slog.String("endpoints", "/metrics /healthz /readyz"))
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Stop(sctx)
-		}()
-	}
-	// SIGTERM or SIGINT during Start (its first listing of a database that
-	// hangs) stops the Group as well: Start then returns at once.
-	stopEarly := context.AfterFunc(ctx, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), f.stopMax)
-		defer cancel()
-		_ = g.Stop(sctx)
-	})
-	defer stopEarly()
-	if err := g.Start(context.WithoutCancel(ctx)); err != nil {
-		return err
-	}
-	<-ctx.Done() // SIGTERM or SIGINT
-	logger.Info("stopping: finishing in-flight publishes", slog.Duration("shutdown_timeout", f.stopMax))
-	sctx, cancel := context.WithTimeout(context.Background(), f.stopMax)
-	defer cancel()
-	if err := g.Stop(sctx); err != nil {
-		return fmt.Errorf("relay did not stop within --shutdown-timeout %s; unreleased leases expire after --lease", f.stopMax)
-	}
-	return nil
+	return closeDB, nil
 }
+
+func (m *tenantsRelay) service(pub broker.Publisher) (service, error) {
+	g, err := relay.NewGroup(pub, &m.cfg)
+	if err != nil {
+		return nil, usageError{flagNames(err)}
+	}
+	m.group = g
+	return g, nil
+}
+
+// health watches the Group's tenants; /readyz checks them.
+func (m *tenantsRelay) health(reg *prometheus.Registry) (http.Handler, string, error) {
+	if err := m.tenants.Watch(m.group); err != nil {
+		return nil, "", err
+	}
+	h, err := health.Handler(&health.Config{Gatherer: reg, Logger: m.logger,
+		Checks: []health.Check{{Name: "tenants", Func: health.Status(m.group.Healthy)}}})
+	return h, healthEndpoints, err
+}
+
+func (m *tenantsRelay) started(context.Context) (func(), error) { return func() {}, nil }
+
+func (m *tenantsRelay) stopping() (string, error) { return stoppingRelay(m.f) }

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -31,6 +32,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // relayEnv is a migrated schema and a NATS stream of one test's own, with helpers
@@ -85,7 +87,7 @@ func (e *relayEnv) enqueue(aggregates, perAgg int) []pgoutbox.UUID {
 type relayProc struct {
 	cmd    *exec.Cmd
 	stderr *syncBuffer
-	ready  chan struct{} // closed once it logged "relay starting"
+	stdout *syncBuffer
 	done   chan error
 }
 
@@ -93,37 +95,60 @@ func (e *relayEnv) startRelay(id, brokerURL string, extra ...string) *relayProc 
 	e.t.Helper()
 	args := append([]string{"relay", "--database-url", pgtest.URL(), "--schema", e.schema, "--id", id,
 		"--broker", brokerURL, "--nats-stream", e.target.Stream, "--topic-template", e.target.Template}, extra...)
+	return startRelayProc(e.t, "relay "+id, nil, args)
+}
+
+// startRelayProc runs the binary with args and extra environment, and waits
+// until it logged "relay starting"; it is killed when the test ends.
+func startRelayProc(t *testing.T, what string, env, args []string) *relayProc {
+	t.Helper()
+	p, _ := startProc(t, what, env, args, relayStarting)
+	return p
+}
+
+var relayStarting = regexp.MustCompile(`relay starting`)
+
+// startProc runs the binary with args and extra environment, and waits until
+// a line of its stderr matches ready, whose submatches it returns; it is
+// killed when the test ends.
+func startProc(t *testing.T, what string, env, args []string, ready *regexp.Regexp) (*relayProc, []string) {
+	t.Helper()
 	cmd := exec.Command(binary, args...)
-	cmd.Env = os.Environ()
-	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, ready: make(chan struct{}), done: make(chan error, 1)}
+	cmd.Env = append(os.Environ(), env...)
+	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, stdout: &syncBuffer{}, done: make(chan error, 1)}
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
-	pgtest.Must(e.t, cmd.Start(), "start relay %s", id)
+	cmd.Stdout = writerFunc(func(b []byte) (int, error) { p.stdout.WriteLine(string(b)); return len(b), nil })
+	pgtest.Must(t, cmd.Start(), "start %s", what)
+	matched := make(chan []string, 1)
 	go func() {
 		sc := bufio.NewScanner(pr)
-		var once sync.Once
 		for sc.Scan() {
 			p.stderr.WriteLine(sc.Text())
-			if strings.Contains(sc.Text(), "relay starting") {
-				once.Do(func() { close(p.ready) })
+			if m := ready.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case matched <- m:
+				default: // the first match only
+				}
 			}
 		}
 	}()
 	go func() { err := cmd.Wait(); pw.Close(); p.done <- err }()
-	e.t.Cleanup(func() {
+	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Kill()
 			<-p.done
 		}
 	})
 	select {
-	case <-p.ready:
+	case m := <-matched:
+		return p, m
 	case err := <-p.done:
-		e.t.Fatalf("relay %s exited before starting: %v\n%s", id, err, p.stderr.String())
-	case <-time.After(30 * time.Second):
-		e.t.Fatalf("relay %s did not start:\n%s", id, p.stderr.String())
+		t.Fatalf("%s exited before starting: %v\n%s", what, err, p.stderr.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s did not start:\n%s", what, p.stderr.String())
 	}
-	return p
+	return nil, nil
 }
 
 // stop sends sig and returns the exit code.
@@ -316,8 +341,8 @@ func TestRelayFlagErrors(t *testing.T) {
 		{[]string{"--topic-template", "x.{nope}"}, "unknown placeholder {nope}"},
 		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"--max-attempts", "-1"}, "--max-attempts (-1) must be positive"},
-		{[]string{"--format", "xml"}, `--format: broker: unknown format "xml"`},
-		{[]string{"--format", "cloudevents", "--ce-source", "/a b"}, "--ce-source: broker: CloudEvents source"},
+		{[]string{"--format", "xml"}, `--format: wire: unknown format "xml"`},
+		{[]string{"--format", "cloudevents", "--ce-source", "/a b"}, "--ce-source: wire: CloudEvents source"},
 		{[]string{"--ce-source", "/app"}, "--ce-source applies to --format cloudevents only"},
 	}
 	for _, tc := range cases {
@@ -356,7 +381,7 @@ func TestRelayToWebhook(t *testing.T) {
 		for k := range r.Header {
 			names = append(names, k)
 		}
-		m, err := broker.ParseWireHeaders(body, names, r.Header.Get)
+		m, err := wire.ParseOutboxHeaders(body, names, r.Header.Get)
 		if err != nil || r.Header.Get("Idempotency-Key") != m.EventID.String() {
 			http.Error(w, fmt.Sprint("bad request: ", err), http.StatusBadRequest)
 			return

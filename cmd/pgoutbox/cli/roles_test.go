@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
@@ -24,26 +23,24 @@ import (
 // granted with "pgoutbox migrate" and "pgoutbox migrate print --grants" run as
 // that role, and one LOGIN role (no superuser) per pgoutbox role.
 type rolesEnv struct {
-	t      *testing.T
-	admin  *pgxpool.Pool // superuser: sets the scene and checks, never runs a command
-	schema string
-	roles  map[migrate.Role]string
-	urls   map[migrate.Role]string
+	schemaDB // a superuser's pool: sets the scene and checks, never runs a command
+	roles    map[migrate.Role]string
+	urls     map[migrate.Role]string
 }
 
 func newRolesEnv(t *testing.T, suffix string, partitioned bool) *rolesEnv {
 	t.Helper()
 	ctx := context.Background()
-	e := &rolesEnv{t: t, admin: pgtest.Pool(t, pgtest.URL(), 2), roles: map[migrate.Role]string{}, urls: map[migrate.Role]string{}}
-	e.schema = pgtest.SchemaName(t, e.admin, "least") + suffix
+	e := &rolesEnv{schemaDB: schemaDB{t: t, pool: pgtest.Pool(t, pgtest.URL(), 2)}, roles: map[migrate.Role]string{}, urls: map[migrate.Role]string{}}
+	e.schema = pgtest.SchemaName(t, e.pool, "least") + suffix
 	t.Cleanup(func() {
-		_, _ = e.admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{e.schema}.Sanitize()+" CASCADE")
+		_, _ = e.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{e.schema}.Sanitize()+" CASCADE")
 	})
 	for _, r := range migrate.Roles {
-		e.roles[r] = pgtest.Role(t, e.admin, pgtest.Name(string(r)[:3])+suffix)
+		e.roles[r] = pgtest.Role(t, e.pool, pgtest.Name(string(r)[:3])+suffix)
 		e.urls[r] = pgtest.AsRole(t, pgtest.URL(), e.roles[r])
 	}
-	e.sql("CREATE SCHEMA " + pgx.Identifier{e.schema}.Sanitize() + " AUTHORIZATION " + pgx.Identifier{e.roles[migrate.RoleMigrator]}.Sanitize())
+	e.exec("CREATE SCHEMA " + pgx.Identifier{e.schema}.Sanitize() + " AUTHORIZATION " + pgx.Identifier{e.roles[migrate.RoleMigrator]}.Sanitize())
 
 	args := []string{"migrate", "--database-url", e.urls[migrate.RoleMigrator], "--schema", e.schema}
 	if partitioned {
@@ -67,21 +64,6 @@ func newRolesEnv(t *testing.T, suffix string, partitioned bool) *rolesEnv {
 	_, err := mig.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol)
 	pgtest.Must(t, err, "apply the grants as the migrator role")
 	return e
-}
-
-func (e *rolesEnv) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
-
-func (e *rolesEnv) sql(q string, args ...any) {
-	e.t.Helper()
-	_, err := e.admin.Exec(context.Background(), q, args...)
-	pgtest.Must(e.t, err, "%s", q)
-}
-
-func (e *rolesEnv) count(table, where string) int {
-	e.t.Helper()
-	var n int
-	pgtest.Must(e.t, e.admin.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table(table)+" WHERE "+where).Scan(&n), "count")
-	return n
 }
 
 // as runs a CLI verb as role, with --database-url and --schema.
@@ -162,7 +144,7 @@ func TestCommandsRunAsLeastPrivilegeRoles(t *testing.T) {
 		t.Fatalf("migrate status: code %d\n%s%s", code, out, errOut)
 	}
 	poison := e.enqueue(1, "p1", "p2")
-	e.sql("UPDATE " + e.table("outbox_events") + " SET quarantined_at = now(), last_error = 'boom', attempt_count = 10 WHERE aggregate_id IN ('p1', 'p2')")
+	e.exec("UPDATE " + e.table("outbox_events") + " SET quarantined_at = now(), last_error = 'boom', attempt_count = 10 WHERE aggregate_id IN ('p1', 'p2')")
 	if out, errOut, code := e.as(migrate.RoleOperator, "dlq", "list"); code != 0 || !strings.Contains(out, poison[0].String()) {
 		t.Fatalf("dlq list: code %d\n%s%s", code, out, errOut)
 	}
@@ -185,7 +167,7 @@ func TestCommandsRunAsLeastPrivilegeRoles(t *testing.T) {
 		!strings.Contains(out, "replayed") {
 		t.Fatalf("replay: code %d\n%s%s", code, out, errOut)
 	}
-	e.sql("UPDATE " + e.table("outbox_events") + " SET published_at = now() - interval '30 days' WHERE aggregate_id = 'a3'")
+	e.exec("UPDATE " + e.table("outbox_events") + " SET published_at = now() - interval '30 days' WHERE aggregate_id = 'a3'")
 	if out, errOut, code := e.as(migrate.RoleOperator, "cleanup", "--inbox-retention", "336h"); code != 0 || !strings.HasPrefix(out, "deleted 6 ") {
 		t.Fatalf("cleanup: code %d\n%s%s", code, out, errOut)
 	}
@@ -217,7 +199,7 @@ func TestRelayReportsMissingPrivilegeAsSuch(t *testing.T) {
 	relay := startOpsRelay(t, nil, "--database-url", e.urls[migrate.RoleRelay], "--schema", e.schema, "--broker", "null://",
 		"--metrics-addr", "127.0.0.1:0", "--poll-interval", "50ms")
 	wait.For(t, 30*time.Second, "the first drain", func() bool { return e.count("outbox_events", "published_at IS NULL") == 0 })
-	e.sql("REVOKE UPDATE ON " + e.table("outbox_events") + " FROM " + pgx.Identifier{e.roles[migrate.RoleRelay]}.Sanitize())
+	e.exec("REVOKE UPDATE ON " + e.table("outbox_events") + " FROM " + pgx.Identifier{e.roles[migrate.RoleRelay]}.Sanitize())
 	e.enqueue(1, "a3")
 	var body string
 	wait.For(t, 30*time.Second, "/readyz to report the permission error", func() bool {
@@ -231,7 +213,7 @@ func TestRelayReportsMissingPrivilegeAsSuch(t *testing.T) {
 	if !strings.Contains(relay.stderr.String(), "permission denied") || strings.Contains(relay.stderr.String(), "database unreachable") {
 		t.Fatalf("relay log:\n%s", relay.stderr.String())
 	}
-	e.sql("GRANT UPDATE (claimed_by, claim_until, published_at, attempt_count, last_error, available_at, quarantined_at) ON " +
+	e.exec("GRANT UPDATE (claimed_by, claim_until, published_at, attempt_count, last_error, available_at, quarantined_at) ON " +
 		e.table("outbox_events") + " TO " + pgx.Identifier{e.roles[migrate.RoleRelay]}.Sanitize())
 	wait.For(t, 30*time.Second, "the drain after the grant", func() bool { return e.count("outbox_events", "published_at IS NULL") == 0 })
 	wait.For(t, 30*time.Second, "/readyz 200", func() bool { code, _ := relay.get(t, "/readyz"); return code == 200 })
@@ -256,7 +238,7 @@ func TestPartitionedCleanupNeedsTheOwnerRole(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "create partitions") || !strings.Contains(errOut, "(SQLSTATE 42501)") {
 		t.Fatalf("cleanup as the operator: code %d, stderr %q", code, errOut)
 	}
-	e.sql("GRANT " + pgx.Identifier{e.roles[migrate.RoleMigrator]}.Sanitize() + " TO " + pgx.Identifier{e.roles[migrate.RoleOperator]}.Sanitize())
+	e.exec("GRANT " + pgx.Identifier{e.roles[migrate.RoleMigrator]}.Sanitize() + " TO " + pgx.Identifier{e.roles[migrate.RoleOperator]}.Sanitize())
 	old := time.Now().UTC().AddDate(0, 0, -20)
 	_, err = mig.Exec(context.Background(), fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')", e.table("outbox_events_p"+old.Format("20060102")),
 		e.table("outbox_events"), old.Format("2006-01-02"), old.AddDate(0, 0, 1).Format("2006-01-02")))

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -99,7 +98,7 @@ not be read (every row is printed first).`,
 				}
 				return writeStatus(out, st, asJSON)
 			}
-			return watchStatus(ctx, out, cmd.ErrOrStderr(), a, interval, asJSON, statusIsTerminal(out))
+			return watchStatus(ctx, out, cmd.ErrOrStderr(), a, interval, asJSON, progressTTY(out))
 		},
 	}
 	db.register(cmd.Flags())
@@ -166,16 +165,6 @@ func adminOn(ctx context.Context, pool interface {
 		return nil, usageError{err}
 	}
 	return a, nil
-}
-
-// statusIsTerminal reports whether w is a terminal (a character device).
-func statusIsTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb"
 }
 
 // ANSI: cursor home, then clear the screen.
@@ -258,7 +247,7 @@ func runStatusTenants(ctx context.Context, db *dbFlags, tf *tenantFlags, out, er
 	}
 	if watch {
 		// No deadline over the whole snapshot: each tenant has its own.
-		return watchSnapshots(ctx, out, errOut, interval, 0, statusIsTerminal(out), func(ctx context.Context) (func(io.Writer) error, error) {
+		return watchSnapshots(ctx, out, errOut, interval, 0, progressTTY(out), func(ctx context.Context) (func(io.Writer) error, error) {
 			rows, err := read(ctx)
 			if err != nil {
 				return nil, err

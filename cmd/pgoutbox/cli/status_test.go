@@ -24,18 +24,37 @@ import (
 
 // opsEnv is a migrated schema of one test's own for the status and dlq verbs.
 type opsEnv struct {
+	schemaDB
+}
+
+// schemaDB is a test's outbox schema and a pool that sets the scene in it and
+// checks it.
+type schemaDB struct {
 	t      *testing.T
 	pool   *pgxpool.Pool
 	schema string
 }
 
+func (e *schemaDB) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
+
+func (e *schemaDB) exec(sql string, args ...any) {
+	e.t.Helper()
+	_, err := e.pool.Exec(context.Background(), sql, args...)
+	pgtest.Must(e.t, err, "exec %s", sql)
+}
+
+func (e *schemaDB) count(table, where string) int {
+	e.t.Helper()
+	var n int
+	pgtest.Must(e.t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table(table)+" WHERE "+where).Scan(&n), "count")
+	return n
+}
+
 func newOpsEnv(t *testing.T) *opsEnv {
 	t.Helper()
 	pool, schema := pgtest.Migrated(t, 8)
-	return &opsEnv{t: t, pool: pool, schema: schema}
+	return &opsEnv{schemaDB{t: t, pool: pool, schema: schema}}
 }
-
-func (e *opsEnv) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
 
 // args prefixes a verb's arguments with the connection flags.
 func (e *opsEnv) args(verb ...string) []string {
@@ -58,19 +77,6 @@ func (e *opsEnv) enqueue(perAgg int, aggIDs ...string) map[string][]pgoutbox.UUI
 		}
 	}
 	return out
-}
-
-func (e *opsEnv) exec(sql string, args ...any) {
-	e.t.Helper()
-	_, err := e.pool.Exec(context.Background(), sql, args...)
-	pgtest.Must(e.t, err, "exec %s", sql)
-}
-
-func (e *opsEnv) count(table, where string) int {
-	e.t.Helper()
-	var n int
-	pgtest.Must(e.t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table(table)+" WHERE "+where).Scan(&n), "count")
-	return n
 }
 
 func (e *opsEnv) quarantine(id pgoutbox.UUID, lastErr string) {

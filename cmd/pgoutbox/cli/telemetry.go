@@ -5,14 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"os"
 	"strings"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -20,11 +14,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/pgoutbox/pgoutbox/broker"
-	"github.com/pgoutbox/pgoutbox/health"
-	"github.com/pgoutbox/pgoutbox/relay"
-	"github.com/pgoutbox/pgoutbox/relay/relayprom"
 )
 
 // tracingHelp documents the OpenTelemetry environment in --help.
@@ -128,82 +117,3 @@ const metricsHelp = `Metrics and probes (--metrics-addr host:port): GET /metrics
 /healthz (the process is alive), /readyz (200 when the database answers a ping and
 the relay's last contact with the database and the broker worked, else 503).
 Metric names and alerts: docs/operations.md.`
-
-// relayOps are the relay's metrics, served on --metrics-addr.
-type relayOps struct {
-	addr    string
-	reg     *prometheus.Registry
-	metrics *relayprom.Metrics
-}
-
-// newRelayOps checks addr and creates the registry; nil when addr is empty.
-func newRelayOps(addr string) (*relayOps, error) {
-	if addr == "" {
-		return nil, nil
-	}
-	if _, _, err := net.SplitHostPort(addr); err != nil {
-		return nil, usagef("--metrics-addr %q: want host:port, e.g. :9090 or 127.0.0.1:9090", addr)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m, err := relayprom.New(reg)
-	if err != nil {
-		return nil, err
-	}
-	return &relayOps{addr: addr, reg: reg, metrics: m}, nil
-}
-
-// serve registers the backlog collector of r's outbox and starts the HTTP server.
-// A failure to listen is a usage error: the address is the user's choice.
-func (o *relayOps) serve(pool *pgxpool.Pool, r *relay.Relay, schema string, logger *slog.Logger) (*health.Server, error) {
-	backlog, err := relayprom.NewOutbox(pool, &relayprom.OutboxConfig{Schema: schema, Health: r.Healthy, Logger: logger})
-	if err != nil {
-		return nil, err
-	}
-	if err := o.reg.Register(backlog); err != nil {
-		return nil, fmt.Errorf("register outbox metrics: %w", err)
-	}
-	h, err := health.Handler(&health.Config{
-		Gatherer: o.reg,
-		Checks: []health.Check{
-			{Name: "database", Func: pool.Ping},
-			{Name: "relay", Func: health.Status(r.Healthy)},
-		},
-		Logger: logger,
-	})
-	if err != nil {
-		return nil, err
-	}
-	srv, err := health.Start(o.addr, h, logger)
-	if err != nil {
-		return nil, usagef("--metrics-addr: %v", err)
-	}
-	logger.Info("serving metrics and health probes", slog.String("addr", srv.Addr()),
-		slog.String("endpoints", "/metrics /healthz /readyz"))
-	return srv, nil
-}
-
-// system is the messaging.system attribute of publish spans.
-func (t *brokerTarget) system() string {
-	switch t.kind {
-	case "embedded", "nats":
-		return "nats"
-	}
-	return t.kind
-}
-
-// destination names a message's subject, topic or routing key for publish spans,
-// from --topic-template or the adapter's default (webhooks: the aggregate type).
-func (t *brokerTarget) destination() func(m *broker.Message) string {
-	tmpl := t.template
-	if tmpl == nil {
-		def := map[string]string{"embedded": "outbox.{aggregate_type}.{event_type}", "nats": "outbox.{aggregate_type}.{event_type}",
-			"kafka": "outbox.{aggregate_type}", "rabbitmq": "{aggregate_type}.{event_type}"}[t.kind]
-		if def == "" {
-			return nil
-		}
-		d := broker.MustParseTemplate(def)
-		tmpl = &d
-	}
-	return tmpl.Expand
-}

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"io"
@@ -26,11 +25,8 @@ import (
 
 // opsRelay is a `pgoutbox relay` process started with --metrics-addr.
 type opsRelay struct {
-	cmd    *exec.Cmd
-	stderr *syncBuffer
-	stdout *syncBuffer
-	addr   string // where /metrics is served
-	done   chan error
+	*relayProc
+	addr string // where /metrics is served
 }
 
 var servingAddr = regexp.MustCompile(`serving metrics and health probes"? addr=(\S+)`)
@@ -39,38 +35,8 @@ var servingAddr = regexp.MustCompile(`serving metrics and health probes"? addr=(
 // its metrics.
 func startOpsRelay(t *testing.T, env []string, args ...string) *opsRelay {
 	t.Helper()
-	cmd := exec.Command(binary, append([]string{"relay"}, args...)...)
-	cmd.Env = append(os.Environ(), env...)
-	p := &opsRelay{cmd: cmd, stderr: &syncBuffer{}, stdout: &syncBuffer{}, done: make(chan error, 1)}
-	pr, pw := io.Pipe()
-	cmd.Stderr = pw
-	cmd.Stdout = writerFunc(func(b []byte) (int, error) { p.stdout.WriteLine(string(b)); return len(b), nil })
-	pgtest.Must(t, cmd.Start(), "start relay")
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			p.stderr.WriteLine(sc.Text())
-			if m := servingAddr.FindStringSubmatch(sc.Text()); m != nil {
-				addr <- m[1]
-			}
-		}
-	}()
-	go func() { err := cmd.Wait(); pw.Close(); p.done <- err }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	select {
-	case p.addr = <-addr:
-	case err := <-p.done:
-		t.Fatalf("relay exited before serving metrics: %v\n%s", err, p.stderr.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("relay did not serve metrics:\n%s", p.stderr.String())
-	}
-	return p
+	p, m := startProc(t, "relay", env, append([]string{"relay"}, args...), servingAddr)
+	return &opsRelay{relayProc: p, addr: m[1]}
 }
 
 func (p *opsRelay) sigterm(t *testing.T) {
@@ -286,4 +252,30 @@ func TestRelayCleanupJobFeedsMetrics(t *testing.T) {
 		t.Fatalf("%d rows left after cleanup", n)
 	}
 	p.sigterm(t)
+}
+
+// `relay --source cdc` exports traces too: with OTEL_TRACES_EXPORTER=console
+// it prints a publish span in the trace whose traceparent the producer stored.
+func TestCDCRelayConsoleTraces(t *testing.T) {
+	t.Parallel()
+	e := newCDCRelayEnv(t)
+	e.dropCDC()
+	p := e.startCDCRelay([]string{"OTEL_TRACES_EXPORTER=console", "OTEL_SERVICE_NAME=cdc-relay-under-test"})
+	prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: e.schema})
+	pgtest.Must(t, err, "producer")
+	const traceID = "5cf92f3577b34da6a3ce929d0e0e4737"
+	_, err = prod.EnqueueTx(context.Background(), e.pool, pgoutbox.Event{AggregateType: "acct", AggregateID: "1", EventType: "changed",
+		Payload: 1, Headers: map[string]string{"traceparent": "00-" + traceID + "-00f067aa0ba902b7-01"}})
+	pgtest.Must(t, err, "enqueue")
+	wait.For(t, 60*time.Second, "the event to be published", func() bool { return e.count("published_at IS NULL") == 0 })
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("exit status %d after SIGTERM:\n%s", code, p.stderr.String())
+	}
+	out := p.stdout.String()
+	for _, want := range []string{`"Name":"publish `, `"TraceID":"` + traceID + `"`, `"SpanID":"00f067aa0ba902b7"`, "cdc-relay-under-test",
+		`"Key":"messaging.system","Value":{"Type":"STRING","Value":"nats"}`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("console spans lack %s:\n%s", want, out)
+		}
+	}
 }

@@ -2,7 +2,9 @@
 // (natsinbox, rabbitinbox) share: the per-aggregate queue of messages pulled
 // but not started, the workers that take them lane by lane, the mapping of the
 // inbox Processor's Outcome to the broker's settlement, and the hand-back of
-// what was pulled but not started when the subscriber stops.
+// what was pulled but not started when the subscriber stops. The Kafka
+// subscriber (kafkainbox), which processes a partition's records in order
+// rather than per message, shares the mapping: [Process] and [Judge].
 //
 // A subscriber is its broker-specific part (consumer set-up, pulling,
 // reconnecting) plus a Core, parameterised by a Broker that settles one
@@ -161,19 +163,11 @@ func (c *Core[M]) handle(m M) {
 		return
 	}
 	hard := c.lc.Hard()
-	ctx, cancel := context.WithTimeout(hard, c.ProcessTimeout)
-	o := c.Processor.Process(ctx, d)
-	cancel()
-	switch o.Action() {
-	case inbox.ActionAck:
-		// The transaction has committed (or found the event applied): only now
-		// may the broker forget the message. A crash before the ack reaches it
-		// means a redelivery, which the inbox recognises.
-		if o.Status == inbox.StatusApplied {
-			_ = failpoint.Inject(failpoint.ConsumerAfterCommit) // crash or delay: the commit is done
-		}
+	o := Process(hard, c.Processor, c.ProcessTimeout, d)
+	switch Judge(o) {
+	case Ack:
 		c.Broker.Ack(m)
-	case inbox.ActionTerm:
+	case Term:
 		c.Broker.Term(m, o)
 	default:
 		delay := o.RetryAfter
@@ -182,6 +176,51 @@ func (c *Core[M]) handle(m M) {
 		}
 		c.Broker.Nak(m, delay)
 	}
+}
+
+// Process runs proc on d, bounded by timeout and by hard, the lifecycle's
+// hard-stop context (lifecycle.Lifecycle.Hard): a hard stop abandons the
+// consumer transaction, which rolls back.
+func Process(hard context.Context, proc inbox.Processor, timeout time.Duration, d inbox.Delivery) inbox.Outcome {
+	ctx, cancel := context.WithTimeout(hard, timeout)
+	defer cancel()
+	return proc.Process(ctx, d)
+}
+
+// Verdict is how a subscriber settles a processed message with its broker.
+type Verdict int
+
+const (
+	// Ack: the event is applied, or was found applied; the broker may forget
+	// the message (ack it, commit its offset).
+	Ack Verdict = iota
+	// Term: the message is not an outbox event and never will be; it is
+	// settled without redelivery, and logged.
+	Term
+	// Retry: the message is processed again later, after Outcome.RetryAfter
+	// (gap-rejected, failed), or by another instance at once after a hard stop.
+	Retry
+)
+
+// Judge returns how to settle a message whose processing ended with o: the
+// one mapping of every subscriber from the inbox's Outcome to the broker. It
+// is called once the consumer transaction has ended; for an event just
+// applied it passes failpoint.ConsumerAfterCommit first, the moment between
+// the commit and the settlement that a crash test aims at.
+func Judge(o inbox.Outcome) Verdict {
+	switch o.Action() {
+	case inbox.ActionAck:
+		// The transaction has committed (or found the event applied): only now
+		// may the broker forget the message. A crash before the settlement
+		// reaches it means a redelivery, which the inbox recognises.
+		if o.Status == inbox.StatusApplied {
+			_ = failpoint.Inject(failpoint.ConsumerAfterCommit) // crash or delay: the commit is done
+		}
+		return Ack
+	case inbox.ActionTerm:
+		return Term
+	}
+	return Retry
 }
 
 // Pause waits d, and reports false if lc begins to stop first.

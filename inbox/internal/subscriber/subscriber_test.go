@@ -124,3 +124,20 @@ func TestStopReleasesAndHardNaksAtOnce(t *testing.T) {
 		t.Fatalf("settled %v, want %v", got, want)
 	}
 }
+
+// TestJudge: the one mapping from the inbox's outcome to the settlement, which
+// the Kafka subscriber shares with the per-message ones.
+func TestJudge(t *testing.T) {
+	t.Parallel()
+	for status, want := range map[inbox.Status]Verdict{
+		inbox.StatusApplied:     Ack,
+		inbox.StatusDuplicate:   Ack,
+		inbox.StatusUndecodable: Term,
+		inbox.StatusFailed:      Retry,
+		inbox.StatusGapRejected: Retry,
+	} {
+		if got := Judge(inbox.Outcome{Status: status}); got != want {
+			t.Errorf("Judge(%s) = %d, want %d", status, got, want)
+		}
+	}
+}

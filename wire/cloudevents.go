@@ -1,4 +1,4 @@
-package broker
+package wire
 
 import (
 	"errors"
@@ -49,7 +49,7 @@ func ParseFormat(s string) (Format, error) {
 	case FormatNameCloudEvents:
 		return FormatCloudEvents, nil
 	}
-	return 0, fmt.Errorf("broker: unknown format %q (want %s or %s)", s, FormatNameOutbox, FormatNameCloudEvents)
+	return 0, fmt.Errorf("wire: unknown format %q (want %s or %s)", s, FormatNameOutbox, FormatNameCloudEvents)
 }
 
 // CloudEvents attribute names and values (CloudEvents 1.0). The extension
@@ -57,9 +57,6 @@ func ParseFormat(s string) (Format, error) {
 // names follow the spec's rule (a-z and 0-9, at most 20 characters).
 const (
 	CloudEventsSpecVersion = "1.0"
-	// CloudEventsContentType is the datacontenttype of every event: the payload
-	// is JSON.
-	CloudEventsContentType = "application/json"
 
 	CEAttrID              = "id"
 	CEAttrSource          = "source"
@@ -136,7 +133,7 @@ func (e Encoding) Validate() error {
 		}
 		return CheckCloudEventsSource(e.CloudEventsSource)
 	}
-	return fmt.Errorf("broker: unknown format %d", e.Format)
+	return fmt.Errorf("wire: unknown format %d", e.Format)
 }
 
 // CheckCloudEventsSource reports why s cannot be a source attribute: it must be
@@ -144,18 +141,18 @@ func (e Encoding) Validate() error {
 // bytes.
 func CheckCloudEventsSource(s string) error {
 	if s == "" {
-		return errors.New("broker: empty CloudEvents source")
+		return errors.New("wire: empty CloudEvents source")
 	}
 	if len(s) > 1024 {
-		return fmt.Errorf("broker: CloudEvents source of %d bytes, above 1024", len(s))
+		return fmt.Errorf("wire: CloudEvents source of %d bytes, above 1024", len(s))
 	}
 	for _, r := range s {
 		if r > unicode.MaxASCII || !unicode.IsPrint(r) || r == ' ' {
-			return fmt.Errorf("broker: CloudEvents source %q: want printable ASCII without spaces", s)
+			return fmt.Errorf("wire: CloudEvents source %q: want printable ASCII without spaces", s)
 		}
 	}
 	if _, err := url.Parse(s); err != nil {
-		return fmt.Errorf("broker: CloudEvents source %q is not a URI-reference: %w", s, err)
+		return fmt.Errorf("wire: CloudEvents source %q is not a URI-reference: %w", s, err)
 	}
 	return nil
 }
@@ -178,17 +175,21 @@ func (e Encoding) Source(m *Message) string {
 	return DefaultCloudEventsSource + "/" + url.PathEscape(m.Schema)
 }
 
-// CheckMessage returns why m cannot be sent in e's format, marked [Permanent],
-// or nil: in the CloudEvents format, a producer header named like a CloudEvents
-// attribute of any binding (ce-*, ce_*, cloudEvents_*, compared without case).
-// Adapters call it beside [Message.CheckHeaders].
+// CheckMessage returns why m cannot be sent in e's format, marked [Refused],
+// or nil: a content type that [CheckContentType] refuses, or in the CloudEvents
+// format, a producer header named like a CloudEvents attribute of any binding
+// (ce-*, ce_*, cloudEvents_*, compared without case). [Encoding.Encode] calls
+// it beside [Message.CheckHeaders].
 func (e Encoding) CheckMessage(m *Message) error {
+	if err := CheckContentType(m.ContentType); err != nil {
+		return Refused(fmt.Errorf("wire: event %s: %w", m.EventID, err))
+	}
 	if e.Format != FormatCloudEvents {
 		return nil
 	}
 	for k := range m.Headers {
 		if isCloudEventsHeader(k) {
-			return Permanent(fmt.Errorf("broker: event %s: header %q: the CloudEvents format reserves ce-*, ce_* and cloudEvents_* names", m.EventID, k))
+			return Refused(fmt.Errorf("wire: event %s: header %q: the CloudEvents format reserves ce-*, ce_* and cloudEvents_* names", m.EventID, k))
 		}
 	}
 	return nil
@@ -209,6 +210,45 @@ func (e Encoding) HeaderCount(m *Message) int { return m.WireHeaderCount() + clo
 
 // cloudEventsHeaders is how many attribute headers a CloudEvents message has.
 const cloudEventsHeaders = 11
+
+// Encoded is a message as the codec writes it for one transport: what an
+// adapter maps onto its message or request.
+type Encoded struct {
+	// Headers yields the message's headers, each name once (see
+	// [Encoding.Headers]).
+	Headers iter.Seq2[string, string]
+	// HeaderCount is an upper bound of the headers Headers yields, for sizing
+	// what holds them.
+	HeaderCount int
+	// Body is the message body: the payload, unchanged.
+	Body []byte
+	// ContentType is Body's media type (Message.ContentType, or
+	// DefaultContentType when empty). A transport with a content-type field
+	// of its own (HTTP's Content-Type header, AMQP's content-type property)
+	// sets it; the CloudEvents bindings whose ContentTypeHeader is set carry
+	// it in Headers too, and the others read datacontenttype from that field.
+	ContentType string
+}
+
+// Encode returns m as e's format writes it for the transport of binding b
+// (the binding matters in the CloudEvents format only), or why m cannot be
+// sent, marked [Refused]: [Message.CheckHeaders] and [Encoding.CheckMessage].
+// Every adapter writes through it, so a format or a payload type is added in
+// this package, not in each adapter.
+func (e Encoding) Encode(m *Message, b CloudEventsBinding) (Encoded, error) {
+	if err := m.CheckHeaders(); err != nil {
+		return Encoded{}, err
+	}
+	if err := e.CheckMessage(m); err != nil {
+		return Encoded{}, err
+	}
+	return Encoded{
+		Headers:     e.Headers(m, b),
+		HeaderCount: e.HeaderCount(m),
+		Body:        m.Payload,
+		ContentType: m.ContentTypeOrDefault(),
+	}, nil
+}
 
 // Headers yields the headers m carries in e's format: [Message.AllWireHeaders]
 // for the default format; for CloudEvents, the producer's headers (as the
@@ -239,7 +279,7 @@ func (e Encoding) Headers(m *Message, b CloudEventsBinding) iter.Seq2[string, st
 			yield(p+CEExtSequence, strconv.FormatInt(m.AggregateSequence, 10)) &&
 			yield(p+CEExtSchemaVersion, strconv.Itoa(m.SchemaVersion))
 		if ok && b.ContentTypeHeader != "" {
-			yield(b.ContentTypeHeader, CloudEventsContentType)
+			yield(b.ContentTypeHeader, m.ContentTypeOrDefault())
 		}
 	}
 }
@@ -273,21 +313,21 @@ func LaneHeaders(get func(name string) string) (aggregateType, aggregateID strin
 // pgoutbox extension attributes must be present and well-formed; a
 // datacontenttype, if any, must be JSON. Headers other than the attributes,
 // content-type and Outbox-* become Message.Headers. Values are checked as
-// [ParseWireHeaders] checks the Outbox-* headers.
+// [ParseOutboxHeaders] checks the Outbox-* headers.
 func ParseCloudEvent(body []byte, names []string, get func(name string) string) (Message, error) {
 	p, ok := CloudEventsPrefix(get)
 	if !ok {
-		return Message{}, errors.New("broker: not a CloudEvents binary-mode message: no specversion header")
+		return Message{}, errors.New("wire: not a CloudEvents binary-mode message: no specversion header")
 	}
 	if v := get(p + CEAttrSpecVersion); v != CloudEventsSpecVersion {
-		return Message{}, fmt.Errorf("broker: header %s%s: unsupported specversion %.32q", p, CEAttrSpecVersion, v)
+		return Message{}, fmt.Errorf("wire: header %s%s: unsupported specversion %.32q", p, CEAttrSpecVersion, v)
 	}
 	m := Message{Payload: body, Headers: map[string]string{}}
 	var err error
 	need := func(attr string) string {
 		v := get(p + attr)
 		if v == "" && err == nil {
-			err = fmt.Errorf("broker: CloudEvent lacks header %s%s", p, attr)
+			err = fmt.Errorf("wire: CloudEvent lacks header %s%s", p, attr)
 		}
 		return v
 	}
@@ -300,23 +340,23 @@ func ParseCloudEvent(body []byte, names []string, get func(name string) string) 
 		return Message{}, err
 	}
 	if m.EventID, err = pgoutbox.ParseUUID(id); err != nil {
-		return Message{}, fmt.Errorf("broker: header %s%s: not a UUID: %.40q", p, CEAttrID, id)
+		return Message{}, fmt.Errorf("wire: header %s%s: not a UUID: %.40q", p, CEAttrID, id)
 	}
 	if m.AggregateSequence, err = strconv.ParseInt(seq, 10, 64); err != nil || m.AggregateSequence < 1 {
-		return Message{}, fmt.Errorf("broker: header %s%s: invalid sequence %.32q", p, CEExtSequence, seq)
+		return Message{}, fmt.Errorf("wire: header %s%s: invalid sequence %.32q", p, CEExtSequence, seq)
 	}
 	if m.SchemaVersion, err = strconv.Atoi(version); err != nil || m.SchemaVersion < 1 {
-		return Message{}, fmt.Errorf("broker: header %s%s: invalid version %.32q", p, CEExtSchemaVersion, version)
+		return Message{}, fmt.Errorf("wire: header %s%s: invalid version %.32q", p, CEExtSchemaVersion, version)
 	}
 	if m.OccurredAt, err = time.Parse(time.RFC3339Nano, occurred); err != nil {
-		return Message{}, fmt.Errorf("broker: header %s%s: invalid time %.40q", p, CEAttrTime, occurred)
+		return Message{}, fmt.Errorf("wire: header %s%s: invalid time %.40q", p, CEAttrTime, occurred)
 	}
 	ct := get(p + CEAttrDataContentType)
 	if ct == "" {
 		ct = get("content-type")
 	}
 	if ct != "" && !isJSONContentType(ct) {
-		return Message{}, fmt.Errorf("broker: CloudEvent datacontenttype %.64q is not JSON", ct)
+		return Message{}, fmt.Errorf("wire: CloudEvent datacontenttype %.64q is not JSON", ct)
 	}
 	for _, n := range names {
 		// Outbox-* headers beside the attributes are not the producer's either.
@@ -329,12 +369,12 @@ func ParseCloudEvent(body []byte, names []string, get func(name string) string) 
 
 // ParseReceived rebuilds a Message from a received message in either format:
 // [ParseCloudEvent] when it is a CloudEvents binary-mode message (it has a
-// specversion header of a binding), [ParseWireHeaders] otherwise.
+// specversion header of a binding), [ParseOutboxHeaders] otherwise.
 func ParseReceived(body []byte, names []string, get func(name string) string) (Message, error) {
 	if _, ok := CloudEventsPrefix(get); ok {
 		return ParseCloudEvent(body, names, get)
 	}
-	return ParseWireHeaders(body, names, get)
+	return ParseOutboxHeaders(body, names, get)
 }
 
 // isJSONContentType reports whether ct is application/json or a +json type,
