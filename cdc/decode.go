@@ -3,7 +3,6 @@ package cdc
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 )
 
 // The outbox columns an insert is decoded from, in the order of fieldNames.
@@ -151,6 +151,7 @@ func (d *decoder) insert(rel *relation, tuple []byte, mem *arena) (m broker.Mess
 	p := tuple[2:]
 	m.Tenant, m.Schema = d.schema, d.schema // as the polling relay fills them
 	var seen int
+	var headers []byte
 	for i := range n {
 		if len(p) < 1 {
 			return m, nil, errShortMessage
@@ -193,9 +194,7 @@ func (d *decoder) insert(rel *relation, tuple []byte, mem *arena) (m broker.Mess
 		case fieldPayload:
 			m.Payload = mem.clone(v)
 		case fieldHeaders:
-			if m.Headers, refused = decodeHeaders(v); refused != nil {
-				m.Headers = nil
-			}
+			headers = v // decoded once the event's id is known
 		case fieldOccurredAt:
 			m.OccurredAt, err = d.timestamptz(v)
 		}
@@ -207,24 +206,8 @@ func (d *decoder) insert(rel *relation, tuple []byte, mem *arena) (m broker.Mess
 	if seen < fieldCount {
 		return m, nil, fmt.Errorf("cdc: an insert into %s.outbox_events lacks columns (got %d of %d): is the table migrated?", d.schema, seen, fieldCount)
 	}
-	if refused != nil {
-		refused = fmt.Errorf("cdc: event %s refused before publishing: headers are not a JSON object of strings: %w", m.EventID, refused)
-	}
+	m.Headers, refused = pipeline.DecodeHeaders("cdc", m.EventID, headers)
 	return m, refused, nil
-}
-
-// decodeHeaders reads the headers column (a JSON object of strings), as the
-// polling relay does. Most events carry none: "{}" is not worth encoding/json's
-// reflection, nor a map (publishers only read Headers; nil is no headers).
-func decodeHeaders(raw []byte) (map[string]string, error) {
-	if string(raw) == "{}" {
-		return nil, nil
-	}
-	h := map[string]string{}
-	if err := json.Unmarshal(raw, &h); err != nil {
-		return nil, err
-	}
-	return h, nil
 }
 
 // parseUUIDText reads a uuid in PostgreSQL's output form (8-4-4-4-12 lower-case

@@ -29,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -42,6 +41,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
@@ -72,12 +72,12 @@ type txn struct {
 	released bool
 }
 
-// item is one event of a batch.
+// item is one event of a batch: the pipeline's Event (its message, attempts
+// before this one, and why it cannot be sent: see txn.refused), and where it
+// came from.
 type item struct {
-	msg      broker.Message
-	tx       *txn  // nil for the table path
-	attempts int   // attempt_count before this attempt
-	refused  error // see txn.refused
+	pipeline.Event
+	tx *txn // nil for the table path
 	// check: the event may have been published already (Source.checkUntil);
 	// the stream looks it up before publishing.
 	check bool
@@ -91,6 +91,7 @@ type Source struct {
 	pub  broker.Publisher
 	q    queries
 	log  *slog.Logger
+	pipe pipeline.Config // publishing and judging a batch (the polling relay's pipeline too)
 	// afterMark, set by a test only, runs between markAll's update and its
 	// look for events published meanwhile.
 	afterMark func()
@@ -140,20 +141,18 @@ type Source struct {
 	pausedUntil atomic.Int64
 	// marks tracks the marks of wholly acknowledged batches in progress, so
 	// that a batch with a failure can wait for the marks begun before it.
-	marks      markTickets
-	dbDown     atomic.Bool
-	broker     retry.BrokerHealth    // reachable or refusing, after each batch
+	marks markTickets
+	// health is the database's and the broker's state for Healthy, per
+	// statement (retryDB's what) for a missing privilege: a role may be
+	// allowed to read and not to mark.
+	health     pipeline.Health
 	streamDown atomic.Pointer[error] // why the replication stream is down (a redactedError), or nil
-	// denied holds, per statement (retryDB's what), the last database error
-	// that was a missing privilege, until that statement succeeds again: a role
-	// may be allowed to read and not to mark.
-	deniedMu sync.Mutex
-	denied   map[string]error
-	stats    counters
+	stats      counters
 }
 
 type counters struct {
-	published, fromTable, failed, quarantined, duplicates, skipped atomic.Int64
+	pipeline.Counters                           // published, failed, quarantined
+	fromTable, duplicates, skipped atomic.Int64 // see Stats
 }
 
 // Stats are a source's counters since Start.
@@ -189,6 +188,20 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Source, error)
 
 		standbyWake: lifecycle.NewWake(),
 	}
+	s.pipe = pipeline.Config{
+		Broker: pub, Timeout: c.PublishTimeout, NotAttempted: pipeline.ResultHeld,
+		Policy: retry.Policy{MaxAttempts: c.MaxAttempts, BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax},
+		// A quarantined lane is looked at again for an operator's retry.
+		QuarantineDelay: c.PollInterval,
+		Observed:        c.Observer != nil, Log: s.log,
+	}
+	s.health = pipeline.Health{
+		Errs: pipeline.Sentinels{
+			DatabaseUnreachable: ErrDatabaseUnreachable, PermissionDenied: ErrPermissionDenied,
+			BrokerUnreachable: ErrBrokerUnreachable, BrokerMisconfigured: ErrBrokerMisconfigured,
+		},
+		Log: s.log, Name: "the CDC source", Role: "cdc",
+	}
 	s.sb.off = c.PublishUnreplicated
 	s.marks.cond.L = &s.marks.mu
 	s.lc.Name = "cdc"
@@ -203,8 +216,8 @@ func (s *Source) Config() Config { return s.cfg }
 // Stats returns the source's counters.
 func (s *Source) Stats() Stats {
 	c := &s.stats
-	return Stats{Published: c.published.Load(), FromTable: c.fromTable.Load(), Failed: c.failed.Load(),
-		Quarantined: c.quarantined.Load(), Duplicates: c.duplicates.Load(), Skipped: c.skipped.Load()}
+	return Stats{Published: c.Published.Load(), FromTable: c.fromTable.Load(), Failed: c.Failed.Load(),
+		Quarantined: c.Quarantined.Load(), Duplicates: c.duplicates.Load(), Skipped: c.skipped.Load()}
 }
 
 // Errors of Healthy, matched with errors.Is.
@@ -236,17 +249,7 @@ var (
 // ErrSyncStandbyUnreadable and ErrSyncStandbyOtherServer (transactions held
 // for the synchronous standbys, standby.go), or several (errors.Join).
 func (s *Source) Healthy() error {
-	var errs []error
-	if s.dbDown.Load() {
-		errs = append(errs, ErrDatabaseUnreachable)
-	}
-	s.deniedMu.Lock()
-	whats := slices.Sorted(maps.Keys(s.denied))
-	for _, what := range whats {
-		errs = append(errs, fmt.Errorf("%w: %w", ErrPermissionDenied, s.denied[what]))
-	}
-	s.deniedMu.Unlock()
-	errs = append(errs, s.broker.Errors(ErrBrokerUnreachable, ErrBrokerMisconfigured)...)
+	errs := s.health.Errors()
 	if why := s.streamDown.Load(); why != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrStreamDown, *why))
 	}
@@ -646,7 +649,7 @@ func (s *Source) assemble() []item {
 			}
 			t.next++
 			mine[l] = struct{}{}
-			out = append(out, item{msg: *m, tx: t, refused: t.refused[m.EventID], check: t.end <= s.checkUntil})
+			out = append(out, item{Event: pipeline.Event{Msg: *m, Refused: t.refused[m.EventID]}, tx: t, check: t.end <= s.checkUntil})
 		}
 		if conflict || len(out) >= s.cfg.BatchSize {
 			break
@@ -702,7 +705,7 @@ func (s *Source) takeableLocked() (n, waiting int) {
 // held).
 func (s *Source) releaseLanesLocked(batch []item) {
 	for i := range batch {
-		delete(s.lanesOut, laneOf(&batch[i].msg))
+		delete(s.lanesOut, batch[i].Lane())
 	}
 }
 
@@ -712,7 +715,7 @@ func (s *Source) process(batch []item) time.Duration {
 	var ids []pgoutbox.UUID
 	for i := range batch {
 		if batch[i].check {
-			ids = append(ids, batch[i].msg.EventID)
+			ids = append(ids, batch[i].Msg.EventID)
 		}
 	}
 	// After a restart the stream sends again what followed the confirmed
@@ -739,7 +742,7 @@ func (s *Source) process(batch []item) time.Duration {
 		}
 		send = nil
 		for _, it := range batch {
-			if !skip[it.msg.EventID] {
+			if !skip[it.Msg.EventID] {
 				send = append(send, it)
 			}
 		}
@@ -747,7 +750,7 @@ func (s *Source) process(batch []item) time.Duration {
 	}
 	res := settled{failedLanes: map[pgoutbox.Lane]time.Duration{}}
 	if len(send) > 0 {
-		results, took := s.publish(send)
+		results, took := pipeline.Publish(s.hardCtx, &s.pipe, send)
 		_ = failpoint.Inject(failpoint.CDCAfterPublish) // crash or delay only: the broker has spoken
 		if s.hardCtx.Err() != nil {
 			s.mu.Lock()
@@ -755,8 +758,8 @@ func (s *Source) process(batch []item) time.Duration {
 			s.mu.Unlock()
 			return 0 // abandoned: leave everything for the restart
 		}
-		acked, failed, outcomes := s.judge(send, results, res.failedLanes)
-		if len(acked) == len(send) {
+		j := s.judge(send, results, &res)
+		if len(j.Acked) == len(send) {
 			// Acknowledged whole: the lanes may go on in the next batches while
 			// this one is marked.
 			ticket := s.marks.begin()
@@ -764,7 +767,7 @@ func (s *Source) process(batch []item) time.Duration {
 			s.releaseLanesLocked(batch)
 			s.mu.Unlock()
 			s.work.Poke()
-			ok := s.record(PathStream, acked, nil, outcomes, took, &res)
+			ok := s.record(PathStream, &j, took, &res)
 			s.marks.end(ticket)
 			if ok {
 				s.settleBatch(batch, send, res, false)
@@ -775,7 +778,7 @@ func (s *Source) process(batch []item) time.Duration {
 		// the table path, reading the lane from the table, does not find their
 		// events unpublished and send them again.
 		s.marks.waitBegun()
-		if !s.record(PathStream, acked, failed, outcomes, took, &res) {
+		if !s.record(PathStream, &j, took, &res) {
 			s.mu.Lock()
 			s.releaseLanesLocked(batch)
 			s.mu.Unlock()
@@ -807,8 +810,8 @@ func (s *Source) settleBatch(batch, sent []item, res settled, release bool) {
 	for l, delay := range res.failedLanes {
 		st := &laneState{due: now.Add(delay)}
 		for _, it := range sent {
-			if laneOf(&it.msg) == l {
-				st.seen = max(st.seen, it.msg.AggregateSequence)
+			if it.Lane() == l {
+				st.seen = max(st.seen, it.Msg.AggregateSequence)
 			}
 		}
 		s.blocked[l] = st
@@ -825,37 +828,6 @@ func (s *Source) settleBatch(batch, sent []item, res settled, release bool) {
 	}
 }
 
-// publish sends items (sorted per lane by sequence) and returns one result
-// each, and how long the broker took to answer for all of them.
-func (s *Source) publish(items []item) ([]error, time.Duration) {
-	slices.SortStableFunc(items, func(a, b item) int {
-		return pgoutbox.CompareInLane(laneOf(&a.msg), a.msg.AggregateSequence, laneOf(&b.msg), b.msg.AggregateSequence)
-	})
-	msgs := make([]broker.Message, len(items))
-	var refused []error
-	for i := range items {
-		msgs[i] = items[i].msg
-		if items[i].refused != nil {
-			if refused == nil {
-				refused = make([]error, len(items))
-			}
-			refused[i] = items[i].refused
-		}
-	}
-	start := time.Now()
-	pctx, cancel := context.WithTimeout(s.hardCtx, s.cfg.PublishTimeout)
-	// The same rule as the polling relay: rows of a raw INSERT that break the
-	// producer's limits or carry reserved headers are quarantined, never sent.
-	results := broker.PublishValid(pctx, s.pub, msgs, refused)
-	cancel()
-	took := time.Since(start)
-	results, ok := retry.CheckResults(results, len(msgs))
-	if !ok {
-		s.log.Error("publisher returned the wrong number of results; retrying the batch", slog.Int("messages", len(msgs)))
-	}
-	return results, took
-}
-
 // settled is what settle found.
 type settled struct {
 	acked          int
@@ -863,121 +835,59 @@ type settled struct {
 	allUnavailable bool                            // failures only, all of them broker outages
 }
 
-// failure is a failed publish to record: retried after delay, or quarantined.
-type failure struct {
-	id    pgoutbox.UUID
-	v     retry.Verdict
-	delay time.Duration
-}
-
-// policy is the source's failure policy (retry.Policy, the polling relay's too).
-func (s *Source) policy() retry.Policy {
-	return retry.Policy{MaxAttempts: s.cfg.MaxAttempts, BackoffBase: s.cfg.BackoffBase, BackoffMax: s.cfg.BackoffMax}
-}
-
 // settle records the outcome of a publish from path in the table: acked events
 // published, failed ones retried later (attempt_count, last_error,
-// available_at) or quarantined, as retry.Policy decides, exactly as the polling
-// relay does. Events not sent because an earlier event of their lane failed are
-// left as they are. It returns false if the source was hard-stopped before the
-// outcome was recorded.
+// available_at) or quarantined, as the pipeline judged them against the
+// policy, exactly as the polling relay does. Events not sent because an
+// earlier event of their lane failed are left as they are. It returns false if
+// the source was hard-stopped before the outcome was recorded.
 func (s *Source) settle(path Path, items []item, results []error, took time.Duration) (settled, bool) {
 	res := settled{failedLanes: map[pgoutbox.Lane]time.Duration{}}
 	if s.hardCtx.Err() != nil {
 		return res, false // abandoned: leave everything for the restart
 	}
-	acked, failed, outcomes := s.judge(items, results, res.failedLanes)
-	return res, s.record(path, acked, failed, outcomes, took, &res)
+	j := s.judge(items, results, &res)
+	return res, s.record(path, &j, took, &res)
+}
+
+// judge sorts a publish's results (pipeline.Judge); a failed event's lane
+// goes into res.failedLanes with its backoff (PollInterval when quarantined).
+func (s *Source) judge(items []item, results []error, res *settled) pipeline.Judged {
+	j := pipeline.Judge(&s.pipe, items, results, false)
+	for _, f := range j.Failed {
+		res.failedLanes[items[f.Index].Lane()] = f.Verdict.Delay
+	}
+	return j
 }
 
 // record writes what judge found in the table (acked events published,
 // failures recorded), counts it and tells the Observer and the broker's
 // health; res gets the counts. It returns false if the source was
 // hard-stopped before the outcome was recorded.
-func (s *Source) record(path Path, acked []pgoutbox.UUID, failed []failure, outcomes []EventOutcome, took time.Duration, res *settled) bool {
+func (s *Source) record(path Path, j *pipeline.Judged, took time.Duration, res *settled) bool {
 	start := time.Now()
-	if len(acked) > 0 && !s.markAll(acked) {
+	if len(j.Acked) > 0 && !s.markAll(j.Acked) {
 		return false
 	}
-	if len(failed) > 0 && !s.recordFailures(failed) {
+	if len(j.Failed) > 0 && !s.recordFailures(j.Failed) {
 		return false
 	}
-	allUnavailable, refused, quarantined := len(failed) > 0 && len(acked) == 0, "", 0
-	for _, f := range failed {
-		allUnavailable = allUnavailable && f.v.Unavailable
-		if refused == "" && f.v.Misconfigured {
-			refused = f.v.Text
-		}
-		if f.v.Quarantine {
-			quarantined++
-		}
+	res.acked, res.allUnavailable = len(j.Acked), j.BrokerDown()
+	s.stats.Add(j)
+	if j.Events != nil {
+		s.cfg.Observer.BatchSettled(SettledBatch{Path: path, Events: j.Events, PublishDuration: took, SettleDuration: time.Since(start)})
 	}
-	res.acked, res.allUnavailable = len(acked), allUnavailable
-	s.stats.published.Add(int64(len(acked)))
-	s.stats.failed.Add(int64(len(failed)))
-	s.stats.quarantined.Add(int64(quarantined))
-	if outcomes != nil {
-		s.cfg.Observer.BatchSettled(SettledBatch{Path: path, Events: outcomes, PublishDuration: took, SettleDuration: time.Since(start)})
-	}
-	o := retry.BatchOutcome{Acked: len(acked) > 0, AllUnavailable: allUnavailable, Refused: refused}
-	if len(failed) > 0 {
-		o.FirstError = failed[0].v.Text
-	}
-	s.broker.Settled(s.log, o)
+	s.health.Settled(j.Broker)
 	return true
-}
-
-// judge sorts a publish's results into acked events and failures (with the
-// Policy's verdict; a failed event's lane goes into failedLanes with its
-// backoff), logging quarantines. outcomes, one per item, is made only for an
-// Observer.
-func (s *Source) judge(items []item, results []error, failedLanes map[pgoutbox.Lane]time.Duration) (acked []pgoutbox.UUID, failed []failure, outcomes []EventOutcome) {
-	if s.cfg.Observer != nil {
-		outcomes = make([]EventOutcome, len(items))
-	}
-	policy := s.policy()
-	for i, err := range results {
-		it := &items[i]
-		o := EventOutcome{EventID: it.msg.EventID, AggregateType: it.msg.AggregateType, EventType: it.msg.EventType}
-		switch {
-		case err == nil:
-			acked = append(acked, it.msg.EventID)
-			o.Result, o.Attempt = ResultPublished, it.attempts+1
-		case errors.Is(err, broker.ErrPredecessorFailed):
-			// Its lane is in failedLanes through the failed predecessor.
-			o.Result = ResultHeld
-		default:
-			v := policy.Decide(err, it.attempts+1)
-			f := failure{id: it.msg.EventID, v: v, delay: v.Delay}
-			o.Result, o.Attempt, o.Reason, o.Err = ResultFailed, v.Attempt, ClassifyFailure(err), err
-			if v.Quarantine {
-				s.log.Warn("event quarantined", slog.String("event_id", it.msg.EventID.String()),
-					slog.String("aggregate", laneOf(&it.msg).String()),
-					slog.Int64("sequence", it.msg.AggregateSequence), slog.Int("attempts", v.Attempt), slog.String("error", v.Text))
-				f.delay = s.cfg.PollInterval // the lane is looked at again for an operator's retry
-				o.Result = ResultQuarantined
-			}
-			failedLanes[laneOf(&it.msg)] = f.delay
-			failed = append(failed, f)
-		}
-		if outcomes != nil {
-			outcomes[i] = o
-		}
-	}
-	return acked, failed, outcomes
 }
 
 // recordFailures records failed attempts (attempt_count, last_error,
 // available_at) and quarantines. It returns false if the source was
 // hard-stopped first.
-func (s *Source) recordFailures(failed []failure) bool {
-	ids, texts, delays, quarantine := make([]pgoutbox.UUID, len(failed)), make([]string, len(failed)),
-		make([]int64, len(failed)), make([]bool, len(failed))
-	for i, f := range failed {
-		ids[i], texts[i], delays[i], quarantine[i] = f.id, f.v.Text, f.delay.Milliseconds(), f.v.Quarantine
-	}
+func (s *Source) recordFailures(failed []pipeline.Failure) bool {
+	f := pipeline.FailColumnsOf(failed)
 	return s.retryDB("record failed attempts", func(ctx context.Context) error {
-		_, err := s.pool.Exec(ctx, s.q.fail, pgUUIDs(ids), texts, delays, quarantine, s.cfg.Owner())
+		_, err := s.pool.Exec(ctx, s.q.fail, pgUUIDs(f.IDs), f.Errors, f.DelaysMs, f.Quarantine, s.cfg.Owner())
 		return err
 	})
 }
@@ -1075,35 +985,9 @@ func (s *Source) retryDB(what string, f func(ctx context.Context) error) bool {
 
 // dbFailed records a failed statement: a missing privilege (the database
 // answered, and will refuse again until someone grants it; the same rule as the
-// polling relay, migrate.IsPermissionDenied) or an unreachable database. Only
-// the change is logged.
-func (s *Source) dbFailed(what string, err error) {
-	if !migrate.IsPermissionDenied(err) {
-		retry.MarkDown(&s.dbDown, s.log, "database", err)
-		return
-	}
-	retry.MarkUp(&s.dbDown, s.log, "database")
-	s.deniedMu.Lock()
-	_, known := s.denied[what]
-	if s.denied == nil {
-		s.denied = map[string]error{}
-	}
-	s.denied[what] = err
-	s.deniedMu.Unlock()
-	if !known {
-		s.log.Error("permission denied: the CDC source's role lacks a privilege; grant what 'pgoutbox migrate print --grants' lists for the cdc role (docs/security.md); retrying with backoff",
-			slog.Any("error", err))
-	}
-}
+// polling relay, pipeline.Health) or an unreachable database. Only the change
+// is logged.
+func (s *Source) dbFailed(what string, err error) { s.health.Failed(what, err) }
 
 // dbOK records that the statement what succeeded.
-func (s *Source) dbOK(what string) {
-	s.deniedMu.Lock()
-	_, was := s.denied[what]
-	delete(s.denied, what)
-	s.deniedMu.Unlock()
-	if was {
-		s.log.Info("the CDC source's statement is permitted again", slog.String("statement", what))
-	}
-	retry.MarkUp(&s.dbDown, s.log, "database")
-}
+func (s *Source) dbOK(what string) { s.health.OK(what) }

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 )
 
 // queries holds the CDC source's statements for one schema. docs/design.md ("CDC
@@ -84,10 +85,7 @@ UPDATE %[1]s
 // is the table path's to retry, never a polling relay's.
 const failSQL = `
 UPDATE %[1]s e
-   SET attempt_count = e.attempt_count + 1,
-       last_error = f.error,
-       available_at = now() + f.delay_ms * interval '1 millisecond',
-       quarantined_at = CASE WHEN f.quarantine THEN now() END,
+   SET ` + pipeline.FailAssignments + `,
        claimed_by = $5, claim_until = 'infinity'
   FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bool[]) AS f (event_id, error, delay_ms, quarantine)
  WHERE e.event_id = f.event_id AND e.published_at IS NULL

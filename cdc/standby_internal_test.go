@@ -113,7 +113,7 @@ func TestAssembleStopsAtAHeldTransaction(t *testing.T) {
 	s.queue, s.buffered = []*txn{a, empty, b, c}, 4
 	s.sb = standbyState{known: true, pos: 199, required: 1, connected: 1}
 	got := s.assemble()
-	if len(got) != 1 || got[0].msg.AggregateSequence != 1 {
+	if len(got) != 1 || got[0].Msg.AggregateSequence != 1 {
 		t.Fatalf("position 199: assembled %v, want the first transaction's event only", got)
 	}
 	s.releaseLanesLocked(got) // acknowledged: the lane may go on
@@ -124,7 +124,7 @@ func TestAssembleStopsAtAHeldTransaction(t *testing.T) {
 		t.Fatalf("nothing new confirmed: assembled %v", got)
 	}
 	s.sb.pos = 250
-	if got := s.assemble(); len(got) != 2 || got[0].msg.AggregateSequence != 2 {
+	if got := s.assemble(); len(got) != 2 || got[0].Msg.AggregateSequence != 2 {
 		t.Fatalf("position 250: assembled %v, want the second transaction's events", got)
 	}
 	s.sb.pos = 0 // a standby behind the released ones does not take them back
@@ -156,7 +156,7 @@ func TestAssembleKeepsALaneInOneBatch(t *testing.T) {
 	lanes := func(batch []item) []string {
 		var out []string
 		for _, it := range batch {
-			out = append(out, fmt.Sprintf("%s#%d", it.msg.AggregateID, it.msg.AggregateSequence))
+			out = append(out, fmt.Sprintf("%s#%d", it.Msg.AggregateID, it.Msg.AggregateSequence))
 		}
 		return out
 	}
@@ -200,7 +200,7 @@ func TestAssembleSendsFewEventsAtOnce(t *testing.T) {
 	s.queue = append(s.queue, &txn{end: 200, events: []broker.Message{msg("2", 1), msg("1", 2)}, unsettled: 2})
 	s.buffered += 2
 	got := s.assemble()
-	if len(got) != 1 || got[0].msg.AggregateID != "2" {
+	if len(got) != 1 || got[0].Msg.AggregateID != "2" {
 		t.Fatalf("with lane 1 out and two events waiting: assembled %v, want 2#1 at once", got)
 	}
 }
@@ -333,7 +333,7 @@ func TestStreamEndDropsWhatWasHeld(t *testing.T) {
 		t.Fatalf("another history: a transaction ending at 80 was not queued")
 	}
 	got := s.assemble()
-	if len(got) != 1 || got[0].msg.AggregateID != "2" || !got[0].check {
+	if len(got) != 1 || got[0].Msg.AggregateID != "2" || !got[0].check {
 		t.Fatalf("another history: assembled %+v; want the released transaction's second event, looked up before publishing", got)
 	}
 }

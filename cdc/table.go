@@ -2,8 +2,6 @@ package cdc
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -12,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox"
-	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 )
 
 // tablePath publishes the lanes the stream handed over (a failed event, or
@@ -59,10 +57,8 @@ func (s *Source) drainDue() time.Time {
 
 // tableRow is one unpublished event of an owned lane.
 type tableRow struct {
-	msg         broker.Message
-	attempts    int
+	pipeline.Event
 	quarantined bool
-	refused     error // see txn.refused
 	notBefore   time.Time
 	dbNow       time.Time
 }
@@ -145,7 +141,7 @@ func (s *Source) readLanes(picked []pgoutbox.Lane) ([]tableRow, bool) {
 	for i := range rows {
 		// As the polling relay and the slot's decoder fill them: {tenant} in a
 		// destination and the CloudEvents source are the same on this path.
-		rows[i].msg.Tenant, rows[i].msg.Schema = s.cfg.Schema, s.cfg.Schema
+		rows[i].Msg.Tenant, rows[i].Msg.Schema = s.cfg.Schema, s.cfg.Schema
 	}
 	return rows, ok
 }
@@ -154,13 +150,11 @@ func scanTableRow(row pgx.CollectableRow) (tableRow, error) {
 	var t tableRow
 	var headers []byte
 	var notBefore *time.Time
-	err := row.Scan(&t.msg.EventID, &t.msg.AggregateType, &t.msg.AggregateID, &t.msg.AggregateSequence,
-		&t.msg.EventType, &t.msg.SchemaVersion, &t.msg.Payload, &headers, &t.msg.OccurredAt,
-		&t.attempts, &t.quarantined, &notBefore, &t.dbNow)
+	err := row.Scan(&t.Msg.EventID, &t.Msg.AggregateType, &t.Msg.AggregateID, &t.Msg.AggregateSequence,
+		&t.Msg.EventType, &t.Msg.SchemaVersion, &t.Msg.Payload, &headers, &t.Msg.OccurredAt,
+		&t.Attempts, &t.quarantined, &notBefore, &t.dbNow)
 	if err == nil {
-		if herr := json.Unmarshal(headers, &t.msg.Headers); herr != nil {
-			t.refused = fmt.Errorf("cdc: event %s refused before publishing: headers are not a JSON object of strings: %w", t.msg.EventID, herr)
-		}
+		t.Msg.Headers, t.Refused = pipeline.DecodeHeaders("cdc", t.Msg.EventID, headers)
 	}
 	if notBefore != nil {
 		t.notBefore = *notBefore
@@ -181,7 +175,7 @@ func (s *Source) planRound(picked []pgoutbox.Lane, rows []tableRow, now time.Tim
 	stopped := map[pgoutbox.Lane]bool{}
 	for i := range rows {
 		r := &rows[i]
-		l := laneOf(&r.msg)
+		l := r.Lane()
 		p.empty[l] = false
 		if stopped[l] {
 			continue
@@ -194,7 +188,7 @@ func (s *Source) planRound(picked []pgoutbox.Lane, rows []tableRow, now time.Tim
 			stopped[l] = true
 			p.due[l] = now.Add(r.notBefore.Sub(r.dbNow))
 		default:
-			candidates = append(candidates, item{msg: r.msg, attempts: r.attempts, refused: r.refused})
+			candidates = append(candidates, item{Event: r.Event})
 		}
 	}
 	return p, candidates
@@ -210,7 +204,7 @@ func (s *Source) leaseCandidates(candidates []item, p roundPlan, now time.Time) 
 	}
 	cids := make([]pgoutbox.UUID, len(candidates))
 	for i := range candidates {
-		cids[i] = candidates[i].msg.EventID
+		cids[i] = candidates[i].Msg.EventID
 	}
 	var got []pgoutbox.UUID
 	if !s.retryDB("lease owned events", func(ctx context.Context) error {
@@ -230,8 +224,8 @@ func (s *Source) leaseCandidates(candidates []item, p roundPlan, now time.Time) 
 	var send []item
 	cut := map[pgoutbox.Lane]bool{}
 	for _, c := range candidates {
-		l := laneOf(&c.msg)
-		if cut[l] || !ok[c.msg.EventID] {
+		l := c.Lane()
+		if cut[l] || !ok[c.Msg.EventID] {
 			cut[l] = true
 			p.due[l] = now.Add(s.cfg.PollInterval)
 			continue
@@ -246,7 +240,7 @@ func (s *Source) leaseCandidates(candidates []item, p roundPlan, now time.Time) 
 // pausing for a broker outage. It returns false if the source was hard-stopped
 // before the outcome was recorded.
 func (s *Source) publishFromTable(send []item, p roundPlan, now time.Time) bool {
-	results, took := s.publish(send)
+	results, took := pipeline.Publish(s.hardCtx, &s.pipe, send)
 	res, done := s.settle(PathTable, send, results, took)
 	if !done {
 		return false

@@ -3,8 +3,7 @@ package relay
 import (
 	"time"
 
-	"github.com/pgoutbox/pgoutbox"
-	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 )
 
 // Observer is told what a relay does, for metrics (package relay/relayprom
@@ -56,65 +55,41 @@ type SettledBatch struct {
 	SettleDuration time.Duration
 }
 
-// Result is what became of one event of a batch.
-type Result uint8
+// Result is what became of one event of a batch (pipeline.Result, the CDC
+// source's too).
+type Result = pipeline.Result
 
+// The results of a relay's events.
 const (
 	// ResultPublished: the broker acknowledged the event; it is marked published.
-	ResultPublished Result = iota + 1
+	ResultPublished = pipeline.ResultPublished
 	// ResultFailed: the publish failed; the event is retried after a backoff.
-	ResultFailed
+	ResultFailed = pipeline.ResultFailed
 	// ResultQuarantined: the publish failed and the event is quarantined: its
 	// error is permanent or it reached Config.MaxAttempts.
-	ResultQuarantined
+	ResultQuarantined = pipeline.ResultQuarantined
 	// ResultReleased: the event was not attempted (an earlier event of its
 	// aggregate failed, or the relay is stopping); its lease was given back
 	// without counting an attempt.
-	ResultReleased
+	ResultReleased = pipeline.ResultReleased
 )
 
-// String returns "published", "failed", "quarantined" or "released".
-func (r Result) String() string {
-	switch r {
-	case ResultPublished:
-		return "published"
-	case ResultFailed:
-		return "failed"
-	case ResultQuarantined:
-		return "quarantined"
-	case ResultReleased:
-		return "released"
-	}
-	return "unknown"
-}
+// FailureReason classifies a failed publish, the reason label of
+// pgoutbox_relay_publish_failures_total (pipeline.FailureReason, that is
+// broker.FailureReason).
+type FailureReason = pipeline.FailureReason
 
-// FailureReason classifies a failed publish: broker.FailureReason, the one
-// classification of the relay and the CDC source.
-type FailureReason = broker.FailureReason
-
-// The failure reasons (see broker.FailureReason).
+// The failure reasons of a relay's events (see broker.FailureReason).
 const (
-	ReasonPermanent   = broker.ReasonPermanent
-	ReasonUnavailable = broker.ReasonUnavailable
-	ReasonError       = broker.ReasonError
+	ReasonPermanent   = pipeline.ReasonPermanent
+	ReasonUnavailable = pipeline.ReasonUnavailable
+	ReasonError       = pipeline.ReasonError
 )
 
-// ClassifyFailure returns the reason class of a publish error
-// (broker.ClassifyFailure).
-func ClassifyFailure(err error) FailureReason { return broker.ClassifyFailure(err) }
+// ClassifyFailure returns the reason class of a relay's publish error
+// (pipeline.ClassifyFailure).
+func ClassifyFailure(err error) FailureReason { return pipeline.ClassifyFailure(err) }
 
-// EventOutcome is the outcome of one event of a settled batch.
-type EventOutcome struct {
-	EventID       pgoutbox.UUID
-	AggregateType string
-	EventType     string
-	// Result is what became of the event.
-	Result Result
-	// Attempt is the number of this publish attempt, from 1 (attempt_count after
-	// it), for published, failed and quarantined events; 0 for released ones.
-	Attempt int
-	// Reason classifies Err, for failed and quarantined events.
-	Reason FailureReason
-	// Err is the publish error, for failed and quarantined events.
-	Err error
-}
+// EventOutcome is the outcome of one event of a settled batch
+// (pipeline.EventOutcome): its Attempt is 0 for a released event.
+type EventOutcome = pipeline.EventOutcome

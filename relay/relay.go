@@ -26,12 +26,9 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +43,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/pgbound"
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
@@ -62,8 +60,8 @@ type Relay struct {
 	ownHub bool
 	q      queries
 	log    *slog.Logger
-	policy retry.Policy   // what becomes of a failed publish
-	bounds pgbound.Bounds // every statement's lock_timeout and statement_timeout
+	pipe   pipeline.Config // publishing and judging a batch (the CDC source's pipeline too)
+	bounds pgbound.Bounds  // every statement's lock_timeout and statement_timeout
 
 	// lc runs the workers and the helpers (poll, listen, guard). Its Stopping
 	// means "claim no more"; its Hard context is cancelled when Stop's deadline
@@ -76,22 +74,12 @@ type Relay struct {
 	mu     sync.Mutex
 	leased map[pgoutbox.UUID]struct{} // leases taken and not yet settled
 
-	dbDown atomic.Bool
+	// health is the database's and the broker's state for Healthy, per
+	// statement kind (claim, settle): a role may be allowed to claim and not
+	// to settle, a lock may hold up one kind and not the other.
+	health pipeline.Health
 	// lastReset is when dbFailed last dropped the pool's connections (unix ns).
 	lastReset atomic.Int64
-	broker    retry.BrokerHealth // reachable or not, refusing our configuration or not
-	// denied holds, per statement kind (claim, settle), the last database
-	// error that was a missing privilege, nil once that kind succeeds again
-	// (dbFailed, dbOK): a role may be allowed to claim and not to settle.
-	denied [2]atomic.Pointer[error]
-	// unusable holds the last error of a statement that the database refused
-	// because the outbox's objects are not as the relay needs them (a table
-	// or schema gone: SQLSTATE classes 42 and 3F), nil once one succeeds.
-	unusable atomic.Pointer[error]
-	// stuck holds, per statement kind, the last statement that the server
-	// ended at the relay's bounds (a lock held by another session, a
-	// statement past StatementTimeout), nil once that kind succeeds again.
-	stuck [2]atomic.Pointer[error]
 
 	idleWorkers atomic.Int32 // workers waiting for a wake-up (idle.go)
 	lastFound   atomic.Int64 // when a claim last found events (unix ns)
@@ -121,7 +109,8 @@ type Stats struct {
 }
 
 type counters struct {
-	claims, claimed, takenOver, published, failed, quarantined, released atomic.Int64
+	claims, claimed, takenOver atomic.Int64
+	pipeline.Counters          // published, failed, quarantined, released (not attempted)
 }
 
 // New returns a relay reading the outbox through pool and publishing with pub.
@@ -154,7 +143,6 @@ func newRelay(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config, h *hub) (*R
 		pub:    pub,
 		q:      newQueries(c.Schema),
 		log:    c.Logger.With(slog.String("relay", c.ID)),
-		policy: retry.Policy{MaxAttempts: c.MaxAttempts, BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax},
 		bounds: pgbound.New(c.StatementTimeout, c.LockTimeout),
 		wake:   make(lifecycle.Wake, c.Workers),
 		retry:  make(chan time.Time, 16),
@@ -168,6 +156,19 @@ func newRelay(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config, h *hub) (*R
 		h, r.ownHub = newHub(pool, r.log, &c), true
 	}
 	r.hub, r.idleChanged = h, h.idleChanged
+	r.pipe = pipeline.Config{
+		Broker: pub, Timeout: c.PublishTimeout, NotAttempted: pipeline.ResultReleased,
+		Policy:   retry.Policy{MaxAttempts: c.MaxAttempts, BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax},
+		Observed: c.Observer != nil, Log: r.log,
+	}
+	r.health = pipeline.Health{
+		Errs: pipeline.Sentinels{
+			DatabaseUnreachable: ErrDatabaseUnreachable, PermissionDenied: ErrPermissionDenied,
+			OutboxUnusable: ErrOutboxUnusable, OutboxStuck: ErrOutboxStuck,
+			BrokerUnreachable: ErrBrokerUnreachable, BrokerMisconfigured: ErrBrokerMisconfigured,
+		},
+		Log: r.log, Name: "the relay", Role: "relay", LockTimeout: c.LockTimeout, StatementTimeout: c.StatementTimeout,
+	}
 	r.lc.Name = "relay"
 	r.lc.Stopped = r.stopped
 	return r, nil
@@ -181,8 +182,8 @@ func (r *Relay) Stats() Stats {
 	s := &r.stats
 	return Stats{
 		Claims: s.claims.Load(), Claimed: s.claimed.Load(), TakenOver: s.takenOver.Load(),
-		Published: s.published.Load(), Failed: s.failed.Load(), Quarantined: s.quarantined.Load(),
-		Released: s.released.Load(),
+		Published: s.Published.Load(), Failed: s.Failed.Load(), Quarantined: s.Quarantined.Load(),
+		Released: s.NotAttempted.Load(),
 	}
 }
 
@@ -212,27 +213,7 @@ var (
 // ErrOutboxUnusable, ErrOutboxStuck, ErrBrokerUnreachable,
 // ErrBrokerMisconfigured (with the broker's answer) or several (errors.Is
 // tells them apart).
-func (r *Relay) Healthy() error {
-	var errs []error
-	if r.dbDown.Load() {
-		errs = append(errs, ErrDatabaseUnreachable)
-	}
-	for i := range r.denied {
-		if err := r.denied[i].Load(); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %w", ErrPermissionDenied, *err))
-		}
-	}
-	if err := r.unusable.Load(); err != nil {
-		errs = append(errs, fmt.Errorf("%w: %w", ErrOutboxUnusable, *err))
-	}
-	for i := range r.stuck {
-		if err := r.stuck[i].Load(); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %w", ErrOutboxStuck, *err))
-		}
-	}
-	errs = append(errs, r.broker.Errors(ErrBrokerUnreachable, ErrBrokerMisconfigured)...)
-	return errors.Join(errs...)
-}
+func (r *Relay) Healthy() error { return errors.Join(r.health.Errors()...) }
 
 // Timeouts of the relay's statements outside a claim (bounded by Lease/2) and
 // a publish (Config.PublishTimeout).
@@ -485,35 +466,13 @@ func (r *Relay) announceBacklog() {
 	}
 }
 
-// dbFailed records a failed statement: a missing privilege (the database
-// answered, and will refuse again until someone grants it) or an unreachable
-// database. Either is retried with backoff; only the change is logged.
-func (r *Relay) dbFailed(kind int, err error) {
-	if outboxUnusable(err) {
-		retry.MarkUp(&r.dbDown, r.log, "database")
-		if r.unusable.Swap(&err) == nil {
-			r.log.Error("the outbox's tables are missing or altered; retrying with backoff", slog.Any("error", err))
-		}
-		return
-	}
-	if pgbound.Stuck(err) {
-		// The database answered: not down, and its connections are fine.
-		retry.MarkUp(&r.dbDown, r.log, "database")
-		if r.stuck[kind].Swap(&err) == nil {
-			r.log.Warn("the outbox's statements time out: another session holds a lock on its tables, or they run too long; retrying with backoff, the other outboxes go on",
-				slog.Duration("lock_timeout", r.cfg.LockTimeout), slog.Duration("statement_timeout", r.cfg.StatementTimeout), slog.Any("error", err))
-		}
-		return
-	}
-	if !migrate.IsPermissionDenied(err) {
-		retry.MarkDown(&r.dbDown, r.log, "database", err)
+// dbFailed records a failed statement of kind (stmtClaim, stmtSettle): the
+// outbox unusable, stuck at the bounds, a missing privilege, or an unreachable
+// database (pipeline.Health.Failed), whose hung connections are dropped. Each
+// is retried with backoff; only the change is logged.
+func (r *Relay) dbFailed(kind string, err error) {
+	if r.health.Failed(kind, err) {
 		r.dropHungConnections(err)
-		return
-	}
-	retry.MarkUp(&r.dbDown, r.log, "database")
-	if r.denied[kind].Swap(&err) == nil {
-		r.log.Error("permission denied: the relay's role lacks a privilege; grant what 'pgoutbox migrate print --grants' lists for the relay role (docs/security.md); retrying with backoff",
-			slog.Any("error", err))
 	}
 }
 
@@ -521,7 +480,7 @@ func (r *Relay) dbFailed(kind int, err error) {
 // database unreachable, as a failed claim would; reset drops hung connections
 // (the hub asks one of its relays to, for the pool they share).
 func (r *Relay) probeFailed(err error, reset bool) {
-	retry.MarkDown(&r.dbDown, r.log, "database", err)
+	r.health.Unreachable(err)
 	if reset {
 		r.dropHungConnections(err)
 	}
@@ -530,12 +489,10 @@ func (r *Relay) probeFailed(err error, reset bool) {
 // refused reports whether the relay's last claim was refused by the database
 // for a reason it gave (the outbox's tables, a privilege, a lock held past
 // LockTimeout); a claim that succeeds clears it.
-func (r *Relay) refused() bool {
-	return r.unusable.Load() != nil || r.denied[stmtClaim].Load() != nil || r.stuck[stmtClaim].Load() != nil
-}
+func (r *Relay) refused() bool { return r.health.Refused(stmtClaim) }
 
 // probeOK records that the hub's probe reached the database.
-func (r *Relay) probeOK() { retry.MarkUp(&r.dbDown, r.log, "database") }
+func (r *Relay) probeOK() { r.health.Reachable() }
 
 // dropHungConnections empties the pool after a statement timed out. A timeout,
 // unlike a refused or reset connection, is what a hung server or a network
@@ -564,51 +521,24 @@ const resetInterval = 5 * time.Second
 
 // Statement kinds of dbFailed and dbOK.
 const (
-	stmtClaim = iota
-	stmtSettle
+	stmtClaim  = "claim"
+	stmtSettle = "settle"
 )
 
-// outboxUnusable reports whether err is the database refusing a statement
-// for the outbox's objects: undefined or wrong tables, columns, functions
-// (SQLSTATE class 42 but a missing privilege) or schema (class 3F).
-func outboxUnusable(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code == "42501" {
-		return false
-	}
-	return strings.HasPrefix(pgErr.Code, "42") || strings.HasPrefix(pgErr.Code, "3F")
-}
-
 // dbOK records a statement of the kind that succeeded.
-func (r *Relay) dbOK(kind int) {
-	if r.unusable.Swap(nil) != nil {
-		r.log.Info("the outbox's tables are usable again")
-	}
-	if r.denied[kind].Swap(nil) != nil {
-		r.log.Info("the relay's statements are permitted again")
-	}
-	if r.stuck[kind].Swap(nil) != nil {
-		r.log.Info("the outbox's statements complete again")
-	}
-	retry.MarkUp(&r.dbDown, r.log, "database")
-}
+func (r *Relay) dbOK(kind string) { r.health.OK(kind) }
 
 // errStopping is claim's answer once the relay is stopping.
 var errStopping = errors.New("relay: stopping")
 
-// claimed is one leased event.
+// claimed is one leased event: the pipeline's Event (its message, attempts
+// before this one, and why the row cannot become a message when it cannot:
+// headers that are not a JSON object of strings, written by a raw INSERT),
+// and its lease.
 type claimed struct {
-	msg            broker.Message
-	attempts       int           // attempt_count before this attempt
+	pipeline.Event
 	previousHolder *string       // who held the run's lease before this claim
 	head           pgoutbox.UUID // the first event of its run, which holds the lease
-	// undecodable is why the row cannot become a message (headers that are not a
-	// JSON object of strings, written by a raw INSERT): it is quarantined.
-	undecodable error
-}
-
-func (c *claimed) lane() pgoutbox.Lane {
-	return pgoutbox.LaneOf(c.msg.AggregateType, c.msg.AggregateID)
 }
 
 // claim leases the next batch, continuing the lane scan from the relay's cursor,
@@ -659,7 +589,7 @@ func (r *Relay) claim() ([]claimed, error) {
 		return batch, nil
 	}
 	for i := range batch {
-		if l := batch[i].lane(); l.Compare(*cur) > 0 {
+		if l := batch[i].Lane(); l.Compare(*cur) > 0 {
 			*cur = l
 		}
 	}
@@ -682,17 +612,14 @@ func (r *Relay) claimFrom(ctx context.Context, from pgoutbox.Lane, limit int) ([
 		batch, err = pgx.AppendRows(make([]claimed, 0, limit), rows, func(row pgx.CollectableRow) (claimed, error) {
 			var c claimed
 			var headers []byte
-			err := row.Scan(&c.msg.EventID, &c.msg.AggregateType, &c.msg.AggregateID, &c.msg.AggregateSequence,
-				&c.msg.EventType, &c.msg.SchemaVersion, &c.msg.Payload, &headers, &c.msg.OccurredAt,
-				&c.attempts, &c.previousHolder, &c.head)
-			c.msg.Tenant, c.msg.Schema = r.cfg.Tenant, r.cfg.Schema
+			err := row.Scan(&c.Msg.EventID, &c.Msg.AggregateType, &c.Msg.AggregateID, &c.Msg.AggregateSequence,
+				&c.Msg.EventType, &c.Msg.SchemaVersion, &c.Msg.Payload, &headers, &c.Msg.OccurredAt,
+				&c.Attempts, &c.previousHolder, &c.head)
+			c.Msg.Tenant, c.Msg.Schema = r.cfg.Tenant, r.cfg.Schema
 			if err == nil {
-				var derr error
-				if c.msg.Headers, derr = decodeHeaders(headers); derr != nil {
-					c.undecodable = fmt.Errorf("relay: event %s refused before publishing: headers are not a JSON object of strings: %w", c.msg.EventID, derr)
-				}
+				c.Msg.Headers, c.Refused = pipeline.DecodeHeaders("relay", c.Msg.EventID, headers)
 			}
-			if c.head != c.msg.EventID {
+			if c.head != c.Msg.EventID {
 				c.previousHolder = nil // only a run's head holds its lease
 			}
 			return c, err
@@ -707,7 +634,7 @@ func (r *Relay) claimFrom(ctx context.Context, from pgoutbox.Lane, limit int) ([
 		r.stats.claimed.Add(int64(len(batch)))
 		r.mu.Lock()
 		for _, c := range batch {
-			r.leased[c.msg.EventID] = struct{}{}
+			r.leased[c.Msg.EventID] = struct{}{}
 		}
 		r.mu.Unlock()
 		for _, c := range batch {
@@ -723,189 +650,65 @@ func (r *Relay) claimFrom(ctx context.Context, from pgoutbox.Lane, limit int) ([
 // the worker should pause before claiming again (non-zero when the broker looked
 // unreachable).
 func (r *Relay) process(batch []claimed) time.Duration {
-	// Per aggregate, ascending sequence: what Publisher.Publish requires.
-	slices.SortFunc(batch, func(a, b claimed) int {
-		return pgoutbox.CompareInLane(a.lane(), a.msg.AggregateSequence, b.lane(), b.msg.AggregateSequence)
-	})
-	start := time.Now()
-	results := r.publish(batch)
-	return r.settle(batch, results, time.Since(start))
-}
-
-// publish sends the batch and returns one result per event.
-func (r *Relay) publish(batch []claimed) []error {
-	msgs := make([]broker.Message, len(batch))
-	var refused []error
-	for i := range batch {
-		msgs[i] = batch[i].msg
-		if batch[i].undecodable != nil {
-			if refused == nil {
-				refused = make([]error, len(batch))
-			}
-			refused[i] = batch[i].undecodable
-		}
-	}
+	var results []error
+	var took time.Duration
 	if err := failpoint.Inject(failpoint.RelayBeforePublish); err != nil {
-		results := make([]error, len(msgs))
-		for i := range results {
-			results[i] = broker.Unavailable(err)
-		}
-		return results
+		results = pipeline.Unavailable(len(batch), err)
+	} else {
+		// Sorted per aggregate, ascending sequence: what Publisher.Publish
+		// requires; results follow the sorted batch.
+		results, took = pipeline.Publish(r.lc.Hard(), &r.pipe, batch)
 	}
-	ctx, cancel := context.WithTimeout(r.lc.Hard(), r.cfg.PublishTimeout)
-	// Rows written around the producer's checks (a raw INSERT) with reserved
-	// headers or sizes beyond the limits are quarantined here, never sent.
-	results := broker.PublishValid(ctx, r.pub, msgs, refused)
-	cancel()
 	_ = failpoint.Inject(failpoint.RelayAfterPublish) // crash or delay only: the broker has spoken
-	checked, ok := retry.CheckResults(results, len(msgs))
-	if !ok {
-		r.log.Error("publisher returned the wrong number of results; retrying the batch with backoff",
-			slog.Int("messages", len(msgs)), slog.Int("results", len(results)))
-	}
-	return checked
-}
-
-// failure is one failed publish to record: the event, the head of its run
-// (which holds the lease), and the failure policy's verdict.
-type failure struct {
-	id, head pgoutbox.UUID
-	verdict  retry.Verdict
-}
-
-// outcome is what a publish did to a batch, sorted for the settle statements.
-type outcome struct {
-	acked    []pgoutbox.UUID // acknowledged: marked published
-	released []pgoutbox.UUID // not attempted: leases given back
-	failed   []failure       // retried after a backoff, or quarantined
-	// quarantined counts the failures quarantined; retryIn is the shortest
-	// backoff of the others (0 when none is retried).
-	quarantined int
-	retryIn     time.Duration
-	broker      retry.BatchOutcome // what the batch said about the broker
-	events      []EventOutcome     // one per event, for the Observer only
-}
-
-// note records event i's outcome for the Observer.
-func (o *outcome) note(c *claimed, i int, res Result, attempt int, err error) {
-	if o.events == nil {
-		return
-	}
-	e := &o.events[i]
-	e.EventID, e.AggregateType, e.EventType = c.msg.EventID, c.msg.AggregateType, c.msg.EventType
-	e.Result, e.Attempt, e.Err = res, attempt, err
-	if err != nil {
-		e.Reason = ClassifyFailure(err)
-	}
-}
-
-// failColumns returns the failures as the fail statement's column arrays.
-func (o *outcome) failColumns() (ids []pgtype.UUID, errs []string, delaysMs []int64, quarantine []bool, heads []pgtype.UUID) {
-	for _, f := range o.failed {
-		ids = append(ids, pgtype.UUID{Bytes: f.id, Valid: true})
-		errs = append(errs, f.verdict.Text)
-		delaysMs = append(delaysMs, f.verdict.Delay.Milliseconds())
-		quarantine = append(quarantine, f.verdict.Quarantine)
-		heads = append(heads, pgtype.UUID{Bytes: f.head, Valid: true})
-	}
-	return ids, errs, delaysMs, quarantine, heads
+	return r.settle(batch, results, took)
 }
 
 // settle records the outcome of a publish: acked events published, failed ones
-// retried later or quarantined, unattempted ones released. The three statements go
-// in one transaction under the relay's bounds (pgbound.Send). If the database is unreachable,
-// settling is retried while the relay runs; once it is stopping, an attempt gets
-// stopSettleGrace and no retry. The leases of what was not recorded simply expire
-// and the events are published again (a duplicate, never a loss). It returns how
-// long the worker should pause before claiming again.
+// retried later or quarantined, unattempted ones released, as the pipeline
+// judged them (pipeline.Judge: a publish that a hard stop abandoned is not the
+// events' fault, they are released). The three statements go in one
+// transaction under the relay's bounds (pgbound.Send). If the database is
+// unreachable, settling is retried while the relay runs; once it is stopping,
+// an attempt gets stopSettleGrace and no retry. The leases of what was not
+// recorded simply expire and the events are published again (a duplicate,
+// never a loss). It returns how long the worker should pause before claiming
+// again.
 func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Duration) time.Duration {
-	o := r.decide(batch, results)
+	j := pipeline.Judge(&r.pipe, batch, results, r.lc.Hard().Err() != nil)
 	start := time.Now()
-	if !r.record(&o) {
+	if !r.record(batch, &j) {
 		return 0 // leases stay with us; the stop tries once more, then they expire
 	}
 	settleDuration := time.Since(start)
 	r.forgetBatch(batch)
-	r.stats.published.Add(int64(len(o.acked)))
-	r.stats.failed.Add(int64(len(o.failed)))
-	r.stats.quarantined.Add(int64(o.quarantined))
-	r.stats.released.Add(int64(len(o.released)))
-	if o.events != nil {
-		r.cfg.Observer.BatchSettled(SettledBatch{Tenant: r.cfg.Tenant, Events: o.events, PublishDuration: publishDuration, SettleDuration: settleDuration})
+	r.stats.Add(&j)
+	if j.Events != nil {
+		r.cfg.Observer.BatchSettled(SettledBatch{Tenant: r.cfg.Tenant, Events: j.Events, PublishDuration: publishDuration, SettleDuration: settleDuration})
 	}
-	if o.retryIn > 0 {
+	if j.RetryIn > 0 {
 		// Wake up when the first backoff ends rather than at the next poll.
 		select {
-		case r.retry <- time.Now().Add(o.retryIn):
+		case r.retry <- time.Now().Add(j.RetryIn):
 		default:
 		}
 	}
-	r.broker.Settled(r.log, o.broker)
-	if !o.broker.Acked && o.broker.AllUnavailable {
+	r.health.Settled(j.Broker)
+	if j.BrokerDown() {
 		// The broker is unreachable or refuses us: hold off claiming.
-		return min(o.retryIn, r.cfg.PollInterval)
+		return min(j.RetryIn, r.cfg.PollInterval)
 	}
 	return 0
-}
-
-// decide sorts each event's result: acked, released (not attempted, or
-// abandoned by a hard stop: not the event's fault), or failed, with the failure
-// policy's verdict (retry.Policy.Decide) on retry or quarantine.
-func (r *Relay) decide(batch []claimed, results []error) outcome {
-	var o outcome
-	if r.cfg.Observer != nil {
-		o.events = make([]EventOutcome, len(batch))
-	}
-	hardStopped := r.lc.Hard().Err() != nil
-	allUnavailable := true
-	for i, err := range results {
-		c := &batch[i]
-		switch {
-		case err == nil:
-			o.acked = append(o.acked, c.msg.EventID)
-			o.note(c, i, ResultPublished, c.attempts+1, nil)
-		case errors.Is(err, broker.ErrPredecessorFailed),
-			hardStopped && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
-			o.released = append(o.released, c.msg.EventID)
-			o.note(c, i, ResultReleased, 0, nil)
-		default:
-			v := r.policy.Decide(err, c.attempts+1)
-			o.failed = append(o.failed, failure{id: c.msg.EventID, head: c.head, verdict: v})
-			allUnavailable = allUnavailable && v.Unavailable
-			if v.Misconfigured && o.broker.Refused == "" {
-				o.broker.Refused = v.Text
-			}
-			if v.Quarantine {
-				o.quarantined++
-				r.log.Warn("event quarantined", slog.String("event_id", c.msg.EventID.String()),
-					slog.String("aggregate", c.lane().String()),
-					slog.Int64("sequence", c.msg.AggregateSequence), slog.Int("attempts", v.Attempt), slog.String("error", v.Text))
-				o.note(c, i, ResultQuarantined, v.Attempt, err)
-				continue
-			}
-			if o.retryIn == 0 || v.Delay < o.retryIn {
-				o.retryIn = v.Delay
-			}
-			o.note(c, i, ResultFailed, v.Attempt, err)
-		}
-	}
-	o.broker.Acked = len(o.acked) > 0
-	o.broker.AllUnavailable = len(o.failed) > 0 && allUnavailable
-	if len(o.failed) > 0 {
-		o.broker.FirstError = o.failed[0].verdict.Text
-	}
-	return o
 }
 
 // record writes the outcome in one transaction, retrying with backoff while the
 // database fails and the relay runs. It reports false if the relay began to
 // stop and the attempt failed (see stopSettleGrace), or was hard-stopped.
-func (r *Relay) record(o *outcome) bool {
+func (r *Relay) record(batch []claimed, j *pipeline.Judged) bool {
 	var wait retry.Backoff
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), max(settleTimeout, r.bounds.Deadline()))
 		ctx, cancelGrace := r.lc.Grace(ctx, stopSettleGrace)
-		err := pgbound.Send(ctx, r.pool, r.bounds, r.settleStatements(o), func(pgx.BatchResults) error {
+		err := pgbound.Send(ctx, r.pool, r.bounds, r.settleStatements(batch, j), func(pgx.BatchResults) error {
 			return failpoint.Inject(failpoint.RelayMark)
 		})
 		cancelGrace()
@@ -917,7 +720,7 @@ func (r *Relay) record(o *outcome) bool {
 		r.dbFailed(stmtSettle, fmt.Errorf("settle batch: %w", err))
 		if r.lc.IsStopping() {
 			r.log.Warn("stopping: could not record a batch's outcome; its leases expire and its events are published again",
-				slog.Int("events", len(o.acked)+len(o.released)+len(o.failed)), slog.Any("error", err))
+				slog.Int("events", len(j.Acked)+len(j.NotAttempted)+len(j.Failed)), slog.Any("error", err))
 			return false
 		}
 		if hard := r.lc.Hard(); hard.Err() != nil || !retry.Sleep(hard, wait.Next()) {
@@ -926,19 +729,23 @@ func (r *Relay) record(o *outcome) bool {
 	}
 }
 
-// settleStatements returns the mark, fail and release statements of o. A
+// settleStatements returns the mark, fail and release statements of j. A
 // pgx.Batch cannot be sent twice: record builds a fresh one for every attempt.
-func (r *Relay) settleStatements(o *outcome) *pgx.Batch {
+func (r *Relay) settleStatements(batch []claimed, j *pipeline.Judged) *pgx.Batch {
 	b := &pgx.Batch{}
-	if len(o.acked) > 0 {
-		b.Queue(r.q.mark, uuids(o.acked), r.cfg.ID)
+	if len(j.Acked) > 0 {
+		b.Queue(r.q.mark, uuids(j.Acked), r.cfg.ID)
 	}
-	if len(o.failed) > 0 {
-		ids, errs, delays, quarantine, heads := o.failColumns()
-		b.Queue(r.q.fail, ids, errs, delays, quarantine, r.cfg.ID, heads)
+	if len(j.Failed) > 0 {
+		f := pipeline.FailColumnsOf(j.Failed)
+		heads := make([]pgoutbox.UUID, len(j.Failed))
+		for i, fl := range j.Failed {
+			heads[i] = batch[fl.Index].head // the run's head holds the lease
+		}
+		b.Queue(r.q.fail, uuids(f.IDs), f.Errors, f.DelaysMs, f.Quarantine, r.cfg.ID, uuids(heads))
 	}
-	if len(o.released) > 0 {
-		b.Queue(r.q.release, uuids(o.released), r.cfg.ID)
+	if len(j.NotAttempted) > 0 {
+		b.Queue(r.q.release, uuids(j.NotAttempted), r.cfg.ID)
 	}
 	return b
 }
@@ -957,19 +764,6 @@ func uuids(ids []pgoutbox.UUID) []pgtype.UUID {
 	return out
 }
 
-// decodeHeaders reads the headers column (a JSON object of strings). Most events
-// carry none: "{}" is not worth encoding/json's reflection.
-func decodeHeaders(raw []byte) (map[string]string, error) {
-	h := map[string]string{}
-	if string(raw) == "{}" {
-		return h, nil
-	}
-	if err := json.Unmarshal(raw, &h); err != nil {
-		return nil, fmt.Errorf("headers: %w", err)
-	}
-	return h, nil
-}
-
 func (r *Relay) outstanding() []pgoutbox.UUID {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -984,7 +778,7 @@ func (r *Relay) outstanding() []pgoutbox.UUID {
 func (r *Relay) forgetBatch(batch []claimed) {
 	r.mu.Lock()
 	for i := range batch {
-		delete(r.leased, batch[i].msg.EventID)
+		delete(r.leased, batch[i].Msg.EventID)
 	}
 	r.mu.Unlock()
 }

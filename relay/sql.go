@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -131,10 +132,7 @@ UPDATE %[1]s
 // markSQL keeps a head's claimed_by.
 const failSQL = `
 UPDATE %[1]s e
-   SET attempt_count = e.attempt_count + 1,
-       last_error = f.error,
-       available_at = now() + f.delay_ms * interval '1 millisecond',
-       quarantined_at = CASE WHEN f.quarantine THEN now() END,
+   SET ` + pipeline.FailAssignments + `,
        claimed_by = NULL, claim_until = NULL
   FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bool[], $6::uuid[]) AS f (event_id, error, delay_ms, quarantine, head_id)
  WHERE e.event_id = f.event_id AND e.published_at IS NULL

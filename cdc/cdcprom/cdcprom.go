@@ -83,18 +83,7 @@ func (m *Metrics) BatchSettled(b cdc.SettledBatch) {
 	m.ackSeconds.WithLabelValues(path).Observe(b.PublishDuration.Seconds())
 	m.batchSize.WithLabelValues(path).Observe(float64(len(b.Events)))
 	m.settle.Observe(b.SettleDuration.Seconds())
-	published := 0
-	for i := range b.Events {
-		o := &b.Events[i]
-		switch o.Result {
-		case cdc.ResultPublished:
-			published++
-			m.outcomes.Attempt(o.Attempt)
-		case cdc.ResultFailed, cdc.ResultQuarantined:
-			m.outcomes.Failed(o.Reason, o.Result == cdc.ResultQuarantined)
-		}
-	}
-	m.outcomes.Published(published)
+	m.outcomes.Settled(b.Events)
 }
 
 // PositionConfirmed implements cdc.Observer.

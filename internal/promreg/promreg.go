@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 )
 
 // Namespace is the first part of every metric name pgoutbox exports.
@@ -89,7 +90,8 @@ var (
 )
 
 // Outcomes counts settled events the same way for the relay and the CDC
-// source: published (and at which attempt), failed by reason, quarantined.
+// source: published (and at which attempt), failed by reason, quarantined
+// (Settled takes a batch's pipeline.EventOutcome list).
 type Outcomes struct {
 	published, quarantined prometheus.Counter
 	attempts               prometheus.Histogram
@@ -118,20 +120,33 @@ func NewOutcomes(r *Registrar, failuresName, failuresHelp string) *Outcomes {
 	return o
 }
 
-// Published counts n events published (a batch's worth at once); Attempt
-// records each one's attempt number.
-func (o *Outcomes) Published(n int) {
-	if n > 0 {
-		o.published.Add(float64(n))
+// Settled counts the outcomes of a settled batch (the relay's and the CDC
+// source's Observer.BatchSettled): each published event and its attempt
+// number, each failed attempt by reason, each quarantine. Events not attempted
+// (released, held) count nowhere.
+func (o *Outcomes) Settled(events []pipeline.EventOutcome) {
+	published := 0
+	for i := range events {
+		e := &events[i]
+		switch e.Result {
+		case pipeline.ResultPublished:
+			published++
+			o.attempt(e.Attempt)
+		case pipeline.ResultFailed, pipeline.ResultQuarantined:
+			o.failed(e.Reason, e.Result == pipeline.ResultQuarantined)
+		}
+	}
+	if published > 0 {
+		o.published.Add(float64(published))
 	}
 }
 
-// Attempt records that an event was published at attempt (from 1).
-func (o *Outcomes) Attempt(attempt int) { o.attempts.Observe(float64(attempt)) }
+// attempt records that an event was published at attempt (from 1).
+func (o *Outcomes) attempt(attempt int) { o.attempts.Observe(float64(attempt)) }
 
-// Failed counts one failed publish attempt for reason, and a quarantine when
+// failed counts one failed publish attempt for reason, and a quarantine when
 // the event was quarantined.
-func (o *Outcomes) Failed(reason broker.FailureReason, quarantined bool) {
+func (o *Outcomes) failed(reason broker.FailureReason, quarantined bool) {
 	if c, ok := o.byReason[reason]; ok {
 		c.Inc()
 	} else {

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 	"github.com/pgoutbox/pgoutbox/internal/promreg"
 	"github.com/pgoutbox/pgoutbox/internal/promtest"
 )
@@ -61,11 +62,13 @@ func TestOutcomesCountEveryReasonFromZero(t *testing.T) {
 			t.Fatalf("reason %s starts at %v, want 0", reason, got)
 		}
 	}
-	o.Published(3)
-	o.Attempt(1)
-	o.Failed(broker.ReasonPermanent, true)
-	o.Failed(broker.ReasonError, false)
-	o.Failed("novel", false)
+	o.Settled([]pipeline.EventOutcome{
+		{Result: pipeline.ResultPublished, Attempt: 1}, {Result: pipeline.ResultPublished, Attempt: 1},
+		{Result: pipeline.ResultQuarantined, Attempt: 1, Reason: broker.ReasonPermanent},
+		{Result: pipeline.ResultFailed, Attempt: 2, Reason: broker.ReasonError},
+		{Result: pipeline.ResultReleased}, {Result: pipeline.ResultHeld},
+	})
+	o.Settled([]pipeline.EventOutcome{{Result: pipeline.ResultPublished, Attempt: 3}, {Result: pipeline.ResultFailed, Attempt: 1, Reason: "novel"}})
 	for name, want := range map[string]float64{"pgoutbox_y_published_total": 3, "pgoutbox_y_quarantined_total": 1} {
 		if got := value(t, reg, name); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)

@@ -1,6 +1,6 @@
 // Package retry holds the one failure policy and the one backoff of pgoutbox:
 // Policy.Decide says what becomes of an event whose publish failed (the polling
-// relay and the CDC source both ask it), Exponential is the delay schedule of
+// relay and the CDC source both ask it, through internal/pipeline's Judge), Exponential is the delay schedule of
 // every retry and reconnect loop, and MarkDown/MarkUp record an unreachable
 // dependency the same way everywhere.
 package retry

@@ -94,18 +94,7 @@ func (m *Metrics) BatchClaimed(c relay.ClaimedBatch) {
 // BatchSettled implements relay.Observer.
 func (m *Metrics) BatchSettled(s relay.SettledBatch) {
 	m.ackSeconds.Observe(s.PublishDuration.Seconds())
-	published := 0
-	for i := range s.Events {
-		o := &s.Events[i]
-		switch o.Result {
-		case relay.ResultPublished:
-			published++
-			m.outcomes.Attempt(o.Attempt)
-		case relay.ResultFailed, relay.ResultQuarantined:
-			m.outcomes.Failed(o.Reason, o.Result == relay.ResultQuarantined)
-		}
-	}
-	m.outcomes.Published(published)
+	m.outcomes.Settled(s.Events)
 }
 
 // CleanupDeleted adds rows to pgoutbox_cleanup_deleted_rows_total{table}: retention
