@@ -37,5 +37,6 @@
 // message the seam carries and the codec writes. broker keeps deprecated
 // aliases of the names that moved here.
 //
-// Imports nothing beyond the standard library and the root package.
+// Outside the standard library it pulls in only what the root package does: pgx
+// and the OpenTelemetry trace API; no broker client.
 package wire

@@ -21,6 +21,7 @@ var fixtures = []string{
 	"internal/pgtest", "internal/natstest", "internal/inboxtest", "internal/cetest",
 	"internal/faulttest", "internal/promtest", "internal/lifecycle/lifecycletest",
 	"broker/brokertest", "inbox/inboxtest", "pgoutboxtest", "admin/adminhttp/internal/consoletest",
+	"inbox/internal/exampletest",
 }
 
 // moduleNames are the names a package's documentation gives the modules it
