@@ -46,7 +46,7 @@ func startProc(t *testing.T, what string, env, args []string, ready *regexp.Rege
 	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, stdout: &syncBuffer{}, done: make(chan error, 1)}
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
-	cmd.Stdout = writerFunc(func(b []byte) (int, error) { p.stdout.WriteLine(string(b)); return len(b), nil })
+	cmd.Stdout = p.stdout
 	pgtest.Must(t, cmd.Start(), "start %s", what)
 	matched := make(chan []string, 1)
 	go func() {
@@ -98,6 +98,10 @@ type syncBuffer struct {
 
 func (s *syncBuffer) WriteLine(l string) { s.mu.Lock(); s.b.WriteString(l + "\n"); s.mu.Unlock() }
 func (s *syncBuffer) String() string     { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// Write stores b as one line: an io.Writer for a process's output, which the
+// processes under test write a log line per call.
+func (s *syncBuffer) Write(b []byte) (int, error) { s.WriteLine(string(b)); return len(b), nil }
 
 type writerFunc func([]byte) (int, error)
 

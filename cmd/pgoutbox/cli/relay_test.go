@@ -255,7 +255,7 @@ func TestRelayToWebhook(t *testing.T) {
 	cmd := exec.Command(binary, "relay", "--database-url", pgtest.URL(), "--schema", e.schema, "--broker", srv.URL+"/hooks/{aggregate_type}")
 	cmd.Env = append(os.Environ(), "PGOUTBOX_WEBHOOK_SECRET="+secret)
 	var stderr syncBuffer
-	cmd.Stderr = writerFunc(func(b []byte) (int, error) { stderr.WriteLine(string(b)); return len(b), nil })
+	cmd.Stderr = &stderr
 	pgtest.Must(t, cmd.Start(), "start relay")
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	wait.For(t, 30*time.Second, "the events to be delivered", func() bool { return e.count("published_at IS NULL") == 0 })
