@@ -3,6 +3,7 @@ package orders
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"time"
@@ -41,6 +42,13 @@ type ConsumerConfig struct {
 
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+}
+
+// Flags registers the flags of an inbox consumer's source: --nats-url (env
+// NATS_URL) and --stream (env PGOUTBOX_NATS_STREAM).
+func (c *ConsumerConfig) Flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.NatsURL, "nats-url", Env("NATS_URL", DefaultNatsURL), "NATS server (env NATS_URL)")
+	fs.StringVar(&c.Stream, "stream", Env("PGOUTBOX_NATS_STREAM", "OUTBOX"), "JetStream stream the relay publishes to (env PGOUTBOX_NATS_STREAM)")
 }
 
 // RunConsumer feeds proc (an *inbox.Consumer) from a durable JetStream consumer

@@ -12,6 +12,7 @@ package orders
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -135,6 +136,13 @@ func Env(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// DatabaseFlags registers the flags every service of the example takes for its
+// database: --database-url (env DATABASE_URL) and --schema (env PGOUTBOX_SCHEMA).
+func DatabaseFlags(fs *flag.FlagSet, databaseURL, schema *string) {
+	fs.StringVar(databaseURL, "database-url", Env("DATABASE_URL", DefaultDatabaseURL), "PostgreSQL connection string (env DATABASE_URL)")
+	fs.StringVar(schema, "schema", Env("PGOUTBOX_SCHEMA", "public"), "schema of the tables, created if missing (env PGOUTBOX_SCHEMA)")
 }
 
 // EnvDuration is Env for a duration; a malformed value is an error naming the variable.

@@ -3,7 +3,6 @@ package faulttest
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"strings"
@@ -158,7 +157,7 @@ func TestNATSRestart(t *testing.T) {
 	startServer := func() {
 		var logs syncBuffer
 		s, err := natsembed.New(&natsembed.Config{StoreDir: storeDir, Port: port, ReadyTimeout: time.Minute,
-			Logger: slog.New(slog.NewTextHandler(lineWriter{&logs}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+			Logger: warnLogger(&logs)})
 		pgtest.Must(t, err, "start NATS on port %d; its log:\n%s", port, logs.String())
 		mu.Lock()
 		srv = s

@@ -3,7 +3,6 @@ package faulttest
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"slices"
 	"strconv"
@@ -145,7 +144,7 @@ func newFaultSoak(t *testing.T) *faultSoak {
 	// The broker: a fixed port and store, so a restart finds its streams and its
 	// clients find it; on every address (loopback and the hosts' broker links).
 	s.natsCfg = natsembed.Config{Host: "0.0.0.0", Port: natsembed.RandomPort, StoreDir: t.TempDir(), ReadyTimeout: time.Minute,
-		Logger: slog.New(slog.NewTextHandler(lineWriter{&s.natsLogs}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+		Logger: warnLogger(&s.natsLogs)}
 	s.startBroker()
 	port, err := strconv.Atoi(s.nats.URL()[strings.LastIndex(s.nats.URL(), ":")+1:])
 	pgtest.Must(t, err, "NATS port of %s", s.nats.URL())

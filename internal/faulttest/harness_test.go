@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/url"
 	"os"
 	"os/exec"
@@ -630,6 +631,11 @@ type syncBuffer struct {
 
 func (s *syncBuffer) WriteLine(l string) { s.mu.Lock(); s.b.WriteString(l + "\n"); s.mu.Unlock() }
 func (s *syncBuffer) String() string     { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// warnLogger logs warnings and errors into b, a line at a time.
+func warnLogger(b *syncBuffer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(lineWriter{b}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
 
 // lineWriter feeds a syncBuffer line by line (slog writes one line per call).
 type lineWriter struct{ b *syncBuffer }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"net"
 	"net/http"
@@ -70,7 +69,7 @@ func newPartition(t *testing.T) *partition {
 	// consumer, and on each host's broker link for its relay.
 	var logs syncBuffer
 	srv, err := natsembed.New(&natsembed.Config{Host: "0.0.0.0", Port: natsembed.RandomPort, ReadyTimeout: time.Minute,
-		Logger: slog.New(slog.NewTextHandler(lineWriter{&logs}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		Logger: warnLogger(&logs)})
 	pgtest.Must(t, err, "start NATS; its log:\n%s", logs.String())
 	t.Cleanup(srv.Shutdown)
 	u, err := url.Parse(srv.URL())

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/checker"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
@@ -182,10 +180,7 @@ func TestBacklog(t *testing.T) {
 		batch = append(batch, pgoutbox.Event{AggregateType: "acct", AggregateID: fmt.Sprintf("a%04d", n%aggregates),
 			EventType: "changed", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, n))})
 		if len(batch) == perTx {
-			err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-				_, err := prod.EnqueueTx(ctx, tx, batch...)
-				return err
-			})
+			_, err := prod.EnqueueTx(ctx, e.pool, batch...) // one transaction per batch
 			pgtest.Must(t, err, "enqueue up to event %d", n)
 			batch = batch[:0]
 		}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"net/url"
 	"os"
 	"os/exec"
@@ -37,10 +36,7 @@ func TestBenchTenantsSmall(t *testing.T) {
 		"--json", jsonFile, "--report", report)
 	stdout, _ := benchRun(t, cmd)
 
-	raw, err := os.ReadFile(jsonFile)
-	pgtest.Must(t, err, "read JSON")
-	var res bench.Result
-	pgtest.Must(t, json.Unmarshal(raw, &res), "decode JSON")
+	res := benchResult(t, jsonFile)
 	if len(res.Errors) > 0 {
 		t.Fatalf("scenario errors: %+v", res.Errors)
 	}

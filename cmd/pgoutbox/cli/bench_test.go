@@ -41,6 +41,16 @@ func benchRun(t *testing.T, cmd *exec.Cmd) (stdout, stderr string) {
 	return out.String(), errOut.String()
 }
 
+// benchResult reads and decodes the JSON file a bench wrote.
+func benchResult(t *testing.T, path string) bench.Result {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	pgtest.Must(t, err, "read JSON")
+	var res bench.Result
+	pgtest.Must(t, json.Unmarshal(raw, &res), "decode JSON")
+	return res
+}
+
 // Every scenario at toy sizes through the real binary (relays as its subprocesses):
 // the JSON holds every figure, and the figures are consistent with what was asked
 // (all events published and on the stream, one latency sample per offered event).
@@ -73,10 +83,7 @@ func TestBenchAllScenariosSmall(t *testing.T) {
 		t.Errorf("no progress lines on stderr (not a terminal):\n%s", stderr)
 	}
 
-	raw, err := os.ReadFile(jsonFile)
-	pgtest.Must(t, err, "read JSON")
-	var res bench.Result
-	pgtest.Must(t, json.Unmarshal(raw, &res), "decode JSON")
+	res := benchResult(t, jsonFile)
 	if len(res.Errors) > 0 {
 		t.Fatalf("scenario errors: %+v", res.Errors)
 	}
@@ -470,10 +477,7 @@ func TestWithoutLogicalDecoding(t *testing.T) {
 	if out, code := drain("--json", jsonFile); code != 0 {
 		t.Fatalf("bench: code %d\n%s", code, out)
 	}
-	raw, err := os.ReadFile(jsonFile)
-	pgtest.Must(t, err, "read JSON")
-	var res bench.Result
-	pgtest.Must(t, json.Unmarshal(raw, &res), "decode JSON")
+	res := benchResult(t, jsonFile)
 	if !slices.Equal(res.Settings.Sources, []string{bench.SourcePoll}) {
 		t.Errorf("sources %v, want poll alone", res.Settings.Sources)
 	}

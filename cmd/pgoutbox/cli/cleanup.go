@@ -119,14 +119,11 @@ func runCleanup(ctx context.Context, db *dbFlags, lf *logFlags, cfg admin.Cleanu
 	if err != nil {
 		return err
 	}
-	conn, err := db.connect(ctx)
+	conn, err := db.connectMigrated(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := checkMigrated(ctx, conn, db.schema); err != nil {
-		return err
-	}
 	if cfg.InboxRetention > 0 {
 		if err := checkCompatible(ctx, conn, cmp.Or(cfg.InboxSchema, db.schema), migrate.LineInbox); err != nil {
 			return err

@@ -369,3 +369,18 @@ func (d *dbFlags) connect(ctx context.Context) (*pgx.Conn, error) {
 	}
 	return conn, nil
 }
+
+// connectMigrated is connect for a verb that reads or writes the outbox tables:
+// the connection is returned only once checkMigrated has found the schema
+// migrated and of a compatible version.
+func (d *dbFlags) connectMigrated(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := d.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkMigrated(ctx, conn, d.schema); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return conn, nil
+}

@@ -54,7 +54,7 @@ func TestCloudEventsSourceIsTheSameForEveryCommand(t *testing.T) {
 		t.Helper()
 		cmd := exec.Command(binary, append([]string{"relay"}, args...)...)
 		var out syncBuffer
-		cmd.Stderr = writerFunc(func(b []byte) (int, error) { out.WriteLine(string(b)); return len(b), nil })
+		cmd.Stderr = &out
 		pgtest.Must(t, cmd.Start(), "start relay")
 		exited := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(exited) }()

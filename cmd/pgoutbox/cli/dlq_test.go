@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -134,35 +134,33 @@ func TestDLQRetryChoosesEvents(t *testing.T) {
 	}
 }
 
-// dlqRecorder is an in-process broker that records what it is sent and refuses,
-// permanently, the events in poison.
+// dlqRecorder is a brokertest.Recorder that refuses, permanently, the events in
+// poison until they are cured.
 type dlqRecorder struct {
-	mu     sync.Mutex
-	got    []broker.Message
-	poison map[pgoutbox.UUID]bool
+	brokertest.Recorder
+	poison sync.Map // pgoutbox.UUID → struct{}
 }
 
-func (r *dlqRecorder) Publish(ctx context.Context, msgs []broker.Message) []error {
-	return broker.PublishLanes(ctx, msgs, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.poison[m.EventID] {
-			return nil, broker.Permanent(errors.New("refused " + m.AggregateID))
+func newDLQRecorder(poison ...pgoutbox.UUID) *dlqRecorder {
+	r := &dlqRecorder{}
+	for _, id := range poison {
+		r.poison.Store(id, struct{}{})
+	}
+	r.Fail = func(m *broker.Message) error {
+		if _, refused := r.poison.Load(m.EventID); refused {
+			return broker.Permanent(errors.New("refused " + m.AggregateID))
 		}
-		r.got = append(r.got, *m)
-		return func(context.Context) error { return nil }, nil
-	})
+		return nil
+	}
+	return r
 }
 
-func (r *dlqRecorder) Close() error { return nil }
+func (r *dlqRecorder) cure(id pgoutbox.UUID) { r.poison.Delete(id) }
 
-func (r *dlqRecorder) cure(id pgoutbox.UUID) { r.mu.Lock(); delete(r.poison, id); r.mu.Unlock() }
-
+// sequences lists, as "[1 3]", the sequences of aggID the broker accepted, in order.
 func (r *dlqRecorder) sequences(aggID string) string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	var out []int64
-	for _, m := range r.got {
+	for _, m := range r.Messages() {
 		if m.AggregateID == aggID {
 			out = append(out, m.AggregateSequence)
 		}
@@ -175,7 +173,7 @@ func (r *dlqRecorder) sequences(aggID string) string {
 func (e *opsEnv) startDLQRelay(pub broker.Publisher) {
 	e.t.Helper()
 	r, err := relay.New(e.pool, pub, &relay.Config{Schema: e.schema, PollInterval: time.Minute,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger: slog.New(slog.DiscardHandler)})
 	pgtest.Must(e.t, err, "relay")
 	pgtest.Must(e.t, r.Start(context.Background()), "start relay")
 	e.t.Cleanup(func() {
@@ -192,10 +190,9 @@ func (e *opsEnv) startDLQRelay(pub broker.Publisher) {
 func TestDLQSkipMovesTheLaneOn(t *testing.T) {
 	t.Parallel()
 	e := newOpsEnv(t)
-	rec := &dlqRecorder{poison: map[pgoutbox.UUID]bool{}}
 	evs := e.enqueue(3, "k1")
 	bad := evs["k1"][1]
-	rec.poison[bad] = true
+	rec := newDLQRecorder(bad)
 	e.startDLQRelay(rec)
 	wait.For(t, 20*time.Second, "sequence 2 to be quarantined", func() bool {
 		return e.count("outbox_events", "quarantined_at IS NOT NULL") == 1
@@ -273,9 +270,8 @@ func TestDLQSkipActorFromEnv(t *testing.T) {
 func TestDLQRetryReleasesTheLaneInOrder(t *testing.T) {
 	t.Parallel()
 	e := newOpsEnv(t)
-	rec := &dlqRecorder{poison: map[pgoutbox.UUID]bool{}}
 	evs := e.enqueue(4, "q1", "q2")
-	rec.poison[evs["q1"][0]] = true
+	rec := newDLQRecorder(evs["q1"][0])
 	e.startDLQRelay(rec)
 	wait.For(t, 20*time.Second, "q1's head to be quarantined and q2 published", func() bool {
 		return e.count("outbox_events", "quarantined_at IS NOT NULL") == 1 && e.count("outbox_events", "aggregate_id = 'q2' AND published_at IS NULL") == 0

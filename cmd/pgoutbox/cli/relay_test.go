@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -21,9 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
@@ -34,142 +29,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
-
-// relayEnv is a migrated schema and a NATS stream of one test's own, with helpers
-// to run `pgoutbox relay` processes against them.
-type relayEnv struct {
-	t      *testing.T
-	pool   *pgxpool.Pool
-	dbURL  string // the database pool is on
-	schema string
-	target natstest.Target
-}
-
-func newRelayEnv(t *testing.T) *relayEnv {
-	t.Helper()
-	pool, schema := pgtest.Migrated(t, 8)
-	return &relayEnv{t: t, pool: pool, dbURL: pgtest.URL(), schema: schema, target: natstest.New(t, natstest.URL())}
-}
-
-func (e *relayEnv) table() string { return pgx.Identifier{e.schema, "outbox_events"}.Sanitize() }
-
-func (e *relayEnv) count(where string) int {
-	e.t.Helper()
-	var n int
-	pgtest.Must(e.t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table()+" WHERE "+where).Scan(&n), "count")
-	return n
-}
-
-// enqueue writes perAgg events to each of n aggregates, interleaved, and returns their ids.
-func (e *relayEnv) enqueue(aggregates, perAgg int) []pgoutbox.UUID {
-	e.t.Helper()
-	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: e.schema})
-	pgtest.Must(e.t, err, "producer")
-	var ids []pgoutbox.UUID
-	var batch []pgoutbox.Event
-	for s := range perAgg {
-		for a := range aggregates {
-			batch = append(batch, pgoutbox.Event{AggregateType: "acct", AggregateID: fmt.Sprintf("a%04d", a), EventType: "changed", Payload: s})
-			if len(batch) == 1000 || (s == perAgg-1 && a == aggregates-1) {
-				res, err := p.EnqueueTx(context.Background(), e.pool, batch...)
-				pgtest.Must(e.t, err, "enqueue")
-				for _, r := range res {
-					ids = append(ids, r.EventID)
-				}
-				batch = batch[:0]
-			}
-		}
-	}
-	return ids
-}
-
-// relayProc is a running `pgoutbox relay` process.
-type relayProc struct {
-	cmd    *exec.Cmd
-	stderr *syncBuffer
-	stdout *syncBuffer
-	done   chan error
-}
-
-func (e *relayEnv) startRelay(id, brokerURL string, extra ...string) *relayProc {
-	e.t.Helper()
-	args := append([]string{"relay", "--database-url", pgtest.URL(), "--schema", e.schema, "--id", id,
-		"--broker", brokerURL, "--nats-stream", e.target.Stream, "--topic-template", e.target.Template}, extra...)
-	return startRelayProc(e.t, "relay "+id, nil, args)
-}
-
-// startRelayProc runs the binary with args and extra environment, and waits
-// until it logged "relay starting"; it is killed when the test ends.
-func startRelayProc(t *testing.T, what string, env, args []string) *relayProc {
-	t.Helper()
-	p, _ := startProc(t, what, env, args, relayStarting)
-	return p
-}
-
-var relayStarting = regexp.MustCompile(`relay starting`)
-
-// startProc runs the binary with args and extra environment, and waits until
-// a line of its stderr matches ready, whose submatches it returns; it is
-// killed when the test ends.
-func startProc(t *testing.T, what string, env, args []string, ready *regexp.Regexp) (*relayProc, []string) {
-	t.Helper()
-	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), env...)
-	p := &relayProc{cmd: cmd, stderr: &syncBuffer{}, stdout: &syncBuffer{}, done: make(chan error, 1)}
-	pr, pw := io.Pipe()
-	cmd.Stderr = pw
-	cmd.Stdout = writerFunc(func(b []byte) (int, error) { p.stdout.WriteLine(string(b)); return len(b), nil })
-	pgtest.Must(t, cmd.Start(), "start %s", what)
-	matched := make(chan []string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			p.stderr.WriteLine(sc.Text())
-			if m := ready.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case matched <- m:
-				default: // the first match only
-				}
-			}
-		}
-	}()
-	go func() { err := cmd.Wait(); pw.Close(); p.done <- err }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	select {
-	case m := <-matched:
-		return p, m
-	case err := <-p.done:
-		t.Fatalf("%s exited before starting: %v\n%s", what, err, p.stderr.String())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("%s did not start:\n%s", what, p.stderr.String())
-	}
-	return nil, nil
-}
-
-// stop sends sig and returns the exit code.
-func (p *relayProc) stop(t *testing.T, sig syscall.Signal) int {
-	t.Helper()
-	pgtest.Must(t, p.cmd.Process.Signal(sig), "signal")
-	select {
-	case <-p.done:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("relay did not exit after %v:\n%s", sig, p.stderr.String())
-	}
-	return p.cmd.ProcessState.ExitCode()
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) WriteLine(l string) { s.mu.Lock(); s.b.WriteString(l + "\n"); s.mu.Unlock() }
-func (s *syncBuffer) String() string     { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // Acceptance: four relay processes drain 20,000 events over 300 aggregates; SIGTERM
 // stops each with status 0.
@@ -396,7 +255,7 @@ func TestRelayToWebhook(t *testing.T) {
 	cmd := exec.Command(binary, "relay", "--database-url", pgtest.URL(), "--schema", e.schema, "--broker", srv.URL+"/hooks/{aggregate_type}")
 	cmd.Env = append(os.Environ(), "PGOUTBOX_WEBHOOK_SECRET="+secret)
 	var stderr syncBuffer
-	cmd.Stderr = writerFunc(func(b []byte) (int, error) { stderr.WriteLine(string(b)); return len(b), nil })
+	cmd.Stderr = &stderr
 	pgtest.Must(t, cmd.Start(), "start relay")
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	wait.For(t, 30*time.Second, "the events to be delivered", func() bool { return e.count("published_at IS NULL") == 0 })
@@ -414,10 +273,6 @@ func TestRelayToWebhook(t *testing.T) {
 		t.Fatalf("no secret: exit %d, %q", code, errOut)
 	}
 }
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
 func TestRelayHelpDocumentsEveryBroker(t *testing.T) {
 	t.Parallel()

@@ -181,14 +181,11 @@ func runReplay(ctx context.Context, db *dbFlags, bf *brokerFlags, lf *logFlags, 
 			return err
 		}
 	}
-	conn, err := db.connect(ctx)
+	conn, err := db.connectMigrated(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := checkMigrated(ctx, conn, db.schema); err != nil {
-		return err
-	}
 	req.Schema = db.schema
 
 	// The count first, from its own dry run: the operator sees what is coming

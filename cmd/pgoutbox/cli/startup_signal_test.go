@@ -79,8 +79,7 @@ func TestSIGTERMDuringStartUp(t *testing.T) {
 			before := accepted.Load()
 			cmd := exec.Command(binary, tc.args...)
 			var out syncBuffer
-			cmd.Stdout, cmd.Stderr = writerFunc(func(b []byte) (int, error) { out.WriteLine(string(b)); return len(b), nil }), nil
-			cmd.Stderr = cmd.Stdout
+			cmd.Stdout, cmd.Stderr = &out, &out
 			pgtest.Must(t, cmd.Start(), "start")
 			exited := make(chan struct{})
 			go func() { _ = cmd.Wait(); close(exited) }()

@@ -14,75 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
-
-// opsEnv is a migrated schema of one test's own for the status and dlq verbs.
-type opsEnv struct {
-	schemaDB
-}
-
-// schemaDB is a test's outbox schema and a pool that sets the scene in it and
-// checks it.
-type schemaDB struct {
-	t      *testing.T
-	pool   *pgxpool.Pool
-	schema string
-}
-
-func (e *schemaDB) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
-
-func (e *schemaDB) exec(sql string, args ...any) {
-	e.t.Helper()
-	_, err := e.pool.Exec(context.Background(), sql, args...)
-	pgtest.Must(e.t, err, "exec %s", sql)
-}
-
-func (e *schemaDB) count(table, where string) int {
-	e.t.Helper()
-	var n int
-	pgtest.Must(e.t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+e.table(table)+" WHERE "+where).Scan(&n), "count")
-	return n
-}
-
-func newOpsEnv(t *testing.T) *opsEnv {
-	t.Helper()
-	pool, schema := pgtest.Migrated(t, 8)
-	return &opsEnv{schemaDB{t: t, pool: pool, schema: schema}}
-}
-
-// args prefixes a verb's arguments with the connection flags.
-func (e *opsEnv) args(verb ...string) []string {
-	return append(verb, "--database-url", pgtest.URL(), "--schema", e.schema)
-}
-
-// enqueue writes perAgg events to each aggregate ("order", id), in sequence order,
-// and returns their ids per aggregate.
-func (e *opsEnv) enqueue(perAgg int, aggIDs ...string) map[string][]pgoutbox.UUID {
-	e.t.Helper()
-	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: e.schema})
-	pgtest.Must(e.t, err, "producer")
-	out := map[string][]pgoutbox.UUID{}
-	for _, id := range aggIDs {
-		for s := range perAgg {
-			res, err := p.EnqueueTx(context.Background(), e.pool, pgoutbox.Event{AggregateType: "order", AggregateID: id,
-				EventType: "order.changed", Payload: map[string]any{"agg": id, "n": s + 1}, Headers: map[string]string{"test": "yes"}})
-			pgtest.Must(e.t, err, "enqueue")
-			out[id] = append(out[id], res[0].EventID)
-		}
-	}
-	return out
-}
-
-func (e *opsEnv) quarantine(id pgoutbox.UUID, lastErr string) {
-	e.t.Helper()
-	e.exec("UPDATE "+e.table("outbox_events")+" SET quarantined_at = now(), attempt_count = 3, last_error = $2 WHERE event_id = $1", id, lastErr)
-}
 
 func TestStatusVerb(t *testing.T) {
 	t.Parallel()

@@ -215,8 +215,8 @@ func TestRelayConsoleTraces(t *testing.T) {
 	cmd := exec.Command(binary, "relay", "--database-url", pgtest.URL(), "--schema", schema, "--broker", "null://")
 	cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=console", "OTEL_SERVICE_NAME=relay-under-test")
 	var stdout, stderr syncBuffer
-	cmd.Stdout = writerFunc(func(b []byte) (int, error) { stdout.WriteLine(string(b)); return len(b), nil })
-	cmd.Stderr = writerFunc(func(b []byte) (int, error) { stderr.WriteLine(string(b)); return len(b), nil })
+	cmd.Stdout = &stdout
+	cmd.Stderr = &stderr
 	pgtest.Must(t, cmd.Start(), "start relay")
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) })

@@ -28,6 +28,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/pgoutbox/pgoutbox/examples/orders"
 )
 
 // ChargeRequest is the body of POST /v1/charges.
@@ -264,27 +266,17 @@ func ChargesPerOrder(charges []Charge) map[string]int {
 }
 
 // Run serves the API on addr until ctx ends; ready, if set, is called with the
-// address once listening.
+// address once listening. Requests held on purpose (the timeout fault) may outlive
+// the 5s shutdown grace; that is not an error of the fake.
 func Run(ctx context.Context, addr string, s *Server, ready func(addr string)) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+	if err := orders.Serve(ctx, ln, s, 5*time.Second); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
 	return nil

@@ -294,12 +294,7 @@ func (r *Runner) drainOnce(ctx context.Context, s *outboxSchema, b *brokerEnv, n
 	defer tick.Stop()
 	var shown time.Time
 	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-tick.C:
-		}
-		if err := sampleAll(procs); err != nil {
+		if err := sampleOnTick(ctx, tick.C, procs); err != nil {
 			return nil, err
 		}
 		var done bool

@@ -254,6 +254,17 @@ func sampleAll(ps []*relayProc) error {
 	return nil
 }
 
+// sampleOnTick waits for the next tick (or the end of ctx, its error) and then
+// samples procs: one step of a loop that watches the relays while it waits.
+func sampleOnTick(ctx context.Context, tick <-chan time.Time, procs []*relayProc) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-tick:
+	}
+	return sampleAll(procs)
+}
+
 // RelayRSS is one relay's peak resident memory.
 type RelayRSS struct {
 	ID           string  `json:"id"`

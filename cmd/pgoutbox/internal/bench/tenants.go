@@ -684,12 +684,7 @@ func (tr *tenantsRun) drain(ctx context.Context, cell TenantCell, dbs []tenantDB
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for len(left) > 0 {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-tick.C:
-		}
-		if err := sampleAll(procs); err != nil {
+		if err := sampleOnTick(ctx, tick.C, procs); err != nil {
 			return nil, err
 		}
 		for len(left) > 0 {

@@ -11,9 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 
 	"github.com/pgoutbox/pgoutbox/examples/orders"
 	"github.com/pgoutbox/pgoutbox/examples/orders/fakepay"
@@ -29,13 +27,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, "fakepay:", err)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := fakepay.Run(ctx, *addr, srv, func(a string) { slog.Info("fake payment API listening", slog.String("addr", a)) })
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "fakepay:", err)
-		os.Exit(1)
-	}
+	orders.Main("fakepay", func(ctx context.Context) error {
+		return fakepay.Run(ctx, *addr, srv, func(a string) { slog.Info("fake payment API listening", slog.String("addr", a)) })
+	})
 }
 
 func envFloat(name string) float64 {

@@ -9,10 +9,6 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/pgoutbox/pgoutbox/examples/orders"
 	"github.com/pgoutbox/pgoutbox/examples/orders/inventory"
@@ -20,16 +16,9 @@ import (
 
 func main() {
 	var cfg inventory.RunConfig
-	flag.StringVar(&cfg.DatabaseURL, "database-url", orders.Env("DATABASE_URL", orders.DefaultDatabaseURL), "PostgreSQL connection string (env DATABASE_URL)")
-	flag.StringVar(&cfg.Inbox.Schema, "schema", orders.Env("PGOUTBOX_SCHEMA", "public"), "schema of the tables, created if missing (env PGOUTBOX_SCHEMA)")
-	flag.StringVar(&cfg.Consumer.NatsURL, "nats-url", orders.Env("NATS_URL", orders.DefaultNatsURL), "NATS server (env NATS_URL)")
-	flag.StringVar(&cfg.Consumer.Stream, "stream", orders.Env("PGOUTBOX_NATS_STREAM", "OUTBOX"), "JetStream stream the relay publishes to (env PGOUTBOX_NATS_STREAM)")
+	orders.DatabaseFlags(flag.CommandLine, &cfg.DatabaseURL, &cfg.Inbox.Schema)
+	cfg.Consumer.Flags(flag.CommandLine)
 	flag.Int64Var(&cfg.InitialStock, "initial-stock", inventory.DefaultStock, "stock of a SKU when first seen")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := inventory.Run(ctx, cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "inventory:", err)
-		os.Exit(1)
-	}
+	orders.Main("inventory", func(ctx context.Context) error { return inventory.Run(ctx, cfg) })
 }

@@ -7,10 +7,6 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/pgoutbox/pgoutbox/examples/orders"
 	"github.com/pgoutbox/pgoutbox/examples/orders/ordersvc"
@@ -18,14 +14,8 @@ import (
 
 func main() {
 	var cfg ordersvc.RunConfig
-	flag.StringVar(&cfg.DatabaseURL, "database-url", orders.Env("DATABASE_URL", orders.DefaultDatabaseURL), "PostgreSQL connection string (env DATABASE_URL)")
-	flag.StringVar(&cfg.Schema, "schema", orders.Env("PGOUTBOX_SCHEMA", "public"), "schema of the tables, created if missing (env PGOUTBOX_SCHEMA)")
+	orders.DatabaseFlags(flag.CommandLine, &cfg.DatabaseURL, &cfg.Schema)
 	flag.StringVar(&cfg.Addr, "addr", orders.Env("ORDERS_ADDR", "127.0.0.1:8080"), "HTTP listen address (env ORDERS_ADDR)")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := ordersvc.Run(ctx, cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "orders:", err)
-		os.Exit(1)
-	}
+	orders.Main("orders", func(ctx context.Context) error { return ordersvc.Run(ctx, cfg) })
 }

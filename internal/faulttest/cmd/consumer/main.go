@@ -14,8 +14,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,38 +23,28 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/natsinbox"
-	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/internal/faulttest/cmd/command"
 )
 
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "consumer:", err)
-		os.Exit(1)
-	}
-}
+var (
+	dbURL       = flag.String("database-url", os.Getenv("DATABASE_URL"), "database")
+	schema      = flag.String("schema", "public", "schema of the inbox tables and of the effects table")
+	natsURL     = flag.String("nats", "nats://127.0.0.1:4222", "NATS server")
+	stream      = flag.String("stream", "OUTBOX", "JetStream stream")
+	name        = flag.String("name", "billing", "inbox consumer name (and durable)")
+	ackWait     = flag.Duration("ack-wait", 2*time.Second, "AckWait of the durable, when creating it")
+	concurrency = flag.Int("concurrency", 4, "messages processed at once")
+	logLevel    = flag.String("log-level", "warn", "log level")
+)
 
-func run() error {
-	var (
-		dbURL       = flag.String("database-url", os.Getenv("DATABASE_URL"), "database")
-		schema      = flag.String("schema", "public", "schema of the inbox tables and of the effects table")
-		natsURL     = flag.String("nats", "nats://127.0.0.1:4222", "NATS server")
-		stream      = flag.String("stream", "OUTBOX", "JetStream stream")
-		name        = flag.String("name", "billing", "inbox consumer name (and durable)")
-		ackWait     = flag.Duration("ack-wait", 2*time.Second, "AckWait of the durable, when creating it")
-		concurrency = flag.Int("concurrency", 4, "messages processed at once")
-		logLevel    = flag.String("log-level", "warn", "log level")
-	)
-	flag.Parse()
-	if err := failpoint.EnvError(); err != nil {
-		return err
-	}
+func main() { command.Main("consumer", run) }
+
+func run(ctx context.Context) error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 
 	pcfg, err := pgxpool.ParseConfig(*dbURL)
 	if err != nil {

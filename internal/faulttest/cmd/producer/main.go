@@ -15,8 +15,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,38 +23,29 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/checker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
+	"github.com/pgoutbox/pgoutbox/internal/faulttest/cmd/command"
 )
 
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "producer:", err)
-		os.Exit(1)
-	}
-}
+var (
+	dbURL      = flag.String("database-url", os.Getenv("DATABASE_URL"), "database")
+	schema     = flag.String("schema", "public", "schema of the outbox and of the business table")
+	journal    = flag.String("journal", "", "journal file (appended)")
+	name       = flag.String("name", "p", "prefix of transaction names and business keys; unique per process run")
+	txs        = flag.Int("txs", 100, "transactions to attempt; 0: until SIGTERM")
+	aggregates = flag.Int("aggregates", 20, "aggregates to spread events over")
+	aggPrefix  = flag.String("aggregate-prefix", "agg", "aggregate id prefix")
+	maxEvents  = flag.Int("max-events", 3, "most events per transaction (1..n, random)")
+	rollback   = flag.Int("rollback-percent", 20, "share of transactions rolled back on purpose")
+	pause      = flag.Duration("pause", 2*time.Millisecond, "pause between transactions (pacing)")
+	seed       = flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed")
+)
 
-func run() error {
-	var (
-		dbURL      = flag.String("database-url", os.Getenv("DATABASE_URL"), "database")
-		schema     = flag.String("schema", "public", "schema of the outbox and of the business table")
-		journal    = flag.String("journal", "", "journal file (appended)")
-		name       = flag.String("name", "p", "prefix of transaction names and business keys; unique per process run")
-		txs        = flag.Int("txs", 100, "transactions to attempt; 0: until SIGTERM")
-		aggregates = flag.Int("aggregates", 20, "aggregates to spread events over")
-		aggPrefix  = flag.String("aggregate-prefix", "agg", "aggregate id prefix")
-		maxEvents  = flag.Int("max-events", 3, "most events per transaction (1..n, random)")
-		rollback   = flag.Int("rollback-percent", 20, "share of transactions rolled back on purpose")
-		pause      = flag.Duration("pause", 2*time.Millisecond, "pause between transactions (pacing)")
-		seed       = flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed")
-	)
-	flag.Parse()
-	if err := failpoint.EnvError(); err != nil {
-		return err
-	}
+func main() { command.Main("producer", run) }
+
+func run(ctx context.Context) error {
 	if *journal == "" || *dbURL == "" {
 		return errors.New("--journal and --database-url are required")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	// The harness sends SIGTERM only after this line: before it, SIGTERM would
 	// kill the process instead of ending it cleanly.
 	fmt.Fprintln(os.Stderr, "producer started")
