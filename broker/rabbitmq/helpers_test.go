@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -339,24 +338,6 @@ func (c gatedConn) Write(b []byte) (int, error) {
 		<-open
 	}
 	return c.Conn.Write(b)
-}
-
-// logBuffer is a slog handler's output that tests can search.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // storedOf converts deliveries for the conformance suite.

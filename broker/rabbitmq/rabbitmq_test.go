@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
 	"github.com/pgoutbox/pgoutbox/internal/rabbittest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/wire"
@@ -307,8 +307,8 @@ func TestServerClosesConnection(t *testing.T) {
 	g := newGate()
 	cfg.DialContext = g.dialer
 	cfg.ConnectionName = uniqueName("pgoutbox-test")
-	logs := &logBuffer{}
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	logs := &logtest.Buffer{}
+	cfg.Logger = logs.Logger()
 	p := dial(t, sharedURL, cfg)
 
 	acked := map[string]bool{}
@@ -381,8 +381,8 @@ func TestServerClosesConnection(t *testing.T) {
 func TestChannelLossReopensChannel(t *testing.T) {
 	t.Parallel()
 	cfg, a, q := isolated(t)
-	logs := &logBuffer{}
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	logs := &logtest.Buffer{}
+	cfg.Logger = logs.Logger()
 	p := dial(t, sharedURL, cfg)
 	if err := publish(t, p, message("order", "1", 1))[0]; err != nil {
 		t.Fatal(err)
