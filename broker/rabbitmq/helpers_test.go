@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -196,12 +197,7 @@ type proxy struct {
 // until Start.
 func newProxy(t *testing.T, upstream string) *proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := "127.0.0.1:" + strconv.Itoa(brokertest.FreePort(t))
 	p := &proxy{upstream: upstream, addr: addr, stopped: true}
 	t.Cleanup(func() { _ = p.Stop(context.Background()) })
 	return p
