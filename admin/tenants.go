@@ -245,13 +245,19 @@ func StatusOf(ctx context.Context, pool *pgxpool.Pool, tenants []string, cfg *Te
 	return statusOf(ctx, pool, tenants, c)
 }
 
+// tenantAdmin is the Admin of tenant within its transaction tx, once
+// migrate.CheckTenant found the tenant trusted and fully migrated.
+func tenantAdmin(ctx context.Context, tx pgx.Tx, tenant string, c TenantsConfig) (*Admin, error) {
+	if err := migrate.CheckTenant(ctx, tx, tenant, c.Trust); err != nil {
+		return nil, err
+	}
+	return New(tx, &Config{Schema: tenant})
+}
+
 func statusOf(ctx context.Context, pool *pgxpool.Pool, tenants []string, c TenantsConfig) ([]TenantStatus, error) {
 	rows := make([]TenantStatus, len(tenants))
 	errs, err := forTenants(ctx, pool, c, tenants, func(ctx context.Context, tx pgx.Tx, i int, tenant string) error {
-		if err := migrate.CheckTenant(ctx, tx, tenant, c.Trust); err != nil {
-			return err
-		}
-		a, err := New(tx, &Config{Schema: tenant})
+		a, err := tenantAdmin(ctx, tx, tenant, c)
 		if err != nil {
 			return err
 		}
@@ -317,10 +323,7 @@ func QuarantinedAll(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selecto
 	}
 	out := make([]TenantEvents, len(tenants))
 	errs, err := forTenants(ctx, pool, c, tenants, func(ctx context.Context, tx pgx.Tx, i int, tenant string) error {
-		if err := migrate.CheckTenant(ctx, tx, tenant, c.Trust); err != nil {
-			return err
-		}
-		a, err := New(tx, &Config{Schema: tenant})
+		a, err := tenantAdmin(ctx, tx, tenant, c)
 		if err != nil {
 			return err
 		}
