@@ -288,7 +288,7 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 	var returned atomic.Int32
 	// Process commits the consumer transaction and returns; the subscriber would
 	// commit the offsets an hour later.
-	wrapper := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
+	wrapper := inboxtest.Processor{Consumer: c.Name(), Fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
 		o := c.Process(ctx, d)
 		returned.Add(1)
 		return o
@@ -371,15 +371,7 @@ func TestHelperProcess(t *testing.T) {
 	e.pool = pgtest.Pool(t, pgtest.URL(), 2)
 	e.Effects = &inboxtest.Effects{Pool: e.pool, Schema: e.schema} // the parent test created the table
 	c := e.Consumer(t, inbox.Config{}, nil)
-	crash := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
-		o := c.Process(ctx, d)
-		if o.Status == inbox.StatusApplied {
-			p, _ := os.FindProcess(os.Getpid())
-			_ = p.Kill() // SIGKILL: no deferred function, no offset commit, no leaving the group
-			select {}
-		}
-		return o
-	}}
+	crash := inboxtest.KillAfterApply(c) // SIGKILL after the commit: no offset commit, no leaving the group
 	// A short session, so that the group drops the dead member quickly.
 	s := e.newSubscriber(t, crash, kafkainbox.Config{ProcessTimeout: 5 * time.Second, CommitInterval: 10 * time.Millisecond},
 		kgo.SessionTimeout(time.Second), kgo.RebalanceTimeout(10*time.Second))
@@ -473,7 +465,7 @@ func TestMaxAttemptsSkips(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	proc := processorFunc{name: "billing"}
+	proc := inboxtest.Processor{Consumer: "billing"}
 	unreachable := []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumeTopics(topic)}
 	for name, tc := range map[string]struct {
 		cfg  kafkainbox.Config

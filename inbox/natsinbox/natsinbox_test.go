@@ -152,15 +152,7 @@ func TestHelperProcess(t *testing.T) {
 	e.pool = pgtest.Pool(t, pgtest.URL(), 2)
 	e.Effects = &inboxtest.Effects{Pool: e.pool, Schema: e.schema} // the parent test created the table
 	c := e.Consumer(t, inbox.Config{}, nil)
-	crash := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
-		o := c.Process(ctx, d)
-		if o.Status == inbox.StatusApplied {
-			p, _ := os.FindProcess(os.Getpid())
-			_ = p.Kill() // SIGKILL: no deferred function, no ack
-			select {}
-		}
-		return o
-	}}
+	crash := inboxtest.KillAfterApply(c) // SIGKILL after the commit: no ack
 	s, err := natsinbox.New(connect(t), crash, &natsinbox.Config{
 		Stream: os.Getenv("HELPER_STREAM"), AckWait: time.Second, Logger: quiet})
 	pgtest.Must(t, err, "New")
@@ -200,8 +192,8 @@ func TestExistingConsumer(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	proc := processorFunc{name: "billing"}
-	dotted := processorFunc{name: "billing.eu"}
+	proc := inboxtest.Processor{Consumer: "billing"}
+	dotted := inboxtest.Processor{Consumer: "billing.eu"}
 	nc, err := natsgo.Connect(natstest.URL())
 	pgtest.Must(t, err, "connect")
 	defer nc.Close()

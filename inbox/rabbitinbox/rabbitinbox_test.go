@@ -189,7 +189,7 @@ func TestQuorumQueueCountsAttempts(t *testing.T) {
 	})
 	var mu sync.Mutex
 	var attempts []int
-	counting := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
+	counting := inboxtest.Processor{Consumer: c.Name(), Fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
 		mu.Lock()
 		attempts = append(attempts, d.Attempt)
 		mu.Unlock()
@@ -247,7 +247,7 @@ func TestReconnectsAfterServerClosesConnection(t *testing.T) {
 	var hold atomic.Bool
 	held := make(chan struct{}, 64)
 	release := make(chan struct{})
-	gate := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
+	gate := inboxtest.Processor{Consumer: c.Name(), Fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
 		if c.Stats().Applied >= aggregates*perAggregate/3 && hold.CompareAndSwap(false, true) {
 			held <- struct{}{}
 			<-release
@@ -304,7 +304,7 @@ func TestConnectionLostAfterCommitBeforeAck(t *testing.T) {
 	var sub atomic.Pointer[rabbitinbox.Subscriber]
 	var crashed atomic.Bool
 	crashErr := make(chan error, 1)
-	crash := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
+	crash := inboxtest.Processor{Consumer: c.Name(), Fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
 		o := c.Process(ctx, d)
 		if o.Status == inbox.StatusApplied && crashed.CompareAndSwap(false, true) {
 			// Committed. The server closes the connection, and the
@@ -438,7 +438,7 @@ func TestDeclaresAndBindsQueue(t *testing.T) {
 // password.
 func TestDialErrors(t *testing.T) {
 	t.Parallel()
-	proc := processorFunc{name: "billing"}
+	proc := inboxtest.Processor{Consumer: "billing"}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	missing := uniqueName("pgotest-inbox-missing")
@@ -464,7 +464,7 @@ func TestDialErrors(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	proc := processorFunc{name: "billing"}
+	proc := inboxtest.Processor{Consumer: "billing"}
 	for name, tc := range map[string]struct {
 		cfg  *rabbitinbox.Config
 		want string
