@@ -130,6 +130,17 @@ func (a *admin) get(queue string) []amqp.Delivery {
 	return out
 }
 
+// getOne takes the one message queue holds, and fails the test unless it holds
+// exactly one.
+func (a *admin) getOne(queue string) amqp.Delivery {
+	a.t.Helper()
+	got := a.get(queue)
+	if len(got) != 1 {
+		a.t.Fatalf("queue holds %d messages, want 1", len(got))
+	}
+	return got[0]
+}
+
 func getAll(ch *amqp.Channel, queue string) ([]amqp.Delivery, error) {
 	var out []amqp.Delivery
 	for {

@@ -40,11 +40,7 @@ func TestExchangeDeclaredIfMissing(t *testing.T) {
 	if err := publish(t, p, m)[0]; err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
-	got := a.get(q)
-	if len(got) != 1 {
-		t.Fatalf("queue holds %d messages, want 1", len(got))
-	}
-	d := got[0]
+	d := a.getOne(q)
 	for _, c := range []struct {
 		what      string
 		got, want any
