@@ -118,9 +118,9 @@ func (c *TenantsConfig) Validate() error {
 }
 
 // Tenants lists the outboxes of pool's database that sel chooses, in name order
-// (migrate.SelectOutboxes); the zero Selector chooses every outbox.
+// (migrate.Outboxes); the zero Selector chooses every outbox.
 func Tenants(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selector) ([]string, error) {
-	tenants, err := migrate.SelectOutboxes(ctx, pool, sel)
+	tenants, err := migrate.Outboxes(ctx, pool, sel)
 	if err != nil {
 		return nil, fmt.Errorf("admin: list tenants: %w", err)
 	}

@@ -36,23 +36,24 @@ func TestOutboxesListsMigratedSchemasOnly(t *testing.T) {
 	_, err := migrate.Up(ctx, pool, &migrate.Config{Schema: "inbox_only", Lines: []migrate.Line{migrate.LineInbox}})
 	pgtest.Must(t, err, "migrate inbox only")
 
-	got, err := migrate.Outboxes(ctx, pool)
+	got, err := migrate.Outboxes(ctx, pool, migrate.Selector{})
 	pgtest.Must(t, err, "outboxes")
 	want := []string{"other", "tenant_a", "tenant_b", `x"; DROP TABLE y; --`}
 	if !slices.Equal(got, want) {
 		t.Fatalf("Outboxes = %q, want %q", got, want)
 	}
-	got, err = migrate.Outboxes(ctx, pool, "tenant_*", "other")
-	pgtest.Must(t, err, "outboxes selected")
-	if want := []string{"other", "tenant_a", "tenant_b"}; !slices.Equal(got, want) {
-		t.Fatalf("Outboxes(tenant_*, other) = %q, want %q", got, want)
-	}
-	sel, err := migrate.ParseSelector("tenant_b, oth*")
-	pgtest.Must(t, err, "selector")
-	got, err = migrate.SelectOutboxes(ctx, pool, sel)
-	pgtest.Must(t, err, "outboxes of a parsed selector")
-	if want := []string{"other", "tenant_b"}; !slices.Equal(got, want) {
-		t.Fatalf("SelectOutboxes(%s) = %q, want %q", sel, got, want)
+	for in, want := range map[string][]string{
+		"tenant_*,other": {"other", "tenant_a", "tenant_b"},
+		"tenant_b, oth*": {"other", "tenant_b"},
+		"public":         nil,
+	} {
+		sel, err := migrate.ParseSelector(in)
+		pgtest.Must(t, err, "selector %q", in)
+		got, err = migrate.Outboxes(ctx, pool, sel)
+		pgtest.Must(t, err, "outboxes of %q", in)
+		if !slices.Equal(got, want) {
+			t.Fatalf("Outboxes(%s) = %q, want %q", sel, got, want)
+		}
 	}
 	var n int
 	pgtest.Must(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{`x"; DROP TABLE y; --`, "outbox_events"}.Sanitize()).Scan(&n), "hostile schema intact")
@@ -87,9 +88,35 @@ func TestParseSelector(t *testing.T) {
 			}
 		}
 	}
-	for _, bad := range []string{"[", "a,[b", "tenant_\\", strings.Repeat("x", 64), "a\x00", "\xff", strings.Repeat("a,", 1001)} {
-		if _, err := migrate.ParseSelector(bad); !errors.Is(err, migrate.ErrBadSelector) {
-			t.Errorf("ParseSelector(%q) = %v, want ErrBadSelector", bad, err)
+	// An error names the item by its position, never by its value.
+	for bad, want := range map[string]string{
+		"[":                          "item 1 is not a valid glob",
+		"a, ,s3cr3t[b":               "item 3 is not a valid glob",
+		"s3cr3t\\":                   "item 1 is not a valid glob",
+		strings.Repeat("s3cr3t", 11): "item 1 is longer than 63 bytes",
+		"a,s3cr3t\x00":               "item 2 must be valid UTF-8",
+		"s3cr3t\xff":                 "item 1 must be valid UTF-8",
+		strings.Repeat("a,", 1001):   "more than 1000 items",
+	} {
+		_, err := migrate.ParseSelector(bad)
+		if !errors.Is(err, migrate.ErrBadSelector) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("ParseSelector(%q) = %v, want ErrBadSelector saying %q without the value", bad, err, want)
 		}
+	}
+}
+
+// The zero Selector selects every schema; DefaultSchemaSelector only "public".
+func TestSelectorZeroAndDefault(t *testing.T) {
+	t.Parallel()
+	var zero migrate.Selector
+	if !zero.IsZero() || !zero.Match("tenant_1") || zero.String() != "" {
+		t.Errorf("zero Selector: IsZero %t, matches tenant_1 %t, String %q; want every schema", zero.IsZero(), zero.Match("tenant_1"), zero)
+	}
+	def := migrate.DefaultSchemaSelector()
+	if def.IsZero() || !def.Match(migrate.DefaultSchema) || def.Match("tenant_1") || def.String() != migrate.DefaultSchema {
+		t.Errorf("DefaultSchemaSelector() = %q, want only %q", def, migrate.DefaultSchema)
+	}
+	if all, err := migrate.ParseSelector(" , "); err != nil || !all.IsZero() {
+		t.Errorf("ParseSelector of blanks = %q, %v; want the zero Selector", all, err)
 	}
 }

@@ -204,6 +204,9 @@ func checkLines(p *config.Problems, field string, lines []Line) {
 	}
 }
 
+// maxSchemaName is PostgreSQL's identifier limit, in bytes.
+const maxSchemaName = 63
+
 // ValidateSchema reports whether name can be used as a schema name. Any name that
 // PostgreSQL accepts is fine (it is always quoted); it must be non-empty valid UTF-8
 // without NUL bytes and at most 63 bytes long, PostgreSQL's identifier limit.
@@ -211,8 +214,8 @@ func ValidateSchema(name string) error {
 	switch {
 	case name == "":
 		return errors.New("migrate: schema name must not be empty")
-	case len(name) > 63:
-		return fmt.Errorf("migrate: schema name %q is longer than 63 bytes", name)
+	case len(name) > maxSchemaName:
+		return fmt.Errorf("migrate: schema name %q is longer than %d bytes", name, maxSchemaName)
 	case !utf8.ValidString(name) || strings.ContainsRune(name, 0):
 		return fmt.Errorf("migrate: schema name %q must be valid UTF-8 without NUL bytes", name)
 	}

@@ -187,8 +187,10 @@ func TestOutboxesSkipsTemporarySchemas(t *testing.T) {
 	if temps != 2 {
 		t.Fatalf("%d temporary schemas hold outbox_events, want 2", temps)
 	}
-	for _, sel := range [][]string{nil, {"*"}} {
-		got, err := migrate.Outboxes(ctx, a.Pool, sel...)
+	for _, in := range []string{"", "*"} {
+		sel, err := migrate.ParseSelector(in)
+		pgtest.Must(t, err, "selector %q", in)
+		got, err := migrate.Outboxes(ctx, a.Pool, sel)
 		pgtest.Must(t, err, "outboxes")
 		if len(got) != 1 || got[0] != "tenant_real" {
 			t.Errorf("Outboxes(%q) = %q, want only tenant_real", sel, got)

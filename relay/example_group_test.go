@@ -41,10 +41,15 @@ func ExampleNewGroup() {
 		}
 	}
 
+	// The selector is parsed once, where it comes in (a flag, a file).
+	tenants, err := migrate.ParseSelector("tenant_*")
+	if err != nil {
+		log.Fatal(err)
+	}
 	pub := &brokertest.Recorder{} // a broker adapter: nats.New, kafka.New, ...
 	g, err := relay.NewGroup(pub, &relay.GroupConfig{
 		Config:    relay.Config{Logger: quietLogger()},
-		Databases: []relay.Database{{Pool: pool, Schemas: "tenant_*"}},
+		Databases: []relay.Database{{Pool: pool, Schemas: tenants}},
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -46,11 +46,12 @@ type Database struct {
 	// connections of their own (none with Config.DisableNotify).
 	Pool *pgxpool.Pool
 	// Schemas selects the outbox schemas to serve: names and globs, parsed
-	// once by NewGroup (migrate.ParseSelector). Every DiscoverInterval the
+	// where they come in (migrate.ParseSelector). Every DiscoverInterval the
 	// Group lists the schemas of the database that hold an outbox
-	// (migrate.SelectOutboxes) and serves those that match: outboxes come and
-	// go without a restart. Empty means every outbox schema of the database.
-	Schemas string
+	// (migrate.Outboxes) and serves those that match: outboxes come and go
+	// without a restart. The zero Selector means every outbox schema of the
+	// database.
+	Schemas migrate.Selector
 	// TenantPrefix is put before each schema's name to make its tenant name
 	// (Message.Tenant, {tenant} in destinations), keeping apart the same schema
 	// name in two databases. Tenant names hold letters, digits, '_' and '-'
@@ -124,8 +125,6 @@ func (c *GroupConfig) withDefaults() (GroupConfig, error) {
 			p.Check(d.Pool != nil, "GroupConfig.Databases[%d].Pool must not be nil", i)
 			p.Check(d.Name != "" && !names[d.Name], "GroupConfig.Databases[%d].Name (%q) must be set and unique", i, d.Name)
 			names[d.Name] = true
-			_, err := migrate.ParseSelector(d.Schemas)
-			p.Field(fmt.Sprintf("GroupConfig.Databases[%d].Schemas", i), err)
 			p.Field(fmt.Sprintf("GroupConfig.Databases[%d].Trust", i), d.Trust.Validate())
 			p.Check(d.TenantPrefix == "" || tenantName.MatchString(d.TenantPrefix),
 				"GroupConfig.Databases[%d].TenantPrefix (%q) must hold letters, digits, '_' and '-' only", i, d.TenantPrefix)
@@ -176,7 +175,6 @@ type Group struct {
 
 type groupDB struct {
 	Database
-	sel migrate.Selector // Database.Schemas, parsed once by NewGroup
 	hub *hub
 
 	mu       sync.Mutex
@@ -207,10 +205,8 @@ func NewGroup(pub broker.Publisher, cfg *GroupConfig) (*Group, error) {
 	g := &Group{cfg: c, pub: pub, log: resolved.Logger.With(slog.String("relay", resolved.ID)), names: map[string]*groupDB{},
 		bounds: pgbound.New(resolved.StatementTimeout, resolved.LockTimeout)}
 	for _, d := range c.Databases {
-		sel, _ := migrate.ParseSelector(d.Schemas) // checked by withDefaults
 		g.dbs = append(g.dbs, &groupDB{
 			Database: d,
-			sel:      sel,
 			hub:      newHub(d.Pool, g.log.With(slog.String("database", d.Name)), &resolved),
 			tenants:  map[string]*tenant{},
 			problems: map[string]error{},
@@ -321,7 +317,7 @@ func (g *Group) discover() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(stoppable, discoverTimeout)
 			defer cancel()
-			listed[i], errs[i] = migrate.SelectOutboxes(ctx, d.Pool, d.sel)
+			listed[i], errs[i] = migrate.Outboxes(ctx, d.Pool, d.Schemas)
 		}()
 	}
 	wg.Wait()

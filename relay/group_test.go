@@ -20,6 +20,14 @@ import (
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
+// selector parses s, a schema selector.
+func selector(t testing.TB, s string) migrate.Selector {
+	t.Helper()
+	sel, err := migrate.ParseSelector(s)
+	pgtest.Must(t, err, "selector %q", s)
+	return sel
+}
+
 // tenantDB is a database of its own holding outboxes, one per schema.
 type tenantDB struct {
 	url  string
@@ -137,8 +145,8 @@ func TestGroupServesManyOutboxes(t *testing.T) {
 	g := startGroup(t, rec, relay.GroupConfig{
 		Config: relay.Config{Workers: 2, BatchSize: 50, PollInterval: 200 * time.Millisecond},
 		Databases: []relay.Database{
-			{Name: "a", Pool: a.pool, Schemas: "t_*"},
-			{Name: "b", Pool: b.pool, Schemas: "t_*", TenantPrefix: "b-"},
+			{Name: "a", Pool: a.pool, Schemas: selector(t, "t_*")},
+			{Name: "b", Pool: b.pool, Schemas: selector(t, "t_*"), TenantPrefix: "b-"},
 		},
 		DiscoverInterval: 100 * time.Millisecond,
 	})
@@ -343,7 +351,6 @@ func TestGroupConfigValidate(t *testing.T) {
 		{relay.GroupConfig{Config: relay.Config{Schema: "x"}, Databases: []relay.Database{{Pool: pool}}}, "must be empty"},
 		{relay.GroupConfig{Databases: []relay.Database{{Name: "a"}}}, "Pool must not be nil"},
 		{relay.GroupConfig{Databases: []relay.Database{{Name: "a", Pool: pool}, {Name: "a", Pool: pool}}}, "unique"},
-		{relay.GroupConfig{Databases: []relay.Database{{Pool: pool, Schemas: "["}}}, "Schemas"},
 		{relay.GroupConfig{Databases: []relay.Database{{Pool: pool, TenantPrefix: "a.b"}}}, "TenantPrefix"},
 		{relay.GroupConfig{Config: relay.Config{Workers: 1000}, Databases: []relay.Database{{Pool: pool}}}, "Workers"},
 	} {
@@ -410,7 +417,7 @@ func TestGroupsRacingKeepLaneOrder(t *testing.T) {
 	for i := range 2 {
 		startGroup(t, rec, relay.GroupConfig{
 			Config:    relay.Config{ID: fmt.Sprintf("group-%d", i), Workers: 2, BatchSize: 40, RunLength: 3},
-			Databases: []relay.Database{{Pool: d.pool, Schemas: "r_*"}},
+			Databases: []relay.Database{{Pool: d.pool, Schemas: selector(t, "r_*")}},
 		})
 	}
 	r, err := relay.New(d.pool, rec, &relay.Config{ID: "single", Schema: "r_2", Workers: 2, BatchSize: 40, Logger: quietLogger()})

@@ -247,7 +247,7 @@ func TestGroupTenantLockThroughPgBouncer(t *testing.T) {
 		Config: relay.Config{Workers: 1, PollInterval: 100 * time.Millisecond, DisableNotify: true,
 			BackoffBase: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
 			Logger: logs.Logger()},
-		Databases:        []relay.Database{{Name: "db", Pool: pgtest.Pool(t, bouncer, 3), Schemas: a.schema + "," + b.schema}},
+		Databases:        []relay.Database{{Name: "db", Pool: pgtest.Pool(t, bouncer, 3), Schemas: selector(t, a.schema+","+b.schema)}},
 		DiscoverInterval: 100 * time.Millisecond,
 	})
 	wait.For(t, bouncerWithin, "both served", func() bool { return g.Healthy() == nil && len(g.Tenants()) == 2 })

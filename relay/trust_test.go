@@ -55,7 +55,7 @@ func TestGroupServesOnlyTrustedTenants(t *testing.T) {
 	g := startGroup(t, rec, relay.GroupConfig{
 		Config: relay.Config{Workers: 1, PollInterval: 100 * time.Millisecond,
 			Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))},
-		Databases:        []relay.Database{{Pool: a.Pool, Schemas: "tenant_*", Trust: migrate.Trust{Owners: []string{a.Role}}}},
+		Databases:        []relay.Database{{Pool: a.Pool, Schemas: selector(t, "tenant_*"), Trust: migrate.Trust{Owners: []string{a.Role}}}},
 		DiscoverInterval: 100 * time.Millisecond,
 	})
 	wait.For(t, 60*time.Second, "the victim's and the code-free attacker outboxes drained", func() bool {
@@ -116,7 +116,7 @@ func TestGroupServesOnlyTrustedTenants(t *testing.T) {
 
 	// The default trust: the attacker owns its schemas, so none is served.
 	g2 := startGroup(t, &brokertest.Recorder{}, relay.GroupConfig{
-		Databases: []relay.Database{{Pool: a.Pool, Schemas: "tenant_evil_plain,tenant_evil_shadow"}},
+		Databases: []relay.Database{{Pool: a.Pool, Schemas: selector(t, "tenant_evil_plain,tenant_evil_shadow")}},
 	})
 	checkServed(g2, map[string]bool{"tenant_evil_plain": false, "tenant_evil_shadow": false}, `owned by an untrusted role "schema tenant_evil_`)
 

@@ -33,10 +33,15 @@ const (
 // may sign in (Users) or that nobody needs to (NoAuth).
 type Config struct {
 	// Schemas selects the outbox schemas the console shows, the tenants: names
-	// and globs of path.Match ("tenant_*"), as migrate.ParseSelector reads them.
-	// The schemas are discovered (migrate.Outboxes) at each page. Empty means
-	// the single schema migrate.DefaultSchema ("public").
-	Schemas []string
+	// and globs of path.Match ("tenant_*"), parsed where they come in
+	// (migrate.ParseSelector: a flag, a file). The schemas are discovered
+	// (migrate.Outboxes) at each page.
+	//
+	// The zero Selector means the single schema migrate.DefaultSchema
+	// ("public"), as an empty list always did here: not every schema, which
+	// is what it means to migrate.Outboxes and relay.Database. To show every
+	// outbox, give the selector "*".
+	Schemas migrate.Selector
 
 	// Trust says who may own a tenant's schema and tables. Every page and
 	// action on a tenant first checks it (migrate.CheckTenant): a tenant whose
@@ -108,8 +113,8 @@ func (c *Config) Validate() error {
 
 func (c *Config) withDefaults() (Config, error) {
 	return config.Resolve("adminhttp", c, func(c *Config) {
-		if len(c.Schemas) == 0 {
-			c.Schemas = []string{migrate.DefaultSchema}
+		if c.Schemas.IsZero() {
+			c.Schemas = migrate.DefaultSchemaSelector()
 		}
 		config.Default(&c.Refresh, DefaultRefresh)
 		config.Default(&c.MaxTenants, DefaultMaxTenants)
@@ -120,12 +125,7 @@ func (c *Config) withDefaults() (Config, error) {
 		}
 		c.BasePath = strings.TrimRight(c.BasePath, "/")
 	}, func(c *Config, p *config.Problems) {
-		_, err := migrate.ParseSelector(strings.Join(c.Schemas, ","))
-		p.Field("Config.Schemas", err)
 		p.Field("Config.Trust", c.Trust.Validate())
-		for _, s := range c.Schemas {
-			p.Check(!strings.Contains(s, ","), "Config.Schemas: %q holds a comma; give one name or glob per item", s)
-		}
 		switch {
 		case c.NoAuth && len(c.Users) > 0:
 			p.Check(false, "Config.NoAuth and Config.Users: give one of them, not both")

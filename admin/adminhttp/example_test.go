@@ -38,7 +38,12 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	console, err := adminhttp.New(pool, &adminhttp.Config{Schemas: []string{schema}, Users: users, BasePath: "/console"})
+	// The tenants shown: names and globs, parsed where they come in (a flag).
+	tenants, err := migrate.ParseSelector(schema)
+	if err != nil {
+		log.Fatal(err)
+	}
+	console, err := adminhttp.New(pool, &adminhttp.Config{Schemas: tenants, Users: users, BasePath: "/console"})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -53,7 +53,6 @@ var assets embed.FS
 type Handler struct {
 	pool  *pgxpool.Pool
 	cfg   Config
-	sel   migrate.Selector // Config.Schemas, parsed once by New
 	auth  *authenticator
 	acts  *actions
 	pages map[string]*template.Template
@@ -73,10 +72,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	sel, err := migrate.ParseSelector(strings.Join(c.Schemas, ","))
-	if err != nil {
-		return nil, err // withDefaults checked it
-	}
 	if c.NoAuth && c.NoAuthActor == "" {
 		c.NoAuthActor = admin.DefaultActor() + " (console, no auth)"
 	}
@@ -90,7 +85,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{pool: pool, cfg: c, sel: sel, auth: newAuthenticator(&c, key, time.Now), acts: newActions(), pages: pages, mux: http.NewServeMux(), log: c.Logger}
+	h := &Handler{pool: pool, cfg: c, auth: newAuthenticator(&c, key, time.Now), acts: newActions(), pages: pages, mux: http.NewServeMux(), log: c.Logger}
 	h.routes()
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -239,7 +234,7 @@ func badInput(format string, args ...any) error {
 
 // tenants returns the outbox schemas the console shows.
 func (h *Handler) tenants(ctx context.Context) ([]string, error) {
-	return migrate.SelectOutboxes(ctx, h.pool, h.sel)
+	return migrate.Outboxes(ctx, h.pool, h.cfg.Schemas)
 }
 
 // schemaOf returns the schema the request asks for (its "schema" parameter, by
@@ -259,7 +254,7 @@ func (h *Handler) schemaOf(r *http.Request) (string, []string, *admin.Admin, err
 	switch {
 	case s == "" && len(all) == 0:
 		return "", all, nil, &httpError{status: http.StatusNotFound,
-			msg: "no outbox schema matches " + strings.Join(h.cfg.Schemas, ",") + " (is the database migrated?)"}
+			msg: "no outbox schema matches " + h.cfg.Schemas.String() + " (is the database migrated?)"}
 	case s == "":
 		s = all[0]
 	case !slices.Contains(all, s):

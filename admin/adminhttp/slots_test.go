@@ -35,7 +35,7 @@ func TestRelaysPageShowsCDCSlotLag(t *testing.T) {
 	}
 
 	e := &env{t: t, pool: pool, schema: schema, aliceKey: secret()}
-	h, err := adminhttp.New(pool, &adminhttp.Config{Schemas: []string{schema}, Logger: quiet(),
+	h, err := adminhttp.New(pool, &adminhttp.Config{Schemas: selector(t, schema), Logger: quiet(),
 		Users: []adminhttp.User{{Name: "alice", Role: adminhttp.RoleOperator, Secret: e.aliceKey}}})
 	pgtest.Must(t, err, "console")
 	e.srv = httptest.NewServer(h)

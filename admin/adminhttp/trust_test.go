@@ -62,7 +62,7 @@ func TestConsoleRefusesHostileTenants(t *testing.T) {
 	}
 	pub := &null.Publisher{}
 	e := consoleOn(t, a.Pool, victim, func(c *adminhttp.Config) {
-		c.Schemas, c.Publisher, c.Destination = []string{"tenant_*"}, pub, "null://"
+		c.Schemas, c.Publisher, c.Destination = selector(t, "tenant_*"), pub, "null://"
 	})
 	ids := e.enqueue("order", "o1", 3, map[string]int{"n": 1})
 	e.quarantine(ids[0], "boom")

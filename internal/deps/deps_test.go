@@ -21,7 +21,7 @@ var fixtures = []string{
 	"internal/pgtest", "internal/natstest", "internal/rabbittest", "internal/logtest", "internal/inboxtest", "internal/cetest",
 	"internal/faulttest", "internal/promtest", "internal/lifecycle/lifecycletest",
 	"broker/brokertest", "inbox/inboxtest", "pgoutboxtest", "admin/adminhttp/internal/consoletest",
-	"inbox/internal/exampletest",
+	"inbox/internal/exampletest", "internal/systool", "internal/wait", "internal/netns",
 }
 
 // moduleNames are the names a package's documentation gives the modules it
@@ -199,6 +199,18 @@ func TestPublicPackagesSayWhatTheyPullIn(t *testing.T) {
 		}
 		if len(names) == 0 && !strings.Contains(para, "nothing outside the standard library") {
 			t.Errorf("%s pulls in nothing outside the standard library, which its documentation does not say: %q", p.ImportPath, para)
+		}
+	}
+}
+
+// TestFixturesAreListed: a package whose non-test code imports "testing" is a
+// fixture, whether or not it is named one, and must be in fixtures so the test
+// above keeps production code away from it.
+func TestFixturesAreListed(t *testing.T) {
+	lib, _ := list(t)
+	for _, p := range lib {
+		if slices.Contains(p.Imports, "testing") && !isFixture(p.ImportPath) {
+			t.Errorf("%s imports \"testing\" in its non-test files: it is a test fixture; add %q to fixtures in this file", rel(p.ImportPath), rel(p.ImportPath))
 		}
 	}
 }

@@ -199,9 +199,9 @@ func runConsole(ctx context.Context, f *consoleFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	schemas := f.schemas
-	if len(schemas) == 0 {
-		schemas = []string{f.db.schema}
+	schemas, err := f.selector()
+	if err != nil {
+		return err
 	}
 	cfg := adminhttp.Config{Schemas: schemas, Trust: trust, Users: users, NoAuth: f.noAuth, BasePath: f.basePath, Refresh: f.refresh, Logger: logger}
 	var target *brokerTarget
@@ -222,12 +222,12 @@ func runConsole(ctx context.Context, f *consoleFlags, stderr io.Writer) error {
 	defer closePool(pool, logger)
 	cctx, cancel := context.WithTimeout(ctx, f.db.connectTimeout)
 	defer cancel()
-	found, err := migrate.Outboxes(cctx, pool, schemas...)
+	found, err := migrate.Outboxes(cctx, pool, schemas)
 	if err != nil {
 		return err
 	}
 	if len(found) == 0 {
-		return fmt.Errorf("no outbox schema matches %s in this database: run 'pgoutbox migrate' first, or check --schema/--schemas", strings.Join(schemas, ","))
+		return fmt.Errorf("no outbox schema matches %s in this database: run 'pgoutbox migrate' first, or check --schema/--schemas", schemas)
 	}
 	for _, s := range found {
 		// Trust first: checkMigrated reads the tenant's tables. A refused
@@ -304,9 +304,28 @@ func runConsole(ctx context.Context, f *consoleFlags, stderr io.Writer) error {
 	return nil
 }
 
+// selector parses the tenants the console shows: --schemas, by default the one
+// --schema. A --schemas of blanks only is refused, as --tenants is: the zero
+// Selector would mean "public" to the console (adminhttp.Config.Schemas), not
+// every outbox.
+func (f *consoleFlags) selector() (migrate.Selector, error) {
+	where, text := "--schemas", strings.Join(f.schemas, ",")
+	if len(f.schemas) == 0 {
+		where, text = "--schema", f.db.schema
+	}
+	sel, err := parseSelector(where, text)
+	if err != nil {
+		return sel, usageError{err}
+	}
+	if sel.IsZero() {
+		return sel, emptySelector(where)
+	}
+	return sel, nil
+}
+
 // consoleFlagNames rewrites adminhttp.Config field names in err as the flags
 // that set them.
 func consoleFlagNames(err error) error {
-	return errors.New(strings.NewReplacer("Config.Schemas", "--schemas", "Config.BasePath", "--base-path",
+	return errors.New(strings.NewReplacer("Config.BasePath", "--base-path",
 		"Config.Refresh", "--refresh", "Config.Users", "users", "Config.Trust", "--tenant-owner").Replace(err.Error()))
 }

@@ -228,7 +228,7 @@ func runDLQListTenants(cmd *cobra.Command, db *dbFlags, tf *tenantFlags, f admin
 		return err
 	}
 	if len(per) == 0 {
-		return fmt.Errorf("no outbox schema of this database matches --tenants %s", tenantName(tf.sel.String()))
+		return noTenantMatches(tf.sel)
 	}
 	var evs []tenantEvent
 	var failed []string

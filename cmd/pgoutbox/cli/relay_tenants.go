@@ -61,10 +61,11 @@ func (t *relayTenantFlags) enabled() bool { return t.selector != "" || t.file !=
 
 // tenantDatabase is one database a Group serves, and how to connect to it.
 type tenantDatabase struct {
-	name, schemas, prefix string
-	conn                  *pgx.ConnConfig
-	maxConns              int
-	trust                 migrate.Trust
+	name, prefix string
+	schemas      migrate.Selector
+	conn         *pgx.ConnConfig
+	maxConns     int
+	trust        migrate.Trust
 }
 
 // databases returns the databases of the flags or the file.
@@ -81,14 +82,15 @@ func (f *relayFlags) tenantDatabases(ctx context.Context) ([]tenantDatabase, err
 		return nil, usagef("--tenant-owner: %v", err)
 	}
 	if t.selector != "" {
-		if _, err := migrate.ParseSelector(t.selector); err != nil {
-			return nil, usagef("--tenants: %v", err)
+		sel, err := parseSelector("--tenants", t.selector)
+		if err != nil {
+			return nil, usageError{err}
 		}
 		conn, err := f.db.parse()
 		if err != nil {
 			return nil, err
 		}
-		return []tenantDatabase{{name: conn.Database, schemas: t.selector, conn: conn, maxConns: t.maxConns, trust: trust}}, nil
+		return []tenantDatabase{{name: conn.Database, schemas: sel, conn: conn, maxConns: t.maxConns, trust: trust}}, nil
 	}
 	tf, err := readTenantsFile(ctx, t.file)
 	if err != nil {

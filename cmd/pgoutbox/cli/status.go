@@ -241,7 +241,7 @@ func runStatusTenants(ctx context.Context, db *dbFlags, tf *tenantFlags, out, er
 	read := func(ctx context.Context) ([]admin.TenantStatus, error) {
 		rows, err := admin.StatusAll(ctx, pool, tf.sel, &admin.TenantsConfig{Concurrency: tenantConcurrency, Trust: tf.trust})
 		if err == nil && len(rows) == 0 {
-			err = fmt.Errorf("no outbox schema of this database matches --tenants %s", tenantName(tf.sel.String()))
+			err = noTenantMatches(tf.sel)
 		}
 		return rows, err
 	}

@@ -69,12 +69,12 @@ func (t *tenantFlags) parse(fs *pflag.FlagSet) (bool, error) {
 	if s := fs.Lookup("schema"); s != nil && s.Changed {
 		return false, usagef("--tenants chooses the schemas: give it or --schema (PGOUTBOX_SCHEMA), not both")
 	}
-	sel, err := migrate.ParseSelector(t.raw)
+	sel, err := parseSelector("--tenants", t.raw)
 	if err != nil {
-		return false, usagef("--tenants: %v", err)
+		return false, usageError{err}
 	}
-	if sel.String() == "" {
-		return false, usagef("--tenants is empty: give schema names or globs, or '*' for every outbox of the database")
+	if sel.IsZero() {
+		return false, emptySelector("--tenants")
 	}
 	trust, err := parseTenantOwner(t.owners)
 	if err != nil {
@@ -82,6 +82,32 @@ func (t *tenantFlags) parse(fs *pflag.FlagSet) (bool, error) {
 	}
 	t.sel, t.trust, t.on = sel, trust, true
 	return true, nil
+}
+
+// parseSelector parses a schema selector where it comes in: a flag, or a value
+// of the tenants file, which where names ("--tenants", "line 3:
+// databases[0].schemas"). It is the CLI's one call of migrate.ParseSelector, so
+// that a bad selector reads the same wherever it is given ("--tenants: migrate:
+// bad schema selector: item 2 is not a valid glob (path.Match)"), and never
+// quotes the value. The Selector is passed on as it is: nothing parses it again.
+func parseSelector(where, text string) (migrate.Selector, error) {
+	sel, err := migrate.ParseSelector(text)
+	if err != nil {
+		return migrate.Selector{}, fmt.Errorf("%s: %w", where, err)
+	}
+	return sel, nil
+}
+
+// emptySelector refuses a selector of blanks only where "every outbox" must be
+// said with '*'.
+func emptySelector(where string) error {
+	return usagef("%s is empty: give schema names or globs, or '*' for every outbox of the database", where)
+}
+
+// noTenantMatches is the error of an operator verb whose --tenants matches no
+// outbox: never a healthy, empty answer for a mistyped selector.
+func noTenantMatches(sel migrate.Selector) error {
+	return fmt.Errorf("no outbox schema of this database matches --tenants %s", tenantName(sel.String()))
 }
 
 // tenantConcurrency is how many tenants the CLI reads at once (admin's default),
@@ -96,7 +122,7 @@ func listTenants(ctx context.Context, pool *pgxpool.Pool, t *tenantFlags) ([]str
 		return nil, err
 	}
 	if len(tenants) == 0 {
-		return nil, fmt.Errorf("no outbox schema of this database matches --tenants %s", tenantName(t.sel.String()))
+		return nil, noTenantMatches(t.sel)
 	}
 	return tenants, nil
 }

@@ -28,9 +28,11 @@ type tenantsFile struct {
 type tenantsFileDB struct {
 	Name string
 	// URL or URLEnv (the name of an environment variable holding it).
-	URL          string
-	URLEnv       string
-	Schemas      string
+	URL    string
+	URLEnv string
+	// Schemas is parsed as it is read: the zero Selector (no schemas, or an
+	// empty value) serves every outbox schema of the database.
+	Schemas      migrate.Selector
 	TenantPrefix string
 	MaxConns     int
 	// TenantOwner names the roles trusted to own this database's tenants,
@@ -192,7 +194,11 @@ func parseTenantsFileDB(n *yaml.Node, where string) (tenantsFileDB, error) {
 			}
 			d.URLEnv = value
 		case "schemas":
-			d.Schemas = value
+			sel, err := parseSelector(fmt.Sprintf("line %d: %s.schemas", v.Line, where), value)
+			if err != nil {
+				return err
+			}
+			d.Schemas = sel
 		case "tenant_prefix":
 			d.TenantPrefix = value
 		case "max_conns":
@@ -219,9 +225,6 @@ func parseTenantsFileDB(n *yaml.Node, where string) (tenantsFileDB, error) {
 		return d, fmt.Errorf("line %d: %s: set exactly one of url and url_env", n.Line, where)
 	}
 	// The checks' own errors would quote the value: these name the rule.
-	if _, err := migrate.ParseSelector(d.Schemas); err != nil {
-		return d, fmt.Errorf("line %d: %s.schemas must be a comma list of at most 1000 schema names and globs ('tenant_*,billing')", n.Line, where)
-	}
 	if d.TenantPrefix != "" && relay.ValidateTenant(d.TenantPrefix) != nil {
 		return d, fmt.Errorf("line %d: %s.tenant_prefix must be letters, digits, '_' and '-' only", n.Line, where)
 	}

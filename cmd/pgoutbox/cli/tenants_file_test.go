@@ -60,7 +60,7 @@ var hostileTenantsFiles = []struct {
 	{"max_conns not a number", "databases:\n  - url: x\n    max_conns: s3cr3t-PW\n", "max_conns must be a whole number"},
 	{"max_conns huge", "databases:\n  - url: x\n    max_conns: 99999999999999999999\n", "max_conns must be a whole number"},
 	{"url_env not a name", "databases:\n  - url_env: 's3cr3t-PW'\n", "url_env must be the name"},
-	{"schemas not a selector", "databases:\n  - url: x\n    schemas: 's3cr3t-PW['\n", "schemas must be"},
+	{"schemas not a selector", "databases:\n  - url: x\n    schemas: 's3cr3t-PW['\n", "line 3: databases[0].schemas: migrate: bad schema selector: item 1"},
 	{"tenant_prefix", "databases:\n  - url: x\n    tenant_prefix: 's3cr3t-PW.'\n", "tenant_prefix must be"},
 	{"name with a control character", "databases:\n  - url: x\n    name: \"s3cr3t-PW\\e[2J\"\n", "name must be"},
 	{"tenant_owner reserved role", "databases:\n  - url: x\n    tenant_owner: 's3cr3t-PW, public'\n", "tenant_owner must be"},
@@ -129,7 +129,7 @@ databases:
 `))
 	pgtest.Must(t, err, "parse")
 	want := []tenantsFileDB{
-		{Name: "eu", URL: "postgres://relay@eu-db:5432/app?sslmode=verify-full", Schemas: "tenant_*, billing", TenantPrefix: "eu-", MaxConns: 5,
+		{Name: "eu", URL: "postgres://relay@eu-db:5432/app?sslmode=verify-full", Schemas: selector(t, "tenant_*, billing"), TenantPrefix: "eu-", MaxConns: 5,
 			TenantOwner: migrate.Trust{Owners: []string{"tenant_owner", "migrator"}}},
 		{URLEnv: "US_DATABASE_URL", TenantPrefix: "us-"},
 	}

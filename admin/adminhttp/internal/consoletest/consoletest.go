@@ -23,6 +23,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 // Env is a console served on a test server over one schema: the operator
@@ -35,6 +36,14 @@ type Env struct {
 	Server              *httptest.Server
 	AliceKey, VictorKey string
 	Admin               *admin.Admin
+}
+
+// Selector parses s, a schema selector (migrate.ParseSelector).
+func Selector(t testing.TB, s string) migrate.Selector {
+	t.Helper()
+	sel, err := migrate.ParseSelector(s)
+	pgtest.Must(t, err, "selector %q", s)
+	return sel
 }
 
 // New migrates a schema of its own and serves a console on it; mod, when not
@@ -50,7 +59,7 @@ func New(t testing.TB, mod func(*adminhttp.Config)) *Env {
 func On(t testing.TB, pool *pgxpool.Pool, schema string, mod func(*adminhttp.Config), prepare func(*adminhttp.Handler)) *Env {
 	t.Helper()
 	e := &Env{T: t, Pool: pool, Schema: schema, AliceKey: Secret(), VictorKey: Secret()}
-	cfg := &adminhttp.Config{Schemas: []string{schema}, Logger: Quiet(),
+	cfg := &adminhttp.Config{Schemas: Selector(t, schema), Logger: Quiet(),
 		Users: []adminhttp.User{{Name: "alice", Role: adminhttp.RoleOperator, Secret: e.AliceKey},
 			{Name: "victor", Role: adminhttp.RoleViewer, Secret: e.VictorKey}}}
 	if mod != nil {
