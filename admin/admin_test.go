@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
 	"github.com/pgoutbox/pgoutbox"
@@ -29,7 +28,7 @@ func TestRetryLiftsOnlyQuarantine(t *testing.T) {
 		pgoutbox.Event{AggregateType: "a", AggregateID: "2", EventType: "e"},
 		pgoutbox.Event{AggregateType: "a", AggregateID: "3", EventType: "e"})
 	pgtest.Must(t, err, "enqueue")
-	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	table := quoted(schema, "outbox_events")
 	_, err = pool.Exec(ctx, "UPDATE "+table+" SET quarantined_at = now(), attempt_count = 10, last_error = 'boom', available_at = now() + interval '1 hour' WHERE event_id = $1", res[0].EventID)
 	pgtest.Must(t, err, "quarantine")
 	_, err = pool.Exec(ctx, "UPDATE "+table+" SET published_at = now() WHERE event_id = $1", res[1].EventID)
@@ -39,7 +38,7 @@ func TestRetryLiftsOnlyQuarantine(t *testing.T) {
 	conn, err := pool.Acquire(ctx)
 	pgtest.Must(t, err, "acquire")
 	defer conn.Release()
-	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{migrate.NotifyChannel(schema)}.Sanitize())
+	_, err = conn.Exec(ctx, "LISTEN "+quoted(migrate.NotifyChannel(schema)))
 	pgtest.Must(t, err, "listen")
 
 	a, err := admin.New(pool, &admin.Config{Schema: schema})

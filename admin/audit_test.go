@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
@@ -24,7 +22,7 @@ func TestAuditRecordsHostileTextVerbatim(t *testing.T) {
 	pgtest.Must(t, err, "producer")
 	a, err := admin.New(pool, &admin.Config{Schema: schema})
 	pgtest.Must(t, err, "admin")
-	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	table := quoted(schema, "outbox_events")
 	hostile := []struct{ actor, reason string }{
 		{"'); DROP TABLE outbox_events; --", "$$ SELECT pg_sleep(10) $$"},
 		{"ali\nce", "line one\nline two\r\n"},

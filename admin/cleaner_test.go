@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox/admin"
@@ -40,7 +39,7 @@ func TestCleanerLifecycle(t *testing.T) {
 					t.Errorf("stop: %v", err)
 				}
 			})
-			return &cleanerUnderTest{Cleaner: c, pool: pool, table: pgx.Identifier{schema, "outbox_events"}.Sanitize()}
+			return &cleanerUnderTest{Cleaner: c, pool: pool, table: quoted(schema, "outbox_events")}
 		},
 		Busy: func(t *testing.T, s lifecycletest.Service) func() {
 			c := s.(*cleanerUnderTest)

@@ -4,15 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
@@ -24,15 +19,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
-var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-func countRows(t *testing.T, pool *pgxpool.Pool, table, where string) int64 {
-	t.Helper()
-	var n int64
-	pgtest.Must(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table+" WHERE "+where).Scan(&n), "count %s", where)
-	return n
-}
-
 // Cleanup deletes only published rows past the retention, in batches, and leaves
 // unpublished, quarantined and recent rows, counters and the skip audit alone;
 // the inbox's old dedup rows go too.
@@ -41,7 +27,7 @@ func TestCleanupKeepsWhatItMust(t *testing.T) {
 	pool, schema := pgtest.Migrated(t, 4)
 	ctx := context.Background()
 	ids := opsEnqueue(t, pool, schema, "acct", 3, 10) // 30 events
-	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	table := quoted(schema, "outbox_events")
 	exec := func(q string, args ...any) {
 		t.Helper()
 		_, err := pool.Exec(ctx, q, args...)
@@ -54,13 +40,13 @@ func TestCleanupKeepsWhatItMust(t *testing.T) {
 	exec("UPDATE "+table+" SET occurred_at = "+old+", quarantined_at = "+old+", last_error = 'poison' WHERE event_id = ANY($1)", ids[26:28]) // quarantined
 	// A dead letter skipped long ago: published_at set, quarantine lifted, audited.
 	exec("UPDATE "+table+" SET occurred_at = "+old+", published_at = "+old+" WHERE event_id = $1", ids[28])
-	skipped := pgx.Identifier{schema, "outbox_skipped_events"}.Sanitize()
+	skipped := quoted(schema, "outbox_skipped_events")
 	exec("INSERT INTO "+skipped+" (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, attempt_count, reason, skipped_by)"+
 		" SELECT event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, attempt_count, 'poison', 'test' FROM "+table+" WHERE event_id = $1", ids[28])
-	processed := pgx.Identifier{schema, "processed_events"}.Sanitize()
+	processed := quoted(schema, "processed_events")
 	exec("INSERT INTO " + processed + " (consumer_name, event_id, processed_at) SELECT 'c', gen_random_uuid(), now() - interval '11 days' FROM generate_series(1, 5)")
 	exec("INSERT INTO " + processed + " (consumer_name, event_id, processed_at) SELECT 'c', gen_random_uuid(), now() - interval '1 day' FROM generate_series(1, 2)")
-	counters := countRows(t, pool, pgx.Identifier{schema, "outbox_aggregate_sequences"}.Sanitize(), "true")
+	counters := countRows(t, pool, quoted(schema, "outbox_aggregate_sequences"), "true")
 
 	// The inbox's rows must outlive the replay horizon, at least the outbox's retention.
 	_, err := admin.Cleanup(ctx, pool, admin.CleanupConfig{Schema: schema, InboxRetention: 24 * time.Hour})
@@ -94,7 +80,7 @@ func TestCleanupKeepsWhatItMust(t *testing.T) {
 	if n := countRows(t, pool, skipped, "true"); n != 1 {
 		t.Errorf("the skip audit lost its row")
 	}
-	if n := countRows(t, pool, pgx.Identifier{schema, "outbox_aggregate_sequences"}.Sanitize(), "true"); n != counters {
+	if n := countRows(t, pool, quoted(schema, "outbox_aggregate_sequences"), "true"); n != counters {
 		t.Errorf("sequence counters went from %d to %d", counters, n)
 	}
 	if n := countRows(t, pool, processed, "true"); n != 2 {
@@ -108,7 +94,7 @@ func TestCleanupFailpointMidBatch(t *testing.T) {
 	pool, schema := pgtest.Migrated(t, 4)
 	ctx := context.Background()
 	opsEnqueue(t, pool, schema, "acct", 4, 5)
-	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	table := quoted(schema, "outbox_events")
 	_, err := pool.Exec(ctx, "UPDATE "+table+" SET published_at = now() - interval '30 days'")
 	pgtest.Must(t, err, "publish")
 
@@ -158,7 +144,7 @@ func TestCleanupWhileRelayPublishes(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Migrated(t, 10)
 	ctx := context.Background()
-	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	table := quoted(schema, "outbox_events")
 	load := time.Now()
 	// Loaded as a replica would, so that the notify trigger does not queue 200,000
 	// deferred events, and in key order, so that the indexes grow at their ends.
@@ -275,7 +261,7 @@ func TestCleanerOneAtATime(t *testing.T) {
 	pool, schema := pgtest.Migrated(t, 6)
 	ctx := context.Background()
 	opsEnqueue(t, pool, schema, "acct", 2, 5)
-	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	table := quoted(schema, "outbox_events")
 	_, err := pool.Exec(ctx, "UPDATE "+table+" SET published_at = now() - interval '2 hours'")
 	pgtest.Must(t, err, "publish")
 
@@ -327,29 +313,4 @@ func TestCleanerConfigValidate(t *testing.T) {
 	if _, err := admin.NewCleaner(pool, bad); err == nil {
 		t.Fatal("NewCleaner accepted a negative interval")
 	}
-}
-
-func ExampleCleanup() {
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.URL()) // your DATABASE_URL
-	if err != nil {
-		panic(err)
-	}
-	defer pool.Close()
-	schema := pgtest.Name("example") // Schema defaults to "public"
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-	if _, err := migrateUp(ctx, pool, schema); err != nil {
-		panic(err)
-	}
-
-	res, err := admin.Cleanup(ctx, pool, admin.CleanupConfig{
-		Schema:         schema,
-		Retention:      7 * 24 * time.Hour,  // published events older than this go
-		InboxRetention: 14 * 24 * time.Hour, // and dedup rows older than this
-	})
-	if err != nil {
-		panic(err)
-	}
-	fmt.Printf("deleted %d events and %d dedup rows\n", res.Deleted, res.InboxDeleted)
-	// Output: deleted 0 events and 0 dedup rows
 }

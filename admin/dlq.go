@@ -62,25 +62,44 @@ func (f Filter) empty() bool {
 // where returns the filter's conditions on alias e (" AND ..."), numbering its
 // parameters after those already in args.
 func (f Filter) where(args []any) (string, []any) {
-	var b strings.Builder
-	add := func(cond string, v any) {
-		args = append(args, v)
-		fmt.Fprintf(&b, " AND "+cond, len(args))
-	}
-	if f.AggregateType != "" {
-		add("e.aggregate_type = $%d", f.AggregateType)
-	}
-	if f.AggregateID != "" {
-		add("e.aggregate_id = $%d", f.AggregateID)
-	}
-	if f.EventType != "" {
-		add("e.event_type = $%d", f.EventType)
-	}
+	c := sqlConds{args: args}
+	c.exact(f.AggregateType, f.AggregateID, f.EventType)
 	if f.ErrorContains != "" {
 		// position() rather than LIKE: the operator's text needs no escaping.
-		add("position(lower($%d) IN lower(coalesce(e.last_error, ''))) > 0", f.ErrorContains)
+		c.add("position(lower($%d) IN lower(coalesce(e.last_error, ''))) > 0", f.ErrorContains)
 	}
-	return b.String(), args
+	var b strings.Builder
+	for _, cond := range c.conds {
+		b.WriteString(" AND " + cond)
+	}
+	return b.String(), c.args
+}
+
+// sqlConds collects the conditions of a WHERE clause on alias e and their
+// parameters, numbered in order after those it starts with.
+type sqlConds struct {
+	conds []string
+	args  []any
+}
+
+// add adds cond, whose %d is the number of its parameter arg.
+func (c *sqlConds) add(cond string, arg any) {
+	c.args = append(c.args, arg)
+	c.conds = append(c.conds, fmt.Sprintf(cond, len(c.args)))
+}
+
+// exact adds the exact matches the operators' filters share: on the aggregate
+// type, the aggregate id and the event type, each where set.
+func (c *sqlConds) exact(aggregateType, aggregateID, eventType string) {
+	if aggregateType != "" {
+		c.add("e.aggregate_type = $%d", aggregateType)
+	}
+	if aggregateID != "" {
+		c.add("e.aggregate_id = $%d", aggregateID)
+	}
+	if eventType != "" {
+		c.add("e.event_type = $%d", eventType)
+	}
 }
 
 // Event is one outbox row as an operator sees it.

@@ -5,18 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -38,7 +36,7 @@ func newDLQEnv(t *testing.T) *dlqEnv {
 	return &dlqEnv{t: t, pool: pool, schema: schema, admin: a}
 }
 
-func (e *dlqEnv) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
+func (e *dlqEnv) table(name string) string { return quoted(e.schema, name) }
 
 // enqueue writes one event per (aggregate id, count) pair, n events to each
 // aggregate in sequence order, and returns the ids per aggregate.
@@ -201,35 +199,32 @@ func TestDefaultActor(t *testing.T) {
 }
 
 // recorder is an in-process broker that stores what it is sent and refuses, as
-// permanent, the events in poison.
+// permanent, the events in poison until they are cured.
 type recorder struct {
-	mu     sync.Mutex
-	got    []broker.Message
-	poison map[pgoutbox.UUID]bool
+	brokertest.Recorder
+	poison sync.Map // pgoutbox.UUID → true
 }
 
-func (r *recorder) Publish(ctx context.Context, msgs []broker.Message) []error {
-	return broker.PublishLanes(ctx, msgs, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.poison[m.EventID] {
-			return nil, broker.Permanent(errors.New("refused: " + m.AggregateID))
+func newRecorder(poison ...pgoutbox.UUID) *recorder {
+	r := &recorder{}
+	for _, id := range poison {
+		r.poison.Store(id, true)
+	}
+	r.Fail = func(m *broker.Message) error {
+		if _, bad := r.poison.Load(m.EventID); bad {
+			return broker.Permanent(errors.New("refused: " + m.AggregateID))
 		}
-		r.got = append(r.got, *m)
-		return func(context.Context) error { return nil }, nil
-	})
+		return nil
+	}
+	return r
 }
 
-func (r *recorder) Close() error { return nil }
-
-func (r *recorder) cure(id pgoutbox.UUID) { r.mu.Lock(); delete(r.poison, id); r.mu.Unlock() }
+func (r *recorder) cure(id pgoutbox.UUID) { r.poison.Delete(id) }
 
 // sequences returns the sequences the broker received for one aggregate, in order.
 func (r *recorder) sequences(aggID string) []int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	var out []int64
-	for _, m := range r.got {
+	for _, m := range r.Messages() {
 		if m.AggregateID == aggID {
 			out = append(out, m.AggregateSequence)
 		}
@@ -242,7 +237,7 @@ func (r *recorder) sequences(aggID string) []int64 {
 func startRelay(t *testing.T, e *dlqEnv, pub broker.Publisher) {
 	t.Helper()
 	r, err := relay.New(e.pool, pub, &relay.Config{Schema: e.schema, PollInterval: time.Minute,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger: quietLog})
 	pgtest.Must(t, err, "relay")
 	pgtest.Must(t, r.Start(context.Background()), "start relay")
 	t.Cleanup(func() {
@@ -263,10 +258,9 @@ func TestSkipMovesTheLaneOnWithARelay(t *testing.T) {
 	t.Parallel()
 	e := newDLQEnv(t)
 	ctx := context.Background()
-	rec := &recorder{poison: map[pgoutbox.UUID]bool{}}
 	evs := e.enqueue("order", 3, "o1")
 	bad := evs["o1"][1]
-	rec.poison[bad] = true
+	rec := newRecorder(bad)
 	startRelay(t, e, rec)
 
 	wait.For(t, 20*time.Second, "sequence 2 to be quarantined", func() bool {
@@ -312,10 +306,8 @@ func TestRetryReleasesLanesInOrder(t *testing.T) {
 	t.Parallel()
 	e := newDLQEnv(t)
 	ctx := context.Background()
-	rec := &recorder{poison: map[pgoutbox.UUID]bool{}}
 	evs := e.enqueue("order", 4, "o1", "o2", "o3")
-	rec.poison[evs["o1"][0]] = true
-	rec.poison[evs["o2"][0]] = true
+	rec := newRecorder(evs["o1"][0], evs["o2"][0])
 	startRelay(t, e, rec)
 
 	wait.For(t, 20*time.Second, "two lane heads quarantined and the third lane published", func() bool {

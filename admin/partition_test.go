@@ -13,39 +13,16 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
-	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
-
-// partitionedOutbox is a schema migrated with the partitioned outbox.
-func partitionedOutbox(t *testing.T, maxConns int32) (*pgxpool.Pool, string) {
-	t.Helper()
-	pool, schema := pgtest.Schema(t, maxConns)
-	_, err := migrate.Up(context.Background(), pool, &migrate.Config{Schema: schema, Partitioned: true})
-	pgtest.Must(t, err, "migrate --partitioned")
-	return pool, schema
-}
-
-// dayPartition creates the daily partition of the UTC day daysAgo days before
-// today, as outbox_create_partitions did back then, and returns its name.
-func dayPartition(t *testing.T, pool *pgxpool.Pool, schema string, daysAgo int) string {
-	t.Helper()
-	now := time.Now().UTC()
-	day := time.Date(now.Year(), now.Month(), now.Day()-daysAgo, 0, 0, 0, 0, time.UTC)
-	name := "outbox_events_p" + day.Format("20060102")
-	_, err := pool.Exec(context.Background(), fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
-		pgx.Identifier{schema, name}.Sanitize(), pgx.Identifier{schema, "outbox_events"}.Sanitize(),
-		day.Format(time.RFC3339), day.AddDate(0, 0, 1).Format(time.RFC3339)))
-	pgtest.Must(t, err, "create partition %s", name)
-	return name
-}
 
 func tableExists(t *testing.T, pool *pgxpool.Pool, schema, name string) bool {
 	t.Helper()
 	var ok bool
-	pgtest.Must(t, pool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{schema, name}.Sanitize()).Scan(&ok), "to_regclass")
+	pgtest.Must(t, pool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL", quoted(schema, name)).Scan(&ok), "to_regclass")
 	return ok
 }
 
@@ -57,7 +34,7 @@ func TestPartitionedCleanupDropsPartition(t *testing.T) {
 	t.Parallel()
 	pool, schema := partitionedOutbox(t, 4)
 	ctx := context.Background()
-	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	table := quoted(schema, "outbox_events")
 	clean := dayPartition(t, pool, schema, 10)
 	kept := dayPartition(t, pool, schema, 9)
 	insert := func(aggType string, n int, occurred, published, quarantined string) {
@@ -155,11 +132,11 @@ func TestRelayOverPartitionedOutbox(t *testing.T) {
 	}
 	poison = ids[8*4+3] // a3's fifth event
 	var sqlID pgoutbox.UUID
-	pgtest.Must(t, pool.QueryRow(ctx, "SELECT "+pgx.Identifier{schema, "outbox_enqueue"}.Sanitize()+"('acct', 'a0', 'e', '{}')").Scan(&sqlID), "outbox_enqueue")
+	pgtest.Must(t, pool.QueryRow(ctx, "SELECT "+quoted(schema, "outbox_enqueue")+"('acct', 'a0', 'e', '{}')").Scan(&sqlID), "outbox_enqueue")
 	ids = append(ids, sqlID)
 
 	refuse := make(chan struct{})
-	rec := &opsRecorder{fail: func(m *broker.Message) error {
+	rec := &brokertest.Recorder{Fail: func(m *broker.Message) error {
 		select {
 		case <-refuse:
 			return nil
@@ -178,7 +155,7 @@ func TestRelayOverPartitionedOutbox(t *testing.T) {
 		defer cancel()
 		pgtest.Must(t, r.Stop(sctx), "stop")
 	}()
-	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	table := quoted(schema, "outbox_events")
 	waitUntil := func(what string, cond func() bool) {
 		t.Helper()
 		wait.For(t, 60*time.Second, what, cond)
@@ -201,14 +178,14 @@ func TestRelayOverPartitionedOutbox(t *testing.T) {
 	for _, id := range ids {
 		want[id] = true
 	}
-	checkReplayed(t, rec.messages(), want)
+	checkReplayed(t, rec.Messages(), want)
 
 	// A replay reads the lanes across partitions in order too.
-	rr := &opsRecorder{}
+	rr := &brokertest.Recorder{}
 	res, err := admin.Replay(ctx, pool, rr, admin.ReplayRequest{Schema: schema, BatchSize: 7})
 	pgtest.Must(t, err, "replay")
 	if res.Published != int64(len(ids)) {
 		t.Fatalf("replay = %+v", res)
 	}
-	checkReplayed(t, rr.messages(), want)
+	checkReplayed(t, rr.Messages(), want)
 }

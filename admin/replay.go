@@ -286,29 +286,16 @@ func auditReplay(ctx context.Context, db DB, req ReplayRequest, res *ReplayResul
 // replayWhere builds the condition selecting the filter's published events, with
 // only the clauses the filter needs, so each query gets a plan fit for it.
 func replayWhere(ctx context.Context, db DB, schema string, f ReplayFilter) (string, []any, error) {
-	conds := []string{"e.published_at IS NOT NULL"}
-	var args []any
-	add := func(cond string, arg any) {
-		args = append(args, arg)
-		conds = append(conds, fmt.Sprintf(cond, len(args)))
-	}
-	if f.AggregateType != "" {
-		add("e.aggregate_type = $%d", f.AggregateType)
-	}
-	if f.AggregateID != "" {
-		add("e.aggregate_id = $%d", f.AggregateID)
-	}
-	if f.EventType != "" {
-		add("e.event_type = $%d", f.EventType)
-	}
+	c := sqlConds{conds: []string{"e.published_at IS NOT NULL"}}
+	c.exact(f.AggregateType, f.AggregateID, f.EventType)
 	if !f.Since.IsZero() {
-		add("e.occurred_at >= $%d", f.Since)
+		c.add("e.occurred_at >= $%d", f.Since)
 	}
 	if !f.Until.IsZero() {
-		add("e.occurred_at < $%d", f.Until)
+		c.add("e.occurred_at < $%d", f.Until)
 	}
 	if len(f.EventIDs) > 0 {
-		add("e.event_id = ANY($%d::uuid[])", f.EventIDs)
+		c.add("e.event_id = ANY($%d::uuid[])", f.EventIDs)
 	}
 	// A skipped dead letter has published_at set but never reached the broker.
 	// The audit table comes with a later migration; without it nothing was skipped.
@@ -318,9 +305,9 @@ func replayWhere(ctx context.Context, db DB, schema string, f ReplayFilter) (str
 		return "", nil, fmt.Errorf("admin: replay: look up %s: %w", skipped, err)
 	}
 	if hasSkipped {
-		conds = append(conds, "NOT EXISTS (SELECT 1 FROM "+skipped+" s WHERE s.event_id = e.event_id)")
+		c.conds = append(c.conds, "NOT EXISTS (SELECT 1 FROM "+skipped+" s WHERE s.event_id = e.event_id)")
 	}
-	return strings.Join(conds, " AND "), args, nil
+	return strings.Join(c.conds, " AND "), c.args, nil
 }
 
 // queryRow runs a one-row query through DB, which only has Query.

@@ -5,11 +5,10 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
@@ -20,20 +19,20 @@ func TestReplayRefusesReservedHeaders(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Migrated(t, 4)
 	ctx := context.Background()
-	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	table := quoted(schema, "outbox_events")
 	for _, hdr := range []string{`{"Nats-Rollup": "all"}`, `{"authorization": "Bearer x"}`, `{"X-Delay": "1"}`, `{"k": "a\r\nb"}`, `{"a:b": "v"}`} {
 		_, err := pool.Exec(ctx, "DELETE FROM "+table)
 		pgtest.Must(t, err, "clean")
 		_, err = pool.Exec(ctx, "INSERT INTO "+table+" (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, headers, published_at)"+
 			" VALUES ($1, 'raw', 'r1', 1, 'raw.inserted', '{}', $2::jsonb, now())", pgoutbox.NewEventID(), hdr)
 		pgtest.Must(t, err, "raw insert")
-		rec := &opsRecorder{}
+		rec := &brokertest.Recorder{}
 		_, err = admin.Replay(ctx, pool, rec, admin.ReplayRequest{Schema: schema})
 		var re *admin.ReplayError
 		if !errors.As(err, &re) || !broker.IsPermanent(re.Err) {
 			t.Errorf("headers %s: replay err = %v, want a permanent refusal", hdr, err)
 		}
-		if n := len(rec.messages()); n != 0 {
+		if n := len(rec.Messages()); n != 0 {
 			t.Errorf("headers %s: %d messages re-sent", hdr, n)
 		}
 	}

@@ -3,86 +3,27 @@ package admin_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
-	"github.com/pgoutbox/pgoutbox/migrate"
 )
-
-// opsRecorder is an in-process broker that keeps every message it acknowledged,
-// in order, and fails those fail says to.
-type opsRecorder struct {
-	mu    sync.Mutex
-	got   []broker.Message
-	calls int
-	fail  func(m *broker.Message) error
-}
-
-func (r *opsRecorder) Publish(ctx context.Context, msgs []broker.Message) []error {
-	r.mu.Lock()
-	r.calls++
-	r.mu.Unlock()
-	return broker.PublishLanes(ctx, msgs, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.fail != nil {
-			if err := r.fail(m); err != nil {
-				return nil, err
-			}
-		}
-		r.got = append(r.got, *m)
-		return func(context.Context) error { return nil }, nil
-	})
-}
-
-func (r *opsRecorder) Close() error { return nil }
-
-func (r *opsRecorder) messages() []broker.Message {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]broker.Message(nil), r.got...)
-}
-
-// opsEnqueue writes perAgg events to each of n aggregates of aggType, interleaved,
-// and returns their ids.
-func opsEnqueue(t *testing.T, pool *pgxpool.Pool, schema, aggType string, n, perAgg int) []pgoutbox.UUID {
-	t.Helper()
-	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
-	pgtest.Must(t, err, "producer")
-	var evs []pgoutbox.Event
-	for s := range perAgg {
-		for a := range n {
-			evs = append(evs, pgoutbox.Event{AggregateType: aggType, AggregateID: fmt.Sprintf("a%02d", a),
-				EventType: aggType + ".changed", Payload: map[string]int{"n": s}, Headers: map[string]string{"Test": "yes"}})
-		}
-	}
-	res, err := p.EnqueueTx(context.Background(), pool, evs...)
-	pgtest.Must(t, err, "enqueue")
-	ids := make([]pgoutbox.UUID, len(res))
-	for i, r := range res {
-		ids[i] = r.EventID
-	}
-	return ids
-}
 
 // rowState is every row's relay-owned state, to prove a replay changed none.
 func rowState(t *testing.T, pool *pgxpool.Pool, schema string) string {
 	t.Helper()
 	var s string
 	pgtest.Must(t, pool.QueryRow(context.Background(), "SELECT coalesce(string_agg(event_id::text || published_at::text || attempt_count || coalesce(claimed_by, '') || available_at::text, ',' ORDER BY event_id), '') FROM "+
-		pgx.Identifier{schema, "outbox_events"}.Sanitize()).Scan(&s), "row state")
+		quoted(schema, "outbox_events")).Scan(&s), "row state")
 	return s
 }
 
@@ -120,7 +61,7 @@ func TestReplayToNATS(t *testing.T) {
 	pool, schema := pgtest.Migrated(t, 4)
 	ctx := context.Background()
 	ids := opsEnqueue(t, pool, schema, "acct", 20, 50)
-	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	table := quoted(schema, "outbox_events")
 	_, err := pool.Exec(ctx, "UPDATE "+table+" SET published_at = now() - interval '1 hour', attempt_count = 1")
 	pgtest.Must(t, err, "publish")
 	// An unpublished event is never replayed.
@@ -180,14 +121,14 @@ func TestReplayFilters(t *testing.T) {
 	ctx := context.Background()
 	acct := opsEnqueue(t, pool, schema, "acct", 3, 4)
 	order := opsEnqueue(t, pool, schema, "order", 2, 3)
-	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	table := quoted(schema, "outbox_events")
 	_, err := pool.Exec(ctx, "UPDATE "+table+" SET published_at = now()")
 	pgtest.Must(t, err, "publish")
 	// Spread occurred_at: acct events an hour ago, order events now.
 	_, err = pool.Exec(ctx, "UPDATE "+table+" SET occurred_at = now() - interval '1 hour' WHERE aggregate_type = 'acct'")
 	pgtest.Must(t, err, "occurred_at")
 	// A skipped dead letter looks published but never reached the broker.
-	_, err = pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, "outbox_skipped_events"}.Sanitize()+
+	_, err = pool.Exec(ctx, "INSERT INTO "+quoted(schema, "outbox_skipped_events")+
 		" (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, attempt_count, reason, skipped_by)"+
 		" SELECT event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, attempt_count, 'poison', 'test' FROM "+table+" WHERE event_id = $1", order[0])
 	pgtest.Must(t, err, "skip")
@@ -215,20 +156,20 @@ func TestReplayFilters(t *testing.T) {
 		{"event ids", admin.ReplayFilter{EventIDs: []pgoutbox.UUID{acct[5], order[0], order[2]}}, set(acct[5], order[2])},
 	}
 	for _, tc := range cases {
-		rec := &opsRecorder{}
+		rec := &brokertest.Recorder{}
 		res, err := admin.Replay(ctx, pool, rec, admin.ReplayRequest{Schema: schema, Filter: tc.filter, BatchSize: 2})
 		pgtest.Must(t, err, "replay %s", tc.name)
 		if res.Total != int64(len(tc.want)) || res.Published != res.Total {
 			t.Fatalf("%s: %+v, want %d events", tc.name, res, len(tc.want))
 		}
-		checkReplayed(t, rec.messages(), tc.want)
-		for _, m := range rec.messages() {
+		checkReplayed(t, rec.Messages(), tc.want)
+		for _, m := range rec.Messages() {
 			if m.DedupID != m.EventID.String()+":replay:"+res.RunID {
 				t.Fatalf("%s: DedupID %q", tc.name, m.DedupID)
 			}
 		}
 	}
-	if _, err := admin.Replay(ctx, pool, &opsRecorder{}, admin.ReplayRequest{Schema: schema,
+	if _, err := admin.Replay(ctx, pool, &brokertest.Recorder{}, admin.ReplayRequest{Schema: schema,
 		Filter: admin.ReplayFilter{Since: now, Until: now.Add(-time.Hour)}}); err == nil || !strings.Contains(err.Error(), "Until") {
 		t.Fatalf("until before since: %v", err)
 	}
@@ -241,12 +182,12 @@ func TestReplayRetriesAndStops(t *testing.T) {
 	pool, schema := pgtest.Migrated(t, 4)
 	ctx := context.Background()
 	ids := opsEnqueue(t, pool, schema, "acct", 4, 5)
-	_, err := pool.Exec(ctx, "UPDATE "+pgx.Identifier{schema, "outbox_events"}.Sanitize()+" SET published_at = now()")
+	_, err := pool.Exec(ctx, "UPDATE "+quoted(schema, "outbox_events")+" SET published_at = now()")
 	pgtest.Must(t, err, "publish")
 
 	// a02's third event fails twice as unavailable, then goes through.
 	failures := 2
-	rec := &opsRecorder{fail: func(m *broker.Message) error {
+	rec := &brokertest.Recorder{Fail: func(m *broker.Message) error {
 		if m.AggregateID == "a02" && m.AggregateSequence == 3 && failures > 0 {
 			failures--
 			return broker.Unavailable(errors.New("no responders"))
@@ -255,17 +196,17 @@ func TestReplayRetriesAndStops(t *testing.T) {
 	}}
 	res, err := admin.Replay(ctx, pool, rec, admin.ReplayRequest{Schema: schema})
 	pgtest.Must(t, err, "replay")
-	if res.Published != 20 || rec.calls != 3 {
-		t.Fatalf("replay = %+v after %d publish calls, want 20 events in 3 calls", res, rec.calls)
+	if res.Published != 20 || rec.Calls() != 3 {
+		t.Fatalf("replay = %+v after %d publish calls, want 20 events in 3 calls", res, rec.Calls())
 	}
 	want := map[pgoutbox.UUID]bool{}
 	for _, id := range ids {
 		want[id] = true
 	}
-	checkReplayed(t, rec.messages(), want)
+	checkReplayed(t, rec.Messages(), want)
 
 	// A permanent refusal of a01's second event stops the replay.
-	rec = &opsRecorder{fail: func(m *broker.Message) error {
+	rec = &brokertest.Recorder{Fail: func(m *broker.Message) error {
 		if m.AggregateID == "a01" && m.AggregateSequence == 2 {
 			return broker.Permanent(errors.New("invalid subject"))
 		}
@@ -281,39 +222,9 @@ func TestReplayRetriesAndStops(t *testing.T) {
 	}
 
 	// Plain errors stop it after MaxAttempts.
-	rec = &opsRecorder{fail: func(m *broker.Message) error { return errors.New("boom") }}
+	rec = &brokertest.Recorder{Fail: func(m *broker.Message) error { return errors.New("boom") }}
 	_, err = admin.Replay(ctx, pool, rec, admin.ReplayRequest{Schema: schema, MaxAttempts: 2})
-	if !errors.As(err, &re) || re.Published != 0 || rec.calls != 2 {
-		t.Fatalf("plain errors: %v after %d calls", err, rec.calls)
+	if !errors.As(err, &re) || re.Published != 0 || rec.Calls() != 2 {
+		t.Fatalf("plain errors: %v after %d calls", err, rec.Calls())
 	}
-}
-
-func ExampleReplay() {
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.URL()) // your DATABASE_URL
-	if err != nil {
-		panic(err)
-	}
-	defer pool.Close()
-	schema := pgtest.Name("example") // Schema defaults to "public"
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-	if _, err := migrateUp(ctx, pool, schema); err != nil {
-		panic(err)
-	}
-
-	// How many events would a replay of yesterday's orders send?
-	res, err := admin.Replay(ctx, pool, nil, admin.ReplayRequest{
-		Schema: schema,
-		Filter: admin.ReplayFilter{AggregateType: "order", Since: time.Now().Add(-24 * time.Hour)},
-		DryRun: true,
-	})
-	if err != nil {
-		panic(err)
-	}
-	fmt.Println("would replay", res.Total, "events")
-	// Output: would replay 0 events
-}
-
-func migrateUp(ctx context.Context, pool *pgxpool.Pool, schema string) ([]migrate.Applied, error) {
-	return migrate.Up(ctx, pool, &migrate.Config{Schema: schema})
 }

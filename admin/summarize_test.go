@@ -49,8 +49,8 @@ func TestSustainedEnqueueDoesNotFloodTheServerLog(t *testing.T) {
 	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema}); err != nil {
 		t.Fatal(err)
 	}
-	index := pgx.Identifier{schema, "outbox_events_published_at_brin"}.Sanitize()
-	table := pgx.Identifier{schema, "outbox_events"}.Sanitize()
+	index := quoted(schema, "outbox_events_published_at_brin")
+	table := quoted(schema, "outbox_events")
 	// No VACUUM of this table, which would summarize ranges too: the counts
 	// below are then the cleanup's alone. (autovacuum still runs, and still
 	// serves its work-item queue.)
@@ -150,7 +150,7 @@ func TestOutboxBRINIndexesAreSummarizedByCleanupOnly(t *testing.T) {
 		var n, autosummarize int
 		pgtest.Must(t, o.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE c.reloptions::text[] && ARRAY['autosummarize=on', 'autosummarize=true'])
 FROM pg_class c JOIN pg_am am ON am.oid = c.relam AND am.amname = 'brin'
-WHERE c.relnamespace = $1::regnamespace`, pgx.Identifier{o.schema}.Sanitize()).Scan(&n, &autosummarize), "indexes")
+WHERE c.relnamespace = $1::regnamespace`, quoted(o.schema)).Scan(&n, &autosummarize), "indexes")
 		if n < o.want || autosummarize != 0 {
 			t.Fatalf("%s: %d BRIN indexes, %d of them with autosummarize on", o.schema, n, autosummarize)
 		}
@@ -162,7 +162,7 @@ WHERE c.relnamespace = $1::regnamespace`, pgx.Identifier{o.schema}.Sanitize()).S
 		var left int64
 		pgtest.Must(t, o.pool.QueryRow(ctx, `SELECT coalesce(sum(brin_summarize_new_values(c.oid)), 0)::bigint
 FROM pg_class c JOIN pg_am am ON am.oid = c.relam AND am.amname = 'brin'
-WHERE c.relnamespace = $1::regnamespace AND c.relkind = 'i'`, pgx.Identifier{o.schema}.Sanitize()).Scan(&left), "left")
+WHERE c.relnamespace = $1::regnamespace AND c.relkind = 'i'`, quoted(o.schema)).Scan(&left), "left")
 		if left != 0 {
 			t.Fatalf("%s: %d ranges unsummarized after Cleanup", o.schema, left)
 		}
@@ -193,7 +193,7 @@ func TestCleanupWithoutOwnershipLeavesSummarizationToVacuum(t *testing.T) {
 		_, err := prod.EnqueueTx(ctx, tx, evs...)
 		return err
 	}), "enqueue")
-	_, err = pool.Exec(ctx, "UPDATE "+pgx.Identifier{schema, "outbox_events"}.Sanitize()+
+	_, err = pool.Exec(ctx, "UPDATE "+quoted(schema, "outbox_events")+
 		" SET published_at = now() - interval '30 days' WHERE aggregate_id IN ('1', '2')")
 	pgtest.Must(t, err, "publish two")
 

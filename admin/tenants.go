@@ -97,6 +97,19 @@ func (c *TenantsConfig) withDefaults() (TenantsConfig, error) {
 	})
 }
 
+// withTenants is withDefaults and the tenants sel chooses.
+func (c *TenantsConfig) withTenants(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selector) (TenantsConfig, []string, error) {
+	cfg, err := c.withDefaults()
+	if err != nil {
+		return TenantsConfig{}, nil, err
+	}
+	tenants, err := Tenants(ctx, pool, sel)
+	if err != nil {
+		return TenantsConfig{}, nil, err
+	}
+	return cfg, tenants, nil
+}
+
 // Validate reports what the across-tenants operations would reject in c, zero
 // fields meaning their defaults. A nil c is valid.
 func (c *TenantsConfig) Validate() error {
@@ -219,11 +232,7 @@ func (t TenantStatus) MarshalJSON() ([]byte, error) {
 // tenant that fails is reported in its row's Err and the others are read. pool
 // must allow cfg.Concurrency connections for the reads to run that many at once.
 func StatusAll(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selector, cfg *TenantsConfig) ([]TenantStatus, error) {
-	c, err := cfg.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	tenants, err := Tenants(ctx, pool, sel)
+	c, tenants, err := cfg.withTenants(ctx, pool, sel)
 	if err != nil {
 		return nil, err
 	}
@@ -245,13 +254,19 @@ func StatusOf(ctx context.Context, pool *pgxpool.Pool, tenants []string, cfg *Te
 	return statusOf(ctx, pool, tenants, c)
 }
 
+// tenantAdmin is the Admin of tenant within its transaction tx, once
+// migrate.CheckTenant found the tenant trusted and fully migrated.
+func tenantAdmin(ctx context.Context, tx pgx.Tx, tenant string, c TenantsConfig) (*Admin, error) {
+	if err := migrate.CheckTenant(ctx, tx, tenant, c.Trust); err != nil {
+		return nil, err
+	}
+	return New(tx, &Config{Schema: tenant})
+}
+
 func statusOf(ctx context.Context, pool *pgxpool.Pool, tenants []string, c TenantsConfig) ([]TenantStatus, error) {
 	rows := make([]TenantStatus, len(tenants))
 	errs, err := forTenants(ctx, pool, c, tenants, func(ctx context.Context, tx pgx.Tx, i int, tenant string) error {
-		if err := migrate.CheckTenant(ctx, tx, tenant, c.Trust); err != nil {
-			return err
-		}
-		a, err := New(tx, &Config{Schema: tenant})
+		a, err := tenantAdmin(ctx, tx, tenant, c)
 		if err != nil {
 			return err
 		}
@@ -307,20 +322,13 @@ type TenantEvents struct {
 // applies to each tenant. The error is non-nil only when the tenants could not
 // be listed or ctx ended; a tenant that fails is reported in its Err.
 func QuarantinedAll(ctx context.Context, pool *pgxpool.Pool, sel migrate.Selector, f Filter, cfg *TenantsConfig) ([]TenantEvents, error) {
-	c, err := cfg.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	tenants, err := Tenants(ctx, pool, sel)
+	c, tenants, err := cfg.withTenants(ctx, pool, sel)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]TenantEvents, len(tenants))
 	errs, err := forTenants(ctx, pool, c, tenants, func(ctx context.Context, tx pgx.Tx, i int, tenant string) error {
-		if err := migrate.CheckTenant(ctx, tx, tenant, c.Trust); err != nil {
-			return err
-		}
-		a, err := New(tx, &Config{Schema: tenant})
+		a, err := tenantAdmin(ctx, tx, tenant, c)
 		if err != nil {
 			return err
 		}

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/pgoutbox"
@@ -41,7 +40,7 @@ func newTenantDB(t *testing.T, tenants ...string) *tenantDB {
 	return &tenantDB{t: t, url: url, pool: pool}
 }
 
-func (d *tenantDB) table(tenant, name string) string { return pgx.Identifier{tenant, name}.Sanitize() }
+func (d *tenantDB) table(tenant, name string) string { return quoted(tenant, name) }
 
 func (d *tenantDB) exec(q string, args ...any) {
 	d.t.Helper()
@@ -191,9 +190,9 @@ func TestStatusAllIsolatesSlowAndForbiddenTenants(t *testing.T) {
 
 	role := pgtest.Role(t, d.pool, "")
 	for _, tenant := range []string{"a_locked", "b_fine"} {
-		s := pgx.Identifier{tenant}.Sanitize()
-		d.exec("GRANT USAGE ON SCHEMA " + s + " TO " + pgx.Identifier{role}.Sanitize())
-		d.exec("GRANT SELECT ON ALL TABLES IN SCHEMA " + s + " TO " + pgx.Identifier{role}.Sanitize())
+		s := quoted(tenant)
+		d.exec("GRANT USAGE ON SCHEMA " + s + " TO " + quoted(role))
+		d.exec("GRANT SELECT ON ALL TABLES IN SCHEMA " + s + " TO " + quoted(role))
 	}
 	// Dropped first (cleanups run last in, first out): the role's own connections.
 	rolePool := pgtest.Pool(t, pgtest.AsRole(t, d.url, role), 4)

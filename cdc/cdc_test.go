@@ -2,8 +2,6 @@ package cdc_test
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"log/slog"
 	"testing"
 	"time"
@@ -70,7 +68,7 @@ func dropSlotAndPublication(t testing.TB, pool *pgxpool.Pool, slot, pub string) 
 	}
 }
 
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 func (e *env) table() string { return pgx.Identifier{e.schema, "outbox_events"}.Sanitize() }
 
@@ -85,29 +83,7 @@ func (e *env) count(t testing.TB, where string) int {
 // transactions of up to txSize events, and returns the ids.
 func (e *env) enqueue(t testing.TB, aggregates, perAgg, txSize int) []pgoutbox.UUID {
 	t.Helper()
-	var ids []pgoutbox.UUID
-	var batch []pgoutbox.Event
-	flush := func() {
-		res, err := e.prod.EnqueueTx(context.Background(), e.pool, batch...)
-		pgtest.Must(t, err, "enqueue")
-		for _, r := range res {
-			ids = append(ids, r.EventID)
-		}
-		batch = batch[:0]
-	}
-	for s := range perAgg {
-		for a := range aggregates {
-			batch = append(batch, pgoutbox.Event{AggregateType: "acct", AggregateID: fmt.Sprintf("a%04d", a),
-				EventType: "acct.changed", Payload: map[string]int{"n": s}})
-			if len(batch) == txSize {
-				flush()
-			}
-		}
-	}
-	if len(batch) > 0 {
-		flush()
-	}
-	return ids
+	return pgtest.EnqueueInterleaved(t, e.pool, e.prod, aggregates, perAgg, txSize)
 }
 
 func (e *env) start(t testing.TB, pub broker.Publisher, cfg cdc.Config) *cdc.Source {

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/pgoutbox/pgoutbox"
-	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
@@ -17,12 +16,9 @@ import (
 func TestMarkAllMarksAnEventThatBecomesVisibleMidway(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pgtest.Migrated(t, 4)
-	s, err := New(pool, &null.Publisher{}, &Config{Schema: schema})
-	pgtest.Must(t, err, "new source")
-	s.hardCtx = ctx
+	pool, s := idleSource(t)
 
-	prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
+	prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: s.cfg.Schema})
 	pgtest.Must(t, err, "producer")
 	tx, err := pool.Begin(ctx)
 	pgtest.Must(t, err, "begin")

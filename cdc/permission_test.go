@@ -1,12 +1,9 @@
 package cdc_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +11,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/cdc"
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/migrate"
@@ -48,9 +46,9 @@ func testMissingPrivilege(t *testing.T, privilege string) {
 		pgtest.Must(t, err, "%s", sql)
 	}
 
-	var logs syncBuffer
+	var logs logtest.Buffer
 	cfg := e.cfg
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	cfg.Logger = logs.Logger()
 	pool := pgtest.Pool(t, pgtest.AsRole(t, pgtest.URL(), role), 6)
 	pub := &null.Publisher{}
 	src := startOn(t, pool, pub, cfg)
@@ -134,22 +132,4 @@ func cdcRole(t *testing.T, e *env) string {
 		"', ALTER COLUMN claim_until SET DEFAULT 'infinity'")
 	pgtest.Must(t, err, "column defaults")
 	return role
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

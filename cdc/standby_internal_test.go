@@ -214,10 +214,7 @@ func TestAssembleSendsFewEventsAtOnce(t *testing.T) {
 func TestStandbyPositionsOfAnotherServerReleaseNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pgtest.Migrated(t, 4)
-	s, err := New(pool, &null.Publisher{}, &Config{Schema: schema, Logger: slog.New(slog.DiscardHandler)})
-	pgtest.Must(t, err, "new source")
-	s.hardCtx = ctx
+	pool, s := idleSource(t)
 	pgtest.Must(t, ensurePublication(ctx, pool, &s.cfg), "publication")
 	t.Cleanup(func() {
 		_, _ = pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+pgx.Identifier{s.cfg.Publication}.Sanitize())

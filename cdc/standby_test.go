@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/cdc/cdcprom"
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/promtest"
@@ -194,8 +194,8 @@ func TestStandbyPositionsUnreadableWithoutPgMonitor(t *testing.T) {
 	e := &env{pool: owner, schema: schema, prod: prod, cfg: cdc.Config{Schema: schema, Slot: cdc.DefaultSlot(schema),
 		Publication: cdc.DefaultSlot(schema), PollInterval: 50 * time.Millisecond, StatusInterval: time.Second}}
 	role := cdcRole(t, e)
-	var logs syncBuffer
-	e.cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	var logs logtest.Buffer
+	e.cfg.Logger = logs.Logger()
 	pub := &null.Publisher{}
 	src := startOn(t, pgtest.Pool(t, pgtest.AsRole(t, primary.URL, role), 6), pub, e.cfg)
 

@@ -7,7 +7,6 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/pgoutbox/pgoutbox"
-	"github.com/pgoutbox/pgoutbox/broker/null"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
@@ -18,11 +17,8 @@ import (
 func TestUnblockExtendsTheLookUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pgtest.Migrated(t, 4)
-	s, err := New(pool, &null.Publisher{}, &Config{Schema: schema})
-	pgtest.Must(t, err, "new source")
-	s.hardCtx = ctx
-	prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
+	pool, s := idleSource(t)
+	prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: s.cfg.Schema})
 	pgtest.Must(t, err, "producer")
 	var evs []pgoutbox.Event
 	for range 3 {

@@ -32,7 +32,7 @@ func mustHandler(tb testing.TB, cfg *health.Config) http.Handler {
 	return h
 }
 
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()

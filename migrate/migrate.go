@@ -168,6 +168,20 @@ func (c *Config) Validate() error {
 	return err
 }
 
+// withMigrations is withDefaults and the embedded migrations of the configured
+// lines, in order.
+func (c *Config) withMigrations() (Config, []Migration, error) {
+	cfg, err := c.withDefaults()
+	if err != nil {
+		return Config{}, nil, err
+	}
+	all, err := All(cfg.Lines...)
+	if err != nil {
+		return Config{}, nil, err
+	}
+	return cfg, all, nil
+}
+
 // withDefaults returns a copy of c with defaults applied, and validates it.
 func (c *Config) withDefaults() (Config, error) {
 	return config.Resolve("migrate", c, func(c *Config) {
@@ -228,11 +242,7 @@ type Applied struct {
 // leaves nothing of the run behind, and concurrent callers wait for each other,
 // then find the migrations recorded. ctx bounds the whole run, including that wait.
 func Up(ctx context.Context, db DB, cfg *Config) ([]Applied, error) {
-	c, err := cfg.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	all, err := All(c.Lines...)
+	c, all, err := cfg.withMigrations()
 	if err != nil {
 		return nil, err
 	}
@@ -506,11 +516,7 @@ func CheckCompatible(ctx context.Context, db Querier, schema string, lines ...Li
 // (Unknown; see [CheckCompatible]). It changes nothing; a database never migrated
 // reports every migration pending.
 func State(ctx context.Context, db Querier, cfg *Config) ([]Status, error) {
-	c, err := cfg.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	all, err := All(c.Lines...)
+	c, all, err := cfg.withMigrations()
 	if err != nil {
 		return nil, err
 	}
@@ -535,11 +541,7 @@ func State(ctx context.Context, db Querier, cfg *Config) ([]Status, error) {
 // followed by the row that records it, so that a later Up agrees with what was done.
 // The script is idempotent and runs in psql as one transaction (it holds BEGIN/COMMIT).
 func SQL(cfg *Config) (string, error) {
-	c, err := cfg.withDefaults()
-	if err != nil {
-		return "", err
-	}
-	all, err := All(c.Lines...)
+	c, all, err := cfg.withMigrations()
 	if err != nil {
 		return "", err
 	}

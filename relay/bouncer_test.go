@@ -1,12 +1,12 @@
 package relay_test
 
 import (
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -31,10 +31,10 @@ func TestRelayThroughPgBouncerTransactionPooling(t *testing.T) {
 			t.Parallel()
 			o := newOutbox(t, 4)
 			via := pgtest.Pool(t, bouncer, 6)
-			var logs syncBuffer
+			var logs logtest.Buffer
 			rec := &brokertest.Recorder{}
 			startRelayVia(t, via, o, rec, relay.Config{PollInterval: 200 * time.Millisecond, DisableNotify: !notify,
-				Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+				Logger: logs.Logger()})
 			if notify {
 				wait.Forf(t, bouncerWithin, func() string { return "the listener's warning; the log:\n" + logs.String() }, func() bool {
 					return strings.Contains(logs.String(), "did not hear the relay's own notification") &&
@@ -68,10 +68,10 @@ func TestRelayThroughPgBouncerSessionPooling(t *testing.T) {
 	t.Parallel()
 	o := newOutbox(t, 4)
 	via := pgtest.Pool(t, pgtest.StartBouncer(t, pgtest.BouncerSession), 2)
-	var logs syncBuffer
+	var logs logtest.Buffer
 	rec := &brokertest.Recorder{}
 	startRelayVia(t, via, o, rec, relay.Config{Workers: 1, PollInterval: time.Hour,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		Logger: logs.Logger()})
 	wait.Forf(t, bouncerWithin, func() string { return "the idle relay to hold the idle lock; the log:\n" + logs.String() },
 		func() bool { return idleLock(t, o, true) == 1 })
 	// Polling is hourly: only a notification publishes these.

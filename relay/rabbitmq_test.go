@@ -1,12 +1,8 @@
 package relay_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"os/exec"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +13,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/rabbittest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/wire"
@@ -45,10 +42,7 @@ func TestRabbitMQQuorumQueueConnectionKilledMidRun(t *testing.T) {
 // rabbitConnectionKilledMidRun has the server close the relay's connection
 // mid-run, with the events routed to a queue declared with queueArgs.
 func rabbitConnectionKilledMidRun(t *testing.T, queueArgs amqp.Table) {
-	ctl, err := exec.LookPath("rabbitmqctl")
-	if err != nil {
-		t.Skip("rabbitmqctl not found")
-	}
+	ctl := rabbittest.NewCtl(t)
 	o := newOutbox(t, 8)
 	name := pgtest.Name("pgoutbox_relay_test")
 	conn, err := amqp.Dial(rabbitURL)
@@ -68,7 +62,7 @@ func rabbitConnectionKilledMidRun(t *testing.T, queueArgs amqp.Table) {
 	pub, err := rabbitmq.Dial(context.Background(), rabbitURL, &rabbitmq.Config{Exchange: name, ConnectionName: name, Logger: quietLogger()})
 	pgtest.Must(t, err, "dial")
 	t.Cleanup(func() { _ = pub.Close() })
-	pid := rabbitConnectionPID(t, ctl, name)
+	pid := ctl.ConnectionPID(t, name)
 	ids := o.enqueue(t, 100, 30)
 	// The second batch waits until the server has closed the connection, so the
 	// close lands mid-run whatever the speed of the machine.
@@ -76,11 +70,7 @@ func rabbitConnectionKilledMidRun(t *testing.T, queueArgs amqp.Table) {
 	r := startRelay(t, o, gate, relay.Config{BatchSize: 100, Workers: 1, PollInterval: 100 * time.Millisecond,
 		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	<-gate.reached
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // rabbitmqctl starts slowly on a busy box
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, ctl, "close_connection", pid, "pgoutbox relay test").CombinedOutput(); err != nil {
-		t.Fatalf("rabbitmqctl close_connection: %v: %s", err, out)
-	}
+	ctl.CloseConnection(t, pid, "pgoutbox relay test")
 	close(gate.open)
 	wait.For(t, 2*time.Minute, "the backlog to drain after the connection was closed", func() bool {
 		return o.count(t, "published_at IS NULL") == 0
@@ -96,7 +86,7 @@ func rabbitConnectionKilledMidRun(t *testing.T, queueArgs amqp.Table) {
 		got = append(got, fromAMQP(t, d))
 	}
 	dups := brokertest.CheckStream(t, got, ids)
-	if now := rabbitConnectionPID(t, ctl, name); now == pid {
+	if now := ctl.ConnectionPID(t, name); now == pid {
 		t.Errorf("the publisher still uses connection %s: it was never closed, the test proved nothing", pid)
 	}
 	t.Logf("%d events, %d messages in the queue (%d duplicates), relay stats %+v", len(ids), len(got), dups, r.Stats())
@@ -133,26 +123,4 @@ func fromAMQP(t *testing.T, d amqp.Delivery) broker.Message {
 	})
 	pgtest.Must(t, err, "decode message %s", d.MessageId)
 	return m
-}
-
-// rabbitConnectionPID finds the server's pid of the connection named name. Each
-// call gets a minute of its own: rabbitmqctl starts slowly on a busy box.
-func rabbitConnectionPID(t *testing.T, ctl, name string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, ctl, "list_connections", "--quiet", "--no-table-headers", "pid", "client_properties").CombinedOutput()
-	if err != nil {
-		t.Fatalf("rabbitmqctl list_connections: %v: %s", err, out)
-	}
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		pid, props, ok := strings.Cut(sc.Text(), "\t")
-		if ok && strings.Contains(props, `{"connection_name","`+name+`"}`) {
-			return pid
-		}
-	}
-	t.Fatalf("no RabbitMQ connection named %s", name)
-	return ""
 }

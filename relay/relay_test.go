@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -48,30 +47,7 @@ func (o *outbox) table() string { return pgx.Identifier{o.schema, "outbox_events
 // returns all events' ids.
 func (o *outbox) enqueue(t testing.TB, aggregates, perAgg int) []pgoutbox.UUID {
 	t.Helper()
-	ctx := context.Background()
-	var ids []pgoutbox.UUID
-	var batch []pgoutbox.Event
-	flush := func() {
-		res, err := o.prod.EnqueueTx(ctx, o.pool, batch...)
-		pgtest.Must(t, err, "enqueue")
-		for _, r := range res {
-			ids = append(ids, r.EventID)
-		}
-		batch = batch[:0]
-	}
-	for s := range perAgg {
-		for a := range aggregates {
-			batch = append(batch, pgoutbox.Event{AggregateType: "acct", AggregateID: fmt.Sprintf("a%04d", a),
-				EventType: "acct.changed", Payload: map[string]int{"n": s}})
-			if len(batch) == 1000 {
-				flush()
-			}
-		}
-	}
-	if len(batch) > 0 {
-		flush()
-	}
-	return ids
+	return pgtest.EnqueueInterleaved(t, o.pool, o.prod, aggregates, perAgg, 1000)
 }
 
 // count returns how many events match the SQL condition.
@@ -82,7 +58,7 @@ func (o *outbox) count(t testing.TB, where string) int {
 	return n
 }
 
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // startRelay starts a relay and stops it (gracefully) when the test ends.
 func startRelay(t testing.TB, o *outbox, pub broker.Publisher, cfg relay.Config) *relay.Relay {

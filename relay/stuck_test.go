@@ -3,7 +3,6 @@ package relay_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/migrate"
@@ -119,14 +119,14 @@ func TestGroupTenantLockStallsNoOther(t *testing.T) {
 			pgtest.Must(t, err, "connect the lock holder")
 			t.Cleanup(func() { _ = holder.Close(context.Background()) })
 
-			var logs syncBuffer
+			var logs logtest.Buffer
 			rec := &brokertest.Recorder{}
 			gate := &tenantGate{Publisher: rec, tenant: "a", held: make(chan struct{}), open: make(chan struct{})}
 			start := func() *relay.Group {
 				return startGroup(t, gate, relay.GroupConfig{
 					Config: relay.Config{Workers: 2, PollInterval: 100 * time.Millisecond, DisableNotify: true,
 						BackoffBase: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
-						Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+						Logger: logs.Logger()},
 					Databases:        []relay.Database{{Name: "db", Pool: pool}},
 					DiscoverInterval: 100 * time.Millisecond,
 				})
@@ -241,12 +241,12 @@ func TestGroupTenantLockThroughPgBouncer(t *testing.T) {
 	ctx := context.Background()
 	bouncer := pgtest.StartBouncer(t, pgtest.BouncerTransaction) + "&default_query_exec_mode=exec"
 	a, b := newOutbox(t, 1), newOutbox(t, 1)
-	var logs syncBuffer
+	var logs logtest.Buffer
 	rec := &brokertest.Recorder{}
 	g := startGroup(t, rec, relay.GroupConfig{
 		Config: relay.Config{Workers: 1, PollInterval: 100 * time.Millisecond, DisableNotify: true,
 			BackoffBase: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
-			Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+			Logger: logs.Logger()},
 		Databases:        []relay.Database{{Name: "db", Pool: pgtest.Pool(t, bouncer, 3), Schemas: selector(t, a.schema+","+b.schema)}},
 		DiscoverInterval: 100 * time.Millisecond,
 	})

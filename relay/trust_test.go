@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/migrate"
@@ -49,7 +50,7 @@ func TestGroupServesOnlyTrustedTenants(t *testing.T) {
 	a.TempOutbox(t)
 	a.TempOutbox(t)
 
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	rec := &brokertest.Recorder{}
 	g := startGroup(t, rec, relay.GroupConfig{
 		Config: relay.Config{Workers: 1, PollInterval: 100 * time.Millisecond,

@@ -6,18 +6,17 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -84,13 +83,13 @@ func TestWebhookRefusedCredentialsAreAConfigurationError(t *testing.T) {
 			t.Cleanup(srv.Close)
 			u, _ := url.Parse(srv.URL)
 			u.User = url.UserPassword("hook", pass)
-			var logs syncBuffer
+			var logs logtest.Buffer
 			pub, err := webhook.New(&webhook.Config{URL: u.String() + "/in?token=" + token, Secret: []byte(sign), Logger: quietLogger()})
 			pgtest.Must(t, err, "webhook")
 			t.Cleanup(func() { _ = pub.Close() })
 			o.enqueue(t, 2, 2)
 			r := startRelay(t, o, pub, relay.Config{PollInterval: 50 * time.Millisecond, BackoffBase: 10 * time.Millisecond,
-				MaxAttempts: 2, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+				MaxAttempts: 2, Logger: logs.Logger()})
 
 			wait.For(t, 30*time.Second, "the refusal reported", func() bool {
 				return errors.Is(r.Healthy(), relay.ErrBrokerMisconfigured) && o.count(t, "attempt_count >= 3") >= 1
@@ -126,16 +125,3 @@ func TestWebhookRefusedCredentialsAreAConfigurationError(t *testing.T) {
 		})
 	}
 }
-
-// syncBuffer is a bytes.Buffer safe for a logger and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }

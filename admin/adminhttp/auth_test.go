@@ -2,7 +2,6 @@ package adminhttp_test
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +19,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
 )
 
 // carolPassword signs in as carol, whose users' line holds carolHash, its
@@ -255,20 +254,13 @@ func TestArgon2idSecretsBounded(t *testing.T) {
 }
 
 // syncBuf is a log buffer the handler writes while the test reads.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+type syncBuf struct{ logtest.Buffer }
 
 // lines returns the JSON log lines whose msg is msg.
 func (s *syncBuf) lines(t *testing.T, msg string) []map[string]any {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(s.b.Bytes()))
+	sc := bufio.NewScanner(strings.NewReader(s.String()))
 	for sc.Scan() {
 		var m map[string]any
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
@@ -339,9 +331,7 @@ func TestSignInFailuresLoggedBounded(t *testing.T) {
 			t.Errorf("an unknown user's name is logged: %v", u)
 		}
 	}
-	logs.mu.Lock()
-	all := logs.b.String()
-	logs.mu.Unlock()
+	all := logs.String()
 	for g := range guesses {
 		if strings.Contains(all, g) {
 			t.Fatalf("a guess is in the log")
@@ -460,9 +450,7 @@ func TestSignInRateFigure(t *testing.T) {
 		status[res.StatusCode]++
 	}
 	el := time.Since(start).Seconds()
-	logs.mu.Lock()
-	n := logs.b.Len()
-	logs.mu.Unlock()
+	n := len(logs.String())
 	t.Logf("%.1f s: %d attempts (%.0f/s); checked and refused (401): %d (%.2f/s, %d of them the first burst); "+
 		"refused unchecked (429): %d; log: %d lines, %d bytes",
 		el, status[401]+status[429], float64(status[401]+status[429])/el, status[401], float64(status[401]-10)/el, 10,

@@ -316,6 +316,18 @@ func CheckUnreachable(t testing.TB, p broker.Publisher, msgs ...broker.Message) 
 	}
 }
 
+// FreePort returns a port of 127.0.0.1 that nothing listens on yet: where a
+// test starts a broker (or a proxy) after its client dialled it.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
 // Message returns a message of the given aggregate and sequence with a fresh event
 // id, a fixed occurred-at, a small JSON payload and two producer headers
 // (traceparent and Tenant), for adapters' own tests.

@@ -27,12 +27,16 @@ type Recorder struct {
 	// Down, while true, makes every send fail as unreachable (broker.Unavailable).
 	Down atomic.Bool
 
-	mu  sync.Mutex
-	got []broker.Message
+	mu    sync.Mutex
+	got   []broker.Message
+	calls int
 }
 
 // Publish implements broker.Publisher.
 func (r *Recorder) Publish(ctx context.Context, msgs []broker.Message) []error {
+	r.mu.Lock()
+	r.calls++
+	r.mu.Unlock()
 	return broker.PublishLanes(ctx, msgs, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
 		if r.Jitter > 0 {
 			time.Sleep(rand.N(r.Jitter))
@@ -60,6 +64,13 @@ func (r *Recorder) Messages() []broker.Message {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]broker.Message(nil), r.got...)
+}
+
+// Calls returns how many times Publish was called: how many batches a relay sent.
+func (r *Recorder) Calls() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls
 }
 
 // CheckStream asserts guarantees 3 and 5 of the specification on what a broker

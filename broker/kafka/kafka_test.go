@@ -368,12 +368,7 @@ func TestDialUnreachableIsUnavailable(t *testing.T) {
 
 func TestDialBeforeClusterStarts(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := brokertest.FreePort(t)
 
 	p, err := kafka.Dial(t.Context(), "kafka://127.0.0.1:"+strconv.Itoa(port), &kafka.Config{
 		Logger: quiet, ProduceTimeout: time.Second, DialOptions: fastRetries,

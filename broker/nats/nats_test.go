@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -345,12 +344,7 @@ func TestDialUnreachableIsUnavailable(t *testing.T) {
 
 func TestDialBeforeServerStarts(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := brokertest.FreePort(t)
 
 	connected := make(chan struct{})
 	p, err := nats.Dial(t.Context(), "nats://127.0.0.1:"+strconv.Itoa(port), &nats.Config{

@@ -30,11 +30,7 @@ func TestCloudEventsFormat(t *testing.T) {
 	if err := publish(t, p, m)[0]; err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
-	got := a.get(q)
-	if len(got) != 1 {
-		t.Fatalf("queue holds %d messages, want 1", len(got))
-	}
-	d := got[0]
+	d := a.getOne(q)
 	h := map[string]string{}
 	for k, v := range d.Headers {
 		if _, ok := v.(string); !ok {

@@ -11,7 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"strings"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -130,6 +130,17 @@ func (a *admin) get(queue string) []amqp.Delivery {
 	return out
 }
 
+// getOne takes the one message queue holds, and fails the test unless it holds
+// exactly one.
+func (a *admin) getOne(queue string) amqp.Delivery {
+	a.t.Helper()
+	got := a.get(queue)
+	if len(got) != 1 {
+		a.t.Fatalf("queue holds %d messages, want 1", len(got))
+	}
+	return got[0]
+}
+
 func getAll(ch *amqp.Channel, queue string) ([]amqp.Delivery, error) {
 	var out []amqp.Delivery
 	for {
@@ -197,12 +208,7 @@ type proxy struct {
 // until Start.
 func newProxy(t *testing.T, upstream string) *proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := "127.0.0.1:" + strconv.Itoa(brokertest.FreePort(t))
 	p := &proxy{upstream: upstream, addr: addr, stopped: true}
 	t.Cleanup(func() { _ = p.Stop(context.Background()) })
 	return p
@@ -339,24 +345,6 @@ func (c gatedConn) Write(b []byte) (int, error) {
 		<-open
 	}
 	return c.Conn.Write(b)
-}
-
-// logBuffer is a slog handler's output that tests can search.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // storedOf converts deliveries for the conformance suite.

@@ -1,13 +1,9 @@
 package rabbitmq_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +15,8 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
+	"github.com/pgoutbox/pgoutbox/internal/rabbittest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
@@ -42,11 +40,7 @@ func TestExchangeDeclaredIfMissing(t *testing.T) {
 	if err := publish(t, p, m)[0]; err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
-	got := a.get(q)
-	if len(got) != 1 {
-		t.Fatalf("queue holds %d messages, want 1", len(got))
-	}
-	d := got[0]
+	d := a.getOne(q)
 	for _, c := range []struct {
 		what      string
 		got, want any
@@ -304,16 +298,13 @@ func TestDialBeforeServerStarts(t *testing.T) {
 // while a batch is in flight.
 func TestServerClosesConnection(t *testing.T) {
 	t.Parallel()
-	ctl, err := exec.LookPath("rabbitmqctl")
-	if err != nil {
-		t.Skip("rabbitmqctl not found")
-	}
+	ctl := rabbittest.NewCtl(t)
 	cfg, a, q := isolated(t)
 	g := newGate()
 	cfg.DialContext = g.dialer
 	cfg.ConnectionName = uniqueName("pgoutbox-test")
-	logs := &logBuffer{}
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	logs := &logtest.Buffer{}
+	cfg.Logger = logs.Logger()
 	p := dial(t, sharedURL, cfg)
 
 	acked := map[string]bool{}
@@ -323,7 +314,7 @@ func TestServerClosesConnection(t *testing.T) {
 		}
 		acked[m.EventID.String()] = true
 	}
-	pid := connectionPID(t, ctl, cfg.ConnectionName)
+	pid := ctl.ConnectionPID(t, cfg.ConnectionName)
 
 	// Hold the publisher's writes, so that the batch is in flight (handed to
 	// the client, not confirmed) when the server closes the connection.
@@ -340,11 +331,7 @@ func TestServerClosesConnection(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the publisher wrote nothing")
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, ctl, "close_connection", pid, "pgoutbox test").CombinedOutput(); err != nil {
-		t.Fatalf("rabbitmqctl close_connection: %v: %s", err, out)
-	}
+	ctl.CloseConnection(t, pid, "pgoutbox test")
 	g.release()
 
 	var results []error
@@ -387,32 +374,11 @@ func TestServerClosesConnection(t *testing.T) {
 	}
 }
 
-// connectionPID finds the server's pid for the connection named name.
-func connectionPID(t *testing.T, ctl, name string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, ctl, "list_connections", "--quiet", "--no-table-headers", "pid", "client_properties").CombinedOutput()
-	if err != nil {
-		t.Fatalf("rabbitmqctl list_connections: %v: %s", err, out)
-	}
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		pid, props, ok := strings.Cut(sc.Text(), "\t")
-		if ok && strings.Contains(props, `{"connection_name","`+name+`"}`) {
-			return pid
-		}
-	}
-	t.Fatalf("no connection named %s in:\n%s", name, out)
-	return ""
-}
-
 func TestChannelLossReopensChannel(t *testing.T) {
 	t.Parallel()
 	cfg, a, q := isolated(t)
-	logs := &logBuffer{}
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	logs := &logtest.Buffer{}
+	cfg.Logger = logs.Logger()
 	p := dial(t, sharedURL, cfg)
 	if err := publish(t, p, message("order", "1", 1))[0]; err != nil {
 		t.Fatal(err)

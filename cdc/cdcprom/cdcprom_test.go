@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"testing"
 	"time"
@@ -100,7 +99,7 @@ func TestMetricsOfARealSource(t *testing.T) {
 		return nil
 	}}
 	src, err := cdc.New(pool, rec, &cdc.Config{Schema: schema, Observer: m, PollInterval: 50 * time.Millisecond,
-		StatusInterval: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		StatusInterval: time.Second, Logger: slog.New(slog.DiscardHandler)})
 	pgtest.Must(t, err, "cdc.New")
 	pgtest.Must(t, reg.Register(src.Collector()), "register the source's collector beside cdcprom's")
 	pgtest.Must(t, src.Start(context.Background()), "start")

@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/kafka"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/kafkainbox"
 	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
@@ -287,7 +288,7 @@ func TestCrashAfterCommitBeforeOffsetCommit(t *testing.T) {
 	var returned atomic.Int32
 	// Process commits the consumer transaction and returns; the subscriber would
 	// commit the offsets an hour later.
-	wrapper := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
+	wrapper := inboxtest.Processor{Consumer: c.Name(), Fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
 		o := c.Process(ctx, d)
 		returned.Add(1)
 		return o
@@ -370,15 +371,7 @@ func TestHelperProcess(t *testing.T) {
 	e.pool = pgtest.Pool(t, pgtest.URL(), 2)
 	e.Effects = &inboxtest.Effects{Pool: e.pool, Schema: e.schema} // the parent test created the table
 	c := e.Consumer(t, inbox.Config{}, nil)
-	crash := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
-		o := c.Process(ctx, d)
-		if o.Status == inbox.StatusApplied {
-			p, _ := os.FindProcess(os.Getpid())
-			_ = p.Kill() // SIGKILL: no deferred function, no offset commit, no leaving the group
-			select {}
-		}
-		return o
-	}}
+	crash := inboxtest.KillAfterApply(c) // SIGKILL after the commit: no offset commit, no leaving the group
 	// A short session, so that the group drops the dead member quickly.
 	s := e.newSubscriber(t, crash, kafkainbox.Config{ProcessTimeout: 5 * time.Second, CommitInterval: 10 * time.Millisecond},
 		kgo.SessionTimeout(time.Second), kgo.RebalanceTimeout(10*time.Second))
@@ -472,7 +465,7 @@ func TestMaxAttemptsSkips(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	proc := processorFunc{name: "billing"}
+	proc := inboxtest.Processor{Consumer: "billing"}
 	unreachable := []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumeTopics(topic)}
 	for name, tc := range map[string]struct {
 		cfg  kafkainbox.Config
@@ -532,4 +525,23 @@ func header(r *kgo.Record, name string) string {
 		}
 	}
 	return ""
+}
+
+// TestCloudEventsFormat: the relay's Kafka adapter publishes in the CloudEvents
+// format (and once in the default format); the subscriber's consumer applies
+// each event once, as with the default format.
+func TestCloudEventsFormat(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 4, 2)
+	publish := func(t *testing.T, enc wire.Encoding) broker.Publisher {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		p, err := kafka.Dial(ctx, "kafka://"+strings.Join(e.addrs, ","), &kafka.Config{Logger: quiet, Encoding: enc})
+		pgtest.Must(t, err, "kafka.Dial")
+		return p
+	}
+	inboxtest.CloudEvents(t, e.Effects, publish, func(t *testing.T, proc inbox.Processor) {
+		e.subscribe(t, proc, kafkainbox.Config{})
+	})
 }

@@ -245,14 +245,3 @@ func idsIn(p int32, partitions, n int) []string {
 	}
 	return out
 }
-
-// processorFunc is a Processor made of a function, to wrap a consumer.
-type processorFunc struct {
-	name string
-	fn   func(ctx context.Context, d inbox.Delivery) inbox.Outcome
-}
-
-func (p processorFunc) Name() string { return p.name }
-func (p processorFunc) Process(ctx context.Context, d inbox.Delivery) inbox.Outcome {
-	return p.fn(ctx, d)
-}

@@ -141,14 +141,3 @@ func (e *env) settled(t testing.TB, durable string) bool {
 	info := e.consumerInfo(t, durable)
 	return info.NumPending == 0 && info.NumAckPending == 0
 }
-
-// processorFunc is a Processor made of a function, to wrap a consumer.
-type processorFunc struct {
-	name string
-	fn   func(ctx context.Context, d inbox.Delivery) inbox.Outcome
-}
-
-func (p processorFunc) Name() string { return p.name }
-func (p processorFunc) Process(ctx context.Context, d inbox.Delivery) inbox.Outcome {
-	return p.fn(ctx, d)
-}

@@ -16,12 +16,15 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/pgoutbox/pgoutbox/broker"
+	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/natsinbox"
 	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Acceptance: four instances, each its own subscriber and connection on one shared
@@ -149,15 +152,7 @@ func TestHelperProcess(t *testing.T) {
 	e.pool = pgtest.Pool(t, pgtest.URL(), 2)
 	e.Effects = &inboxtest.Effects{Pool: e.pool, Schema: e.schema} // the parent test created the table
 	c := e.Consumer(t, inbox.Config{}, nil)
-	crash := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
-		o := c.Process(ctx, d)
-		if o.Status == inbox.StatusApplied {
-			p, _ := os.FindProcess(os.Getpid())
-			_ = p.Kill() // SIGKILL: no deferred function, no ack
-			select {}
-		}
-		return o
-	}}
+	crash := inboxtest.KillAfterApply(c) // SIGKILL after the commit: no ack
 	s, err := natsinbox.New(connect(t), crash, &natsinbox.Config{
 		Stream: os.Getenv("HELPER_STREAM"), AckWait: time.Second, Logger: quiet})
 	pgtest.Must(t, err, "New")
@@ -197,8 +192,8 @@ func TestExistingConsumer(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	proc := processorFunc{name: "billing"}
-	dotted := processorFunc{name: "billing.eu"}
+	proc := inboxtest.Processor{Consumer: "billing"}
+	dotted := inboxtest.Processor{Consumer: "billing.eu"}
 	nc, err := natsgo.Connect(natstest.URL())
 	pgtest.Must(t, err, "connect")
 	defer nc.Close()
@@ -226,4 +221,24 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := natsinbox.New(nil, proc, nil); err == nil {
 		t.Fatal("New without a client accepted")
 	}
+}
+
+// TestCloudEventsFormat: the relay's NATS adapter publishes in the CloudEvents
+// format (and once in the default format); the subscriber's consumer applies
+// each event once, as with the default format.
+func TestCloudEventsFormat(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 4)
+	publish := func(t *testing.T, enc wire.Encoding) broker.Publisher {
+		t.Helper()
+		p, err := natsbroker.New(t.Context(), connect(t), &natsbroker.Config{
+			Stream: e.target.Stream, StreamSubjects: e.target.Subjects(),
+			Subject: broker.MustParseTemplate(e.target.Template), Logger: quiet, Encoding: enc,
+		})
+		pgtest.Must(t, err, "nats publisher")
+		return p
+	}
+	inboxtest.CloudEvents(t, e.Effects, publish, func(t *testing.T, proc inbox.Processor) {
+		e.subscribe(t, connect(t), proc, natsinbox.Config{})
+	})
 }

@@ -224,14 +224,3 @@ func (e *target) publish(t testing.TB, msgs ...broker.Message) {
 		pgtest.Must(t, err, "publish %s/%s #%d", msgs[i].AggregateType, msgs[i].AggregateID, msgs[i].AggregateSequence)
 	}
 }
-
-// processorFunc is a Processor made of a function, to wrap a consumer.
-type processorFunc struct {
-	name string
-	fn   func(ctx context.Context, d inbox.Delivery) inbox.Outcome
-}
-
-func (p processorFunc) Name() string { return p.name }
-func (p processorFunc) Process(ctx context.Context, d inbox.Delivery) inbox.Outcome {
-	return p.fn(ctx, d)
-}

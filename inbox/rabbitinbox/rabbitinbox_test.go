@@ -23,6 +23,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 // Acceptance: three instances, each a subscriber with its own connection on one
@@ -188,7 +189,7 @@ func TestQuorumQueueCountsAttempts(t *testing.T) {
 	})
 	var mu sync.Mutex
 	var attempts []int
-	counting := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
+	counting := inboxtest.Processor{Consumer: c.Name(), Fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
 		mu.Lock()
 		attempts = append(attempts, d.Attempt)
 		mu.Unlock()
@@ -246,7 +247,7 @@ func TestReconnectsAfterServerClosesConnection(t *testing.T) {
 	var hold atomic.Bool
 	held := make(chan struct{}, 64)
 	release := make(chan struct{})
-	gate := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
+	gate := inboxtest.Processor{Consumer: c.Name(), Fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
 		if c.Stats().Applied >= aggregates*perAggregate/3 && hold.CompareAndSwap(false, true) {
 			held <- struct{}{}
 			<-release
@@ -303,7 +304,7 @@ func TestConnectionLostAfterCommitBeforeAck(t *testing.T) {
 	var sub atomic.Pointer[rabbitinbox.Subscriber]
 	var crashed atomic.Bool
 	crashErr := make(chan error, 1)
-	crash := processorFunc{name: c.Name(), fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
+	crash := inboxtest.Processor{Consumer: c.Name(), Fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
 		o := c.Process(ctx, d)
 		if o.Status == inbox.StatusApplied && crashed.CompareAndSwap(false, true) {
 			// Committed. The server closes the connection, and the
@@ -437,7 +438,7 @@ func TestDeclaresAndBindsQueue(t *testing.T) {
 // password.
 func TestDialErrors(t *testing.T) {
 	t.Parallel()
-	proc := processorFunc{name: "billing"}
+	proc := inboxtest.Processor{Consumer: "billing"}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	missing := uniqueName("pgotest-inbox-missing")
@@ -463,7 +464,7 @@ func TestDialErrors(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	proc := processorFunc{name: "billing"}
+	proc := inboxtest.Processor{Consumer: "billing"}
 	for name, tc := range map[string]struct {
 		cfg  *rabbitinbox.Config
 		want string
@@ -490,4 +491,23 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := rabbitinbox.Dial(context.Background(), amqpURL, nil, &rabbitinbox.Config{Queue: "q"}); err == nil {
 		t.Fatal("Dial without a processor accepted")
 	}
+}
+
+// TestCloudEventsFormat: the relay's RabbitMQ adapter publishes in the
+// CloudEvents format (and once in the default format); the subscriber's
+// consumer applies each event once, as with the default format.
+func TestCloudEventsFormat(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 4)
+	publish := func(t *testing.T, enc wire.Encoding) broker.Publisher {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		p, err := rabbitmq.Dial(ctx, amqpURL, &rabbitmq.Config{Exchange: e.exchange, Logger: quiet, Encoding: enc})
+		pgtest.Must(t, err, "dial the publisher")
+		return p
+	}
+	inboxtest.CloudEvents(t, e.Effects, publish, func(t *testing.T, proc inbox.Processor) {
+		e.subscribe(t, proc, rabbitinbox.Config{})
+	})
 }

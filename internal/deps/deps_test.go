@@ -18,7 +18,7 @@ const root = "github.com/pgoutbox/pgoutbox"
 // fixtures are the test fixture packages: test code only. pgoutboxtest is a
 // public helper for users' tests; production code does not import it either.
 var fixtures = []string{
-	"internal/pgtest", "internal/natstest", "internal/inboxtest", "internal/cetest",
+	"internal/pgtest", "internal/natstest", "internal/rabbittest", "internal/logtest", "internal/inboxtest", "internal/cetest",
 	"internal/faulttest", "internal/promtest", "internal/lifecycle/lifecycletest",
 	"broker/brokertest", "inbox/inboxtest", "pgoutboxtest", "admin/adminhttp/internal/consoletest",
 	"inbox/internal/exampletest", "internal/systool", "internal/wait", "internal/netns",

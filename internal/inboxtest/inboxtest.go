@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -155,4 +156,33 @@ func StopAtEnd(tb testing.TB, s interface{ Stop(context.Context) error }) {
 			tb.Errorf("stop subscriber: %v", err)
 		}
 	})
+}
+
+// Processor is an inbox.Processor made of a function, to wrap a consumer. A
+// nil Fn is a processor that is only a name.
+type Processor struct {
+	Consumer string // what Name returns
+	Fn       func(ctx context.Context, d inbox.Delivery) inbox.Outcome
+}
+
+// Name implements inbox.Processor.
+func (p Processor) Name() string { return p.Consumer }
+
+// Process implements inbox.Processor.
+func (p Processor) Process(ctx context.Context, d inbox.Delivery) inbox.Outcome { return p.Fn(ctx, d) }
+
+// KillAfterApply wraps c: once c has applied a delivery (its transaction
+// committed), the process kills itself (SIGKILL: no deferred function runs),
+// before the subscriber can settle the delivery. The crash a subscriber's
+// TestHelperProcess child stages.
+func KillAfterApply(c inbox.Processor) inbox.Processor {
+	return Processor{Consumer: c.Name(), Fn: func(ctx context.Context, d inbox.Delivery) inbox.Outcome {
+		o := c.Process(ctx, d)
+		if o.Status == inbox.StatusApplied {
+			p, _ := os.FindProcess(os.Getpid())
+			_ = p.Kill()
+			select {}
+		}
+		return o
+	}}
 }

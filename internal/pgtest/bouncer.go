@@ -1,7 +1,6 @@
 package pgtest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/url"
@@ -11,13 +10,13 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
 	"github.com/pgoutbox/pgoutbox/internal/systool"
 )
 
@@ -147,7 +146,7 @@ func pingThrough(ctx context.Context, u string) error {
 // bouncer is a running PgBouncer.
 type bouncer struct {
 	cmd    *exec.Cmd
-	log    lockedBuffer
+	log    logtest.Buffer
 	exited chan struct{}
 	err    error
 }
@@ -192,22 +191,4 @@ func (b *bouncer) logText() string {
 		lines = lines[len(lines)-30:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// lockedBuffer is a bytes.Buffer that a process's output and a test read at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

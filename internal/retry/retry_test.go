@@ -2,7 +2,6 @@ package retry
 
 import (
 	"errors"
-	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -104,7 +103,7 @@ func TestCheckResults(t *testing.T) {
 
 func TestBrokerHealth(t *testing.T) {
 	var b BrokerHealth
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := slog.New(slog.DiscardHandler)
 	down, refused := errors.New("down"), errors.New("refused")
 	if errs := b.Errors(down, refused); len(errs) != 0 {
 		t.Fatalf("zero value: %v", errs)

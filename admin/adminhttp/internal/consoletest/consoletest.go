@@ -85,7 +85,7 @@ func Secret() string {
 }
 
 // Quiet is a logger that writes nothing.
-func Quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func Quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // Table is the quoted name of the schema's table n.
 func (e *Env) Table(n string) string { return pgx.Identifier{e.Schema, n}.Sanitize() }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,13 +15,27 @@ import (
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
-// exampleOutbox migrates a schema of its own with two events of one order, the
-// first of them quarantined as a relay leaves a poison event.
-func exampleOutbox(ctx context.Context, pool *pgxpool.Pool) (schema string, poison pgoutbox.UUID) {
+// exampleDB connects to your DATABASE_URL and migrates a schema of the example's
+// own (Schema defaults to "public"); done drops the schema and closes the pool.
+func exampleDB(ctx context.Context) (pool *pgxpool.Pool, schema string, done func()) {
+	pool, err := pgxpool.New(ctx, pgtest.URL())
+	if err != nil {
+		log.Fatal(err)
+	}
 	schema = pgtest.Name("example")
 	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema}); err != nil {
 		log.Fatal(err)
 	}
+	return pool, schema, func() {
+		pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		pool.Close()
+	}
+}
+
+// exampleOutbox is an exampleDB with two events of one order, the first of them
+// quarantined as a relay leaves a poison event.
+func exampleOutbox(ctx context.Context) (pool *pgxpool.Pool, schema string, poison pgoutbox.UUID, done func()) {
+	pool, schema, done = exampleDB(ctx)
 	p, _ := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
 	res, err := p.EnqueueTx(ctx, pool,
 		pgoutbox.Event{AggregateType: "order", AggregateID: "42", EventType: "order.placed", Payload: map[string]int{"cents": -5}},
@@ -33,20 +48,15 @@ func exampleOutbox(ctx context.Context, pool *pgxpool.Pool) (schema string, pois
 	if err != nil {
 		log.Fatal(err)
 	}
-	return schema, res[0].EventID
+	return pool, schema, res[0].EventID, done
 }
 
 // An operator lists the dead letters of an aggregate and skips one, with a reason
 // that is kept in outbox_skipped_events. The order's next event is then free to go.
 func ExampleAdmin_Skip() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.URL()) // your DATABASE_URL
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	schema, _ := exampleOutbox(ctx, pool)
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+	pool, schema, _, done := exampleOutbox(ctx)
+	defer done()
 
 	a, err := admin.New(pool, &admin.Config{Schema: schema})
 	if err != nil {
@@ -83,13 +93,8 @@ func ExampleAdmin_Skip() {
 // back at the head of its lane with fresh attempts.
 func ExampleAdmin_RetryWhere() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.URL()) // your DATABASE_URL
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	schema, poison := exampleOutbox(ctx, pool)
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+	pool, schema, poison, done := exampleOutbox(ctx)
+	defer done()
 
 	a, err := admin.New(pool, &admin.Config{Schema: schema})
 	if err != nil {
@@ -108,4 +113,39 @@ func ExampleAdmin_RetryWhere() {
 	// Output:
 	// retried 1 true
 	// pending 0
+}
+
+func ExampleCleanup() {
+	ctx := context.Background()
+	pool, schema, done := exampleDB(ctx)
+	defer done()
+
+	res, err := admin.Cleanup(ctx, pool, admin.CleanupConfig{
+		Schema:         schema,
+		Retention:      7 * 24 * time.Hour,  // published events older than this go
+		InboxRetention: 14 * 24 * time.Hour, // and dedup rows older than this
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("deleted %d events and %d dedup rows\n", res.Deleted, res.InboxDeleted)
+	// Output: deleted 0 events and 0 dedup rows
+}
+
+func ExampleReplay() {
+	ctx := context.Background()
+	pool, schema, done := exampleDB(ctx)
+	defer done()
+
+	// How many events would a replay of yesterday's orders send?
+	res, err := admin.Replay(ctx, pool, nil, admin.ReplayRequest{
+		Schema: schema,
+		Filter: admin.ReplayFilter{AggregateType: "order", Since: time.Now().Add(-24 * time.Hour)},
+		DryRun: true,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("would replay", res.Total, "events")
+	// Output: would replay 0 events
 }
