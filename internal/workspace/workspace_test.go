@@ -79,8 +79,10 @@ func TestEveryGoModIsInTheWorkspace(t *testing.T) {
 }
 
 // TestEveryModule runs go test ./... in each module of go.work beside the library,
-// in parallel, each with one package at a time (the root's own packages run
-// beside them), under the race detector when this test runs under it.
+// one module and one package at a time: the root's own packages run beside this
+// one (go test's -p), and the suite must stay within the database's default 100
+// connections and the machine's cores. The race detector is on for them when it
+// is on for this test.
 func TestEveryModule(t *testing.T) {
 	dir := root(t)
 	for _, m := range modules(t, dir) {
@@ -89,7 +91,6 @@ func TestEveryModule(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Run(filepath.ToSlash(rel), func(t *testing.T) {
-			t.Parallel()
 			args := append([]string{"test", "-count=1", "-p=1"}, raceFlag...)
 			if deadline, ok := t.Deadline(); ok {
 				// The modules' test binaries end before this one's deadline, so a
