@@ -8,6 +8,10 @@
 // unknown to the package lists. A machine where the program is missing and cannot
 // be installed (not root, no apt-get, no package) fails the test with the reason
 // and the command a person would run; it never skips.
+//
+// Node packages (the SQS/SNS and Kinesis emulators, verifier libraries) come the
+// same way through [NeedNPM]: pinned versions, installed with npm into a folder
+// of the user's cache, one install at a time across the machine.
 package systool
 
 import (
