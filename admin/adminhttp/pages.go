@@ -159,20 +159,29 @@ func (h *Handler) overviewData(ctx context.Context, schema string, all []string,
 	return b, nil
 }
 
+// page answers one console page for the schema the request chose: the body
+// that body builds (it may set more of v), or the error page when choosing the
+// schema or building the body fails.
+func (h *Handler) page(w http.ResponseWriter, r *http.Request, name string, v *view, body func(a *admin.Admin) (any, error)) {
+	var a *admin.Admin
+	var err error
+	v.Schema, v.Schemas, a, err = h.schemaOf(r)
+	if err == nil {
+		v.Body, err = body(a)
+	}
+	if err != nil {
+		h.fail(w, r, v, err)
+		return
+	}
+	h.render(w, r, name, http.StatusOK, v)
+}
+
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
-	schema, all, a, err := h.schemaOf(r)
-	v := &view{Title: "Overview", Nav: "overview", Schema: schema, Schemas: all, Live: h.link("/", schema, "partial", "1")}
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	b, err := h.overviewData(r.Context(), schema, all, a)
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	v.Body = b
-	h.render(w, r, "overview", http.StatusOK, v)
+	v := &view{Title: "Overview", Nav: "overview"}
+	h.page(w, r, "overview", v, func(a *admin.Admin) (any, error) {
+		v.Live = h.link("/", v.Schema, "partial", "1")
+		return h.overviewData(r.Context(), v.Schema, v.Schemas, a)
+	})
 }
 
 // apiOverview is the overview's figures as JSON, for scripts and dashboards.
@@ -209,29 +218,23 @@ type laneRow struct {
 }
 
 func (h *Handler) lanes(w http.ResponseWriter, r *http.Request) {
-	schema, all, a, err := h.schemaOf(r)
-	v := &view{Title: "Blocked lanes", Nav: "lanes", Schema: schema, Schemas: all}
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	limit, err := limitOf(r)
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	v.Live = h.link("/lanes", schema, "partial", "1", "limit", strconv.Itoa(limit))
-	lanes, err := a.BlockedLanes(r.Context(), limit)
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	b := &lanesBody{Limit: limit}
-	for _, l := range lanes {
-		b.Lanes = append(b.Lanes, laneRow{BlockedLane: l, Link: h.link("/event", schema, "id", l.Head.ID.String())})
-	}
-	v.Body = b
-	h.render(w, r, "lanes", http.StatusOK, v)
+	v := &view{Title: "Blocked lanes", Nav: "lanes"}
+	h.page(w, r, "lanes", v, func(a *admin.Admin) (any, error) {
+		limit, err := limitOf(r)
+		if err != nil {
+			return nil, err
+		}
+		v.Live = h.link("/lanes", v.Schema, "partial", "1", "limit", strconv.Itoa(limit))
+		lanes, err := a.BlockedLanes(r.Context(), limit)
+		if err != nil {
+			return nil, err
+		}
+		b := &lanesBody{Limit: limit}
+		for _, l := range lanes {
+			b.Lanes = append(b.Lanes, laneRow{BlockedLane: l, Link: h.link("/event", v.Schema, "id", l.Head.ID.String())})
+		}
+		return b, nil
+	})
 }
 
 // ---- dead letters ----
@@ -263,29 +266,23 @@ func filterOf(r *http.Request) (admin.Filter, error) {
 }
 
 func (h *Handler) dlq(w http.ResponseWriter, r *http.Request) {
-	schema, all, a, err := h.schemaOf(r)
-	v := &view{Title: "Dead letters", Nav: "dlq", Schema: schema, Schemas: all}
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	f, err := filterOf(r)
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	evs, err := a.ListQuarantined(r.Context(), f)
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	b := &dlqBody{Filter: f, Full: len(evs) == f.Limit}
-	for _, e := range evs {
-		b.Events = append(b.Events, eventRow{Event: e, Link: h.link("/event", schema, "id", e.ID.String())})
-	}
-	v.Body = b
-	v.Notice = h.notice(r)
-	h.render(w, r, "dlq", http.StatusOK, v)
+	v := &view{Title: "Dead letters", Nav: "dlq"}
+	h.page(w, r, "dlq", v, func(a *admin.Admin) (any, error) {
+		f, err := filterOf(r)
+		if err != nil {
+			return nil, err
+		}
+		evs, err := a.ListQuarantined(r.Context(), f)
+		if err != nil {
+			return nil, err
+		}
+		b := &dlqBody{Filter: f, Full: len(evs) == f.Limit}
+		for _, e := range evs {
+			b.Events = append(b.Events, eventRow{Event: e, Link: h.link("/event", v.Schema, "id", e.ID.String())})
+		}
+		v.Notice = h.notice(r)
+		return b, nil
+	})
 }
 
 // notice is the notice of the action whose result page r is: the server's
@@ -308,39 +305,33 @@ type eventBody struct {
 }
 
 func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
-	schema, all, a, err := h.schemaOf(r)
-	v := &view{Title: "Event", Nav: "dlq", Schema: schema, Schemas: all}
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	ids, err := idsOf(r, "id")
-	if err == nil && len(ids) != 1 {
-		err = badInput("id: give one event id")
-	}
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	e, err := a.Get(r.Context(), ids[0])
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	b := &eventBody{Event: e, Headers: showHeaders(e.Headers)}
-	b.Payload, b.PayloadCut = showPayload(e.Payload)
-	if e.State != admin.StatePublished && e.State != admin.StateSkipped {
-		lane, err := a.Lane(r.Context(), e.AggregateType, e.AggregateID, 50)
+	v := &view{Title: "Event", Nav: "dlq"}
+	h.page(w, r, "event", v, func(a *admin.Admin) (any, error) {
+		ids, err := idsOf(r, "id")
+		if err == nil && len(ids) != 1 {
+			err = badInput("id: give one event id")
+		}
 		if err != nil {
-			h.fail(w, r, v, err)
-			return
+			return nil, err
 		}
-		for _, l := range lane {
-			b.Lane = append(b.Lane, eventRow{Event: l, Link: h.link("/event", schema, "id", l.ID.String())})
+		e, err := a.Get(r.Context(), ids[0])
+		if err != nil {
+			return nil, err
 		}
-	}
-	v.Title, v.Body, v.Notice = "Event "+e.ID.String(), b, h.notice(r)
-	h.render(w, r, "event", http.StatusOK, v)
+		b := &eventBody{Event: e, Headers: showHeaders(e.Headers)}
+		b.Payload, b.PayloadCut = showPayload(e.Payload)
+		if e.State != admin.StatePublished && e.State != admin.StateSkipped {
+			lane, err := a.Lane(r.Context(), e.AggregateType, e.AggregateID, 50)
+			if err != nil {
+				return nil, err
+			}
+			for _, l := range lane {
+				b.Lane = append(b.Lane, eventRow{Event: l, Link: h.link("/event", v.Schema, "id", l.ID.String())})
+			}
+		}
+		v.Title, v.Notice = "Event "+e.ID.String(), h.notice(r)
+		return b, nil
+	})
 }
 
 // back returns the result page of an action on ids: the event page for one
@@ -401,10 +392,8 @@ func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title
 		h.fail(w, r, v, err)
 		return
 	}
-	p := who(r)
-	tok := r.PostForm.Get("once")
-	if prev, err := h.acts.begin(tok, p.name); err != nil || prev != nil {
-		h.again(w, r, v, prev, err)
+	p, tok, ok := h.once(w, r, v)
+	if !ok {
 		return
 	}
 	n, err := act(r.Context(), a, ids, reason, p.actor)
@@ -418,15 +407,24 @@ func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title
 	http.Redirect(w, r, url, http.StatusSeeOther)
 }
 
-// again answers a form submitted a second time: the first submission's result
-// page, or why it cannot run.
-func (h *Handler) again(w http.ResponseWriter, r *http.Request, v *view, prev *outcome, err error) {
-	if err != nil {
+// once begins the one run of the action whose form r carries: the signed-in
+// user and the form's one-shot token. false means it has answered already: a
+// form submitted a second time gets the first submission's result page, a
+// token that cannot run gets why.
+func (h *Handler) once(w http.ResponseWriter, r *http.Request, v *view) (*principal, string, bool) {
+	p := who(r)
+	tok := r.PostForm.Get("once")
+	prev, err := h.acts.begin(tok, p.name)
+	switch {
+	case err != nil:
 		h.fail(w, r, v, err)
-		return
+	case prev != nil:
+		h.log.Info("console: a form submitted again; its action ran once", slog.String("user", p.name), slog.String("path", r.URL.Path))
+		http.Redirect(w, r, prev.url, http.StatusSeeOther)
+	default:
+		return p, tok, true
 	}
-	h.log.Info("console: a form submitted again; its action ran once", slog.String("user", who(r).name), slog.String("path", r.URL.Path))
-	http.Redirect(w, r, prev.url, http.StatusSeeOther)
+	return nil, "", false
 }
 
 // ---- replay ----
@@ -567,10 +565,8 @@ func (h *Handler) replayRun(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, "replay", http.StatusBadRequest, v)
 		return
 	}
-	p := who(r)
-	tok := r.PostForm.Get("once")
-	if prev, err := h.acts.begin(tok, p.name); err != nil || prev != nil {
-		h.again(w, r, v, prev, err)
+	p, tok, ok := h.once(w, r, v)
+	if !ok {
 		return
 	}
 	// The replay runs while the page waits; closing it cancels the replay,
@@ -605,38 +601,24 @@ type relaysBody struct {
 }
 
 func (h *Handler) relays(w http.ResponseWriter, r *http.Request) {
-	schema, all, a, err := h.schemaOf(r)
-	v := &view{Title: "Relays and CDC", Nav: "relays", Schema: schema, Schemas: all, Live: h.link("/relays", schema, "partial", "1")}
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	b := &relaysBody{}
-	if b.Status, err = a.Status(r.Context()); err == nil {
-		if b.Activity, err = a.Activity(r.Context(), activityWin); err == nil {
-			b.Slots, err = a.ReplicationSlots(r.Context())
+	v := &view{Title: "Relays and CDC", Nav: "relays"}
+	h.page(w, r, "relays", v, func(a *admin.Admin) (any, error) {
+		v.Live = h.link("/relays", v.Schema, "partial", "1")
+		b := &relaysBody{}
+		var err error
+		if b.Status, err = a.Status(r.Context()); err == nil {
+			if b.Activity, err = a.Activity(r.Context(), activityWin); err == nil {
+				b.Slots, err = a.ReplicationSlots(r.Context())
+			}
 		}
-	}
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	v.Body = b
-	h.render(w, r, "relays", http.StatusOK, v)
+		return b, err
+	})
 }
 
 func (h *Handler) audit(w http.ResponseWriter, r *http.Request) {
-	schema, all, a, err := h.schemaOf(r)
-	v := &view{Title: "Audit", Nav: "audit", Schema: schema, Schemas: all, Live: h.link("/audit", schema, "partial", "1")}
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	entries, err := a.Audit(r.Context(), 100)
-	if err != nil {
-		h.fail(w, r, v, err)
-		return
-	}
-	v.Body = entries
-	h.render(w, r, "audit", http.StatusOK, v)
+	v := &view{Title: "Audit", Nav: "audit"}
+	h.page(w, r, "audit", v, func(a *admin.Admin) (any, error) {
+		v.Live = h.link("/audit", v.Schema, "partial", "1")
+		return a.Audit(r.Context(), 100)
+	})
 }
