@@ -24,3 +24,6 @@ func Template(m Migration) string { return m.sql }
 
 // PartitionedTemplate is sql/partitioned/outbox_events.sql as embedded.
 var PartitionedTemplate = partitionedSQL
+
+// ParseCompat is parseCompat, for tests.
+var ParseCompat = parseCompat

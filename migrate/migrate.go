@@ -14,7 +14,9 @@
 //
 // The schema may have any name PostgreSQL accepts: the files name it only through
 // placeholders that are quoted for the context they land in (expand.go). A database
-// migrated by a newer pgoutbox is refused ([CheckCompatible]).
+// migrated by a newer pgoutbox is refused ([CheckCompatible]) unless its newer
+// migrations are all expand steps ([Compat], [Window]): the compatibility window
+// that lets a rollout migrate first and roll binaries after.
 //
 // Outside the standard library it pulls in pgx only (with pgpassfile,
 // pgservicefile and golang.org/x/text): no broker client and no other pgoutbox
@@ -70,7 +72,10 @@ type Migration struct {
 	Line    Line
 	Version int
 	Name    string
-	sql     string // with the {{schema}} placeholder
+	// Compat says whether binaries that do not know this migration keep
+	// running against a database that has it (the file's `-- compat:` line).
+	Compat Compat
+	sql    string // with the {{schema}} placeholder
 }
 
 // SQL returns the migration's statements for the given schema: {{schema}} becomes
@@ -132,6 +137,9 @@ func parseFile(line Line, dir, name string) (Migration, error) {
 	}
 	m := Migration{Line: line, Version: version, Name: rest, sql: string(body)}
 	if _, err := expand(m.sql, "x"); err != nil {
+		return Migration{}, fmt.Errorf("migrate: embedded file %s/%s: %w", dir, name, err)
+	}
+	if m.Compat, err = parseCompat(m.sql); err != nil {
 		return Migration{}, fmt.Errorf("migrate: embedded file %s/%s: %w", dir, name, err)
 	}
 	return m, nil
@@ -295,7 +303,7 @@ func up(ctx context.Context, db DB, c Config, all []Migration) ([]Applied, error
 		if _, err := tx.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return nil, fmt.Errorf("migrate: apply %s (nothing of this run was kept): %w", m.fileName(), err)
 		}
-		if _, err := tx.Exec(ctx, recordStmt(schema), string(m.Line), m.Version, m.Name); err != nil {
+		if _, err := tx.Exec(ctx, recordStmt(schema), string(m.Line), m.Version, m.Name, string(m.Compat)); err != nil {
 			return nil, fmt.Errorf("migrate: record %s: %w", m.fileName(), err)
 		}
 		applied = append(applied, Applied{Line: m.Line, Version: m.Version, Name: m.Name})
@@ -328,6 +336,9 @@ func ensureBookkeeping(ctx context.Context, tx pgx.Tx, schema string) error {
 	if _, err := tx.Exec(ctx, bookkeepingSQL(schema)); err != nil {
 		return fmt.Errorf("migrate: create %s: %w", Table, err)
 	}
+	if _, err := tx.Exec(ctx, compatColumnSQL(schema)); err != nil {
+		return fmt.Errorf("migrate: add the compat column to %s: %w", Table, err)
+	}
 	return nil
 }
 
@@ -343,14 +354,21 @@ func bookkeepingSQL(schema string) string {
 )`, table(schema))
 }
 
+// compatColumnSQL adds the column that records each migration's Compat to a
+// bookkeeping table made before binaries stated their window; its rows of
+// then stay NULL, which counts as contract.
+func compatColumnSQL(schema string) string {
+	return "ALTER TABLE " + table(schema) + " ADD COLUMN IF NOT EXISTS compat text CHECK (compat IN ('expand', 'contract'))"
+}
+
 func recordStmt(schema string) string {
-	return "INSERT INTO " + table(schema) + " (line, version, name) VALUES ($1, $2, $3) ON CONFLICT (line, version) DO NOTHING"
+	return "INSERT INTO " + table(schema) + " (line, version, name, compat) VALUES ($1, $2, $3, $4) ON CONFLICT (line, version) DO NOTHING"
 }
 
 // recordSQL is recordStmt with the values inlined, for the printed script.
 func recordSQL(schema string, m Migration) string {
-	return fmt.Sprintf("INSERT INTO %s (line, version, name) VALUES (%s, %d, %s) ON CONFLICT (line, version) DO NOTHING",
-		table(schema), quoteLiteral(string(m.Line)), m.Version, quoteLiteral(m.Name))
+	return fmt.Sprintf("INSERT INTO %s (line, version, name, compat) VALUES (%s, %d, %s, %s) ON CONFLICT (line, version) DO NOTHING",
+		table(schema), quoteLiteral(string(m.Line)), m.Version, quoteLiteral(m.Name), quoteLiteral(string(m.Compat)))
 }
 
 // lockKey derives the advisory lock id from the schema, so migrations of different
@@ -372,6 +390,10 @@ type Status struct {
 	// know (a version above its newest, or another name under a known version):
 	// the database was most likely migrated by a newer pgoutbox. Applied is true.
 	Unknown bool
+	// Compat is the migration's compatibility statement: the embedded file's,
+	// or for an Unknown one what the binary that applied it recorded (empty
+	// when it recorded none, which counts as contract).
+	Compat Compat
 }
 
 // Querier is what State needs: *pgxpool.Pool, *pgx.Conn and pgx.Tx have it.
@@ -384,6 +406,7 @@ type appliedRow struct {
 	line    string
 	version int
 	name    string
+	compat  *string // NULL before binaries recorded it
 }
 
 func (r appliedRow) key() string { return r.line + "/" + strconv.Itoa(r.version) }
@@ -403,7 +426,9 @@ func appliedRows(ctx context.Context, db Querier, schema string) ([]appliedRow, 
 	if !exists {
 		return nil, nil
 	}
-	rows, err = db.Query(ctx, "SELECT line, version, name FROM "+table(schema)+" ORDER BY line, version")
+	// to_jsonb reads compat from a table made before that column existed too
+	// (as NULL); this binary only reads here, it never alters the table.
+	rows, err = db.Query(ctx, "SELECT line, version, name, to_jsonb(m)->>'compat' FROM "+table(schema)+" m ORDER BY line, version")
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined table or schema
 		return nil, nil
@@ -413,7 +438,7 @@ func appliedRows(ctx context.Context, db Querier, schema string) ([]appliedRow, 
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (appliedRow, error) {
 		var a appliedRow
-		err := r.Scan(&a.line, &a.version, &a.name)
+		err := r.Scan(&a.line, &a.version, &a.name, &a.compat)
 		return a, err
 	})
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
@@ -440,7 +465,11 @@ func unknownRows(lines []Line, rows []appliedRow) []Status {
 	for _, r := range rows {
 		selected := slices.Contains(lines, Line(r.line)) || (len(lines) == len(Lines) && !slices.Contains(Lines, Line(r.line)))
 		if name, ok := known[r.key()]; selected && (!ok || name != r.name) {
-			out = append(out, Status{Line: Line(r.line), Version: r.version, Name: r.name, Applied: true, Unknown: true})
+			st := Status{Line: Line(r.line), Version: r.version, Name: r.name, Applied: true, Unknown: true}
+			if r.compat != nil {
+				st.Compat = Compat(*r.compat)
+			}
+			out = append(out, st)
 		}
 	}
 	return out
@@ -451,19 +480,24 @@ func unknownRows(lines []Line, rows []appliedRow) []Status {
 var ErrDatabaseNewer = errors.New("the database has migrations this pgoutbox does not know")
 
 // SkewError reports a database whose applied migrations include some that this
-// binary does not know: it was migrated by a newer pgoutbox, whose tables and
-// functions this one may misuse. Upgrade the binary; nothing must be changed in
-// the database.
+// binary does not know and that are outside its compatibility window (contract
+// steps, or recorded without a compat statement): it was migrated by a newer
+// pgoutbox, whose tables and functions this one may misuse. Upgrade the binary;
+// nothing must be changed in the database.
 type SkewError struct {
 	Schema  string
-	Unknown []Status // Applied and Unknown are true
+	Unknown []Status // the migrations outside the window; Applied and Unknown are true
 	Newest  map[Line]int
 }
 
 func (e *SkewError) Error() string {
 	var parts, have []string
 	for _, s := range e.Unknown {
-		parts = append(parts, fmt.Sprintf("%s/%d %s", s.Line, s.Version, s.Name))
+		c := string(s.Compat)
+		if c == "" {
+			c = "no compat recorded"
+		}
+		parts = append(parts, fmt.Sprintf("%s/%d %s (%s)", s.Line, s.Version, s.Name, c))
 	}
 	for _, l := range Lines {
 		if v, ok := e.Newest[l]; ok {
@@ -478,22 +512,28 @@ func (e *SkewError) Error() string {
 // Is makes errors.Is(err, ErrDatabaseNewer) hold.
 func (e *SkewError) Is(target error) bool { return target == ErrDatabaseNewer }
 
+// skewError is a *SkewError listing the applied migrations of lines this
+// binary does not know and that are outside its window (WithinWindow); nil
+// when there are none.
 func skewError(schema string, lines []Line, rows []appliedRow) error {
-	unknown := unknownRows(lines, rows)
-	if len(unknown) == 0 {
+	var outside []Status
+	for _, s := range unknownRows(lines, rows) {
+		if !s.WithinWindow() {
+			outside = append(outside, s)
+		}
+	}
+	if len(outside) == 0 {
 		return nil
 	}
-	newest := map[Line]int{}
-	all, _ := All()
-	for _, m := range all {
-		newest[m.Line] = max(newest[m.Line], m.Version)
-	}
-	return &SkewError{Schema: schema, Unknown: unknown, Newest: newest}
+	return &SkewError{Schema: schema, Unknown: outside, Newest: newestKnown()}
 }
 
 // CheckCompatible returns a *[SkewError] (errors.Is [ErrDatabaseNewer]) when
 // schema's bookkeeping table records a migration of lines (every line when none
-// is given) that this binary does not know. A schema not migrated at all, or
+// is given) that this binary does not know, unless every such migration is a
+// newer version recorded as an expand step ([CompatExpand]): that is the
+// compatibility window, which lets a rollout migrate first and roll binaries
+// after (docs/operations.md, "Rolling upgrades"). A schema not migrated at all, or
 // missing some migrations, is not skew: commands report what is missing their
 // own way. It changes nothing. Relays, consumers and operator commands call it
 // at start; see docs/operations.md.
@@ -552,6 +592,7 @@ func SQL(cfg *Config) (string, error) {
 	fmt.Fprintf(&b, "SELECT pg_advisory_xact_lock(%d);\n", lockKey(c.Schema))
 	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", pgx.Identifier{c.Schema}.Sanitize())
 	b.WriteString(bookkeepingSQL(c.Schema) + ";\n")
+	b.WriteString(compatColumnSQL(c.Schema) + ";\n")
 	for _, m := range all {
 		fmt.Fprintf(&b, "\n-- %s\n", m.fileName())
 		q, err := migrationSQL(c, m)

@@ -186,18 +186,27 @@ func newMigrateStatusCmd() *cobra.Command {
 				return err
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "LINE\tVERSION\tNAME\tSTATE")
+			fmt.Fprintln(w, "LINE\tVERSION\tNAME\tCOMPAT\tSTATE")
 			for _, s := range st {
-				state := "pending"
+				state, compat := "pending", string(s.Compat)
 				switch {
+				case s.WithinWindow():
+					state = "applied by a newer binary, within this binary's window"
 				case s.Unknown:
 					state = "applied, unknown to this binary (newer?)"
 				case s.Applied:
 					state = "applied"
 				}
-				fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", s.Line, s.Version, s.Name, state)
+				if compat == "" {
+					compat = "-"
+				}
+				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", s.Line, s.Version, s.Name, compat, state)
 			}
-			return w.Flush()
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "\nwindow: binaries that know %s run against this schema once migrated\n", migrate.WindowString(cfg.Lines...))
+			return err
 		},
 	}
 	db.register(cmd.Flags())

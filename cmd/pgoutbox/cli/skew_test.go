@@ -71,3 +71,45 @@ func TestVersionSkewIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A database a newer pgoutbox migrated with expand steps only is within this
+// binary's window: every command that uses it runs, "migrate status" says so,
+// and "version" prints the window.
+func TestVersionSkewWithinTheWindow(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Migrated(t, 2)
+	ctx := context.Background()
+	all, _ := migrate.All(migrate.LineOutbox)
+	future := all[len(all)-1].Version + 1
+	table := pgx.Identifier{schema, migrate.Table}.Sanitize()
+	if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (line, version, name, compat) VALUES ('outbox', $1, 'add_a_column', 'expand')", future); err != nil {
+		t.Fatal(err)
+	}
+	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	for _, args := range [][]string{
+		{"status"},
+		{"dlq", "list"},
+		{"cleanup"},
+		{"migrate"},
+	} {
+		if _, errOut, code := run(t, append(args, db...)...); code != 0 {
+			t.Errorf("%v: code %d, stderr %q; want it to run within the window", args, code, errOut)
+		}
+	}
+	out, errOut, code := run(t, append([]string{"migrate", "status"}, db...)...)
+	if code != 0 {
+		t.Fatalf("migrate status: code %d, stderr %q", code, errOut)
+	}
+	var line string
+	for l := range strings.Lines(out) {
+		if strings.Contains(l, "add_a_column") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "expand") || !strings.Contains(line, "within this binary's window") || !strings.Contains(out, "window: binaries that know outbox/") {
+		t.Errorf("migrate status:\n%s", out)
+	}
+	if out, _, code := run(t, "version"); code != 0 || !strings.Contains(out, "window   outbox/") {
+		t.Errorf("version: code %d:\n%s", code, out)
+	}
+}

@@ -13,7 +13,7 @@ import (
 func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the pgoutbox version, its build and the newest migration of each line",
+		Short: "Print the pgoutbox version, its build, the newest migration of each line and the compatibility window",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			version, revision := "(devel)", ""
 			if bi, ok := debug.ReadBuildInfo(); ok {
@@ -48,6 +48,9 @@ func newVersionCmd() *cobra.Command {
 			for _, l := range migrate.Lines {
 				fmt.Fprintf(out, "schema   %s v%d\n", l, newest[l])
 			}
+			// The compatibility window: older binaries that know these versions
+			// keep running against a schema this one migrated.
+			fmt.Fprintf(out, "window   %s\n", migrate.WindowString())
 			return nil
 		},
 	}

@@ -1,3 +1,4 @@
+-- compat: expand: a new table; nothing before it used the inbox line.
 -- The consumer inbox: one row per (consumer, event) applied. A consumer inserts its row
 -- in the same transaction as the business effect; ON CONFLICT DO NOTHING tells a
 -- duplicate delivery apart from a first one.

@@ -1,3 +1,4 @@
+-- compat: contract: consumers that do not keep positions would let ordered consumers of the same aggregate apply events out of order.
 -- Per-aggregate positions of each consumer: the highest aggregate_sequence the
 -- consumer has applied (or an operator declared done, see inbox.Consumer.SetPosition).
 -- A consumer locks its row for the aggregate in the same transaction as its

@@ -1,3 +1,4 @@
+-- compat: contract: the outbox itself; nothing runs without it.
 -- The outbox: one immutable row per event, written in the producer's transaction.
 --
 -- fillfactor 70 leaves room on each page so the relay's claim UPDATE (which touches

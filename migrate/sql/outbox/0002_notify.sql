@@ -1,3 +1,4 @@
+-- compat: expand: a trigger that only wakes relays; older binaries poll as before.
 -- Wake relays within milliseconds of a commit: every INSERT statement into the outbox
 -- sends one notification on the schema's channel, delivered at commit (and only if the
 -- transaction commits). Identical notifications of one transaction fold into one.

@@ -1,3 +1,4 @@
+-- compat: contract: binaries that do not know it would skip dead letters without the audit row.
 -- The audit trail of dead letters an operator skipped (pgoutbox dlq skip, admin.Skip).
 --
 -- Skipping breaks an aggregate's order on purpose: the skipped event is marked

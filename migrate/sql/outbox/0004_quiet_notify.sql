@@ -1,3 +1,4 @@
+-- compat: contract: relays that do not say they wait would no longer be woken and fall back to polling.
 -- Notify only when a relay waits for work.
 --
 -- NOTIFY is not free: a committing transaction that queued a notification takes a

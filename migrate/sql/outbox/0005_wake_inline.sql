@@ -1,3 +1,4 @@
+-- compat: expand: the same behaviour as migration 4, only faster.
 -- outbox_wake as a SQL function, with migration 4's behaviour unchanged.
 --
 -- PostgreSQL inlines a SQL function whose body is one expression into the statement

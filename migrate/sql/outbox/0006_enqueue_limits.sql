@@ -1,3 +1,4 @@
+-- compat: expand: outbox_enqueue refuses what the Go API of the same binaries already refuses.
 -- outbox_enqueue as in migration 4, now refusing what cannot be published: the
 -- same limits and header rules as the Go API (package pgoutbox: limits.go), so an
 -- event either fails here, in the caller's statement, or can be published.

@@ -1,3 +1,4 @@
+-- compat: contract: binaries that do not know it would retry, skip and replay without the audit row.
 -- The audit trail of operator actions: pgoutbox dlq retry, dlq skip and replay
 -- (admin.Admin.RetryEvents, Skip, admin.Replay). Each action writes one row in the
 -- same transaction that does it (replay: before it publishes anything, updated

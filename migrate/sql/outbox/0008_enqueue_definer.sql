@@ -1,3 +1,4 @@
+-- compat: expand: outbox_enqueue keeps its signature and behaviour; only whose rights it runs with changes.
 -- outbox_enqueue runs with its owner's rights, so that a producer role needs only
 -- USAGE on the schema and EXECUTE on the function: it enqueues with the function's
 -- validation, limits and sequencing, and cannot write outbox_events or the

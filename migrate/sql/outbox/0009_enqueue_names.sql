@@ -1,3 +1,4 @@
+-- compat: contract: binaries that do not know it accept names outbox_enqueue now refuses.
 -- outbox_enqueue as in migrations 6 and 8, now also refusing aggregate types,
 -- aggregate ids and event types that would not travel unchanged through a broker:
 -- a control character (Unicode Cc: C0, DEL and C1) or a line or paragraph separator

@@ -1,3 +1,4 @@
+-- compat: expand: an index storage parameter; no binary reads it.
 -- The BRIN index on published_at (migration 3) no longer asks autovacuum to
 -- summarize each range as it fills (autosummarize = off). With it on, every new
 -- range of 16 pages queued a work item in autovacuum's server-wide queue of 256;
