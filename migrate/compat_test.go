@@ -37,7 +37,7 @@ func TestEveryMigrationStatesCompat(t *testing.T) {
 	}
 	for text, want := range map[string]migrate.Compat{
 		"-- compat: expand: a new table.\nCREATE TABLE x ();": migrate.CompatExpand,
-		"-- why\n-- compat: contract\n":                        migrate.CompatContract,
+		"-- why\n-- compat: contract\n":                       migrate.CompatContract,
 	} {
 		if c, err := migrate.ParseCompat(text); err != nil || c != want {
 			t.Errorf("%q: %q, %v; want %q", text, c, err, want)
