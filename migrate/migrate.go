@@ -67,6 +67,12 @@ const Table = "pgoutbox_migrations"
 //go:embed sql
 var files embed.FS
 
+// nextRelease, set only in a build with the tag pgoutbox_next_release
+// (next_release.go), adds the migrations that stand in for the next release's
+// to line, numbered from version: the mixed-version upgrade test builds the
+// "new" binary with it. Nil in every other build.
+var nextRelease func(line Line, version int) ([]Migration, error)
+
 // Migration is one numbered SQL file of a line.
 type Migration struct {
 	Line    Line
@@ -107,6 +113,7 @@ func All(lines ...Line) ([]Migration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("migrate: read embedded %s: %w", dir, err)
 		}
+		first := len(out)
 		for _, e := range entries {
 			m, err := parseFile(line, dir, e.Name())
 			if err != nil {
@@ -114,8 +121,15 @@ func All(lines ...Line) ([]Migration, error) {
 			}
 			out = append(out, m)
 		}
+		if nextRelease != nil {
+			m, err := nextRelease(line, len(entries)+1)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, m...)
+		}
 		// Versions of a line must be 1..n without holes: a hole means a file was lost.
-		for i, m := range out[len(out)-len(entries):] {
+		for i, m := range out[first:] {
 			if m.Version != i+1 {
 				return nil, fmt.Errorf("migrate: line %s: expected version %d, found %s", line, i+1, m.fileName())
 			}

@@ -453,6 +453,8 @@ func (e *env) relay(id string, extraEnv []string, extraArgs ...string) *proc {
 type relayHost struct {
 	host              *netns.Host
 	dbServer, natsURL string
+	// binary is the pgoutbox binary to run; empty: this tree's (bin.pgoutbox).
+	binary string
 }
 
 // relayOn is relay, run where on says.
@@ -469,13 +471,18 @@ func (e *env) relayOn(on relayHost, id string, extraEnv []string, extraArgs ...s
 		"--id", id, "--broker", natsURL, "--nats-stream", e.stream, "--topic-template", e.template,
 		"--lease", "2s", "--poll-interval", "200ms", "--backoff-base", "100ms", "--backoff-max", "1s",
 		"--batch-size", "50", "--ack-timeout", "1s", "--log-level", "info"}, extraArgs...)
-	return e.startIn(on.host, "relay "+id, extraEnv, bin.pgoutbox, args...)
+	binary := bin.pgoutbox
+	if on.binary != "" {
+		binary = on.binary
+	}
+	return e.startIn(on.host, "relay "+id, extraEnv, binary, args...)
 }
 
 // producerOpts shape one producer run.
 type producerOpts struct {
 	txs, aggregates, maxEvents, rollbackPercent int
 	pause                                       time.Duration
+	binary                                      string // empty: this tree's (bin.producer)
 }
 
 // producer starts the producer program; its journal joins the env's journals.
@@ -497,7 +504,11 @@ func (e *env) producer(name string, extraEnv []string, o producerOpts) *proc {
 	if o.maxEvents == 0 {
 		o.maxEvents = 3
 	}
-	return e.start("producer "+name, extraEnv, bin.producer, "--database-url", e.dbURL("faulttest-producer"),
+	binary := bin.producer
+	if o.binary != "" {
+		binary = o.binary
+	}
+	return e.start("producer "+name, extraEnv, binary, "--database-url", e.dbURL("faulttest-producer"),
 		"--schema", e.schema, "--journal", journal, "--name", name, "--txs", fmt.Sprint(o.txs),
 		"--aggregates", fmt.Sprint(o.aggregates), "--max-events", fmt.Sprint(o.maxEvents),
 		"--rollback-percent", fmt.Sprint(o.rollbackPercent), "--pause", o.pause.String())
@@ -506,7 +517,13 @@ func (e *env) producer(name string, extraEnv []string, o producerOpts) *proc {
 // consumer starts the consumer program on the env's durable.
 func (e *env) consumer(name string, extraEnv []string) *proc {
 	e.t.Helper()
-	return e.start("consumer "+name, extraEnv, bin.consumer, "--database-url", e.dbURL("faulttest-consumer"),
+	return e.consumerOf(bin.consumer, name, extraEnv)
+}
+
+// consumerOf is consumer, running the given build of the consumer program.
+func (e *env) consumerOf(binary, name string, extraEnv []string) *proc {
+	e.t.Helper()
+	return e.start("consumer "+name, extraEnv, binary, "--database-url", e.dbURL("faulttest-consumer"),
 		"--schema", e.schema, "--nats", e.natsURL, "--stream", e.stream, "--name", e.inboxName(), "--log-level", "info")
 }
 

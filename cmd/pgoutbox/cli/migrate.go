@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -213,6 +215,29 @@ func newMigrateStatusCmd() *cobra.Command {
 	cmd.Flags().StringVar(&lines, "lines", "all",
 		"migration lines to list: all, outbox, inbox, or a comma list (env PGOUTBOX_MIGRATE_LINES)")
 	return cmd
+}
+
+// warnAhead logs, at the start of a long-running service, the migrations a
+// newer pgoutbox applied that this binary runs beside because they are expand
+// steps (its compatibility window): a rollout in progress, and this binary is
+// one to upgrade. Reading them failing is not fatal: the service's own checks
+// have passed.
+func warnAhead(ctx context.Context, q migrate.Querier, schema string, log *slog.Logger) {
+	st, err := migrate.State(ctx, q, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}})
+	if err != nil {
+		log.Warn("could not list the migrations a newer pgoutbox applied", slog.Any("error", err))
+		return
+	}
+	var ahead []string
+	for _, s := range st {
+		if s.WithinWindow() {
+			ahead = append(ahead, fmt.Sprintf("%s/%d %s", s.Line, s.Version, s.Name))
+		}
+	}
+	if len(ahead) > 0 {
+		log.Warn("the database has migrations of a newer pgoutbox, all expand steps within this binary's window: it runs, and is one to upgrade",
+			slog.String("schema", schema), slog.String("migrations", strings.Join(ahead, ", ")), slog.String("window", migrate.WindowString(migrate.LineOutbox)))
+	}
 }
 
 // checkCompatible refuses a database migrated by a newer pgoutbox (version skew):

@@ -202,6 +202,7 @@ func (m *singleRelay) connect(ctx context.Context) (func(), error) {
 		closeDB()
 		return nil, err
 	}
+	warnAhead(cctx, pool, m.cfg.Schema, m.logger)
 	m.pool = pool
 	return closeDB, nil
 }

@@ -99,6 +99,7 @@ func (m *cdcRelay) connect(ctx context.Context) (func(), error) {
 		closePool(pool, m.logger)
 		return nil, err
 	}
+	warnAhead(ctx, pool, m.f.db.schema, m.logger)
 	m.pool = pool
 	return func() { closePool(pool, m.logger) }, nil
 }

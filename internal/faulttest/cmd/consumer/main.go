@@ -24,6 +24,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/natsinbox"
 	"github.com/pgoutbox/pgoutbox/internal/faulttest/cmd/command"
+	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 var (
@@ -56,6 +57,10 @@ func run(ctx context.Context) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
+	// As an application does at start (docs/design.md, "Version skew").
+	if err := migrate.CheckCompatible(ctx, pool, *schema, migrate.LineInbox); err != nil {
+		return err
+	}
 	effects := pgx.Identifier{*schema, "effects"}.Sanitize()
 	handler := func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 		_, err := tx.Exec(ctx, "INSERT INTO "+effects+" (consumer, event_id, aggregate_type, aggregate_id, sequence) VALUES ($1, $2, $3, $4, $5)",

@@ -24,6 +24,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/checker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/faulttest/cmd/command"
+	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
 var (
@@ -55,6 +56,11 @@ func run(ctx context.Context) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
+	// As an application does at start (docs/design.md, "Version skew"): a
+	// database outside this binary's compatibility window is refused.
+	if err := migrate.CheckCompatible(ctx, pool, *schema, migrate.LineOutbox); err != nil {
+		return err
+	}
 	j, err := checker.OpenJournal(*journal)
 	if err != nil {
 		return err
