@@ -61,7 +61,7 @@ func ParseStandardSecret(s string) ([]byte, error) {
 		return nil, fmt.Errorf("webhook: the Standard Webhooks secret is longer than %d bytes", MaxStandardSecretLen)
 	}
 	key, err := base64.StdEncoding.Strict().DecodeString(rest)
-	if err != nil {
+	if err != nil || strings.ContainsAny(rest, "\r\n") { // the decoder skips line breaks
 		// err quotes the offending byte's position only, but say it in our words.
 		return nil, errors.New("webhook: the Standard Webhooks secret is not " + StandardSecretPrefix + " followed by standard base64")
 	}

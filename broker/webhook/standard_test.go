@@ -229,3 +229,161 @@ func standardSignature(key []byte, c captured) string {
 	mac.Write(c.body)
 	return "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
 }
+
+// The text form of a secret is checked at the boundary; errors never quote it.
+func TestParseStandardSecret(t *testing.T) {
+	t.Parallel()
+	key, err := webhook.ParseStandardSecret(webhook.FormatStandardSecret(stdKey))
+	if err != nil || !bytes.Equal(key, stdKey) {
+		t.Fatalf("ParseStandardSecret(FormatStandardSecret(k)) = %q, %v", key, err)
+	}
+	b64 := base64.StdEncoding.EncodeToString
+	for _, s := range []string{
+		"", b64(stdKey), "whsec" + b64(stdKey), "WHSEC_" + b64(stdKey),
+		"whsec_" + b64(stdKey)[1:], "whsec_" + base64.RawStdEncoding.EncodeToString(stdKey[:31]),
+		"whsec_" + base64.URLEncoding.EncodeToString(bytes.Repeat([]byte{0xfb}, 30)),
+		"whsec_" + b64(stdKey) + "\n", "whsec_" + b64(stdKey[:23]), "whsec_" + b64(bytes.Repeat(stdKey, 3)),
+	} {
+		_, err := webhook.ParseStandardSecret(s)
+		if err == nil {
+			t.Errorf("ParseStandardSecret(%q) accepted it", s)
+			continue
+		}
+		if rest := strings.TrimPrefix(s, "whsec_"); len(rest) > 8 && strings.Contains(err.Error(), rest[:8]) {
+			t.Errorf("ParseStandardSecret: the error quotes the value: %v", err)
+		}
+	}
+}
+
+func TestStandardConfig(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]webhook.Config{
+		"Config.StandardSecret is 23 bytes":    {URL: "https://h/x", StandardSecret: stdKey[:23]},
+		"Config.StandardSecret is 65 bytes":    {URL: "https://h/x", StandardSecret: bytes.Repeat([]byte{1}, 65)},
+		"Config.Header: Webhook-Signature is":  {URL: "https://h/x", StandardSecret: stdKey, Header: http.Header{"webhook-signature": {"v1,x"}}},
+		"Config.Header: Webhook-Id is set":     {URL: "https://h/x", Secret: secret, Header: http.Header{"Webhook-Id": {"x"}}},
+		"Config.Secret is required (or Config": {URL: "https://h/x"},
+	} {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: Validate = %v", name, err)
+		}
+	}
+	if err := (&webhook.Config{URL: "https://h/x", StandardSecret: stdKey}).Validate(); err != nil {
+		t.Errorf("StandardSecret alone: %v", err)
+	}
+}
+
+// StandardVerifier refuses what it cannot read unambiguously, naming the
+// problem without quoting the headers.
+func TestStandardVerifierMalformed(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	body := []byte(`{"total":"9.50"}`)
+	const id = "01975a2c-0000-7000-8000-000000000001"
+	valid := webhook.SignStandard(stdKey, id, now, body)
+	v := &webhook.StandardVerifier{Secrets: [][]byte{otherKey, stdKey}, Now: func() time.Time { return now }}
+	headers := func(id, ts, sig string) http.Header {
+		h := http.Header{}
+		for name, value := range map[string]string{webhook.HeaderWebhookID: id, webhook.HeaderWebhookTimestamp: ts, webhook.HeaderWebhookSignature: sig} {
+			if value != "" {
+				h.Set(name, value)
+			}
+		}
+		return h
+	}
+	ts := strconv.FormatInt(now.Unix(), 10)
+	mac32 := base64.StdEncoding.EncodeToString(make([]byte, 32))
+	for name, c := range map[string]struct {
+		h    http.Header
+		want error
+	}{
+		"authentic":                     {headers(id, ts, valid), nil},
+		"other versions ignored":        {headers(id, ts, "v1a,"+mac32+" "+valid+" v2,xyz"), nil},
+		"no id":                         {headers("", ts, valid), webhook.ErrNoStandardSignature},
+		"no timestamp":                  {headers(id, "", valid), webhook.ErrNoStandardSignature},
+		"no signature":                  {headers(id, ts, ""), webhook.ErrNoStandardSignature},
+		"id with a space":               {headers("a b", ts, valid), webhook.ErrMalformedStandardSignature},
+		"id too long":                   {headers(strings.Repeat("i", 257), ts, valid), webhook.ErrMalformedStandardSignature},
+		"timestamp with a leading zero": {headers(id, "0"+ts, valid), webhook.ErrMalformedStandardSignature},
+		"negative timestamp":            {headers(id, "-"+ts, valid), webhook.ErrMalformedStandardSignature},
+		"timestamp of 13 digits":        {headers(id, "1"+ts+"00", valid), webhook.ErrMalformedStandardSignature},
+		"no comma":                      {headers(id, ts, "v1"+mac32), webhook.ErrMalformedStandardSignature},
+		"not base64":                    {headers(id, ts, "v1,"+strings.Repeat("!", 44)), webhook.ErrMalformedStandardSignature},
+		"a MAC of 16 bytes":             {headers(id, ts, "v1,"+base64.StdEncoding.EncodeToString(make([]byte, 16))), webhook.ErrMalformedStandardSignature},
+		"no v1":                         {headers(id, ts, "v1a,"+mac32), webhook.ErrMalformedStandardSignature},
+		"two spaces":                    {headers(id, ts, valid+"  "+valid), webhook.ErrMalformedStandardSignature},
+		"nine entries":                  {headers(id, ts, strings.Repeat(valid+" ", 8)+valid), webhook.ErrMalformedStandardSignature},
+		"over 1 KiB":                    {headers(id, ts, valid+" v9,"+strings.Repeat("x", 1024)), webhook.ErrMalformedStandardSignature},
+		"dated ahead":                   {headers(id, strconv.FormatInt(now.Add(6*time.Minute).Unix(), 10), webhook.SignStandard(stdKey, id, now.Add(6*time.Minute), body)), webhook.ErrTooNew},
+		"Idempotency-Key not the id":    {func() http.Header { h := headers(id, ts, valid); h.Set(webhook.HeaderIdempotencyKey, "other"); return h }(), webhook.ErrBadSignature},
+		"two Idempotency-Keys":          {func() http.Header { h := headers(id, ts, valid); h["Idempotency-Key"] = []string{id, "x"}; return h }(), webhook.ErrAmbiguousRequest},
+		"two timestamps":                {func() http.Header { h := headers(id, ts, valid); h.Add(webhook.HeaderWebhookTimestamp, ts); return h }(), webhook.ErrAmbiguousRequest},
+	} {
+		err := v.Verify(request(c.h, "/hooks"), body)
+		if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
+			t.Errorf("%s: Verify = %v, want %v", name, err, c.want)
+		}
+		if err != nil && strings.Contains(err.Error(), valid[3:11]) {
+			t.Errorf("%s: the error quotes the signature: %v", name, err)
+		}
+	}
+	for name, bad := range map[string]*webhook.StandardVerifier{
+		"StandardVerifier.Secrets is empty": {},
+		"StandardVerifier.Secrets[1] is 5":  {Secrets: [][]byte{stdKey, []byte("short")}},
+		"StandardVerifier.Tolerance":        {Secrets: [][]byte{stdKey}, Tolerance: -time.Second},
+	} {
+		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: Validate = %v", name, err)
+		}
+	}
+}
+
+// The middleware passes an authentic request on with its body and answers 401
+// otherwise.
+func TestStandardVerifierHandler(t *testing.T) {
+	t.Parallel()
+	var got []byte
+	h := (&webhook.StandardVerifier{Secrets: [][]byte{stdKey}}).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, _ = io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	srv := serve(t, h)
+	p := newPublisher(t, webhook.Config{URL: srv.URL() + "/hooks", StandardSecret: stdKey})
+	m := message("order", "h1", 1)
+	if err := publish(t, p, m)[0]; err != nil || !bytes.Equal(got, m.Payload) {
+		t.Errorf("authentic: %v, next handler read %q", err, got)
+	}
+	wrong := newPublisher(t, webhook.Config{URL: srv.URL() + "/hooks", StandardSecret: otherKey})
+	if err := publish(t, wrong, message("order", "h2", 1))[0]; err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("wrong key: %v, want a 401", err)
+	}
+}
+
+// A receiver echoing the request in its refusal gets neither the key (in any
+// form) nor the signature into the error the relay stores.
+func TestStandardSecretNotInErrors(t *testing.T) {
+	t.Parallel()
+	var sig string
+	var mu sync.Mutex
+	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		sig = r.Header.Get(webhook.HeaderWebhookSignature)
+		mu.Unlock()
+		w.WriteHeader(http.StatusForbidden)
+		_ = r.Header.Write(w)
+		_, _ = io.WriteString(w, "expected key "+webhook.FormatStandardSecret(stdKey)+" raw "+string(stdKey))
+	}))
+	p := newPublisher(t, webhook.Config{URL: srv.URL() + "/hooks", StandardSecret: stdKey})
+	err := publish(t, p, message("order", "e1", 1))[0]
+	if err == nil {
+		t.Fatal("no error")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	_, mac, _ := strings.Cut(sig, ",")
+	for _, s := range []string{base64.StdEncoding.EncodeToString(stdKey)[:12], string(stdKey[:12]), mac[:12]} {
+		if strings.Contains(err.Error(), s) {
+			t.Errorf("the error holds %q: %v", s, err)
+		}
+	}
+}
