@@ -315,9 +315,13 @@ func TestStandardVerifierMalformed(t *testing.T) {
 		"nine entries":                  {headers(id, ts, strings.Repeat(valid+" ", 8)+valid), webhook.ErrMalformedStandardSignature},
 		"over 1 KiB":                    {headers(id, ts, valid+" v9,"+strings.Repeat("x", 1024)), webhook.ErrMalformedStandardSignature},
 		"dated ahead":                   {headers(id, strconv.FormatInt(now.Add(6*time.Minute).Unix(), 10), webhook.SignStandard(stdKey, id, now.Add(6*time.Minute), body)), webhook.ErrTooNew},
-		"Idempotency-Key not the id":    {func() http.Header { h := headers(id, ts, valid); h.Set(webhook.HeaderIdempotencyKey, "other"); return h }(), webhook.ErrBadSignature},
-		"two Idempotency-Keys":          {func() http.Header { h := headers(id, ts, valid); h["Idempotency-Key"] = []string{id, "x"}; return h }(), webhook.ErrAmbiguousRequest},
-		"two timestamps":                {func() http.Header { h := headers(id, ts, valid); h.Add(webhook.HeaderWebhookTimestamp, ts); return h }(), webhook.ErrAmbiguousRequest},
+		"Idempotency-Key not the id": {func() http.Header {
+			h := headers(id, ts, valid)
+			h.Set(webhook.HeaderIdempotencyKey, "other")
+			return h
+		}(), webhook.ErrBadSignature},
+		"two Idempotency-Keys": {func() http.Header { h := headers(id, ts, valid); h["Idempotency-Key"] = []string{id, "x"}; return h }(), webhook.ErrAmbiguousRequest},
+		"two timestamps":       {func() http.Header { h := headers(id, ts, valid); h.Add(webhook.HeaderWebhookTimestamp, ts); return h }(), webhook.ErrAmbiguousRequest},
 	} {
 		err := v.Verify(request(c.h, "/hooks"), body)
 		if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
