@@ -377,15 +377,12 @@ func (v *Verifier) Validate() error {
 
 // check validates the configuration and returns the tolerance to apply.
 func (v *Verifier) check() (time.Duration, error) {
-	if len(v.Secrets) == 0 {
-		return 0, errors.New("webhook: Verifier.Secrets is empty")
-	}
-	for i, s := range v.Secrets {
+	return checkVerifier("Verifier", v.Secrets, v.Tolerance, func(s []byte) error {
 		if len(s) < MinSecretLen {
-			return 0, fmt.Errorf("webhook: Verifier.Secrets[%d] is %d bytes, want at least %d", i, len(s), MinSecretLen)
+			return fmt.Errorf("is %d bytes, want at least %d", len(s), MinSecretLen)
 		}
-	}
-	return tolerance("Verifier", v.Tolerance)
+		return nil
+	})
 }
 
 // Verify checks the Outbox-Signature header of the request r with body (r's

@@ -149,27 +149,27 @@ func (v *StandardVerifier) Validate() error {
 }
 
 func (v *StandardVerifier) check() (time.Duration, error) {
-	if len(v.Secrets) == 0 {
-		return 0, errors.New("webhook: StandardVerifier.Secrets is empty")
-	}
-	for i, s := range v.Secrets {
-		if err := checkStandardKey(s); err != nil {
-			return 0, fmt.Errorf("webhook: StandardVerifier.Secrets[%d] %w", i, err)
-		}
-	}
-	return tolerance("StandardVerifier", v.Tolerance)
+	return checkVerifier("StandardVerifier", v.Secrets, v.Tolerance, checkStandardKey)
 }
 
-// tolerance returns the tolerance d stands for, or an error naming the field of
-// the verifier called who.
-func tolerance(who string, d time.Duration) (time.Duration, error) {
+// checkVerifier validates the fields of the verifier type who, checking each
+// secret with checkKey, and returns the tolerance to apply.
+func checkVerifier(who string, secrets [][]byte, tol time.Duration, checkKey func([]byte) error) (time.Duration, error) {
+	if len(secrets) == 0 {
+		return 0, fmt.Errorf("webhook: %s.Secrets is empty", who)
+	}
+	for i, s := range secrets {
+		if err := checkKey(s); err != nil {
+			return 0, fmt.Errorf("webhook: %s.Secrets[%d] %w", who, i, err)
+		}
+	}
 	switch {
-	case d < 0:
-		return 0, fmt.Errorf("webhook: %s.Tolerance %s: must not be negative", who, d)
-	case d == 0:
+	case tol < 0:
+		return 0, fmt.Errorf("webhook: %s.Tolerance %s: must not be negative", who, tol)
+	case tol == 0:
 		return DefaultTolerance, nil
 	}
-	return d, nil
+	return tol, nil
 }
 
 // Verify checks the Standard Webhooks headers of the request r with body (r's own
