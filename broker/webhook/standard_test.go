@@ -391,3 +391,24 @@ func TestStandardSecretNotInErrors(t *testing.T) {
 		}
 	}
 }
+
+// Whatever the headers, Verify neither panics nor accepts a request unless its
+// webhook-signature holds the MAC of its own id, timestamp and body.
+func FuzzStandardVerify(f *testing.F) {
+	now := time.Unix(1748779200, 0)
+	body := []byte(`{"total":"9.50"}`)
+	f.Add("evt-1", "1748779200", webhook.SignStandard(stdKey, "evt-1", now, body))
+	f.Add("evt-1", "1748779200", "v1a,x v1,"+strings.Repeat("A", 43)+"=")
+	f.Add("a.1", "01", "v1,, v1,")
+	v := &webhook.StandardVerifier{Secrets: [][]byte{stdKey}, Now: func() time.Time { return now }}
+	f.Fuzz(func(t *testing.T, id, ts, sig string) {
+		h := http.Header{webhook.HeaderWebhookID: {id}, webhook.HeaderWebhookTimestamp: {ts}, webhook.HeaderWebhookSignature: {sig}}
+		if v.Verify(request(h, "/hooks"), body) != nil {
+			return
+		}
+		t0, err := strconv.ParseInt(ts, 10, 64)
+		if err != nil || !strings.Contains(" "+sig+" ", " "+webhook.SignStandard(stdKey, id, time.Unix(t0, 0), body)+" ") {
+			t.Fatalf("accepted id %q, timestamp %q, signature %q", id, ts, sig)
+		}
+	})
+}

@@ -169,8 +169,9 @@ var brokerKinds = []*brokerKind{
                       flag value, so it stays out of ps); receivers verify Outbox-Signature
                       with the Go helper webhook.Verifier. A Standard Webhooks secret
                       (whsec_…) from PGOUTBOX_WEBHOOK_STANDARD_SECRET or
-                      --webhook-standard-secret-file adds webhook-id/-timestamp/-signature
-                      headers for the standardwebhooks libraries. 2xx acks; 400/404/… quarantine;
+                      --webhook-standard-secret-file adds webhook-id, -timestamp and
+                      -signature headers for the standardwebhooks libraries (with it,
+                      PGOUTBOX_WEBHOOK_SECRET is optional). 2xx acks; 400/404/… quarantine;
                       408/429/502-504, timeouts and connection errors retry; 401/403 are a
                       configuration error: retried, never quarantined, readiness fails`,
 		cloudEvents: "ce-* headers", display: "webhooks",
