@@ -140,7 +140,8 @@ const (
 )
 
 // Config configures a Publisher. URL is required, and Secret unless
-// AllowUnsigned, so a nil *Config is not valid; the other fields have defaults.
+// StandardSecret or AllowUnsigned is set, so a nil *Config is not valid; the
+// other fields have defaults.
 type Config struct {
 	// URL is the endpoint every event is POSTed to: http:// or https://, with a
 	// host, optionally a port, a path and a query. The path may hold the
@@ -153,7 +154,8 @@ type Config struct {
 
 	// Secret is the key of the HMAC-SHA256 signature of every request (see Sign);
 	// the receiver's Verifier needs the same bytes. At least MinSecretLen bytes;
-	// 32 random bytes are good. Required unless AllowUnsigned.
+	// 32 random bytes are good. Required unless StandardSecret or AllowUnsigned
+	// is set.
 	Secret []byte
 
 	// StandardSecret, when set, is the key (decoded: see ParseStandardSecret for
@@ -358,7 +360,7 @@ var errClosed = errors.New("webhook: publisher closed")
 var ErrTimeout = errors.New("no answer within the timeout")
 
 // New returns a publisher configured by cfg, which must give at least the URL
-// (and the Secret, unless AllowUnsigned). It does not contact the endpoint.
+// (and the Secret, unless StandardSecret or AllowUnsigned). It does not contact the endpoint.
 func New(config *Config) (*Publisher, error) {
 	cfg, ep, err := withDefaults(config)
 	if err != nil {
