@@ -130,3 +130,36 @@ func ExampleStatusError() {
 	// 422 Unprocessable Entity: "{\"error\":\"unknown currency\"}"
 	// 503 Service Unavailable, Retry-After 30s
 }
+
+// Sign requests the Standard Webhooks way, here for an httptest endpoint that
+// checks them with a StandardVerifier; a receiver in another language uses a
+// standardwebhooks library with the same "whsec_…" secret.
+func ExampleStandardVerifier() {
+	text := "whsec_" + "c3RhbmRhcmQgd2ViaG9va3Mga2V5LCAzMiBieXRlcy4=" // from the environment in real use
+	key, err := webhook.ParseStandardSecret(text)
+	if err != nil {
+		log.Fatal(err)
+	}
+	received := make(chan string, 1)
+	endpoint := (&webhook.StandardVerifier{Secrets: [][]byte{key}}).Handler(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			received <- fmt.Sprintf("%s id-is-event-id=%t", body,
+				r.Header.Get(webhook.HeaderWebhookID) == r.Header.Get(wire.HeaderEventID))
+			w.WriteHeader(http.StatusNoContent)
+		}))
+	srv := httptest.NewServer(endpoint)
+	defer srv.Close()
+
+	pub, err := webhook.New(&webhook.Config{URL: srv.URL + "/events", StandardSecret: key})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pub.Close()
+	m := brokertest.Message("order", "42", 1)
+	if errs := pub.Publish(context.Background(), []broker.Message{m}); errs[0] != nil {
+		log.Fatal(errs[0])
+	}
+	fmt.Println(<-received)
+	// Output: {"total":"9.50"} id-is-event-id=true
+}

@@ -295,10 +295,8 @@ func parseSignature(s string) (parsedSignature, error) {
 			mac, _ := hex.DecodeString(value) // cannot fail: checked above
 			*list = append(*list, mac)
 		default:
-			for i := 0; i < len(value); i++ {
-				if value[i] <= ' ' || value[i] >= 0x7f {
-					return malformed("field %d has a space or a non-printable byte", n)
-				}
+			if !isPrintableASCII(value) {
+				return malformed("field %d has a space or a non-printable byte", n)
 			}
 		}
 	}
@@ -379,21 +377,12 @@ func (v *Verifier) Validate() error {
 
 // check validates the configuration and returns the tolerance to apply.
 func (v *Verifier) check() (time.Duration, error) {
-	if len(v.Secrets) == 0 {
-		return 0, errors.New("webhook: Verifier.Secrets is empty")
-	}
-	for i, s := range v.Secrets {
+	return checkVerifier("Verifier", v.Secrets, v.Tolerance, func(s []byte) error {
 		if len(s) < MinSecretLen {
-			return 0, fmt.Errorf("webhook: Verifier.Secrets[%d] is %d bytes, want at least %d", i, len(s), MinSecretLen)
+			return fmt.Errorf("is %d bytes, want at least %d", len(s), MinSecretLen)
 		}
-	}
-	switch {
-	case v.Tolerance < 0:
-		return 0, fmt.Errorf("webhook: Verifier.Tolerance %s: must not be negative", v.Tolerance)
-	case v.Tolerance == 0:
-		return DefaultTolerance, nil
-	}
-	return v.Tolerance, nil
+		return nil
+	})
 }
 
 // Verify checks the Outbox-Signature header of the request r with body (r's
@@ -411,7 +400,7 @@ func (v *Verifier) check() (time.Duration, error) {
 // ErrNoSignature, ErrMalformedSignature, ErrAmbiguousRequest, ErrBadSignature,
 // ErrTooOld or ErrTooNew; or a configuration error (no secrets, a short one).
 func (v *Verifier) Verify(r *http.Request, body []byte) error {
-	tolerance, err := v.check()
+	tol, err := v.check()
 	if err != nil {
 		return err
 	}
@@ -446,17 +435,7 @@ func (v *Verifier) Verify(r *http.Request, body []byte) error {
 	if !matched {
 		return ErrBadSignature
 	}
-	now := time.Now
-	if v.Now != nil {
-		now = v.Now
-	}
-	switch age := now().Sub(time.Unix(sig.t, 0)); {
-	case age > tolerance:
-		return fmt.Errorf("%w: signed %s ago, tolerance %s", ErrTooOld, age.Truncate(time.Second), tolerance)
-	case age < -tolerance:
-		return fmt.Errorf("%w: signed %s ahead, tolerance %s", ErrTooNew, (-age).Truncate(time.Second), tolerance)
-	}
-	return nil
+	return checkAge(v.Now, sig.t, tol)
 }
 
 // Handler returns middleware that reads the request body (up to MaxBody), checks
@@ -466,12 +445,18 @@ func (v *Verifier) Verify(r *http.Request, body []byte) error {
 // permanent refusal, so the event is quarantined, not retried forever), 413 for a
 // body over MaxBody, 500 when the Verifier is misconfigured (retried).
 func (v *Verifier) Handler(next http.Handler) http.Handler {
+	return verifyingHandler(func() error { _, err := v.check(); return err }, v.MaxBody, v.Verify, next)
+}
+
+// verifyingHandler is the middleware of both verifiers: check validates the
+// verifier's configuration, verify checks a request with its body.
+func verifyingHandler(check func() error, maxBody int64, verify func(*http.Request, []byte) error, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, err := v.check(); err != nil {
+		if err := check(); err != nil {
 			http.Error(w, "webhook signature verifier is misconfigured", http.StatusInternalServerError)
 			return
 		}
-		limit := v.MaxBody
+		limit := maxBody
 		if limit <= 0 {
 			limit = DefaultMaxBody
 		}
@@ -485,7 +470,7 @@ func (v *Verifier) Handler(next http.Handler) http.Handler {
 			http.Error(w, "cannot read the request body", http.StatusBadRequest)
 			return
 		}
-		if err := v.Verify(r, body); err != nil {
+		if err := verify(r, body); err != nil {
 			http.Error(w, err.Error(), http.StatusUnauthorized)
 			return
 		}

@@ -11,6 +11,7 @@
 //	traceparent, …                          the producer's headers
 //	Idempotency-Key: <event id>             the same on every attempt
 //	Outbox-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>   see Sign
+//	Webhook-Id, Webhook-Timestamp, Webhook-Signature        with Config.StandardSecret, see below
 //
 // plus Config.Header. A producer header with a reserved name
 // (pgoutbox.ReservedHeader: Authorization, Cookie, Content-*, Transfer-Encoding,
@@ -71,10 +72,29 @@
 // endpoint for that long (at most Config.RetryAfterMax): every event fails at once
 // as unavailable instead.
 //
+// # Standard Webhooks
+//
+// With Config.StandardSecret the publisher also signs every request the way of
+// the Standard Webhooks specification (https://www.standardwebhooks.com), beside
+// Outbox-Signature or instead of it when Config.Secret is empty:
+//
+//	Webhook-Id: <event id>                   the same on every attempt, like Idempotency-Key
+//	Webhook-Timestamp: <unix seconds>        the time of this attempt
+//	Webhook-Signature: v1,<base64(HMAC-SHA256(key, id + "." + timestamp + "." + body))>
+//
+// so receivers can verify events with the off-the-shelf standardwebhooks
+// libraries (JavaScript, Python, Go, …), given the secret in its text form
+// "whsec_" + base64(key) ([ParseStandardSecret], [FormatStandardSecret]). Such a
+// signature covers the id, the timestamp and the exact body bytes sent, not the
+// Outbox-* headers, the content type or the path: a receiver of Standard Webhooks
+// should act on what the body says. The Webhook-* names are reserved: producer
+// headers of those names are dropped and Config.Header may not set them.
+//
 // # Receiving
 //
-// [Verifier] checks signatures on the receiving side, as a function or as
-// net/http middleware, with several secrets for rotation.
+// [Verifier] checks Outbox-Signature on the receiving side, as a function or as
+// net/http middleware, with several secrets for rotation; [StandardVerifier]
+// checks the Standard Webhooks headers the same way.
 //
 // Outside the standard library (net/http) it pulls in only the root package's pgx
 // and OpenTelemetry trace API.
@@ -120,7 +140,8 @@ const (
 )
 
 // Config configures a Publisher. URL is required, and Secret unless
-// AllowUnsigned, so a nil *Config is not valid; the other fields have defaults.
+// StandardSecret or AllowUnsigned is set, so a nil *Config is not valid; the
+// other fields have defaults.
 type Config struct {
 	// URL is the endpoint every event is POSTed to: http:// or https://, with a
 	// host, optionally a port, a path and a query. The path may hold the
@@ -133,11 +154,20 @@ type Config struct {
 
 	// Secret is the key of the HMAC-SHA256 signature of every request (see Sign);
 	// the receiver's Verifier needs the same bytes. At least MinSecretLen bytes;
-	// 32 random bytes are good. Required unless AllowUnsigned.
+	// 32 random bytes are good. Required unless StandardSecret or AllowUnsigned
+	// is set.
 	Secret []byte
 
-	// AllowUnsigned permits an empty Secret: requests then carry no
-	// Outbox-Signature header, and the receiver must authenticate them otherwise
+	// StandardSecret, when set, is the key (decoded: see ParseStandardSecret for
+	// its "whsec_…" text form) of a Standard Webhooks signature sent beside
+	// Outbox-Signature: webhook-id, webhook-timestamp and webhook-signature
+	// headers (see SignStandard), which the standardwebhooks libraries and
+	// StandardVerifier check. 24 to 64 bytes. With it, Secret may be empty: the
+	// requests are then signed the Standard Webhooks way only. Empty means none.
+	StandardSecret []byte
+
+	// AllowUnsigned permits an empty Secret and StandardSecret: requests then
+	// carry no signature, and the receiver must authenticate them otherwise
 	// (mutual TLS, an Authorization header in Header). False means signed.
 	AllowUnsigned bool
 
@@ -219,6 +249,11 @@ var reservedHeaders = map[string]bool{
 	"Upgrade":           true,
 	"Expect":            true,
 	"Idempotency-Key":   true,
+	// Standard Webhooks: only the publisher may set them, whether or not it
+	// signs that way, so that no producer can forge them.
+	HeaderWebhookID:        true,
+	HeaderWebhookTimestamp: true,
+	HeaderWebhookSignature: true,
 }
 
 // withDefaults returns a copy of cfg with defaults applied and its parsed
@@ -239,6 +274,7 @@ func withDefaults(cfg *Config) (Config, *endpoint, error) {
 
 func fillDefaults(c *Config) {
 	c.Secret = slices.Clone(c.Secret)
+	c.StandardSecret = slices.Clone(c.StandardSecret)
 	config.Default(&c.Timeout, DefaultTimeout)
 	config.Default(&c.MaxConcurrency, DefaultMaxConcurrency)
 	config.Default(&c.RetryAfterMax, DefaultRetryAfterMax)
@@ -255,8 +291,13 @@ func fillDefaults(c *Config) {
 func checkConfig(c *Config, p *config.Problems) *endpoint {
 	ep, err := parseEndpoint(c.URL)
 	p.Field("Config.URL", err)
-	p.Check(len(c.Secret) > 0 || c.AllowUnsigned,
-		"Config.Secret is required (or set Config.AllowUnsigned to send unsigned requests)")
+	p.Check(len(c.Secret) > 0 || len(c.StandardSecret) > 0 || c.AllowUnsigned,
+		"Config.Secret is required (or Config.StandardSecret, or set Config.AllowUnsigned to send unsigned requests)")
+	if len(c.StandardSecret) > 0 {
+		if err := checkStandardKey(c.StandardSecret); err != nil {
+			p.Check(false, "Config.StandardSecret %v", err)
+		}
+	}
 	p.Check(len(c.Secret) == 0 || len(c.Secret) >= MinSecretLen,
 		"Config.Secret is %d bytes, want at least %d", len(c.Secret), MinSecretLen)
 	p.Check(c.Timeout > 0, "Config.Timeout (%s) must be positive", c.Timeout)
@@ -319,7 +360,7 @@ var errClosed = errors.New("webhook: publisher closed")
 var ErrTimeout = errors.New("no answer within the timeout")
 
 // New returns a publisher configured by cfg, which must give at least the URL
-// (and the Secret, unless AllowUnsigned). It does not contact the endpoint.
+// (and the Secret, unless StandardSecret or AllowUnsigned). It does not contact the endpoint.
 func New(config *Config) (*Publisher, error) {
 	cfg, ep, err := withDefaults(config)
 	if err != nil {
@@ -362,6 +403,10 @@ func secretMaterial(cfg Config, ep *endpoint) []string {
 	if len(cfg.Secret) > 0 {
 		s = append(s, string(cfg.Secret))
 	}
+	if len(cfg.StandardSecret) > 0 {
+		text := FormatStandardSecret(cfg.StandardSecret)
+		s = append(s, string(cfg.StandardSecret), text, strings.TrimPrefix(text, StandardSecretPrefix))
+	}
 	s = append(s, redact.Secrets(cfg.URL)...)
 	if u := ep.base.User; u != nil {
 		pass, _ := u.Password()
@@ -403,7 +448,7 @@ func warnPlaintext(cfg Config, ep *endpoint) {
 			what = append(what, "the "+h+" header")
 		}
 	}
-	if len(cfg.Secret) > 0 {
+	if len(cfg.Secret) > 0 || len(cfg.StandardSecret) > 0 {
 		what = append(what, "signed requests (the signature proves nothing to a reader who can replay them)")
 	}
 	if len(what) == 0 {
@@ -603,9 +648,13 @@ func (p *Publisher) post(ctx context.Context, m *broker.Message, target string, 
 		return broker.Permanent(fmt.Errorf("%s: %s", what(), parseErrorText(err)))
 	}
 	req.Header = header
+	// Signed as late as possible, so the timestamp is the time of sending.
+	now := p.now()
 	if len(p.cfg.Secret) > 0 {
-		// Signed as late as possible, so the timestamp is the time of sending.
-		header.Set(HeaderSignature, Sign(p.cfg.Secret, p.now(), req, m.Payload))
+		header.Set(HeaderSignature, Sign(p.cfg.Secret, now, req, m.Payload))
+	}
+	if len(p.cfg.StandardSecret) > 0 {
+		setStandardHeaders(header, p.cfg.StandardSecret, m.EventID.String(), now, m.Payload)
 	}
 	// net/http itself may send the request again on a fresh connection when a
 	// kept-alive one turns out dead: it counts a request with an Idempotency-Key
@@ -635,7 +684,8 @@ func (p *Publisher) post(ctx context.Context, m *broker.Message, target string, 
 	}
 	// The request's own secrets, the signature included, are scrubbed from the
 	// excerpt: a receiver may echo the request.
-	se := &StatusError{StatusCode: resp.StatusCode, Body: excerpt(resp.Body, slices.Concat(p.secrets, []string{header.Get(HeaderSignature)})...)}
+	_, stdSig, _ := strings.Cut(header.Get(HeaderWebhookSignature), ",")
+	se := &StatusError{StatusCode: resp.StatusCode, Body: excerpt(resp.Body, slices.Concat(p.secrets, []string{header.Get(HeaderSignature), stdSig})...)}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
 		if loc, err := resp.Location(); err == nil && loc.Host != "" {

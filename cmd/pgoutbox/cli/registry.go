@@ -167,13 +167,18 @@ var brokerKinds = []*brokerKind{
                       hold {aggregate_type}, {event_type}, … placeholders. The HMAC secret
                       comes from PGOUTBOX_WEBHOOK_SECRET or --webhook-secret-file (never a
                       flag value, so it stays out of ps); receivers verify Outbox-Signature
-                      with the Go helper webhook.Verifier. 2xx acks; 400/404/… quarantine;
+                      with the Go helper webhook.Verifier. A Standard Webhooks secret
+                      (whsec_…) from PGOUTBOX_WEBHOOK_STANDARD_SECRET or
+                      --webhook-standard-secret-file adds webhook-id, -timestamp and
+                      -signature headers for the standardwebhooks libraries (with it,
+                      PGOUTBOX_WEBHOOK_SECRET is optional). 2xx acks; 400/404/… quarantine;
                       408/429/502-504, timeouts and connection errors retry; 401/403 are a
                       configuration error: retried, never quarantined, readiness fails`,
 		cloudEvents: "ce-* headers", display: "webhooks",
 		flags: func(fs *pflag.FlagSet) any {
 			o := &webhookFlags{}
 			fs.StringVar(&o.secretFile, "webhook-secret-file", "", "file holding the webhook HMAC secret; else PGOUTBOX_WEBHOOK_SECRET is used (env PGOUTBOX_WEBHOOK_SECRET_FILE)")
+			fs.StringVar(&o.standardSecretFile, "webhook-standard-secret-file", "", "file holding a Standard Webhooks secret (whsec_ + base64 of 24 to 64 bytes) to sign with beside Outbox-Signature; else PGOUTBOX_WEBHOOK_STANDARD_SECRET is used (env PGOUTBOX_WEBHOOK_STANDARD_SECRET_FILE)")
 			fs.BoolVar(&o.unsigned, "webhook-unsigned", false, "send webhook requests without a signature (env PGOUTBOX_WEBHOOK_UNSIGNED)")
 			return o
 		},
@@ -220,6 +225,9 @@ type webhookFlags struct {
 	secretFile string
 	unsigned   bool
 	secret     []byte // read by parse
+
+	standardSecretFile string
+	standardSecret     []byte // decoded by parse
 }
 
 // defaultEmbeddedDir is where --broker embedded keeps its data unless told.
@@ -343,7 +351,7 @@ func openRabbitMQ(ctx context.Context, t *brokerTarget, log *slog.Logger) (broke
 // openWebhook makes the webhook's HTTP client.
 func openWebhook(_ context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
 	o := kindFlags[webhookFlags](t.flags, "webhook")
-	pub, err := webhook.New(&webhook.Config{URL: t.flags.url, Secret: o.secret, AllowUnsigned: o.unsigned,
+	pub, err := webhook.New(&webhook.Config{URL: t.flags.url, Secret: o.secret, StandardSecret: o.standardSecret, AllowUnsigned: o.unsigned,
 		Timeout: t.flags.ackTimeout, Logger: log, Encoding: t.encoding})
 	if err != nil {
 		return nil, nil, usageError{err}
@@ -370,9 +378,12 @@ func parseWebhook(t *brokerTarget) error {
 	default:
 		o.secret = []byte(os.Getenv("PGOUTBOX_WEBHOOK_SECRET"))
 	}
+	if err := readStandardSecret(o); err != nil {
+		return err
+	}
 	switch {
-	case len(o.secret) == 0 && !o.unsigned:
-		return usagef("a webhook needs a signing secret: set PGOUTBOX_WEBHOOK_SECRET or --webhook-secret-file (or --webhook-unsigned)")
+	case len(o.secret) == 0 && len(o.standardSecret) == 0 && !o.unsigned:
+		return usagef("a webhook needs a signing secret: set PGOUTBOX_WEBHOOK_SECRET or --webhook-secret-file, or a Standard Webhooks one (PGOUTBOX_WEBHOOK_STANDARD_SECRET, --webhook-standard-secret-file), or --webhook-unsigned")
 	case len(o.secret) > 0 && len(o.secret) < webhook.MinSecretLen:
 		return usagef("the webhook secret is %d bytes; use at least %d (32 random bytes are good)", len(o.secret), webhook.MinSecretLen)
 	}
