@@ -36,7 +36,7 @@ func classify(err error) error {
 	var resp *smithyhttp.ResponseError
 	if errors.As(err, &resp) {
 		switch code := resp.HTTPStatusCode(); {
-		case code >= 500 || code == 429 || code == 408:
+		case code == 0 || code >= 500 || code == 429 || code == 408: // 0: the SDK got no answer
 			return broker.Unavailable(err)
 		case code == 401 || code == 403:
 			return broker.Misconfigured(err)

@@ -101,16 +101,22 @@ var (
 // first call; call StopShared from TestMain after m.Run.
 func Shared(tb testing.TB) *Server {
 	tb.Helper()
+	s, err := EnsureShared()
+	if err != nil {
+		tb.Fatalf("kinesistest: %v", err)
+	}
+	return s
+}
+
+// EnsureShared is Shared for code without a testing.TB (an Example).
+func EnsureShared() (*Server, error) {
 	sharedOnce.Do(func() {
 		var i systool.Installed
 		if i, sharedErr = systool.EnsureNPM(Kinesalite); sharedErr == nil {
 			shared, sharedErr = start(i.Bin, "")
 		}
 	})
-	if sharedErr != nil {
-		tb.Fatalf("kinesistest: %v", sharedErr)
-	}
-	return shared
+	return shared, sharedErr
 }
 
 // StopShared stops the kinesalite Shared started, if any.
