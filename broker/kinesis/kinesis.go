@@ -27,7 +27,10 @@
 //
 // Credentials come only from the AWS SDK's default chain (environment
 // variables, shared config and credentials files, web identity, container
-// and instance roles), never from the URL.
+// and instance roles), never from the URL. The publisher needs only the
+// kinesis:PutRecord permission on its streams; it has no Ping (every
+// candidate call needs a permission more), so readiness follows the publishes'
+// results.
 //
 // Outside the standard library it pulls in the AWS SDK for Go v2 (aws-sdk-go-v2
 // with its config, credentials and Kinesis service modules, and smithy-go),
@@ -113,7 +116,7 @@ func New(client *kinesis.Client, cfg *Config) (*Publisher, error) {
 	}
 	c := *cfg
 	if c.Stream.String() == "" {
-		return nil, errors.New("kinesis: Config.Stream is required")
+		return nil, errors.New("kinesis: no stream: Config.Stream (or the URL's kinesis://<stream>) is required")
 	}
 	if err := checkTemplate(c.Stream); err != nil {
 		return nil, err
@@ -134,8 +137,9 @@ func New(client *kinesis.Client, cfg *Config) (*Publisher, error) {
 }
 
 // Dial parses rawURL (see [ParseURL]), builds a client from the AWS default
-// credential chain and returns a publisher. cfg.Stream, when empty, is the
-// URL's stream template. It does not contact Kinesis.
+// credential chain and returns a publisher. cfg.Stream, when set, overrides
+// the URL's stream template; one of them must name the stream. It does not
+// contact Kinesis.
 func Dial(ctx context.Context, rawURL string, cfg *DialConfig) (*Publisher, error) {
 	u, err := ParseURL(rawURL)
 	if err != nil {
@@ -248,15 +252,6 @@ func (p *Publisher) input(m *broker.Message) (*kinesis.PutRecordInput, error) {
 			m.EventID, n, MaxRecordBytes))
 	}
 	return &kinesis.PutRecordInput{StreamName: aws.String(stream), PartitionKey: aws.String(key), Data: data}, nil
-}
-
-// Ping checks that Kinesis answers and accepts the credentials, listing one
-// stream.
-func (p *Publisher) Ping(ctx context.Context) error {
-	if _, err := p.client.ListStreams(ctx, &kinesis.ListStreamsInput{Limit: aws.Int32(1)}); err != nil {
-		return classify(fmt.Errorf("kinesis: ping: %w", err))
-	}
-	return nil
 }
 
 // Close releases nothing: the SDK's client holds idle connections only.

@@ -109,7 +109,7 @@ func TestParseURL(t *testing.T) {
 		t.Fatalf("ParseURL: %+v, %v", u, err)
 	}
 	for _, bad := range []string{
-		"kinesis://",
+		"kinesis://?region=a&region=b&x",
 		"sqs://outbox",
 		"kinesis://key:hunter2@outbox",
 		"kinesis://outbox/path",

@@ -14,7 +14,8 @@ const maxURLLen = 2048
 
 // URL is a parsed kinesis:// URL.
 type URL struct {
-	// Stream is the stream name template.
+	// Stream is the stream name template; its String is empty when the URL
+	// names none.
 	Stream broker.Template
 	// Region is the AWS region; empty means the default chain's (AWS_REGION,
 	// the shared config file).
@@ -25,7 +26,8 @@ type URL struct {
 }
 
 // ParseURL parses kinesis://<stream-template>[?region=<region>&endpoint=<url>].
-// The stream template may hold placeholders such as {aggregate_type}. The URL
+// The stream template may hold placeholders such as {aggregate_type}; it may
+// be empty when Config.Stream names the stream instead. The URL
 // must not hold credentials: they come from the AWS default chain only. Errors
 // never quote the URL, which could hold a secret.
 func ParseURL(raw string) (URL, error) {
@@ -43,17 +45,17 @@ func ParseURL(raw string) (URL, error) {
 	if strings.ContainsAny(stream, "/#") {
 		return URL{}, errors.New("kinesis: the URL holds a path or fragment after the stream name; want kinesis://<stream>[?region=…&endpoint=…]")
 	}
-	if stream == "" {
-		return URL{}, errors.New("kinesis: the URL names no stream; want kinesis://<stream>")
+	var u URL
+	if stream != "" {
+		t, err := broker.ParseTemplate(stream)
+		if err != nil {
+			return URL{}, fmt.Errorf("kinesis: stream: %w", err)
+		}
+		if err := checkTemplate(t); err != nil {
+			return URL{}, err
+		}
+		u.Stream = t
 	}
-	t, err := broker.ParseTemplate(stream)
-	if err != nil {
-		return URL{}, fmt.Errorf("kinesis: stream: %w", err)
-	}
-	if err := checkTemplate(t); err != nil {
-		return URL{}, err
-	}
-	u := URL{Stream: t}
 	q, err := url.ParseQuery(query)
 	if err != nil {
 		return URL{}, errors.New("kinesis: the URL's query is malformed")
