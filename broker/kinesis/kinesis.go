@@ -118,7 +118,7 @@ func New(client *kinesis.Client, cfg *Config) (*Publisher, error) {
 	if c.Stream.String() == "" {
 		return nil, errors.New("kinesis: no stream: Config.Stream (or the URL's kinesis://<stream>) is required")
 	}
-	if err := checkTemplate(c.Stream); err != nil {
+	if err := CheckTemplate(c.Stream); err != nil {
 		return nil, err
 	}
 	if err := c.Encoding.Validate(); err != nil {
@@ -275,9 +275,9 @@ func streamNameByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-'
 }
 
-// checkTemplate refuses a stream template whose literal text could never be
+// CheckTemplate refuses a stream template whose literal text could never be
 // part of a stream name.
-func checkTemplate(t broker.Template) error {
+func CheckTemplate(t broker.Template) error {
 	lit := t.ExpandFunc(func(string) string { return "x" })
 	if err := CheckStreamName(lit); err != nil {
 		return fmt.Errorf("kinesis: stream template %q: %w", t.String(), err)

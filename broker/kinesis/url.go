@@ -51,7 +51,7 @@ func ParseURL(raw string) (URL, error) {
 		if err != nil {
 			return URL{}, fmt.Errorf("kinesis: stream: %w", err)
 		}
-		if err := checkTemplate(t); err != nil {
+		if err := CheckTemplate(t); err != nil {
 			return URL{}, err
 		}
 		u.Stream = t
