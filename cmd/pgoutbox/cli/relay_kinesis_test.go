@@ -69,3 +69,26 @@ func TestRelayKinesisSIGKILL(t *testing.T) {
 	dups := brokertest.CheckStream(t, got, ids)
 	t.Logf("%d records for %d events: %d duplicates from the killed relay's unacknowledged records", len(got), len(ids), dups)
 }
+
+// TestRelayKinesisFlagErrors: a Kinesis target that cannot work fails at
+// start-up with one line, never echoing credentials put in the URL.
+func TestRelayKinesisFlagErrors(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--broker", "kinesis://key:hunter2@outbox"}, "must not hold credentials"},
+		{[]string{"--broker", "kinesis://outbox?endpoint=http://key:hunter2@host"}, "must not hold credentials"},
+		{[]string{"--broker", "kinesis://outbox?token=hunter2"}, "unknown query parameter"},
+		{[]string{"--broker", "kinesis://?region=us-east-1"}, "no Kinesis stream"},
+		{[]string{"--broker", "kinesis://outbox", "--topic-template", "o-{aggregate_type}"}, "give one"},
+		{[]string{"--broker", "kinesis://?region=us-east-1", "--topic-template", "o {aggregate_type}"}, "not allowed"},
+	}
+	for _, tc := range cases {
+		_, errOut, code := run(t, append([]string{"relay", "--database-url", "postgres://x@127.0.0.1:1/db"}, tc.args...)...)
+		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 || strings.Contains(errOut, "hunter2") {
+			t.Errorf("relay %v: exit %d, stderr %q, want one line with %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}
