@@ -205,7 +205,10 @@ func (s *Server) CreateStream(tb testing.TB, shards int32) string {
 		defer cancel()
 		_, _ = s.Client().DeleteStream(ctx, &kinesis.DeleteStreamInput{StreamName: aws.String(name)})
 	})
-	w := kinesis.NewStreamExistsWaiter(c, func(o *kinesis.StreamExistsWaiterOptions) { o.MinDelay = 10 * time.Millisecond; o.MaxDelay = time.Second })
+	w := kinesis.NewStreamExistsWaiter(c, func(o *kinesis.StreamExistsWaiterOptions) {
+		o.MinDelay = 10 * time.Millisecond
+		o.MaxDelay = time.Second
+	})
 	if err := w.Wait(ctx, &kinesis.DescribeStreamInput{StreamName: aws.String(name)}, 60*time.Second); err != nil {
 		tb.Fatalf("kinesistest: stream %s not ACTIVE: %v", name, err)
 	}

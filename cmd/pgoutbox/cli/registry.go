@@ -196,10 +196,10 @@ var brokerKinds = []*brokerKind{
                       placeholders goes in --topic-template. Credentials from the AWS
                       default chain only (AWS_* variables, shared files, roles)`,
 		cloudEvents: "a structured-mode JSON record", display: "Kinesis",
-		parse:       parseKinesis,
-		open:        openKinesis,
-		describe:    describeKinesis,
-		tenants:     kinesisTenants,
+		parse:    parseKinesis,
+		open:     openKinesis,
+		describe: describeKinesis,
+		tenants:  kinesisTenants,
 	},
 	{
 		name: "null", words: []string{"null://", "null"}, choices: []string{"null://"},
