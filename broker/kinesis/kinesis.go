@@ -235,21 +235,21 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error 
 // input builds m's PutRecord request, or says why m cannot be sent, marked
 // Permanent.
 func (p *Publisher) input(m *broker.Message) (*kinesis.PutRecordInput, error) {
+	refuse := func(err error) error { return broker.Permanent(fmt.Errorf("kinesis: event %s: %w", m.EventID, err)) }
 	stream, err := p.cfg.Stream.ExpandChecked(m)
-	if err != nil {
-		return nil, broker.Permanent(fmt.Errorf("kinesis: event %s: %w", m.EventID, err))
+	if err == nil {
+		err = CheckStreamName(stream)
 	}
-	if err := CheckStreamName(stream); err != nil {
-		return nil, broker.Permanent(fmt.Errorf("kinesis: event %s: %w", m.EventID, err))
+	if err != nil {
+		return nil, refuse(err)
 	}
 	data, err := Encode(p.cfg.Encoding, m)
 	if err != nil {
-		return nil, broker.Permanent(fmt.Errorf("kinesis: event %s: %w", m.EventID, err))
+		return nil, refuse(err)
 	}
 	key := PartitionKey(m)
 	if n := len(data) + len(key); n > MaxRecordBytes {
-		return nil, broker.Permanent(fmt.Errorf("kinesis: event %s: the record is %d bytes (data and partition key), above Kinesis's limit of %d",
-			m.EventID, n, MaxRecordBytes))
+		return nil, refuse(fmt.Errorf("the record is %d bytes (data and partition key), above Kinesis's limit of %d", n, MaxRecordBytes))
 	}
 	return &kinesis.PutRecordInput{StreamName: aws.String(stream), PartitionKey: aws.String(key), Data: data}, nil
 }

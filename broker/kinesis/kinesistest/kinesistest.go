@@ -153,7 +153,7 @@ func (s *Server) Restart() error {
 		args = append(args, "--path", s.dir)
 	}
 	cmd := exec.Command(s.bin, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test binary
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start kinesalite: %w", err)
 	}
