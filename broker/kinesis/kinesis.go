@@ -43,7 +43,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -86,9 +85,6 @@ type Config struct {
 	// Timeout bounds one PutRecord request, its SDK retries included.
 	// Defaults to 30 s.
 	Timeout time.Duration
-
-	// Logger receives the publisher's logs. Defaults to slog.Default().
-	Logger *slog.Logger
 }
 
 // DialConfig is what [Dial] needs beyond Config to build the client.
@@ -129,9 +125,6 @@ func New(client *kinesis.Client, cfg *Config) (*Publisher, error) {
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = 30 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	return &Publisher{client: client, cfg: c, sem: make(chan struct{}, c.MaxInFlight)}, nil
 }

@@ -40,9 +40,9 @@ func kinesisTenants(t *brokerTarget) error {
 }
 
 // openKinesis builds the Kinesis client from the AWS default credential chain.
-func openKinesis(ctx context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
+func openKinesis(ctx context.Context, t *brokerTarget, _ *slog.Logger) (broker.Publisher, func(), error) {
 	pub, err := kinesis.Dial(ctx, t.flags.url, &kinesis.DialConfig{Config: kinesis.Config{
-		Stream: *t.template, Encoding: t.encoding, Timeout: t.flags.ackTimeout, Logger: log,
+		Stream: *t.template, Encoding: t.encoding, Timeout: t.flags.ackTimeout,
 	}})
 	if err != nil {
 		return nil, nil, usageError{err}
