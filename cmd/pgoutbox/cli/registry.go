@@ -193,6 +193,20 @@ var brokerKinds = []*brokerKind{
 		// Webhooks warn in broker/webhook.
 	},
 	{
+		name: "kinesis", schemes: []string{"kinesis"}, choices: []string{"kinesis://stream"},
+		help: `  kinesis://stream[?region=…&endpoint=…]   Amazon Kinesis Data Streams: one record per
+                      event, a JSON envelope of the Outbox-* headers and the payload;
+                      partition key = aggregate (one aggregate, one shard), written one
+                      at a time per aggregate in order. A stream template with
+                      placeholders goes in --topic-template. Credentials from the AWS
+                      default chain only (AWS_* variables, shared files, roles)`,
+		cloudEvents: "a structured-mode JSON record", display: "Kinesis",
+		parse:    parseKinesis,
+		open:     openKinesis,
+		describe: describeKinesis,
+		tenants:  kinesisTenants,
+	},
+	{
 		name: "null", words: []string{"null://", "null"}, choices: []string{"null://"},
 		help: `  null://             acknowledges everything and keeps nothing (benchmarks, dry runs)`,
 		open: func(context.Context, *brokerTarget, *slog.Logger) (broker.Publisher, func(), error) {

@@ -1,0 +1,121 @@
+package kinesis
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+// maxURLLen bounds the URL ParseURL accepts.
+const maxURLLen = 2048
+
+// URL is a parsed kinesis:// URL.
+type URL struct {
+	// Stream is the stream name template; its String is empty when the URL
+	// names none.
+	Stream broker.Template
+	// Region is the AWS region; empty means the default chain's (AWS_REGION,
+	// the shared config file).
+	Region string
+	// Endpoint overrides the Kinesis endpoint (an emulator, a VPC endpoint):
+	// an http or https URL without credentials. Empty means AWS's.
+	Endpoint string
+}
+
+// ParseURL parses kinesis://<stream-template>[?region=<region>&endpoint=<url>].
+// The stream template may hold placeholders such as {aggregate_type}; it may
+// be empty when Config.Stream names the stream instead. The URL
+// must not hold credentials: they come from the AWS default chain only. Errors
+// never quote the URL, which could hold a secret.
+func ParseURL(raw string) (URL, error) {
+	if len(raw) > maxURLLen {
+		return URL{}, fmt.Errorf("kinesis: URL of %d bytes, above %d", len(raw), maxURLLen)
+	}
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok || !strings.EqualFold(scheme, "kinesis") {
+		return URL{}, errors.New("kinesis: want a URL kinesis://<stream>[?region=…&endpoint=…]")
+	}
+	stream, query, _ := strings.Cut(rest, "?")
+	if strings.Contains(stream, "@") {
+		return URL{}, errors.New("kinesis: the URL must not hold credentials (user info): they come from the AWS default chain (AWS_ACCESS_KEY_ID, AWS_PROFILE, roles)")
+	}
+	if strings.ContainsAny(stream, "/#") {
+		return URL{}, errors.New("kinesis: the URL holds a path or fragment after the stream name; want kinesis://<stream>[?region=…&endpoint=…]")
+	}
+	var u URL
+	if stream != "" {
+		t, err := broker.ParseTemplate(stream)
+		if err != nil {
+			return URL{}, fmt.Errorf("kinesis: stream: %w", err)
+		}
+		if err := CheckTemplate(t); err != nil {
+			return URL{}, err
+		}
+		u.Stream = t
+	}
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return URL{}, errors.New("kinesis: the URL's query is malformed")
+	}
+	for k, v := range q {
+		if len(v) != 1 {
+			return URL{}, fmt.Errorf("kinesis: query parameter %q given %d times", k, len(v))
+		}
+		switch k {
+		case "region":
+			if err := checkRegion(v[0]); err != nil {
+				return URL{}, err
+			}
+			u.Region = v[0]
+		case "endpoint":
+			if err := checkEndpoint(v[0]); err != nil {
+				return URL{}, err
+			}
+			u.Endpoint = v[0]
+		default:
+			return URL{}, fmt.Errorf("kinesis: unknown query parameter %q (want region or endpoint)", truncate(k))
+		}
+	}
+	return u, nil
+}
+
+// checkRegion accepts region names such as us-east-1: lower-case letters,
+// digits and '-', at most 32.
+func checkRegion(r string) error {
+	if r == "" || len(r) > 32 {
+		return errors.New("kinesis: region: want a name such as us-east-1")
+	}
+	for i := 0; i < len(r); i++ {
+		if c := r[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return errors.New("kinesis: region: want a name such as us-east-1 (a-z, 0-9, '-')")
+		}
+	}
+	return nil
+}
+
+// checkEndpoint accepts an http or https URL with a host and no credentials,
+// query or fragment.
+func checkEndpoint(s string) error {
+	e, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return errors.New("kinesis: endpoint is not a URL")
+	case e.User != nil:
+		return errors.New("kinesis: endpoint must not hold credentials: they come from the AWS default chain")
+	case e.Scheme != "http" && e.Scheme != "https":
+		return errors.New("kinesis: endpoint: want an http:// or https:// URL")
+	case e.Host == "" || e.RawQuery != "" || e.Fragment != "":
+		return errors.New("kinesis: endpoint: want scheme://host[:port][/path]")
+	}
+	return nil
+}
+
+func truncate(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}
