@@ -66,7 +66,7 @@ func subscribe(t testing.TB, addr, prefix string) *subscriber {
 	t.Helper()
 	s := &subscriber{prefix: prefix}
 	id := unique("sub")
-	opts := paho.NewClientOptions().AddBroker("tcp://"+addr).SetClientID(id).
+	opts := paho.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(id).
 		SetCleanSession(false).SetProtocolVersion(4).SetAutoReconnect(true).
 		SetMaxReconnectInterval(time.Second).SetOrderMatters(true).
 		SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {
@@ -234,3 +234,5 @@ func (m *mosquitto) Stop(ctx context.Context) error {
 	m.cmd = nil
 	return nil
 }
+
+func itoa(n int) string { return fmt.Sprint(n) }
