@@ -135,6 +135,12 @@ type Config struct {
 	// acknowledgement at once. Zero means DefaultMaxInFlight (256).
 	MaxInFlight int
 
+	// AckTimeout bounds the wait for one message's acknowledgement, once
+	// the acknowledgements before it have arrived; a message without one by
+	// then fails as unavailable (the broker may still have it). Zero means no
+	// bound but the Publish context's.
+	AckTimeout time.Duration
+
 	// ConnectTimeout bounds connecting and each write. Zero means
 	// DefaultConnectTimeout (10s).
 	ConnectTimeout time.Duration
@@ -261,8 +267,8 @@ func (c *Config) check(srv *server) error {
 		return fmt.Errorf("mqtt: MaxPayloadBytes %d: want 1 to %d", c.MaxPayloadBytes, HardMaxPayloadBytes)
 	case c.MaxInFlight < 0 || c.MaxInFlight > 65535:
 		return fmt.Errorf("mqtt: MaxInFlight %d: want 1 to 65535", c.MaxInFlight)
-	case c.ConnectTimeout < 0 || c.KeepAlive < 0:
-		return errors.New("mqtt: negative ConnectTimeout or KeepAlive")
+	case c.ConnectTimeout < 0 || c.KeepAlive < 0 || c.AckTimeout < 0:
+		return errors.New("mqtt: negative ConnectTimeout, KeepAlive or AckTimeout")
 	case c.Password != "" && srv.username == "":
 		return errors.New("mqtt: a password is set but the broker URL names no user (mqtt://user@host): MQTT 3.1.1 sends a password only with a user name")
 	}
@@ -397,7 +403,15 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 	}
 	tok := p.client.Publish(topic, byte(p.cfg.QoS), false, payload)
 	return func(ctx context.Context) error {
+		var timeout <-chan time.Time
+		if p.cfg.AckTimeout > 0 {
+			t := time.NewTimer(p.cfg.AckTimeout)
+			defer t.Stop()
+			timeout = t.C
+		}
 		select {
+		case <-timeout:
+			return broker.Unavailable(fmt.Errorf("mqtt: event %s: no acknowledgement within %s", m.EventID, p.cfg.AckTimeout))
 		case <-tok.Done():
 			if err := tok.Error(); err != nil {
 				return broker.Unavailable(fmt.Errorf("mqtt: publish event %s: %w", m.EventID, err))
