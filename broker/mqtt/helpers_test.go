@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -164,14 +165,19 @@ type mosquitto struct {
 	exit chan struct{}
 }
 
-func startMosquitto(t testing.TB) *mosquitto {
+// startMosquitto starts one; extra lines replace allow_anonymous true.
+func startMosquitto(t testing.TB, extra ...string) *mosquitto {
 	t.Helper()
 	bin := systool.Need(t, systool.Tool{Program: "mosquitto", Package: "mosquitto"})
 	dir := t.TempDir()
 	port := brokertest.FreePort(t)
 	conf := filepath.Join(dir, "mosquitto.conf")
-	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\n"+
-		"max_queued_messages 0\nmax_inflight_messages 0\nlog_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\nlog_type information\nlog_type subscribe\n", port, dir)
+	access := "allow_anonymous true\n"
+	if len(extra) > 0 {
+		access = strings.Join(extra, "\n") + "\n"
+	}
+	text := fmt.Sprintf("listener %d 127.0.0.1\n%spersistence true\npersistence_location %s/\n"+
+		"max_queued_messages 0\nmax_inflight_messages 0\nlog_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\nlog_type information\nlog_type subscribe\n", port, access, dir)
 	if os.Geteuid() == 0 {
 		text += "user root\n" // else it drops to user mosquitto, who cannot write dir
 	}
@@ -192,7 +198,7 @@ func startMosquitto(t testing.TB) *mosquitto {
 	return m
 }
 
-// Start starts the server and waits until it accepts a connection.
+// Start starts the server and waits until it listens.
 func (m *mosquitto) Start(context.Context) error {
 	m.cmd = exec.Command(m.bin, "-c", m.conf)
 	logf, err := os.OpenFile(filepath.Join(filepath.Dir(m.conf), "log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
@@ -206,15 +212,12 @@ func (m *mosquitto) Start(context.Context) error {
 	}
 	m.exit = make(chan struct{})
 	go func(cmd *exec.Cmd, exit chan struct{}) { _ = cmd.Wait(); close(exit) }(m.cmd, m.exit)
-	wait.For(m.t, deadline, "mosquitto accepting connections on "+m.addr, func() bool {
-		opts := paho.NewClientOptions().AddBroker("tcp://" + m.addr).SetClientID(unique("probe")).SetConnectTimeout(time.Second)
-		c := paho.NewClient(opts)
-		tok := c.Connect()
-		if tok.WaitTimeout(5*time.Second) && tok.Error() == nil {
-			c.Disconnect(0)
-			return true
+	wait.For(m.t, deadline, "mosquitto listening on "+m.addr, func() bool {
+		c, err := net.DialTimeout("tcp", m.addr, 5*time.Second)
+		if err == nil {
+			c.Close()
 		}
-		return false
+		return err == nil
 	})
 	return nil
 }

@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/mqtt"
+	"github.com/pgoutbox/pgoutbox/internal/systool"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
@@ -165,6 +169,43 @@ func TestParseReceivedRefusesGarbage(t *testing.T) {
 		`{"specversion":"1.0","id":"x"}`, `{"headers":{},"data_base64":"!"}`} {
 		if _, err := mqtt.ParseReceived([]byte(p)); err == nil {
 			t.Errorf("ParseReceived(%q) = nil error", p)
+		}
+	}
+}
+
+// TestRefusedCredentials: a CONNACK refusing the user name and password is a
+// configuration error (retried, never quarantined), and shows no password.
+func TestRefusedCredentials(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	passwords := filepath.Join(dir, "passwords")
+	bin := systool.Need(t, systool.Tool{Program: "mosquitto_passwd", Package: "mosquitto"})
+	if out, err := exec.Command(bin, "-b", "-c", passwords, "relay", "right-password").CombinedOutput(); err != nil {
+		t.Fatalf("mosquitto_passwd: %v\n%s", err, out)
+	}
+	if err := os.Chmod(passwords, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	server := startMosquitto(t, "allow_anonymous false", "password_file "+passwords)
+	for _, c := range []struct {
+		user, password string
+		ok             bool
+	}{{"relay", "wrong-password", false}, {"relay", "right-password", true}} {
+		id := unique("pub")
+		p, err := mqtt.New("mqtt://"+c.user+"@"+server.addr, mqtt.Config{ClientID: id, Password: c.password})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = p.Ping(t.Context())
+		results := brokertest.Publish(t, p, brokertest.Message("order", "o1", 1))
+		_ = p.Close()
+		switch {
+		case c.ok && (err != nil || results[0] != nil):
+			t.Errorf("right password: ping %v, publish %v", err, results[0])
+		case !c.ok && (!broker.IsMisconfigured(err) || !broker.IsMisconfigured(results[0])):
+			t.Errorf("wrong password: ping %v, publish %v, want misconfigured", err, results[0])
+		case !c.ok && strings.Contains(err.Error(), c.password):
+			t.Errorf("the error %q shows the password", err)
 		}
 	}
 }
