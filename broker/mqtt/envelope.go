@@ -59,9 +59,11 @@ const (
 // attributes are members of the JSON object.
 var ceStructured = wire.CloudEventsBinding{Prefix: "ce-"}
 
-// encode writes m's MQTT payload in enc's format: the envelope, or a
-// CloudEvents structured-mode event.
-func encode(enc wire.Encoding, m *broker.Message) ([]byte, error) {
+// Encode returns the MQTT payload a Publisher sends for m in enc's format
+// (see the package doc): the envelope, or a CloudEvents structured-mode event.
+// A message the codec refuses gets an error marked wire.Refused. It does not
+// check the payload's size.
+func Encode(enc wire.Encoding, m *wire.Message) ([]byte, error) {
 	e, err := enc.Encode(m, ceStructured)
 	if err != nil {
 		return nil, err

@@ -389,7 +389,7 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 	if err := CheckTopic(topic); err != nil {
 		return nil, fmt.Errorf("mqtt: event %s: %w", m.EventID, err)
 	}
-	payload, err := encode(p.cfg.Encoding, m)
+	payload, err := Encode(p.cfg.Encoding, m)
 	if err != nil {
 		return nil, err
 	}
