@@ -176,10 +176,11 @@ type Publisher struct {
 	client paho.Client
 	log    *slog.Logger
 
-	mu     sync.Mutex // serialises connecting
-	conn   *connection
-	closed bool
-	next   atomic.Pointer[connection] // the connection being dialled
+	mu      sync.Mutex // serialises connecting
+	conn    *connection
+	pending *attempt // a connect whose CONNACK no caller waited for
+	closed  bool
+	next    atomic.Pointer[connection] // the connection being dialled
 }
 
 // connection is one network connection of the client; lost is closed when it
@@ -338,7 +339,9 @@ func (w watchedConn) Close() error {
 }
 
 // connect returns the open connection, connecting first if there is none.
-func (p *Publisher) connect() (*connection, error) {
+// It waits for the CONNACK until ctx ends or ConnectTimeout passes; an attempt
+// that ctx gave up on goes on, and the next call waits for it.
+func (p *Publisher) connect(ctx context.Context) (*connection, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -347,23 +350,37 @@ func (p *Publisher) connect() (*connection, error) {
 	if c := p.conn; c != nil && !c.isLost() && p.client.IsConnectionOpen() {
 		return c, nil
 	}
-	if p.conn != nil {
-		// Lost: let paho finish with the old connection before the next.
-		p.client.Disconnect(0)
-		p.log.Warn("mqtt: connection lost; reconnecting")
+	if p.pending == nil {
+		if p.conn != nil {
+			// Lost: let paho finish with the old connection before the next.
+			p.client.Disconnect(0)
+			p.conn = nil
+			p.log.Warn("mqtt: connection lost; reconnecting")
+		}
+		c := &connection{lost: make(chan struct{})}
+		p.next.Store(c)
+		p.pending = &attempt{c, p.client.Connect().(*paho.ConnectToken)}
 	}
-	c := &connection{lost: make(chan struct{})}
-	p.next.Store(c)
-	tok := p.client.Connect().(*paho.ConnectToken)
-	tok.Wait() // bounded by ConnectTimeout
-	if err := tok.Error(); err != nil {
-		c.end()
-		p.conn = nil
-		return nil, p.connectError(tok.ReturnCode(), err)
+	a := p.pending
+	select {
+	case <-a.tok.Done(): // bounded by ConnectTimeout
+	case <-ctx.Done():
+		return nil, broker.Unavailable(fmt.Errorf("mqtt: connect to %s: %w", p.server.display, ctx.Err()))
 	}
-	p.conn = c
-	p.log.Info("mqtt: connected", "client_id", p.cfg.ClientID, "session_present", tok.SessionPresent())
-	return c, nil
+	p.pending = nil
+	if err := a.tok.Error(); err != nil {
+		a.c.end()
+		return nil, p.connectError(a.tok.ReturnCode(), err)
+	}
+	p.conn = a.c
+	p.log.Info("mqtt: connected", "client_id", p.cfg.ClientID, "session_present", a.tok.SessionPresent())
+	return a.c, nil
+}
+
+// attempt is a connect under way.
+type attempt struct {
+	c   *connection
+	tok *paho.ConnectToken
 }
 
 func (p *Publisher) connectError(code byte, err error) error {
@@ -397,7 +414,7 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 		return nil, broker.Permanent(fmt.Errorf("mqtt: event %s refused: MQTT payload of %d bytes, above the maximum of %d",
 			m.EventID, len(payload), p.cfg.MaxPayloadBytes))
 	}
-	c, err := p.connect()
+	c, err := p.connect(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -428,10 +445,7 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 // Ping connects if needed and reports whether the broker accepted the
 // connection.
 func (p *Publisher) Ping(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	_, err := p.connect()
+	_, err := p.connect(ctx)
 	return err
 }
 
@@ -444,6 +458,10 @@ func (p *Publisher) Close() error {
 		return nil
 	}
 	p.closed = true
+	if p.pending != nil {
+		p.pending.tok.WaitTimeout(p.cfg.ConnectTimeout) // so that it does not outlive Close
+		p.pending = nil
+	}
 	if p.client.IsConnectionOpen() {
 		p.client.Disconnect(250)
 	}

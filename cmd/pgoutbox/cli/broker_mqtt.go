@@ -72,7 +72,10 @@ func openMQTT(ctx context.Context, t *brokerTarget, o *mqttFlags, log *slog.Logg
 	if err != nil {
 		return nil, nil, usageError{err}
 	}
-	if err := pub.Ping(ctx); broker.IsMisconfigured(err) {
+	pctx, cancel := context.WithTimeout(ctx, t.flags.ackTimeout)
+	err = pub.Ping(pctx)
+	cancel()
+	if broker.IsMisconfigured(err) {
 		_ = pub.Close()
 		return nil, nil, usageError{fmt.Errorf("--broker: %w", err)}
 	}
