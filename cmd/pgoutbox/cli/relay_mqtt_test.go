@@ -3,6 +3,8 @@ package cli
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -128,4 +130,29 @@ func TestRelayMQTTSIGKILL(t *testing.T) {
 	}
 	dups := brokertest.CheckStream(t, got, ids)
 	t.Logf("%d events; %d left when the victim was killed; %d duplicates", len(ids), left, dups)
+}
+
+// The MQTT flags are checked at start-up, each mistake one line naming the
+// flag, exit 2, the password never shown.
+func TestRelayMQTTFlagErrors(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "password")
+	pgtest.Must(t, os.WriteFile(secret, []byte("hunter2\n"), 0o600), "password file")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--broker", "mqtt://127.0.0.1:1883"}, "--mqtt-client-id"},
+		{[]string{"--broker", "mqtt://127.0.0.1:1883", "--mqtt-client-id", "r", "--mqtt-qos", "0"}, "--mqtt-qos 0: want 1 or 2"},
+		{[]string{"--broker", "mqtt://u:hunter2@127.0.0.1:1883", "--mqtt-client-id", "r"}, "carries a password"},
+		{[]string{"--broker", "mqtt://127.0.0.1:1883", "--mqtt-client-id", "r", "--mqtt-password-file", secret}, "names no user"},
+		{[]string{"--broker", "mqtt://u@127.0.0.1:1883", "--mqtt-client-id", "r", "--mqtt-password-file", dir + "/none"}, "--mqtt-password-file"},
+		{[]string{"--broker", "mqtts://127.0.0.1:1883/path", "--mqtt-client-id", "r"}, "without path"},
+	} {
+		_, errOut, code := run(t, append([]string{"relay", "--database-url", "postgres://x@127.0.0.1:1/db"}, tc.args...)...)
+		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 || strings.Contains(errOut, "hunter2") {
+			t.Errorf("relay %v: exit %d, stderr %q, want one line with %q", tc.args, code, errOut, tc.want)
+		}
+	}
 }
