@@ -194,11 +194,19 @@ func Decode(payload []byte) (Decoded, error) {
 				continue
 			case memberHeadersCE:
 				s, err := str(k)
+				var producer map[string]string
 				if err == nil {
-					err = json.Unmarshal([]byte(s), &d.Headers)
+					err = json.Unmarshal([]byte(s), &producer)
 				}
 				if err != nil {
-					return Decoded{}, err
+					return Decoded{}, fmt.Errorf("%w: member %q: %w", ErrNotEnvelope, k, err)
+				}
+				for name, v := range producer {
+					// An attribute's header name would pose as the attribute.
+					if strings.HasPrefix(strings.ToLower(name), ceStructured.Prefix) {
+						return Decoded{}, fmt.Errorf("%w: member %q: header %.64q", ErrNotEnvelope, k, name)
+					}
+					d.Headers[name] = v
 				}
 				continue
 			}
