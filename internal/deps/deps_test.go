@@ -38,6 +38,7 @@ var moduleNames = []struct{ prefix, name string }{
 	{"golang.org/x/crypto", "x/crypto"},
 	{"golang.org/x/sync", "x/sync"},
 	{"golang.org/x/sys", "x/sys"},
+	{"github.com/eclipse/paho.mqtt.golang", "paho.mqtt.golang"},
 }
 
 type pkg struct {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
+	"github.com/pgoutbox/pgoutbox/broker/mqtt"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/broker/null"
@@ -205,6 +206,22 @@ var brokerKinds = []*brokerKind{
 		open:     openKinesis,
 		describe: describeKinesis,
 		tenants:  kinesisTenants,
+	},
+	{
+		name: "mqtt", schemes: []string{"mqtt", "mqtts"}, choices: []string{"mqtt://[user@]host:1883", "mqtts://…"},
+		help: `  mqtt://[user@]host:1883   MQTT 3.1.1 (mqtts:// for TLS): QoS 1 (--mqtt-qos 2 for QoS 2),
+                      persistent session under --mqtt-client-id (required), topic
+                      --topic-template (default outbox/{aggregate_type}/{event_type}); the
+                      outbox fields travel in a JSON envelope (no headers in 3.1.1). The
+                      password comes from PGOUTBOX_MQTT_PASSWORD or --mqtt-password-file`,
+		cloudEvents: "structured-mode JSON", display: "MQTT",
+		destination: mqtt.DefaultTopic, tenantDestination: "outbox/{tenant}/{aggregate_type}/{event_type}",
+		flags: registerMQTTFlags,
+		parse: func(t *brokerTarget) error { return parseMQTT(t, kindFlags[mqttFlags](t.flags, "mqtt")) },
+		open: func(ctx context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
+			return openMQTT(ctx, t, kindFlags[mqttFlags](t.flags, "mqtt"), log)
+		},
+		plaintext: func(u *url.URL, _ string) bool { return u.Scheme == "mqtt" },
 	},
 	{
 		name: "null", words: []string{"null://", "null"}, choices: []string{"null://"},

@@ -1,0 +1,241 @@
+package mqtt_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
+	"github.com/pgoutbox/pgoutbox/broker/mqtt"
+	"github.com/pgoutbox/pgoutbox/internal/systool"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
+)
+
+// sharedAddr is the shared Mosquitto of the test machine.
+const sharedAddr = "127.0.0.1:1883"
+
+const deadline = 60 * time.Second
+
+func unique(prefix string) string {
+	var r [6]byte
+	_, _ = rand.Read(r[:])
+	return prefix + "-" + hex.EncodeToString(r[:])
+}
+
+// forgetSession removes the persistent session of clientID from the broker
+// at addr: a clean-session connect and disconnect, so tests leave no trace.
+func forgetSession(t testing.TB, addr, clientID string) {
+	opts := paho.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(clientID).
+		SetCleanSession(true).SetProtocolVersion(4).SetConnectTimeout(10 * time.Second)
+	c := paho.NewClient(opts)
+	if tok := c.Connect(); !tok.WaitTimeout(deadline) || tok.Error() != nil {
+		t.Logf("forget session %s: %v", clientID, tok.Error())
+		return
+	}
+	c.Disconnect(250)
+}
+
+// received is one message a subscriber got.
+type received struct {
+	topic   string
+	payload []byte
+}
+
+// subscriber collects every message under prefix/# (QoS 1, persistent
+// session, reconnecting), from before the first publish to the end of the
+// test.
+type subscriber struct {
+	client paho.Client
+	prefix string
+	mu     sync.Mutex
+	got    []received
+}
+
+func subscribe(t testing.TB, addr, prefix string) *subscriber {
+	t.Helper()
+	s := &subscriber{prefix: prefix}
+	id := unique("sub")
+	opts := paho.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(id).
+		SetCleanSession(false).SetProtocolVersion(4).SetAutoReconnect(true).
+		SetMaxReconnectInterval(time.Second).SetOrderMatters(true).
+		SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {
+			s.mu.Lock()
+			s.got = append(s.got, received{m.Topic(), append([]byte(nil), m.Payload()...)})
+			s.mu.Unlock()
+		})
+	s.client = paho.NewClient(opts)
+	if tok := s.client.Connect(); !tok.WaitTimeout(deadline) || tok.Error() != nil {
+		t.Fatalf("subscriber connect to %s: %v", addr, tok.Error())
+	}
+	if tok := s.client.Subscribe(prefix+"/#", 1, nil); !tok.WaitTimeout(deadline) || tok.Error() != nil {
+		t.Fatalf("subscribe %s/#: %v", prefix, tok.Error())
+	}
+	t.Cleanup(func() {
+		s.client.Disconnect(250)
+		forgetSession(t, addr, id)
+	})
+	return s
+}
+
+// fence publishes a marker through the subscriber's own connection and waits
+// until it comes back: Mosquitto queues a subscriber's messages in the order
+// it accepted them, so every message acknowledged before has arrived by then.
+func (s *subscriber) fence(ctx context.Context) error {
+	marker := unique("fence")
+	topic := s.prefix + "/fence/" + marker
+	for {
+		tok := s.client.Publish(topic, 1, false, marker)
+		if tok.WaitTimeout(5*time.Second) && tok.Error() == nil {
+			break
+		}
+		select { // reconnecting after a broker restart
+		case <-ctx.Done():
+			return fmt.Errorf("fence: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	for {
+		s.mu.Lock()
+		n := len(s.got)
+		done := n > 0 && s.got[n-1].topic == topic
+		for i := n - 1; i >= 0 && !done; i-- {
+			done = s.got[i].topic == topic
+		}
+		s.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("fence: %d messages arrived, not the fence: %w", n, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// messages returns what arrived so far, fences left out.
+func (s *subscriber) messages() []received {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []received
+	for _, r := range s.got {
+		if !strings.HasPrefix(r.topic, s.prefix+"/fence/") {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// read fences and returns the messages decoded as brokertest sees them.
+func (s *subscriber) read(ctx context.Context) ([]brokertest.Stored, error) {
+	if err := s.fence(ctx); err != nil {
+		return nil, err
+	}
+	var out []brokertest.Stored
+	for _, r := range s.messages() {
+		d, err := mqtt.Decode(r.payload)
+		if err != nil {
+			return nil, fmt.Errorf("message on %s: %w", r.topic, err)
+		}
+		out = append(out, brokertest.Stored{Destination: r.topic, Headers: d.Headers, Body: d.Body})
+	}
+	return out, nil
+}
+
+// mosquitto is a Mosquitto of the test's own, with persistence, for tests that
+// stop and start it.
+type mosquitto struct {
+	t    testing.TB
+	bin  string
+	conf string
+	addr string
+	cmd  *exec.Cmd
+	exit chan struct{}
+}
+
+// startMosquitto starts one; extra lines replace allow_anonymous true.
+func startMosquitto(t testing.TB, extra ...string) *mosquitto {
+	t.Helper()
+	bin := systool.Need(t, systool.Tool{Program: "mosquitto", Package: "mosquitto"})
+	dir := t.TempDir()
+	port := brokertest.FreePort(t)
+	conf := filepath.Join(dir, "mosquitto.conf")
+	access := "allow_anonymous true\n"
+	if len(extra) > 0 {
+		access = strings.Join(extra, "\n") + "\n"
+	}
+	text := fmt.Sprintf("listener %d 127.0.0.1\n%spersistence true\npersistence_location %s/\n"+
+		"max_queued_messages 0\nmax_inflight_messages 0\nlog_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\nlog_type information\nlog_type subscribe\n", port, access, dir)
+	if os.Geteuid() == 0 {
+		text += "user root\n" // else it drops to user mosquitto, who cannot write dir
+	}
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := &mosquitto{t: t, bin: bin, conf: conf, addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	if err := m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = m.Stop(context.Background())
+		if t.Failed() {
+			log, _ := os.ReadFile(filepath.Join(dir, "log"))
+			t.Logf("mosquitto log:\n%s", log)
+		}
+	})
+	return m
+}
+
+// Start starts the server and waits until it listens.
+func (m *mosquitto) Start(context.Context) error {
+	m.cmd = exec.Command(m.bin, "-c", m.conf)
+	logf, err := os.OpenFile(filepath.Join(filepath.Dir(m.conf), "log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	m.cmd.Stderr = logf
+	if err := m.cmd.Start(); err != nil {
+		return fmt.Errorf("start mosquitto: %w", err)
+	}
+	m.exit = make(chan struct{})
+	go func(cmd *exec.Cmd, exit chan struct{}) { _ = cmd.Wait(); close(exit) }(m.cmd, m.exit)
+	wait.For(m.t, deadline, "mosquitto listening on "+m.addr, func() bool {
+		c, err := net.DialTimeout("tcp", m.addr, 5*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	return nil
+}
+
+// Stop stops the server gracefully, so that it saves its sessions.
+func (m *mosquitto) Stop(ctx context.Context) error {
+	if m.cmd == nil {
+		return nil
+	}
+	_ = m.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-m.exit:
+	case <-ctx.Done():
+		_ = m.cmd.Process.Kill()
+		<-m.exit
+	}
+	m.cmd = nil
+	return nil
+}
+
+func itoa(n int) string { return fmt.Sprint(n) }

@@ -1,0 +1,158 @@
+package cli
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
+	"github.com/pgoutbox/pgoutbox/broker/mqtt"
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
+)
+
+// mqttAddr is the shared Mosquitto of the test machine.
+const mqttAddr = "127.0.0.1:1883"
+
+// mqttSubscriber collects, parsed, every event under prefix/# through a
+// persistent QoS 1 session opened before anything is published.
+type mqttSubscriber struct {
+	mu  sync.Mutex
+	got []broker.Message
+	bad []error
+}
+
+func (s *mqttSubscriber) messages() ([]broker.Message, []error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]broker.Message(nil), s.got...), append([]error(nil), s.bad...)
+}
+
+func (s *mqttSubscriber) distinct() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := map[pgoutbox.UUID]bool{}
+	for _, m := range s.got {
+		ids[m.EventID] = true
+	}
+	return len(ids)
+}
+
+// mqttClient connects to the shared Mosquitto under id; clean: a clean
+// session. It is disconnected when the test ends.
+func mqttClient(t *testing.T, id string, clean bool, onMessage paho.MessageHandler) paho.Client {
+	t.Helper()
+	c := paho.NewClient(paho.NewClientOptions().AddBroker("tcp://" + mqttAddr).SetClientID(id).
+		SetProtocolVersion(4).SetCleanSession(clean).SetOrderMatters(true).SetDefaultPublishHandler(onMessage))
+	if tok := c.Connect(); !tok.WaitTimeout(time.Minute) || tok.Error() != nil {
+		t.Fatalf("connect to Mosquitto on %s as %s: %v", mqttAddr, id, tok.Error())
+	}
+	t.Cleanup(func() { c.Disconnect(250) })
+	return c
+}
+
+// forgetMQTTSessions ends the persistent sessions of ids, so the test leaves
+// nothing on the shared broker.
+func forgetMQTTSessions(t *testing.T, ids ...string) {
+	t.Cleanup(func() {
+		for _, id := range ids {
+			mqttClient(t, id, true, nil).Disconnect(250)
+		}
+	})
+}
+
+func uniqueMQTT(prefix string) string {
+	var r [6]byte
+	_, _ = rand.Read(r[:])
+	return prefix + "-" + hex.EncodeToString(r[:])
+}
+
+// Acceptance: the binary relays to MQTT and is SIGKILLed mid-run; a second
+// relay with the same client id (the same persistent session) finishes. A
+// subscriber whose session was there from the start sees every event, each
+// aggregate's first appearances in order.
+func TestRelayMQTTSIGKILL(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Migrated(t, 8)
+	e := &relayEnv{t: t, pool: pool, dbURL: pgtest.URL(), schema: schema}
+	prefix, clientID, subID := uniqueMQTT("pgoutbox-relay-test"), uniqueMQTT("relay"), uniqueMQTT("sub")
+	forgetMQTTSessions(t, clientID, subID)
+
+	sub := &mqttSubscriber{}
+	c := mqttClient(t, subID, false, func(_ paho.Client, msg paho.Message) {
+		m, err := mqtt.ParseReceived(msg.Payload())
+		sub.mu.Lock()
+		defer sub.mu.Unlock()
+		if err != nil {
+			sub.bad = append(sub.bad, err)
+			return
+		}
+		sub.got = append(sub.got, m)
+	})
+	if tok := c.Subscribe(prefix+"/#", 1, nil); !tok.WaitTimeout(time.Minute) || tok.Error() != nil {
+		t.Fatalf("subscribe: %v", tok.Error())
+	}
+
+	ids := e.enqueue(100, 30)
+	start := func(id string) *relayProc {
+		return startRelayProc(t, "relay "+id, nil, []string{"relay", "--database-url", e.dbURL, "--schema", schema, "--id", id,
+			"--broker", "mqtt://" + mqttAddr, "--mqtt-client-id", clientID, "--batch-size", "50",
+			"--topic-template", prefix + "/{aggregate_type}/{aggregate_id}", "--lease", "2s", "--publish-timeout", "1500ms"})
+	}
+	victim := start("victim")
+	wait.For(t, time.Minute, "the victim to publish a tenth", func() bool { return e.count("published_at IS NOT NULL") >= len(ids)/10 })
+	pgtest.Must(t, victim.cmd.Process.Kill(), "SIGKILL")
+	<-victim.done
+	left := e.count("published_at IS NULL")
+
+	successor := start("successor")
+	wait.For(t, 2*time.Minute, "the successor to publish everything", func() bool { return e.count("published_at IS NULL") == 0 })
+	if code := successor.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("successor exited %d after SIGTERM:\n%s", code, successor.stderr.String())
+	}
+	if strings.Contains(successor.stderr.String(), "level=ERROR") {
+		t.Errorf("successor logged errors:\n%s", successor.stderr.String())
+	}
+	wait.For(t, time.Minute, "the subscriber to receive every event", func() bool { return sub.distinct() >= len(ids) })
+	got, bad := sub.messages()
+	for _, err := range bad {
+		t.Errorf("a message the subscriber could not parse: %v", err)
+	}
+	dups := brokertest.CheckStream(t, got, ids)
+	t.Logf("%d events; %d left when the victim was killed; %d duplicates", len(ids), left, dups)
+}
+
+// The MQTT flags are checked at start-up, each mistake one line naming the
+// flag, exit 2, the password never shown.
+func TestRelayMQTTFlagErrors(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "password")
+	pgtest.Must(t, os.WriteFile(secret, []byte("hunter2\n"), 0o600), "password file")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--broker", "mqtt://127.0.0.1:1883"}, "--mqtt-client-id"},
+		{[]string{"--broker", "mqtt://127.0.0.1:1883", "--mqtt-client-id", "r", "--mqtt-qos", "0"}, "--mqtt-qos 0: want 1 or 2"},
+		{[]string{"--broker", "mqtt://u:hunter2@127.0.0.1:1883", "--mqtt-client-id", "r"}, "carries a password"},
+		{[]string{"--broker", "mqtt://127.0.0.1:1883", "--mqtt-client-id", "r", "--mqtt-password-file", secret}, "names no user"},
+		{[]string{"--broker", "mqtt://u@127.0.0.1:1883", "--mqtt-client-id", "r", "--mqtt-password-file", dir + "/none"}, "--mqtt-password-file"},
+		{[]string{"--broker", "mqtts://127.0.0.1:1883/path", "--mqtt-client-id", "r"}, "without path"},
+	} {
+		_, errOut, code := run(t, append([]string{"relay", "--database-url", "postgres://x@127.0.0.1:1/db"}, tc.args...)...)
+		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 || strings.Contains(errOut, "hunter2") {
+			t.Errorf("relay %v: exit %d, stderr %q, want one line with %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}
