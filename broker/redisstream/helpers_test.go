@@ -110,15 +110,16 @@ func readStreams(ctx context.Context, c *redis.Client, prefix string) ([]brokert
 // its data survive a restart.
 type server struct {
 	t    testing.TB
+	args []string // extra redis-server arguments
 	dir  string
 	port int
 	mu   sync.Mutex
 	cmd  *exec.Cmd // nil while stopped
 }
 
-func startServer(t testing.TB) *server {
+func startServer(t testing.TB, args ...string) *server {
 	t.Helper()
-	s := &server{t: t, dir: t.TempDir(), port: brokertest.FreePort(t)}
+	s := &server{t: t, args: args, dir: t.TempDir(), port: brokertest.FreePort(t)}
 	if err := s.start(); err != nil {
 		t.Fatal(err)
 	}
@@ -134,8 +135,9 @@ func (s *server) start() error {
 	if err != nil {
 		return fmt.Errorf("redis-server not found (apt-get install redis-server): %w", err)
 	}
-	cmd := exec.Command(path, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "yes", "--dir", s.dir, "--daemonize", "no")
+	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "yes", "--dir", s.dir, "--daemonize", "no"}, s.args...)
+	cmd := exec.Command(path, args...)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -143,7 +145,11 @@ func (s *server) start() error {
 	}
 	c := redis.NewClient(&redis.Options{Addr: s.addr(), DisableIdentity: true, MaxRetries: -1})
 	defer c.Close()
-	if !wait.Until(30*time.Second, func() bool { return c.Ping(context.Background()).Err() == nil }) {
+	up := func() bool {
+		err := c.Ping(context.Background()).Err()
+		return err == nil || redis.HasErrorPrefix(err, "NOAUTH")
+	}
+	if !wait.Until(30*time.Second, up) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return fmt.Errorf("redis-server on port %d did not answer within 30s:\n%s", s.port, out.String())
