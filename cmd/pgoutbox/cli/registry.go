@@ -201,9 +201,9 @@ var brokerKinds = []*brokerKind{
                       unread events); a server that persists nothing is warned about`,
 		cloudEvents: "ce-* fields", display: "Redis Streams",
 		destination: "outbox.{aggregate_type}", tenantDestination: "outbox.{tenant}.{aggregate_type}",
-		flags:       redisFlagSet,
-		parse:       parseRedis,
-		open:        openRedis,
+		flags: redisFlagSet,
+		parse: parseRedis,
+		open:  openRedis,
 		plaintext: func(u *url.URL, _ string) bool {
 			return u.Scheme == "redis"
 		},
