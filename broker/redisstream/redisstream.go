@@ -309,7 +309,10 @@ func (pl *pipeline) flush(ctx context.Context) {
 		for i, e := range queued {
 			cmds[i] = xadd.EvalSha(ctx, pipe, e.keys, e.args...)
 		}
-		_, _ = pipe.Exec(ctx) // each command holds its own error
+		if _, err := pipe.Exec(ctx); err == nil {
+			// A server unreachable at Dial is checked at the first success.
+			pl.p.checkPersistence(ctx)
+		}
 		var again []*entry
 		for i, e := range queued {
 			err := cmds[i].Err()

@@ -2,6 +2,7 @@ package redisstream_test
 
 import (
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +54,27 @@ func TestParseURL(t *testing.T) {
 			t.Errorf("ParseURL with a password: %v; want an error that does not repeat it", err)
 		}
 	}
+}
+
+// FuzzParseURL: no input panics, and a refusal never repeats a password.
+func FuzzParseURL(f *testing.F) {
+	for _, s := range []string{"redis://h", "rediss://u@h:1/2", "redis://u:pw@h", "redis://[::1", "redis://h/%zz"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		o, err := redisstream.ParseURL(s)
+		if err == nil {
+			if o.Password != "" || o.Addr == "" {
+				t.Fatalf("ParseURL(%q) = %+v", s, o)
+			}
+			return
+		}
+		if u, perr := url.Parse(s); perr == nil {
+			if pw, ok := u.User.Password(); ok && len(pw) >= 4 && strings.Contains(err.Error(), pw) {
+				t.Fatalf("ParseURL(%q): %v repeats the password", s, err)
+			}
+		}
+	})
 }
 
 func TestConfigValidate(t *testing.T) {
