@@ -49,9 +49,10 @@ func TestRedisBrokerFlags(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var out, errb strings.Builder
-	code = Run(ctx, []string{"relay", "--database-url", pgtest.URL(), "--broker", "redis://nobody@" + sharedRedis,
+	_, schema := pgtest.Migrated(t, 2)
+	code = Run(ctx, []string{"relay", "--database-url", pgtest.URL(), "--schema", schema, "--broker", "redis://nobody@" + sharedRedis,
 		"--redis-password-file", file}, &out, &errb)
-	if code == 0 || strings.Contains(errb.String()+out.String(), secret) {
+	if code != 2 || !strings.Contains(errb.String(), "WRONGPASS") || strings.Contains(errb.String()+out.String(), secret) {
 		t.Errorf("a refused password: exit %d, %q", code, errb.String())
 	}
 }
