@@ -65,12 +65,14 @@ func TestRelayRedisSIGKILL(t *testing.T) {
 	pool, schema := pgtest.Migrated(t, 4)
 	e := &relayEnv{t: t, pool: pool, dbURL: pgtest.URL(), schema: schema}
 	rdb := redis.NewClient(&redis.Options{Addr: sharedRedis, DisableIdentity: true})
-	defer rdb.Close()
 	var r [6]byte
 	_, _ = rand.Read(r[:])
 	prefix := "relaytest-" + hex.EncodeToString(r[:])
 	stream := prefix + ".acct"
-	t.Cleanup(func() { rdb.Del(context.Background(), stream, redisstream.DefaultDedupKeyPrefix+stream) })
+	t.Cleanup(func() {
+		_ = rdb.Del(context.Background(), stream, redisstream.DefaultDedupKeyPrefix+stream).Err()
+		_ = rdb.Close()
+	})
 
 	ids := e.enqueue(40, 25)
 	start := func(id string) *relayProc {
