@@ -34,6 +34,7 @@ var moduleNames = []struct{ prefix, name string }{
 	{"github.com/nats-io/nats.go", "nats.go"},
 	{"github.com/nats-io/nats-server/", "nats-server"},
 	{"github.com/rabbitmq/amqp091-go", "amqp091-go"},
+	{"github.com/redis/go-redis", "go-redis"},
 	{"github.com/prometheus/", "Prometheus"},
 	{"golang.org/x/crypto", "x/crypto"},
 	{"golang.org/x/sync", "x/sync"},

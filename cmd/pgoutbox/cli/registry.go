@@ -68,6 +68,10 @@ type brokerKind struct {
 // starts an in-process NATS JetStream server.
 const embeddedBroker = "embedded"
 
+// redisKind is the kind of Redis Streams, which broker_redis.go finds its
+// flags by.
+const redisKind = "redis"
+
 // natsDestination is the NATS adapter's default subject template.
 const natsDestination = "outbox.{aggregate_type}.{event_type}"
 
@@ -222,6 +226,23 @@ var brokerKinds = []*brokerKind{
 			return openMQTT(ctx, t, kindFlags[mqttFlags](t.flags, "mqtt"), log)
 		},
 		plaintext: func(u *url.URL, _ string) bool { return u.Scheme == "mqtt" },
+	},
+	{
+		name: redisKind, schemes: []string{"redis", "rediss"}, choices: []string{"redis://host:6379", "rediss://…"},
+		help: `  redis://[user@]host:6379[/db]   Redis Streams (rediss:// for TLS): XADD to the stream
+                      --topic-template (default outbox.{aggregate_type}); a Lua script drops
+                      a repeated event id within --redis-dedup-window. The password comes
+                      from PGOUTBOX_REDIS_PASSWORD or --redis-password-file, never the URL.
+                      --redis-max-len trims streams (off by default: trimming can drop
+                      unread events); a server that persists nothing is warned about`,
+		cloudEvents: "ce-* fields", display: "Redis Streams",
+		destination: "outbox.{aggregate_type}", tenantDestination: "outbox.{tenant}.{aggregate_type}",
+		flags: redisFlagSet,
+		parse: parseRedis,
+		open:  openRedis,
+		plaintext: func(u *url.URL, _ string) bool {
+			return u.Scheme == "redis"
+		},
 	},
 	{
 		name: "null", words: []string{"null://", "null"}, choices: []string{"null://"},

@@ -277,8 +277,8 @@ func TestRelayToWebhook(t *testing.T) {
 func TestRelayHelpDocumentsEveryBroker(t *testing.T) {
 	t.Parallel()
 	out, _, code := run(t, "relay", "--help")
-	for _, want := range []string{"embedded", "nats://", "kafka://", "amqp://", "https://", "null://", "--topic-template",
-		"PGOUTBOX_WEBHOOK_SECRET", "(env DATABASE_URL)", "(env PGOUTBOX_BATCH_SIZE)", "--format", "--ce-source"} {
+	for _, want := range []string{"embedded", "nats://", "kafka://", "amqp://", "https://", "null://", "redis://", "--topic-template",
+		"PGOUTBOX_WEBHOOK_SECRET", "PGOUTBOX_REDIS_PASSWORD", "(env DATABASE_URL)", "(env PGOUTBOX_BATCH_SIZE)", "--format", "--ce-source"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("relay --help lacks %q", want)
 		}
