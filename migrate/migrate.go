@@ -350,8 +350,17 @@ func ensureBookkeeping(ctx context.Context, tx pgx.Tx, schema string) error {
 	if _, err := tx.Exec(ctx, bookkeepingSQL(schema)); err != nil {
 		return fmt.Errorf("migrate: create %s: %w", Table, err)
 	}
-	if _, err := tx.Exec(ctx, compatColumnSQL(schema)); err != nil {
-		return fmt.Errorf("migrate: add the compat column to %s: %w", Table, err)
+	// ALTER TABLE locks the table even when the column exists, and relays
+	// read it at start: alter only a table made before the column existed.
+	var has bool
+	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = $1::regclass AND attname = 'compat' AND NOT attisdropped)",
+		table(schema)).Scan(&has); err != nil {
+		return fmt.Errorf("migrate: look up the compat column of %s: %w", Table, err)
+	}
+	if !has {
+		if _, err := tx.Exec(ctx, compatColumnSQL(schema)); err != nil {
+			return fmt.Errorf("migrate: add the compat column to %s: %w", Table, err)
+		}
 	}
 	return nil
 }
