@@ -128,6 +128,9 @@ type CleanupResult struct {
 	CreatedPartitions []string
 	// InboxDeleted is the number of processed_events rows deleted.
 	InboxDeleted int64
+	// RelaysForgotten is the number of relay heartbeats deleted: relays last
+	// seen before Cutoff.
+	RelaysForgotten int64
 	// Summarized is the number of BRIN page ranges summarized (see
 	// CleanupConfig.SummarizeRanges).
 	Summarized int64
@@ -273,6 +276,15 @@ func cleanup(ctx context.Context, db CleanupDB, cfg CleanupConfig, stop <-chan s
 		}
 		cursor = *last
 	}
+
+	// The heartbeats of relays last seen before the cutoff: stopped or gone
+	// long ago (a live relay renews its row every heartbeat interval).
+	tag, err := db.Exec(ctx, "DELETE FROM "+pgx.Identifier{c.Schema, "outbox_relays"}.Sanitize()+" WHERE last_seen < $1", res.Cutoff)
+	if err != nil {
+		res.Duration = time.Since(start)
+		return res, fmt.Errorf("admin: cleanup: delete old relay heartbeats: %w", err)
+	}
+	res.RelaysForgotten = tag.RowsAffected()
 
 	if !isClosed(stop) {
 		if res.Summarized, err = summarize(ctx, db, c.Schema, c.SummarizeRanges, c.Logger); err != nil {

@@ -52,6 +52,9 @@ type Status struct {
 	// and those whose lease expired (its relay died or stalled; any relay takes
 	// them over). Ordered by relay id.
 	Leases []Lease `json:"leases"`
+	// Relays lists the relays' heartbeats (Admin.Relays): running ones first.
+	// "No relay running" is no Running entry; idle relays say State "idle".
+	Relays []RelayHeartbeat `json:"relays"`
 	// PublishedLastMinute counts events the broker acknowledged in the last
 	// minute (skipped events excluded).
 	PublishedLastMinute int64 `json:"published_last_minute"`
@@ -160,6 +163,9 @@ func (a *Admin) Status(ctx context.Context) (*Status, error) {
 		return nil, fmt.Errorf("admin: status: count unpublished events: %w", err)
 	}
 	sort.Slice(st.Leases, func(i, j int) bool { return st.Leases[i].RelayID < st.Leases[j].RelayID })
+	if st.Relays, err = a.Relays(ctx); err != nil {
+		return nil, fmt.Errorf("admin: status: %w", err)
+	}
 
 	rows, err = a.db.Query(ctx, fmt.Sprintf(statusPublishedSQL, a.events, a.skipped))
 	if err != nil {

@@ -58,7 +58,7 @@ func TestStatusFigures(t *testing.T) {
 	pgtest.Must(t, err, "status")
 	want := Status{Schema: schema, InboxSchema: schema, Pending: 7, Quarantined: 2, BackingOff: 1,
 		Leases:              []Lease{{RelayID: "relay-1", Live: 2, Expired: 1}, {RelayID: "relay-2", Expired: 1}},
-		PublishedLastMinute: 4, Skipped: 1}
+		PublishedLastMinute: 4, Skipped: 1, Relays: []RelayHeartbeat{}}
 	got := *st
 	got.At, got.OldestPendingAge, got.Tables, got.Dedup = time.Time{}, 0, nil, nil
 	if !reflect.DeepEqual(got, want) {

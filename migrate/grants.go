@@ -132,6 +132,8 @@ var privileges = []Privilege{
 	{RoleRelay, LineOutbox, ObjectTable, "outbox_events", "", "SELECT, UPDATE (" + relayColumns + ")", false,
 		"claim (SELECT ... FOR UPDATE SKIP LOCKED), lease, mark, fail, release; the backlog metrics"},
 	{RoleRelay, "", ObjectTable, Table, "", "SELECT", false, "check the schema's migrations at start"},
+	{RoleRelay, LineOutbox, ObjectTable, "outbox_relays", "", "SELECT, INSERT, UPDATE", false,
+		"the relay's heartbeat (INSERT ... ON CONFLICT DO UPDATE)"},
 
 	{RoleCDC, "", ObjectSchema, "", "", "USAGE", false, "find the objects"},
 	{RoleCDC, LineOutbox, ObjectTable, "outbox_events", "", "SELECT, UPDATE (" + relayColumns + ")", false,
@@ -152,6 +154,8 @@ var privileges = []Privilege{
 		"the audit row of dlq skip; status counts skips"},
 	{RoleOperator, LineOutbox, ObjectTable, "outbox_operator_audit", "", "SELECT, INSERT, UPDATE (outcome)", false,
 		"audit dlq retry, skip and replay (INSERT ... RETURNING audit_id; a replay's outcome)"},
+	{RoleOperator, LineOutbox, ObjectTable, "outbox_relays", "", "SELECT, DELETE", false,
+		"status and the console show the relays' heartbeats; cleanup deletes old ones"},
 	{RoleOperator, LineOutbox, ObjectFunction, "outbox_create_partitions", "integer", "EXECUTE", true,
 		"cleanup creates the partitions ahead (the table's owner only: see docs/security.md)"},
 	{RoleOperator, LineInbox, ObjectTable, "processed_events", "", "SELECT, DELETE, UPDATE (processed_at)", false,

@@ -17,9 +17,12 @@ const (
 	DefaultWorkers      = 4
 	DefaultLease        = 30 * time.Second
 	DefaultPollInterval = 2 * time.Second
-	DefaultMaxAttempts  = 10
-	DefaultBackoffBase  = time.Second
-	DefaultBackoffMax   = 5 * time.Minute
+	// DefaultHeartbeatInterval is how often a relay records that it is alive
+	// (Config.HeartbeatInterval).
+	DefaultHeartbeatInterval = 15 * time.Second
+	DefaultMaxAttempts       = 10
+	DefaultBackoffBase       = time.Second
+	DefaultBackoffMax        = 5 * time.Minute
 	// DefaultStatementTimeout and DefaultLockTimeout bound each statement of
 	// a relay on the server (Config.StatementTimeout, Config.LockTimeout).
 	DefaultStatementTimeout = 5 * time.Second
@@ -32,6 +35,8 @@ const (
 	maxBatchSize = 10000
 	maxWorkers   = 64
 	minLease     = 100 * time.Millisecond
+	// maxHeartbeatInterval keeps a live relay from looking gone for long.
+	maxHeartbeatInterval = time.Hour
 )
 
 // Config configures a Relay. A nil *Config and the zero value are ready to use;
@@ -81,6 +86,13 @@ type Config struct {
 	// arrived: the safety net for lost notifications and for backoffs coming due.
 	// Zero means DefaultPollInterval (2s).
 	PollInterval time.Duration
+
+	// HeartbeatInterval is how often the relay records in the schema's
+	// outbox_relays table that it is alive (its id, version, host, busy or idle;
+	// the relays of one database share one statement). Zero means
+	// DefaultHeartbeatInterval (15s); status and the console call a relay gone
+	// after three intervals without a heartbeat.
+	HeartbeatInterval time.Duration
 
 	// DisableNotify turns off LISTEN/NOTIFY wake-ups, leaving polling alone. Set
 	// it when the pool leads through a connection pooler in transaction mode
@@ -159,6 +171,7 @@ func configDefaults(c *Config) {
 	config.Default(&c.Lease, DefaultLease)
 	config.Default(&c.PublishTimeout, c.Lease/2)
 	config.Default(&c.PollInterval, DefaultPollInterval)
+	config.Default(&c.HeartbeatInterval, DefaultHeartbeatInterval)
 	config.Default(&c.StatementTimeout, min(DefaultStatementTimeout, c.Lease/4))
 	config.Default(&c.LockTimeout, min(DefaultLockTimeout, c.StatementTimeout))
 	config.Default(&c.MaxAttempts, DefaultMaxAttempts)
@@ -180,6 +193,8 @@ func checkConfig(c *Config, p *config.Problems) {
 	p.Check(c.PublishTimeout > 0 && c.PublishTimeout < c.Lease,
 		"Config.PublishTimeout (%s) must be positive and shorter than Config.Lease (%s)", c.PublishTimeout, c.Lease)
 	p.Check(c.PollInterval > 0, "Config.PollInterval (%s) must be positive", c.PollInterval)
+	p.Check(c.HeartbeatInterval > 0 && c.HeartbeatInterval <= maxHeartbeatInterval,
+		"Config.HeartbeatInterval (%s) must be positive and at most %s", c.HeartbeatInterval, maxHeartbeatInterval)
 	p.Check(c.StatementTimeout >= time.Millisecond && c.StatementTimeout <= c.Lease/4,
 		"Config.StatementTimeout (%s) must be at least 1ms and at most Config.Lease/4 (%s)", c.StatementTimeout, c.Lease/4)
 	p.Check(c.LockTimeout >= time.Millisecond && c.LockTimeout <= c.StatementTimeout,

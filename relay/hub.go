@@ -60,6 +60,8 @@ type member interface {
 	// claim of its own (its health, its log); reset drops hung connections.
 	probeFailed(err error, reset bool)
 	probeOK()
+	// heartbeat is the row the hub writes for it (heartbeat.go).
+	heartbeat() beat
 }
 
 func (r *Relay) schema() string        { return r.cfg.Schema }
@@ -69,12 +71,14 @@ func (r *Relay) notifyChannel() string { return r.q.channel }
 var _ member = (*Relay)(nil)
 
 type hub struct {
-	pool          *pgxpool.Pool
-	log           *slog.Logger
-	pollInterval  time.Duration
-	disableNotify bool
-	bounds        pgbound.Bounds // of the probe: one outbox's lock must not hold it up
-	lc            lifecycle.Lifecycle
+	pool         *pgxpool.Pool
+	log          *slog.Logger
+	pollInterval time.Duration
+	// heartbeatInterval is how often beats writes the relays' heartbeats.
+	heartbeatInterval time.Duration
+	disableNotify     bool
+	bounds            pgbound.Bounds // of the probe: one outbox's lock must not hold it up
+	lc                lifecycle.Lifecycle
 
 	mu     sync.Mutex
 	relays map[member]struct{}
@@ -83,17 +87,20 @@ type hub struct {
 	relaysChanged lifecycle.Wake
 	// idleChanged is every relay's idleChanged: some relay became idle or busy.
 	idleChanged lifecycle.Wake
-	listening   atomic.Bool // the LISTEN session is up and proven to hear
-	probes      atomic.Int64
+	// joined is poked when a relay joins: beats writes its heartbeat at once.
+	joined    lifecycle.Wake
+	listening atomic.Bool // the LISTEN session is up and proven to hear
+	probes    atomic.Int64
 }
 
 func newHub(pool *pgxpool.Pool, log *slog.Logger, c *Config) *hub {
 	h := &hub{
-		pool: pool, log: log, pollInterval: c.PollInterval, disableNotify: c.DisableNotify,
+		pool: pool, log: log, pollInterval: c.PollInterval, heartbeatInterval: c.HeartbeatInterval, disableNotify: c.DisableNotify,
 		bounds:        pgbound.New(c.StatementTimeout, min(c.LockTimeout, probeLockTimeout)),
 		relays:        map[member]struct{}{},
 		relaysChanged: lifecycle.NewWake(),
 		idleChanged:   lifecycle.NewWake(),
+		joined:        lifecycle.NewWake(),
 	}
 	h.lc.Name = "relay hub"
 	return h
@@ -102,6 +109,7 @@ func newHub(pool *pgxpool.Pool, log *slog.Logger, c *Config) *hub {
 func (h *hub) start(ctx context.Context) error {
 	return h.lc.Start(ctx, func(context.Context) error {
 		h.lc.Go(h.probe)
+		h.lc.Go(h.beats)
 		if !h.disableNotify {
 			h.lc.Go(h.listen)
 			h.lc.Go(h.guard)
@@ -119,6 +127,7 @@ func (h *hub) add(r member) {
 	h.mu.Unlock()
 	h.relaysChanged.Poke()
 	h.idleChanged.Poke()
+	h.joined.Poke()
 }
 
 // remove drops r, whose idle lock the guard then releases.

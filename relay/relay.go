@@ -62,6 +62,8 @@ type Relay struct {
 	log    *slog.Logger
 	pipe   pipeline.Config // publishing and judging a batch (the CDC source's pipeline too)
 	bounds pgbound.Bounds  // every statement's lock_timeout and statement_timeout
+	// started is when Start ran, for the heartbeat (heartbeat.go).
+	started time.Time
 
 	// lc runs the workers and the helpers (poll, listen, guard). Its Stopping
 	// means "claim no more"; its Hard context is cancelled when Stop's deadline
@@ -250,6 +252,7 @@ const (
 // leases released (best effort); prefer Stop.
 func (r *Relay) Start(ctx context.Context) error {
 	return r.lc.Start(ctx, func(context.Context) error {
+		r.started = time.Now()
 		r.log.Info("relay starting", slog.String("schema", r.cfg.Schema), slog.Int("workers", r.cfg.Workers),
 			slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
 		for i := range r.cfg.Workers {
@@ -285,6 +288,7 @@ func (r *Relay) stopped(bool) {
 		_ = r.hub.stop(ctx)
 		cancel()
 	}
+	defer r.beatStopped()
 	if ids := r.outstanding(); len(ids) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), stopReleaseTimeout)
 		defer cancel()

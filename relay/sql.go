@@ -15,6 +15,7 @@ type queries struct {
 	claim, mark, fail, release string
 	channel                    string
 	table                      string // the quoted outbox_events of the schema
+	relays                     string // the quoted outbox_relays of the schema (heartbeat.go)
 }
 
 func newQueries(schema string) queries {
@@ -26,6 +27,7 @@ func newQueries(schema string) queries {
 		release: fmt.Sprintf(releaseSQL, t),
 		channel: migrate.NotifyChannel(schema),
 		table:   t,
+		relays:  pgx.Identifier{schema, "outbox_relays"}.Sanitize(),
 	}
 }
 

@@ -61,3 +61,29 @@ func lagOf(t *testing.T, a *admin.Admin, slot string) int64 {
 	t.Fatalf("slot %s not listed: %+v", slot, slots)
 	return 0
 }
+
+// The relays page says "No relay running" when no relay is alive, and lists
+// each relay's heartbeat: a stopped relay as stopped, a silent one as gone.
+func TestRelaysPageHeartbeats(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	if body := e.get("/relays?schema=" + e.schema).body; !strings.Contains(body, `id="no-relay"`) {
+		t.Fatalf("no relay ever ran:\n%s", body)
+	}
+	_, err := e.pool.Exec(context.Background(), "INSERT INTO "+e.table("outbox_relays")+
+		` (relay_id, source, version, host, pid, state, beat_every, started_at, last_seen) VALUES
+		('r-idle', 'poll', 'v9', 'host-a', 7, 'idle', '15s', now(), now()),
+		('r-stopped', 'poll', 'v9', 'host-b', 8, 'stopped', '15s', now(), now() - interval '5 minutes'),
+		('r-gone', 'poll', 'v9', 'host-c', 9, 'busy', '15s', now(), now() - interval '5 minutes')`)
+	pgtest.Must(t, err, "heartbeats")
+	body := e.get("/relays?schema=" + e.schema).body
+	for _, want := range []string{"<td>r-idle</td><td class=\"\">idle</td>", "<td>r-stopped</td><td class=\"muted\">stopped</td>",
+		"<td>r-gone</td><td class=\"bad\">gone (busy when last seen)</td>", "<td>host-a</td>"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("relays page lacks %q:\n%s", want, body)
+		}
+	}
+	if strings.Contains(body, `id="no-relay"`) {
+		t.Errorf("an idle relay runs, but the page says none does:\n%s", body)
+	}
+}

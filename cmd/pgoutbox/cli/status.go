@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/internal/pgbound"
+	"github.com/pgoutbox/pgoutbox/internal/visible"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -339,6 +340,11 @@ func writeStatus(w io.Writer, st *admin.Status, asJSON bool) error {
 	}
 
 	fmt.Fprintln(w)
+	if err := writeRelays(w, tw, st.Relays); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(w)
 	if len(st.Leases) == 0 {
 		fmt.Fprintln(w, "no leases")
 	} else {
@@ -360,6 +366,33 @@ func writeStatus(w io.Writer, st *admin.Status, asJSON bool) error {
 		fmt.Fprintf(tw, "%s.%s (dedup)\t%s\t%s\t%s\n", d.Schema, d.Name, statusSize(d.TotalBytes), statusSize(d.TableBytes), statusSize(d.IndexBytes))
 	} else {
 		fmt.Fprintf(tw, "%s.processed_events (dedup)\tabsent\t\t\n", st.InboxSchema)
+	}
+	return tw.Flush()
+}
+
+// writeRelays prints the relays' heartbeats: "no relay running" when none is
+// alive (none ever ran, all stopped or all gone), else one line a relay.
+func writeRelays(w io.Writer, tw *tabwriter.Writer, relays []admin.RelayHeartbeat) error {
+	running := 0
+	for _, r := range relays {
+		if r.Running() {
+			running++
+		}
+	}
+	if running == 0 {
+		fmt.Fprintln(w, "no relay running")
+	}
+	if len(relays) == 0 {
+		return nil
+	}
+	fmt.Fprintln(tw, "RELAY\tSTATE\tLAST SEEN\tSTARTED\tHOST\tPID\tVERSION")
+	for _, r := range relays {
+		state := r.State
+		if r.Gone {
+			state = "gone (" + r.State + " when last seen)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s ago\t%s\t%s\t%d\t%s\n", visible.Line(r.ID), state, statusAge(time.Duration(r.Age)),
+			r.Started.UTC().Format(time.RFC3339), visible.Line(r.Host), r.PID, visible.Line(r.Version))
 	}
 	return tw.Flush()
 }

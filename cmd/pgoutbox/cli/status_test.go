@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
@@ -198,5 +200,35 @@ func TestStatusUnits(t *testing.T) {
 		if got := statusSize(n); got != want {
 			t.Errorf("statusSize(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// status tells "no relay running" from relays idle, and names a relay that
+// went silent without stopping as gone.
+func TestStatusRelays(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Migrated(t, 2)
+	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
+	out, errOut, code := run(t, append([]string{"status"}, db...)...)
+	if code != 0 || !strings.Contains(out, "no relay running") {
+		t.Fatalf("no relay ever: code %d, stderr %q:\n%s", code, errOut, out)
+	}
+	relays := pgx.Identifier{schema, "outbox_relays"}.Sanitize()
+	_, err := pool.Exec(context.Background(), "INSERT INTO "+relays+
+		" (relay_id, source, version, host, pid, state, beat_every, started_at, last_seen) VALUES ('r-idle', 'poll', 'v1', 'h1', 1, 'idle', '15s', now(), now())")
+	pgtest.Must(t, err, "heartbeat")
+	out, _, code = run(t, append([]string{"status"}, db...)...)
+	if code != 0 || strings.Contains(out, "no relay running") || !regexp.MustCompile(`r-idle +idle `).MatchString(out) {
+		t.Fatalf("an idle relay: code %d:\n%s", code, out)
+	}
+	_, err = pool.Exec(context.Background(), "UPDATE "+relays+" SET last_seen = now() - interval '1 minute'")
+	pgtest.Must(t, err, "age")
+	out, _, _ = run(t, append([]string{"status"}, db...)...)
+	if !strings.Contains(out, "no relay running") || !strings.Contains(out, "gone (idle when last seen)") {
+		t.Fatalf("a silent relay:\n%s", out)
+	}
+	out, _, _ = run(t, append([]string{"status", "--json"}, db...)...)
+	if !strings.Contains(out, `"relays": [`) || !strings.Contains(out, `"gone": true`) {
+		t.Fatalf("status --json:\n%s", out)
 	}
 }
