@@ -1,0 +1,168 @@
+package sqs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssns "github.com/aws/aws-sdk-go-v2/service/sns"
+	snstypes "github.com/aws/aws-sdk-go-v2/service/sns/types"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/pgoutbox/pgoutbox/broker"
+)
+
+// New returns a Publisher to the SQS queues cfg.Destination names, through
+// client (made with the AWS default credential chain, as config.LoadDefaultConfig
+// does). A destination without placeholders is checked at once: it must
+// exist and be FIFO (unless cfg.AllowStandard).
+func New(ctx context.Context, client *awssqs.Client, cfg *Config) (*Publisher, error) {
+	if client == nil {
+		return nil, errors.New("sqs: nil SQS client")
+	}
+	return newPublisher(ctx, sqsService{client}, cfg, DefaultQueue)
+}
+
+// NewSNS returns a Publisher to the SNS topics cfg.Destination names (topic
+// ARNs; required), through client. A destination without placeholders is
+// checked at once: it must exist and be FIFO (unless cfg.AllowStandard).
+func NewSNS(ctx context.Context, client *awssns.Client, cfg *Config) (*Publisher, error) {
+	if client == nil {
+		return nil, errors.New("sqs: nil SNS client")
+	}
+	return newPublisher(ctx, snsService{client}, cfg, "")
+}
+
+type sqsService struct{ c *awssqs.Client }
+
+func (sqsService) name() string { return "SQS queue" }
+
+func (s sqsService) resolve(ctx context.Context, destination string) (string, bool, error) {
+	addr := destination
+	if isURL(destination) {
+		if _, err := url.Parse(destination); err != nil {
+			return "", false, broker.Misconfigured(fmt.Errorf("sqs: queue URL %.80q: %w", destination, err))
+		}
+	} else {
+		out, err := s.c.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(destination)})
+		if err != nil {
+			return "", false, classify(fmt.Sprintf("queue %q", destination), err)
+		}
+		addr = aws.ToString(out.QueueUrl)
+	}
+	out, err := s.c.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(addr),
+		AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameFifoQueue}})
+	if err != nil {
+		return "", false, classify(fmt.Sprintf("queue %q", destination), err)
+	}
+	return addr, out.Attributes[string(sqstypes.QueueAttributeNameFifoQueue)] == "true", nil
+}
+
+func (s sqsService) send(ctx context.Context, addr string, entries []entry) ([]error, error) {
+	in := &awssqs.SendMessageBatchInput{QueueUrl: aws.String(addr), Entries: make([]sqstypes.SendMessageBatchRequestEntry, len(entries))}
+	for i, e := range entries {
+		attrs := make(map[string]sqstypes.MessageAttributeValue, len(e.attrs))
+		for k, v := range e.attrs {
+			attrs[k] = sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+		}
+		in.Entries[i] = sqstypes.SendMessageBatchRequestEntry{Id: aws.String(batchID(i)), MessageBody: aws.String(e.body),
+			MessageAttributes: attrs, MessageGroupId: aws.String(e.group), MessageDeduplicationId: aws.String(e.dedup)}
+	}
+	out, err := s.c.SendMessageBatch(ctx, in)
+	if err != nil {
+		return nil, classify("SendMessageBatch", err)
+	}
+	ok := make([]string, len(out.Successful))
+	for i, r := range out.Successful {
+		ok[i] = aws.ToString(r.Id)
+	}
+	failed := make([]batchFailure, len(out.Failed))
+	for i, f := range out.Failed {
+		failed[i] = batchFailure{aws.ToString(f.Id), aws.ToString(f.Code), aws.ToString(f.Message), f.SenderFault}
+	}
+	return batchResults(len(entries), ok, failed), nil
+}
+
+func (s sqsService) ping(ctx context.Context) error {
+	_, err := s.c.ListQueues(ctx, &awssqs.ListQueuesInput{MaxResults: aws.Int32(1)})
+	return classify("ListQueues", err)
+}
+
+type snsService struct{ c *awssns.Client }
+
+func (snsService) name() string { return "SNS topic" }
+
+func (s snsService) resolve(ctx context.Context, destination string) (string, bool, error) {
+	out, err := s.c.GetTopicAttributes(ctx, &awssns.GetTopicAttributesInput{TopicArn: aws.String(destination)})
+	if err != nil {
+		return "", false, classify(fmt.Sprintf("topic %q", destination), err)
+	}
+	return destination, out.Attributes["FifoTopic"] == "true", nil
+}
+
+func (s snsService) send(ctx context.Context, addr string, entries []entry) ([]error, error) {
+	in := &awssns.PublishBatchInput{TopicArn: aws.String(addr), PublishBatchRequestEntries: make([]snstypes.PublishBatchRequestEntry, len(entries))}
+	for i, e := range entries {
+		attrs := make(map[string]snstypes.MessageAttributeValue, len(e.attrs))
+		for k, v := range e.attrs {
+			attrs[k] = snstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+		}
+		in.PublishBatchRequestEntries[i] = snstypes.PublishBatchRequestEntry{Id: aws.String(batchID(i)), Message: aws.String(e.body),
+			MessageAttributes: attrs, MessageGroupId: aws.String(e.group), MessageDeduplicationId: aws.String(e.dedup)}
+	}
+	out, err := s.c.PublishBatch(ctx, in)
+	if err != nil {
+		return nil, classify("PublishBatch", err)
+	}
+	ok := make([]string, len(out.Successful))
+	for i, r := range out.Successful {
+		ok[i] = aws.ToString(r.Id)
+	}
+	failed := make([]batchFailure, len(out.Failed))
+	for i, f := range out.Failed {
+		failed[i] = batchFailure{aws.ToString(f.Id), aws.ToString(f.Code), aws.ToString(f.Message), f.SenderFault}
+	}
+	return batchResults(len(entries), ok, failed), nil
+}
+
+func (s snsService) ping(ctx context.Context) error {
+	_, err := s.c.ListTopics(ctx, &awssns.ListTopicsInput{})
+	return classify("ListTopics", err)
+}
+
+// batchFailure is one failed entry of a batch answer.
+type batchFailure struct {
+	id, code, message string
+	senderFault       bool
+}
+
+// batchResults maps a batch answer onto one result per entry: an entry the
+// answer names in neither list gets an error, as it may not be stored.
+func batchResults(n int, ok []string, failed []batchFailure) []error {
+	res := make([]error, n)
+	for i := range res {
+		res[i] = errors.New("sqs: the batch answer names no result for this entry")
+	}
+	index := func(id string) int {
+		i, err := strconv.Atoi(id)
+		if err != nil || i < 0 || i >= n || batchID(i) != id {
+			return -1
+		}
+		return i
+	}
+	for _, id := range ok {
+		if i := index(id); i >= 0 {
+			res[i] = nil
+		}
+	}
+	for _, f := range failed {
+		if i := index(f.id); i >= 0 {
+			res[i] = classifyEntry(f)
+		}
+	}
+	return res
+}

@@ -1,0 +1,380 @@
+// Package sqs publishes outbox events to Amazon SQS FIFO queues ([New]) and
+// SNS FIFO topics ([NewSNS]).
+//
+// Each event goes to the queue or topic that [Config.Destination] expands to
+// (a queue name or URL; a topic ARN), with MessageGroupId the event's lane
+// (aggregate type and id, hashed when they do not fit SQS's 128 characters:
+// see groupID) and MessageDeduplicationId the event id, so a re-publish
+// within SQS's five-minute window is dropped. A FIFO queue or topic delivers
+// a group's messages in the order it stored them.
+//
+// # Wire format
+//
+// SQS and SNS allow 10 attributes per message, so the default format sends
+// the seven Outbox-* headers as String attributes of the same names, the
+// body's media type as [ContentTypeAttribute], and the producer's headers
+// (traceparent among them) as one JSON object in [HeadersAttribute]; the body
+// is the payload. [Headers] turns the attributes back into the headers
+// wire.ParseReceived reads. AWS defines no CloudEvents binding for SQS, so the
+// CloudEvents format sends a structured-mode JSON CloudEvent
+// (application/cloudevents+json) as the body.
+//
+// A message is checked before it is sent: at most [MaxMessageBytes] with its
+// attributes, and only characters SQS accepts; one that fails is refused as
+// broker.Permanent with the reason.
+//
+// # Order
+//
+// Events go out in SendMessageBatch (PublishBatch) calls of up to 10 entries,
+// one per queue, all calls of a round in flight together. A batch holds at
+// most one event of each lane: SQS reports a result per entry, and when an
+// entry fails the later entries of its group in the same call may still be
+// stored, which would put an event before its predecessor. So an aggregate's
+// next event is sent once the previous one is stored, and after a failure the
+// rest of its lane get broker.ErrPredecessorFailed.
+//
+// # Errors
+//
+// Throttling, 5xx answers and network errors are broker.Unavailable; refused
+// credentials or permissions (InvalidClientTokenId, SignatureDoesNotMatch,
+// AccessDenied, …) and a queue or topic that does not exist are
+// broker.Misconfigured; an entry refused for its content (invalid parameter,
+// too long) is broker.Permanent.
+//
+// A standard (non-FIFO) queue or topic keeps no order: it is refused, when a
+// destination is first used and at start for a destination without
+// placeholders, unless [Config.AllowStandard] is set, and then a WARN says so.
+//
+// Credentials come from the client the caller passes, which the AWS default
+// chain (environment, shared files, instance role) normally builds: the
+// package never takes any itself.
+//
+// Outside the standard library it pulls in aws-sdk-go-v2 (its SQS and SNS
+// clients) and smithy-go, besides the root package's pgx and OpenTelemetry
+// trace API.
+package sqs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/wire"
+)
+
+// Defaults of Config.
+const (
+	// DefaultQueue is the queue template of New when Config.Destination is
+	// unset.
+	DefaultQueue = "outbox-{aggregate_type}.fifo"
+	// DefaultTimeout bounds each call to SQS or SNS when Config.Timeout is
+	// zero.
+	DefaultTimeout = 30 * time.Second
+)
+
+// Config configures a Publisher. A nil *Config means all defaults.
+type Config struct {
+	// Destination expands to each event's queue (a name, or a queue URL
+	// starting with https:// or http://) or topic (an ARN). Defaults to
+	// DefaultQueue for New; NewSNS requires it.
+	Destination broker.Template
+	// AllowStandard accepts a standard (non-FIFO) queue or topic, with a WARN
+	// that it does not keep order. Defaults to false: refused.
+	AllowStandard bool
+	// Timeout bounds each call. Defaults to DefaultTimeout.
+	Timeout time.Duration
+	// Logger receives the publisher's warnings. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Encoding is the wire format. Defaults to the Outbox-* format.
+	Encoding wire.Encoding
+}
+
+// service is what SQS and SNS each do for the Publisher.
+type service interface {
+	// name is "SQS" or "SNS", for messages.
+	name() string
+	// resolve returns the address (queue URL, topic ARN) of destination and
+	// whether it is FIFO.
+	resolve(ctx context.Context, destination string) (address string, fifo bool, err error)
+	// send sends entries to address in one call and returns one result per
+	// entry, or an error for the whole call.
+	send(ctx context.Context, address string, entries []entry) ([]error, error)
+	// ping checks that the service answers with the publisher's credentials.
+	ping(ctx context.Context) error
+}
+
+// Publisher publishes to SQS or SNS. It is safe for concurrent use.
+type Publisher struct {
+	svc     service
+	tmpl    broker.Template
+	enc     wire.Encoding
+	allow   bool
+	timeout time.Duration
+	log     *slog.Logger
+
+	mu    sync.Mutex
+	addrs map[string]string // destination → address, once checked
+}
+
+func newPublisher(ctx context.Context, svc service, cfg *Config, defaultDest string) (*Publisher, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Destination.String() == "" {
+		if defaultDest == "" {
+			return nil, errors.New("sqs: " + svc.name() + ": Config.Destination is required (the topic ARN)")
+		}
+		c.Destination = broker.MustParseTemplate(defaultDest)
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if err := c.Encoding.Validate(); err != nil {
+		return nil, fmt.Errorf("sqs: Config.Encoding: %w", err)
+	}
+	p := &Publisher{svc: svc, tmpl: c.Destination, enc: c.Encoding, allow: c.AllowStandard,
+		timeout: c.Timeout, log: c.Logger, addrs: map[string]string{}}
+	if static := p.staticDestination(); static != "" {
+		if _, err := p.address(ctx, static); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// staticDestination is the destination when the template has no placeholder.
+func (p *Publisher) staticDestination() string {
+	for _, f := range [...]string{"aggregate_type", "aggregate_id", "event_type", "schema_version", "tenant"} {
+		if p.tmpl.Uses(f) {
+			return ""
+		}
+	}
+	return p.tmpl.String()
+}
+
+// address returns destination's address, resolving it and checking that it
+// is FIFO the first time.
+func (p *Publisher) address(ctx context.Context, destination string) (string, error) {
+	p.mu.Lock()
+	a, ok := p.addrs[destination]
+	p.mu.Unlock()
+	if ok {
+		return a, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	a, fifo, err := p.svc.resolve(cctx, destination)
+	if err != nil {
+		return "", err
+	}
+	if !fifo {
+		if !p.allow {
+			return "", broker.Misconfigured(fmt.Errorf("sqs: %s %q is not FIFO, so it would not keep each aggregate's order "+
+				"(use a .fifo one, or allow it explicitly)", p.svc.name(), destination))
+		}
+		p.log.Warn("sqs: publishing to a standard (non-FIFO) destination: the order of an aggregate's events is not kept",
+			slog.String("service", p.svc.name()), slog.String("destination", destination))
+	}
+	p.mu.Lock()
+	p.addrs[destination] = a
+	p.mu.Unlock()
+	return a, nil
+}
+
+// Ping checks that the service answers, and that a destination without
+// placeholders still exists.
+func (p *Publisher) Ping(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	if static := p.staticDestination(); static != "" {
+		_, _, err := p.svc.resolve(cctx, static)
+		return err
+	}
+	return p.svc.ping(cctx)
+}
+
+// Close does nothing: the AWS client holds no connection of its own to close.
+func (p *Publisher) Close() error { return nil }
+
+// pending is one message of the current round.
+type pending struct {
+	lane, pos int
+	e         entry
+}
+
+// Publish sends msgs and returns one result per message (broker.Publisher).
+func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error {
+	results := make([]error, len(msgs))
+	lanes := laneIndexes(msgs)
+	next := make([]int, len(lanes)) // position of each lane's next message
+	fail := func(lane, pos int, err error) {
+		results[lanes[lane][pos]] = err
+		for _, i := range lanes[lane][pos+1:] {
+			results[i] = broker.ErrPredecessorFailed
+		}
+		next[lane] = len(lanes[lane])
+	}
+	for {
+		// One round: the next message of every lane, grouped by address.
+		byAddr := map[string][]pending{}
+		var order []string
+		for li := range lanes {
+			pos := next[li]
+			if pos >= len(lanes[li]) {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				fail(li, pos, err)
+				continue
+			}
+			m := &msgs[lanes[li][pos]]
+			addr, e, err := p.prepare(ctx, m)
+			if err != nil {
+				fail(li, pos, err)
+				continue
+			}
+			if _, ok := byAddr[addr]; !ok {
+				order = append(order, addr)
+			}
+			byAddr[addr] = append(byAddr[addr], pending{li, pos, e})
+		}
+		if len(order) == 0 {
+			return results
+		}
+		var calls [][]pending
+		var addrs []string
+		for _, a := range order {
+			for _, c := range chunk(byAddr[a]) {
+				calls = append(calls, c)
+				addrs = append(addrs, a)
+			}
+		}
+		var wg sync.WaitGroup
+		errs := make([][]error, len(calls))
+		for i := range calls {
+			wg.Go(func() { errs[i] = p.call(ctx, addrs[i], calls[i]) })
+		}
+		wg.Wait()
+		for i, c := range calls {
+			for j, pd := range c {
+				if err := errs[i][j]; err != nil {
+					fail(pd.lane, pd.pos, err)
+				} else {
+					results[lanes[pd.lane][pd.pos]] = nil
+					next[pd.lane]++
+				}
+			}
+		}
+	}
+}
+
+// prepare returns m's address and entry.
+func (p *Publisher) prepare(ctx context.Context, m *broker.Message) (string, entry, error) {
+	dest, err := p.tmpl.ExpandChecked(m)
+	if err != nil {
+		return "", entry{}, broker.Permanent(fmt.Errorf("sqs: event %s: %w", m.EventID, err))
+	}
+	if err := checkDestination(dest); err != nil {
+		return "", entry{}, broker.Permanent(fmt.Errorf("sqs: event %s: %w", m.EventID, err))
+	}
+	e, err := encode(p.enc, m)
+	if err != nil {
+		return "", entry{}, err
+	}
+	addr, err := p.address(ctx, dest)
+	if err != nil {
+		return "", entry{}, err
+	}
+	return addr, e, nil
+}
+
+// checkDestination refuses a destination that cannot name a queue or topic:
+// empty, too long, or with characters outside printable ASCII.
+func checkDestination(d string) error {
+	if len(d) > 1024 || !idChars(d) {
+		return fmt.Errorf("destination %.80q: want at most 1024 printable ASCII characters without spaces", d)
+	}
+	return nil
+}
+
+// chunk splits a round's entries for one address into calls of at most
+// MaxBatchEntries entries and MaxMessageBytes.
+func chunk(ps []pending) [][]pending {
+	var out [][]pending
+	var cur []pending
+	size := 0
+	for _, pd := range ps {
+		n := pd.e.size()
+		if len(cur) == MaxBatchEntries || (len(cur) > 0 && size+n > MaxMessageBytes) {
+			out = append(out, cur)
+			cur, size = nil, 0
+		}
+		cur = append(cur, pd)
+		size += n
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// call sends one batch and returns one result per entry.
+func (p *Publisher) call(ctx context.Context, addr string, ps []pending) []error {
+	entries := make([]entry, len(ps))
+	for i := range ps {
+		entries[i] = ps[i].e
+	}
+	cctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	res, err := p.svc.send(cctx, addr, entries)
+	if err == nil && len(res) != len(entries) {
+		err = fmt.Errorf("sqs: %s answered %d results for %d entries", p.svc.name(), len(res), len(entries))
+	}
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			err = fmt.Errorf("%w (%w)", cerr, err)
+		}
+		res = make([]error, len(entries))
+		for i := range res {
+			res[i] = err
+		}
+	}
+	return res
+}
+
+// laneIndexes groups the indexes of msgs by lane, lanes in first-appearance
+// order and each lane in msgs' order.
+func laneIndexes(msgs []broker.Message) [][]int {
+	index := map[pgoutbox.Lane]int{}
+	var lanes [][]int
+	for i := range msgs {
+		k := msgs[i].Lane()
+		li, ok := index[k]
+		if !ok {
+			li = len(lanes)
+			index[k] = li
+			lanes = append(lanes, nil)
+		}
+		lanes[li] = append(lanes[li], i)
+	}
+	return lanes
+}
+
+// batchIDs are the entry ids of a batch call: their position.
+func batchID(i int) string { return strconv.Itoa(i) }
+
+// isURL reports whether destination is a queue URL rather than a name.
+func isURL(destination string) bool {
+	return strings.HasPrefix(destination, "https://") || strings.HasPrefix(destination, "http://")
+}
