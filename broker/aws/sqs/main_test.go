@@ -64,7 +64,9 @@ func newQueue(t *testing.T, standard bool) (name, url string) {
 		t.Fatalf("CreateQueue: %v", err)
 	}
 	url = aws.ToString(out.QueueUrl)
-	t.Cleanup(func() { _, _ = c.DeleteQueue(context.Background(), &awssqs.DeleteQueueInput{QueueUrl: aws.String(url)}) })
+	t.Cleanup(func() {
+		_, _ = c.DeleteQueue(context.Background(), &awssqs.DeleteQueueInput{QueueUrl: aws.String(url)})
+	})
 	return name, url
 }
 
@@ -79,7 +81,8 @@ func (r *reader) read(ctx context.Context) ([]brokertest.Stored, error) {
 	c := sqsClient()
 	for {
 		out, err := c.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: aws.String(r.url), MaxNumberOfMessages: 10,
-			MessageAttributeNames: []string{"All"}, VisibilityTimeout: 60})
+			MessageAttributeNames: []string{"All"}, VisibilityTimeout: 60,
+			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameMessageGroupId}})
 		if err != nil {
 			return nil, err
 		}
