@@ -69,8 +69,7 @@ func parseAWS(t *brokerTarget, needTemplate bool) error {
 	o.region, o.endpoint = q.Get("region"), q.Get("endpoint")
 	if o.endpoint != "" {
 		e, err := url.Parse(o.endpoint)
-		// http or https (ownHTTP: the registry alone names the webhook schemes).
-		if err != nil || strings.TrimSuffix(e.Scheme, "s")+"://" != ownHTTP || e.Host == "" || e.User != nil {
+		if err != nil || !slices.Contains(awsEndpointSchemes, e.Scheme) || e.Host == "" || e.User != nil {
 			return usagef("--broker: ?endpoint= must be an http(s) URL without credentials")
 		}
 	}

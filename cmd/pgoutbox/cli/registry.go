@@ -228,6 +228,9 @@ var brokerKinds = []*brokerKind{
 	},
 }
 
+// awsEndpointSchemes are the schemes of an sqs:// or sns:// URL's ?endpoint=.
+var awsEndpointSchemes = []string{"https", "http"}
+
 // natsFlags are the flags of NATS JetStream, the embedded server's too.
 type natsFlags struct {
 	stream   string
