@@ -6,12 +6,14 @@
 // and once per machine by internal/systool; the emulator keeps its data in
 // memory only, so it loses everything when stopped.
 //
-// Outside the standard library it pulls in nothing but the root module's
-// internal/systool.
+// Outside the standard library it pulls in aws-sdk-go-v2 (the SQS client and
+// static credentials, which the emulator accepts whatever they are), besides
+// the root module's internal/systool.
 package fauxqs
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -23,6 +25,11 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/pgoutbox/pgoutbox/internal/systool"
 )
@@ -128,4 +135,56 @@ func tail(b []byte) string {
 		b = b[len(b)-800:]
 	}
 	return string(b)
+}
+
+// AccessKey is the access key id (and secret) of [Server.Config]; the
+// emulator accepts any.
+const AccessKey = "test"
+
+// Config is an AWS client configuration for the emulator.
+func (s *Server) Config() aws.Config {
+	return aws.Config{Region: Region, BaseEndpoint: aws.String(s.Endpoint),
+		Credentials: credentials.NewStaticCredentialsProvider(AccessKey, AccessKey, "")}
+}
+
+// Drain receives and deletes every message of the queue at url, with their
+// attributes and MessageGroupId, in the order received, until the queue
+// counts none left (a FIFO queue may answer nothing while a group is held,
+// so an empty receive alone does not end it).
+func Drain(ctx context.Context, c *awssqs.Client, url string) ([]sqstypes.Message, error) {
+	var got []sqstypes.Message
+	for {
+		out, err := c.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: aws.String(url), MaxNumberOfMessages: 10,
+			MessageAttributeNames: []string{"All"}, VisibilityTimeout: 60,
+			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameMessageGroupId}})
+		if err != nil {
+			return nil, fmt.Errorf("fauxqs: receive: %w", err)
+		}
+		for _, m := range out.Messages {
+			if _, err := c.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle}); err != nil {
+				return nil, fmt.Errorf("fauxqs: delete: %w", err)
+			}
+		}
+		got = append(got, out.Messages...)
+		if len(out.Messages) > 0 {
+			continue
+		}
+		a, err := c.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(url),
+			AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameAll}})
+		if err != nil {
+			return nil, fmt.Errorf("fauxqs: queue attributes: %w", err)
+		}
+		if a.Attributes["ApproximateNumberOfMessages"] == "0" && a.Attributes["ApproximateNumberOfMessagesNotVisible"] == "0" {
+			return got, nil
+		}
+	}
+}
+
+// Attributes returns a received message's String attributes.
+func Attributes(m sqstypes.Message) map[string]string {
+	attrs := make(map[string]string, len(m.MessageAttributes))
+	for k, v := range m.MessageAttributes {
+		attrs[k] = aws.ToString(v.StringValue)
+	}
+	return attrs
 }

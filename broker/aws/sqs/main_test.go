@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssns "github.com/aws/aws-sdk-go-v2/service/sns"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -34,11 +33,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// awsConfig is a client configuration for the emulator (it accepts any key).
-func awsConfig() aws.Config {
-	return aws.Config{Region: fauxqs.Region, BaseEndpoint: aws.String(emulator.Endpoint),
-		Credentials: credentials.NewStaticCredentialsProvider("test", "test", "")}
-}
+// awsConfig is a client configuration for the emulator.
+func awsConfig() aws.Config { return emulator.Config() }
 
 func sqsClient() *awssqs.Client { return awssqs.NewFromConfig(awsConfig()) }
 func snsClient() *awssns.Client { return awssns.NewFromConfig(awsConfig()) }
@@ -78,41 +74,17 @@ type reader struct {
 }
 
 func (r *reader) read(ctx context.Context) ([]brokertest.Stored, error) {
-	c := sqsClient()
-	for {
-		out, err := c.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: aws.String(r.url), MaxNumberOfMessages: 10,
-			MessageAttributeNames: []string{"All"}, VisibilityTimeout: 60,
-			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameMessageGroupId}})
+	got, err := fauxqs.Drain(ctx, sqsClient(), r.url)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range got {
+		h, err := sqs.Headers(fauxqs.Attributes(m))
 		if err != nil {
 			return nil, err
 		}
-		if len(out.Messages) == 0 {
-			// A FIFO queue may answer nothing while messages remain (a group
-			// held by a receive): done only once it counts none.
-			a, err := c.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(r.url),
-				AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameAll}})
-			if err != nil {
-				return nil, err
-			}
-			if a.Attributes["ApproximateNumberOfMessages"] == "0" && a.Attributes["ApproximateNumberOfMessagesNotVisible"] == "0" {
-				return r.kept, nil
-			}
-			continue
-		}
-		for _, m := range out.Messages {
-			attrs := map[string]string{}
-			for k, v := range m.MessageAttributes {
-				attrs[k] = aws.ToString(v.StringValue)
-			}
-			h, err := sqs.Headers(attrs)
-			if err != nil {
-				return nil, err
-			}
-			r.kept = append(r.kept, brokertest.Stored{Destination: r.url, Key: m.Attributes["MessageGroupId"],
-				Headers: h, Body: []byte(aws.ToString(m.Body))})
-			if _, err := c.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(r.url), ReceiptHandle: m.ReceiptHandle}); err != nil {
-				return nil, err
-			}
-		}
+		r.kept = append(r.kept, brokertest.Stored{Destination: r.url, Key: m.Attributes["MessageGroupId"],
+			Headers: h, Body: []byte(aws.ToString(m.Body))})
 	}
+	return r.kept, nil
 }
