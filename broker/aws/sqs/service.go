@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssns "github.com/aws/aws-sdk-go-v2/service/sns"
@@ -62,6 +63,21 @@ func (s sqsService) resolve(ctx context.Context, destination string) (string, bo
 	return addr, out.Attributes[string(sqstypes.QueueAttributeNameFifoQueue)] == "true", nil
 }
 
+// check refuses what is neither a queue URL nor a queue name: 1 to 80
+// letters, digits, '-' and '_', then ".fifo" for a FIFO queue.
+func (sqsService) check(destination string) error {
+	if isURL(destination) {
+		return checkPrintable(destination)
+	}
+	name := strings.TrimSuffix(destination, ".fifo")
+	if len(name) == 0 || len(name) > 80 || strings.ContainsFunc(name, func(r rune) bool {
+		return (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') && r != '-' && r != '_'
+	}) {
+		return fmt.Errorf("queue name %.100q: want 1 to 80 letters, digits, '-' and '_' (and .fifo)", destination)
+	}
+	return nil
+}
+
 func (s sqsService) send(ctx context.Context, addr string, entries []entry) ([]error, error) {
 	in := &awssqs.SendMessageBatchInput{QueueUrl: aws.String(addr), Entries: make([]sqstypes.SendMessageBatchRequestEntry, len(entries))}
 	for i, e := range entries {
@@ -102,6 +118,23 @@ func (s snsService) resolve(ctx context.Context, destination string) (string, bo
 		return "", false, classify(fmt.Sprintf("topic %q", destination), err)
 	}
 	return destination, out.Attributes["FifoTopic"] == "true", nil
+}
+
+// check refuses what cannot be a topic ARN: SNS names topics by ARN only.
+func (snsService) check(destination string) error {
+	if !strings.HasPrefix(destination, "arn:") {
+		return fmt.Errorf("topic %.100q: want a topic ARN (arn:aws:sns:region:account:name)", destination)
+	}
+	return checkPrintable(destination)
+}
+
+// checkPrintable refuses a URL or ARN that is empty, too long, or holds
+// characters outside printable ASCII.
+func checkPrintable(d string) error {
+	if len(d) > 1024 || !idChars(d) {
+		return fmt.Errorf("destination %.100q: want at most 1024 printable ASCII characters without spaces", d)
+	}
+	return nil
 }
 
 func (s snsService) send(ctx context.Context, addr string, entries []entry) ([]error, error) {

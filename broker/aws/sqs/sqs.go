@@ -108,6 +108,8 @@ type service interface {
 	send(ctx context.Context, address string, entries []entry) ([]error, error)
 	// ping checks that the service answers with the publisher's credentials.
 	ping(ctx context.Context) error
+	// check returns why destination cannot name a queue or topic, or nil.
+	check(destination string) error
 }
 
 // Publisher publishes to SQS or SNS. It is safe for concurrent use.
@@ -146,6 +148,9 @@ func newPublisher(ctx context.Context, svc service, cfg *Config, defaultDest str
 	p := &Publisher{svc: svc, tmpl: c.Destination, enc: c.Encoding, allow: c.AllowStandard,
 		timeout: c.Timeout, log: c.Logger, addrs: map[string]string{}}
 	if static := p.staticDestination(); static != "" {
+		if err := svc.check(static); err != nil {
+			return nil, fmt.Errorf("sqs: Config.Destination: %w", err)
+		}
 		if _, err := p.address(ctx, static); err != nil {
 			return nil, err
 		}
@@ -285,7 +290,7 @@ func (p *Publisher) prepare(ctx context.Context, m *broker.Message) (string, ent
 	if err != nil {
 		return "", entry{}, broker.Permanent(fmt.Errorf("sqs: event %s: %w", m.EventID, err))
 	}
-	if err := checkDestination(dest); err != nil {
+	if err := p.svc.check(dest); err != nil {
 		return "", entry{}, broker.Permanent(fmt.Errorf("sqs: event %s: %w", m.EventID, err))
 	}
 	e, err := encode(p.enc, m)
@@ -297,15 +302,6 @@ func (p *Publisher) prepare(ctx context.Context, m *broker.Message) (string, ent
 		return "", entry{}, err
 	}
 	return addr, e, nil
-}
-
-// checkDestination refuses a destination that cannot name a queue or topic:
-// empty, too long, or with characters outside printable ASCII.
-func checkDestination(d string) error {
-	if len(d) > 1024 || !idChars(d) {
-		return fmt.Errorf("destination %.80q: want at most 1024 printable ASCII characters without spaces", d)
-	}
-	return nil
 }
 
 // chunk splits a round's entries for one address into calls of at most

@@ -221,3 +221,18 @@ func TestPing(t *testing.T) {
 		t.Errorf("Ping: %v", err)
 	}
 }
+
+func TestInvalidDestinationIsPermanent(t *testing.T) {
+	t.Parallel()
+	p, err := sqs.New(t.Context(), sqsClient(), &sqs.Config{Destination: broker.MustParseTemplate("outbox-{aggregate_type}.fifo")})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	res := brokertest.Publish(t, p, message("order.item", "1", 1))
+	if !broker.IsPermanent(res[0]) || !strings.Contains(res[0].Error(), "queue name") {
+		t.Errorf("aggregate type with a dot: %v, want permanent naming the queue name rule", res[0])
+	}
+	if _, err := sqs.NewSNS(t.Context(), snsClient(), &sqs.Config{Destination: broker.MustParseTemplate("topic-name")}); err == nil || !strings.Contains(err.Error(), "want a topic ARN") {
+		t.Error("NewSNS accepted a topic name that is not an ARN")
+	}
+}

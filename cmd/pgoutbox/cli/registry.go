@@ -198,8 +198,8 @@ var brokerKinds = []*brokerKind{
 		cloudEvents: "a structured JSON body", display: "SQS",
 		publicQuery: true, // region, endpoint (checked to hold no credentials)
 		destination: sqs.DefaultQueue, tenantDestination: "outbox-{tenant}-{aggregate_type}.fifo",
-		flags:       awsAllowStandardFlag("sqs", "SQS queue"),
-		parse:       func(t *brokerTarget) error { return parseAWS(t, false) },
+		flags: awsAllowStandardFlag("sqs", "SQS queue"),
+		parse: func(t *brokerTarget) error { return parseAWS(t, false) },
 		open: func(ctx context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
 			return openAWS(ctx, t, log, false)
 		},
