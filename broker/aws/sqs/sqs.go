@@ -43,7 +43,8 @@
 //
 // A standard (non-FIFO) queue or topic keeps no order: it is refused, when a
 // destination is first used and at start for a destination without
-// placeholders, unless [Config.AllowStandard] is set, and then a WARN says so.
+// placeholders (unless the service cannot be reached then), unless
+// [Config.AllowStandard] is set, and then a WARN says so.
 //
 // Credentials come from the client the caller passes, which the AWS default
 // chain (environment, shared files, instance role) normally builds: the
@@ -152,7 +153,12 @@ func newPublisher(ctx context.Context, svc service, cfg *Config, defaultDest str
 			return nil, fmt.Errorf("sqs: Config.Destination: %w", err)
 		}
 		if _, err := p.address(ctx, static); err != nil {
-			return nil, err
+			if !broker.IsUnavailable(err) || broker.IsMisconfigured(err) {
+				return nil, err
+			}
+			// Unreachable is not an error at start: publishes wait for it,
+			// and check the destination when it answers.
+			p.log.Warn("sqs: the destination could not be checked at start", slog.String("error", err.Error()))
 		}
 	}
 	return p, nil
