@@ -81,26 +81,20 @@ func (sqsService) check(destination string) error {
 func (s sqsService) send(ctx context.Context, addr string, entries []entry) ([]error, error) {
 	in := &awssqs.SendMessageBatchInput{QueueUrl: aws.String(addr), Entries: make([]sqstypes.SendMessageBatchRequestEntry, len(entries))}
 	for i, e := range entries {
-		attrs := make(map[string]sqstypes.MessageAttributeValue, len(e.attrs))
-		for k, v := range e.attrs {
-			attrs[k] = sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
-		}
 		in.Entries[i] = sqstypes.SendMessageBatchRequestEntry{Id: aws.String(batchID(i)), MessageBody: aws.String(e.body),
-			MessageAttributes: attrs, MessageGroupId: aws.String(e.group), MessageDeduplicationId: aws.String(e.dedup)}
+			MessageAttributes: stringAttrs(e, func(v *string) sqstypes.MessageAttributeValue {
+				return sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: v}
+			}),
+			MessageGroupId: aws.String(e.group), MessageDeduplicationId: aws.String(e.dedup)}
 	}
 	out, err := s.c.SendMessageBatch(ctx, in)
 	if err != nil {
 		return nil, classify("SendMessageBatch", err)
 	}
-	ok := make([]string, len(out.Successful))
-	for i, r := range out.Successful {
-		ok[i] = aws.ToString(r.Id)
-	}
-	failed := make([]batchFailure, len(out.Failed))
-	for i, f := range out.Failed {
-		failed[i] = batchFailure{aws.ToString(f.Id), aws.ToString(f.Code), aws.ToString(f.Message), f.SenderFault}
-	}
-	return batchResults(len(entries), ok, failed), nil
+	return batchResults(len(entries), out.Successful, func(r sqstypes.SendMessageBatchResultEntry) *string { return r.Id },
+		out.Failed, func(f sqstypes.BatchResultErrorEntry) batchFailure {
+			return batchFailure{aws.ToString(f.Id), aws.ToString(f.Code), aws.ToString(f.Message), f.SenderFault}
+		}), nil
 }
 
 func (s sqsService) ping(ctx context.Context) error {
@@ -140,26 +134,20 @@ func checkPrintable(d string) error {
 func (s snsService) send(ctx context.Context, addr string, entries []entry) ([]error, error) {
 	in := &awssns.PublishBatchInput{TopicArn: aws.String(addr), PublishBatchRequestEntries: make([]snstypes.PublishBatchRequestEntry, len(entries))}
 	for i, e := range entries {
-		attrs := make(map[string]snstypes.MessageAttributeValue, len(e.attrs))
-		for k, v := range e.attrs {
-			attrs[k] = snstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
-		}
 		in.PublishBatchRequestEntries[i] = snstypes.PublishBatchRequestEntry{Id: aws.String(batchID(i)), Message: aws.String(e.body),
-			MessageAttributes: attrs, MessageGroupId: aws.String(e.group), MessageDeduplicationId: aws.String(e.dedup)}
+			MessageAttributes: stringAttrs(e, func(v *string) snstypes.MessageAttributeValue {
+				return snstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: v}
+			}),
+			MessageGroupId: aws.String(e.group), MessageDeduplicationId: aws.String(e.dedup)}
 	}
 	out, err := s.c.PublishBatch(ctx, in)
 	if err != nil {
 		return nil, classify("PublishBatch", err)
 	}
-	ok := make([]string, len(out.Successful))
-	for i, r := range out.Successful {
-		ok[i] = aws.ToString(r.Id)
-	}
-	failed := make([]batchFailure, len(out.Failed))
-	for i, f := range out.Failed {
-		failed[i] = batchFailure{aws.ToString(f.Id), aws.ToString(f.Code), aws.ToString(f.Message), f.SenderFault}
-	}
-	return batchResults(len(entries), ok, failed), nil
+	return batchResults(len(entries), out.Successful, func(r snstypes.PublishBatchResultEntry) *string { return r.Id },
+		out.Failed, func(f snstypes.BatchResultErrorEntry) batchFailure {
+			return batchFailure{aws.ToString(f.Id), aws.ToString(f.Code), aws.ToString(f.Message), f.SenderFault}
+		}), nil
 }
 
 func (s snsService) ping(ctx context.Context) error {
@@ -173,9 +161,19 @@ type batchFailure struct {
 	senderFault       bool
 }
 
-// batchResults maps a batch answer onto one result per entry: an entry the
-// answer names in neither list gets an error, as it may not be stored.
-func batchResults(n int, ok []string, failed []batchFailure) []error {
+// stringAttrs maps e's attributes onto a service's attribute type.
+func stringAttrs[V any](e entry, attr func(v *string) V) map[string]V {
+	m := make(map[string]V, len(e.attrs))
+	for k, v := range e.attrs {
+		m[k] = attr(aws.String(v))
+	}
+	return m
+}
+
+// batchResults maps a batch answer (its successful entries, each with an id,
+// and its failed ones) onto one result per entry: an entry the answer names
+// in neither list gets an error, as it may not be stored.
+func batchResults[S, F any](n int, ok []S, okID func(S) *string, failed []F, failure func(F) batchFailure) []error {
 	res := make([]error, n)
 	for i := range res {
 		res[i] = errors.New("sqs: the batch answer names no result for this entry")
@@ -187,12 +185,13 @@ func batchResults(n int, ok []string, failed []batchFailure) []error {
 		}
 		return i
 	}
-	for _, id := range ok {
-		if i := index(id); i >= 0 {
+	for _, r := range ok {
+		if i := index(aws.ToString(okID(r))); i >= 0 {
 			res[i] = nil
 		}
 	}
-	for _, f := range failed {
+	for _, r := range failed {
+		f := failure(r)
 		if i := index(f.id); i >= 0 {
 			res[i] = classifyEntry(f)
 		}

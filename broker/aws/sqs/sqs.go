@@ -218,50 +218,52 @@ func (p *Publisher) Ping(ctx context.Context) error {
 // Close does nothing: the AWS client holds no connection of its own to close.
 func (p *Publisher) Close() error { return nil }
 
-// pending is one message of the current round.
+// pending is one message of the current round: its index in msgs.
 type pending struct {
-	lane, pos int
-	e         entry
+	i int
+	e entry
 }
 
 // Publish sends msgs and returns one result per message (broker.Publisher).
+// Each round sends the first unsettled message of every lane; msgs holds each
+// lane's messages in order, so a walk from the start finds them.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error {
 	results := make([]error, len(msgs))
-	lanes := laneIndexes(msgs)
-	next := make([]int, len(lanes)) // position of each lane's next message
-	fail := func(lane, pos int, err error) {
-		results[lanes[lane][pos]] = err
-		for _, i := range lanes[lane][pos+1:] {
-			results[i] = broker.ErrPredecessorFailed
-		}
-		next[lane] = len(lanes[lane])
-	}
+	settled := make([]bool, len(msgs))
+	failed := map[pgoutbox.Lane]bool{}
 	for {
-		// One round: the next message of every lane, grouped by address.
 		byAddr := map[string][]pending{}
 		var order []string
-		for li := range lanes {
-			pos := next[li]
-			if pos >= len(lanes[li]) {
+		inRound := map[pgoutbox.Lane]bool{}
+		for i := range msgs {
+			lane := msgs[i].Lane()
+			if settled[i] || inRound[lane] {
 				continue
 			}
-			if err := ctx.Err(); err != nil {
-				fail(li, pos, err)
+			settled[i] = failed[lane] // a failed lane's rest is settled at once
+			if failed[lane] {
+				results[i] = broker.ErrPredecessorFailed
 				continue
 			}
-			m := &msgs[lanes[li][pos]]
-			addr, e, err := p.prepare(ctx, m)
+			inRound[lane] = true
+			addr, e, err := p.prepare(ctx, &msgs[i])
+			if err == nil {
+				err = ctx.Err()
+			}
 			if err != nil {
-				fail(li, pos, err)
+				results[i], settled[i], failed[lane] = err, true, true
 				continue
 			}
 			if _, ok := byAddr[addr]; !ok {
 				order = append(order, addr)
 			}
-			byAddr[addr] = append(byAddr[addr], pending{li, pos, e})
+			byAddr[addr] = append(byAddr[addr], pending{i, e})
 		}
 		if len(order) == 0 {
-			return results
+			if len(inRound) == 0 {
+				return results
+			}
+			continue // only failures this round: settle their lanes' rest
 		}
 		var calls [][]pending
 		var addrs []string
@@ -273,17 +275,15 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error 
 		}
 		var wg sync.WaitGroup
 		errs := make([][]error, len(calls))
-		for i := range calls {
-			wg.Go(func() { errs[i] = p.call(ctx, addrs[i], calls[i]) })
+		for c := range calls {
+			wg.Go(func() { errs[c] = p.call(ctx, addrs[c], calls[c]) })
 		}
 		wg.Wait()
-		for i, c := range calls {
-			for j, pd := range c {
-				if err := errs[i][j]; err != nil {
-					fail(pd.lane, pd.pos, err)
-				} else {
-					results[lanes[pd.lane][pd.pos]] = nil
-					next[pd.lane]++
+		for c, call := range calls {
+			for j, pd := range call {
+				results[pd.i], settled[pd.i] = errs[c][j], true
+				if errs[c][j] != nil {
+					failed[msgs[pd.i].Lane()] = true
 				}
 			}
 		}
@@ -353,24 +353,6 @@ func (p *Publisher) call(ctx context.Context, addr string, ps []pending) []error
 		}
 	}
 	return res
-}
-
-// laneIndexes groups the indexes of msgs by lane, lanes in first-appearance
-// order and each lane in msgs' order.
-func laneIndexes(msgs []broker.Message) [][]int {
-	index := map[pgoutbox.Lane]int{}
-	var lanes [][]int
-	for i := range msgs {
-		k := msgs[i].Lane()
-		li, ok := index[k]
-		if !ok {
-			li = len(lanes)
-			index[k] = li
-			lanes = append(lanes, nil)
-		}
-		lanes[li] = append(lanes[li], i)
-	}
-	return lanes
 }
 
 // batchIDs are the entry ids of a batch call: their position.

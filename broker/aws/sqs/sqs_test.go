@@ -1,14 +1,11 @@
 package sqs_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +16,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/aws/sqs"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
@@ -42,24 +40,6 @@ func publisher(t *testing.T, url string, cfg *sqs.Config) *sqs.Publisher {
 	return p
 }
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestStandardRefusedUnlessAllowed(t *testing.T) {
 	t.Parallel()
 	_, queue := newQueue(t, true)
@@ -79,8 +59,8 @@ func TestStandardRefusedUnlessAllowed(t *testing.T) {
 			if _, err := open(&sqs.Config{}); !broker.IsMisconfigured(err) || !strings.Contains(err.Error(), "not FIFO") {
 				t.Fatalf("standard destination: %v, want a misconfiguration saying it is not FIFO", err)
 			}
-			var logs syncBuffer
-			p, err := open(&sqs.Config{AllowStandard: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			var logs logtest.Buffer
+			p, err := open(&sqs.Config{AllowStandard: true, Logger: logs.Logger()})
 			if err != nil {
 				t.Fatalf("AllowStandard: %v", err)
 			}
