@@ -47,8 +47,8 @@ const cloudEventsJSON = "application/cloudevents+json"
 type entry struct {
 	body  string
 	attrs map[string]string // String attributes
-	group string            // MessageGroupId
-	dedup string            // MessageDeduplicationId
+	group string            // MessageGroupId; "" for a standard queue or topic
+	dedup string            // MessageDeduplicationId; "" likewise
 }
 
 // size is what SQS and SNS count against MaxMessageBytes.

@@ -85,7 +85,7 @@ func (s sqsService) send(ctx context.Context, addr string, entries []entry) ([]e
 			MessageAttributes: stringAttrs(e, func(v *string) sqstypes.MessageAttributeValue {
 				return sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: v}
 			}),
-			MessageGroupId: aws.String(e.group), MessageDeduplicationId: aws.String(e.dedup)}
+			MessageGroupId: optional(e.group), MessageDeduplicationId: optional(e.dedup)}
 	}
 	out, err := s.c.SendMessageBatch(ctx, in)
 	if err != nil {
@@ -138,7 +138,7 @@ func (s snsService) send(ctx context.Context, addr string, entries []entry) ([]e
 			MessageAttributes: stringAttrs(e, func(v *string) snstypes.MessageAttributeValue {
 				return snstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: v}
 			}),
-			MessageGroupId: aws.String(e.group), MessageDeduplicationId: aws.String(e.dedup)}
+			MessageGroupId: optional(e.group), MessageDeduplicationId: optional(e.dedup)}
 	}
 	out, err := s.c.PublishBatch(ctx, in)
 	if err != nil {
@@ -159,6 +159,14 @@ func (s snsService) ping(ctx context.Context) error {
 type batchFailure struct {
 	id, code, message string
 	senderFault       bool
+}
+
+// optional is s, or nil when empty (the parameter left out).
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 // stringAttrs maps e's attributes onto a service's attribute type.

@@ -44,7 +44,8 @@
 // A standard (non-FIFO) queue or topic keeps no order: it is refused, when a
 // destination is first used and at start for a destination without
 // placeholders (unless the service cannot be reached then), unless
-// [Config.AllowStandard] is set, and then a WARN says so.
+// [Config.AllowStandard] is set, and then a WARN says so and events go out
+// without group and deduplication ids, which standard ones refuse.
 //
 // Credentials come from the client the caller passes, which the AWS default
 // chain (environment, shared files, instance role) normally builds: the
@@ -123,7 +124,7 @@ type Publisher struct {
 	log     *slog.Logger
 
 	mu    sync.Mutex
-	addrs map[string]string // destination → address, once checked
+	addrs map[string]target // by destination, once checked
 }
 
 func newPublisher(ctx context.Context, svc service, cfg *Config, defaultDest string) (*Publisher, error) {
@@ -147,7 +148,7 @@ func newPublisher(ctx context.Context, svc service, cfg *Config, defaultDest str
 		return nil, fmt.Errorf("sqs: Config.Encoding: %w", err)
 	}
 	p := &Publisher{svc: svc, tmpl: c.Destination, enc: c.Encoding, allow: c.AllowStandard,
-		timeout: c.Timeout, log: c.Logger, addrs: map[string]string{}}
+		timeout: c.Timeout, log: c.Logger, addrs: map[string]target{}}
 	if static := p.staticDestination(); static != "" {
 		if err := svc.check(static); err != nil {
 			return nil, fmt.Errorf("sqs: Config.Destination: %w", err)
@@ -174,33 +175,41 @@ func (p *Publisher) staticDestination() string {
 	return p.tmpl.String()
 }
 
-// address returns destination's address, resolving it and checking that it
+// target is a checked destination: its address (queue URL, topic ARN) and
+// whether it is FIFO.
+type target struct {
+	addr string
+	fifo bool
+}
+
+// address returns destination's target, resolving it and checking that it
 // is FIFO the first time.
-func (p *Publisher) address(ctx context.Context, destination string) (string, error) {
+func (p *Publisher) address(ctx context.Context, destination string) (target, error) {
 	p.mu.Lock()
-	a, ok := p.addrs[destination]
+	t, ok := p.addrs[destination]
 	p.mu.Unlock()
 	if ok {
-		return a, nil
+		return t, nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	a, fifo, err := p.svc.resolve(cctx, destination)
 	if err != nil {
-		return "", err
+		return target{}, err
 	}
 	if !fifo {
 		if !p.allow {
-			return "", broker.Misconfigured(fmt.Errorf("sqs: %s %q is not FIFO, so it would not keep each aggregate's order "+
+			return target{}, broker.Misconfigured(fmt.Errorf("sqs: %s %q is not FIFO, so it would not keep each aggregate's order "+
 				"(use a .fifo one, or allow it explicitly)", p.svc.name(), destination))
 		}
 		p.log.Warn("sqs: publishing to a standard (non-FIFO) destination: the order of an aggregate's events is not kept",
 			slog.String("service", p.svc.name()), slog.String("destination", destination))
 	}
+	t = target{a, fifo}
 	p.mu.Lock()
-	p.addrs[destination] = a
+	p.addrs[destination] = t
 	p.mu.Unlock()
-	return a, nil
+	return t, nil
 }
 
 // Ping checks that the service answers, and that a destination without
@@ -303,11 +312,15 @@ func (p *Publisher) prepare(ctx context.Context, m *broker.Message) (string, ent
 	if err != nil {
 		return "", entry{}, err
 	}
-	addr, err := p.address(ctx, dest)
+	t, err := p.address(ctx, dest)
 	if err != nil {
 		return "", entry{}, err
 	}
-	return addr, e, nil
+	if !t.fifo {
+		// A standard queue or topic refuses group and deduplication ids.
+		e.group, e.dedup = "", ""
+	}
+	return t.addr, e, nil
 }
 
 // chunk splits a round's entries for one address into calls of at most
