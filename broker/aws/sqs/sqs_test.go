@@ -7,24 +7,16 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/aws/sqs"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/internal/logtest"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
-
-func message(aggType, aggID string, seq int64) broker.Message {
-	return broker.Message{EventID: pgoutbox.NewEventID(), AggregateType: aggType, AggregateID: aggID, AggregateSequence: seq,
-		EventType: "created", SchemaVersion: 1, OccurredAt: time.Now().UTC(), Payload: []byte(`{"n":` + strconv.FormatInt(seq, 10) + `}`),
-		Headers: map[string]string{wire.HeaderTraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
-}
 
 // publisher opens a Publisher to the queue url with cfg (nil: defaults).
 func publisher(t *testing.T, url string, cfg *sqs.Config) *sqs.Publisher {
@@ -67,7 +59,7 @@ func TestStandardRefusedUnlessAllowed(t *testing.T) {
 			if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "order") {
 				t.Errorf("no WARN about order: %s", logs.String())
 			}
-			if err := brokertest.Publish(t, p, message("order", "1", 1))[0]; err != nil {
+			if err := brokertest.Publish(t, p, brokertest.Message("order", "1", 1))[0]; err != nil {
 				t.Errorf("Publish: %v", err)
 			}
 		})
@@ -85,7 +77,7 @@ func TestMissingDestinationIsMisconfigured(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	res := brokertest.Publish(t, p, message("order", "1", 1), message("order", "1", 2))
+	res := brokertest.Publish(t, p, brokertest.Message("order", "1", 1), brokertest.Message("order", "1", 2))
 	if !broker.IsMisconfigured(res[0]) || !errors.Is(res[1], broker.ErrPredecessorFailed) {
 		t.Errorf("results %v, want misconfigured then ErrPredecessorFailed", res)
 	}
@@ -97,18 +89,18 @@ func TestMissingDestinationIsMisconfigured(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	brokertest.CheckUnreachable(t, p, message("order", "1", 1), message("order", "1", 2), message("user", "2", 1))
+	brokertest.CheckUnreachable(t, p, brokertest.Message("order", "1", 1), brokertest.Message("order", "1", 2), brokertest.Message("user", "2", 1))
 }
 
 func TestLimitsRefusedBeforeSending(t *testing.T) {
 	t.Parallel()
 	_, url := newQueue(t, false)
 	p := publisher(t, url, nil)
-	big := message("order", "1", 1)
+	big := brokertest.Message("order", "1", 1)
 	big.Payload = []byte(`"` + strings.Repeat("x", sqs.MaxMessageBytes) + `"`)
-	binary := message("order", "2", 1)
+	binary := brokertest.Message("order", "2", 1)
 	binary.Payload, binary.ContentType = []byte{0xff, 0x00}, "application/octet-stream"
-	res := brokertest.Publish(t, p, big, message("order", "1", 2), binary, message("order", "3", 1))
+	res := brokertest.Publish(t, p, big, brokertest.Message("order", "1", 2), binary, brokertest.Message("order", "3", 1))
 	if !broker.IsPermanent(res[0]) || !strings.Contains(res[0].Error(), "above the 262144") {
 		t.Errorf("too large: %v, want permanent naming the limit", res[0])
 	}
@@ -128,7 +120,7 @@ func TestMessageGroupID(t *testing.T) {
 	_, url := newQueue(t, false)
 	p := publisher(t, url, nil)
 	long := strings.Repeat("x", 200)
-	msgs := []broker.Message{message("order", "42", 1), message("order", long, 1), message("order", "caf\u00e9 1", 1), message("a:b", "c", 1)}
+	msgs := []broker.Message{brokertest.Message("order", "42", 1), brokertest.Message("order", long, 1), brokertest.Message("order", "caf\u00e9 1", 1), brokertest.Message("a:b", "c", 1)}
 	for i, err := range brokertest.Publish(t, p, msgs...) {
 		if err != nil {
 			t.Fatalf("Publish %d: %v", i, err)
@@ -156,8 +148,14 @@ func TestCloudEventsStructured(t *testing.T) {
 	t.Parallel()
 	_, url := newQueue(t, false)
 	p := publisher(t, url, &sqs.Config{Encoding: wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: "/test"}})
-	m := message("order", "1", 7)
-	if err := brokertest.Publish(t, p, m)[0]; err != nil {
+	spoofed := brokertest.Message("order", "2", 1)
+	spoofed.Headers["ce-id"] = "spoofed"
+	m := brokertest.Message("order", "1", 7)
+	res := brokertest.Publish(t, p, spoofed, m)
+	if !broker.IsPermanent(res[0]) {
+		t.Errorf("a producer header ce-id: %v, want a permanent refusal", res[0])
+	}
+	if err := res[1]; err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
 	got, err := (&reader{url: url}).read(t.Context())
@@ -169,7 +167,7 @@ func TestCloudEventsStructured(t *testing.T) {
 		t.Fatalf("body is not JSON: %v", err)
 	}
 	want := map[string]string{"specversion": `"1.0"`, "id": `"` + m.EventID.String() + `"`, "source": `"/test"`, "type": `"created"`,
-		"pgoutboxseq": `"7"`, "pgoutboxaggid": `"1"`, "datacontenttype": `"application/json"`, "data": `{"n":7}`}
+		"pgoutboxseq": `"7"`, "pgoutboxaggid": `"1"`, "datacontenttype": `"application/json"`, "data": string(m.Payload)}
 	for k, v := range want {
 		if string(ev[k]) != v {
 			t.Errorf("%s = %s, want %s", k, ev[k], v)
@@ -208,7 +206,7 @@ func TestInvalidDestinationIsPermanent(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	res := brokertest.Publish(t, p, message("order.item", "1", 1))
+	res := brokertest.Publish(t, p, brokertest.Message("order.item", "1", 1))
 	if !broker.IsPermanent(res[0]) || !strings.Contains(res[0].Error(), "queue name") {
 		t.Errorf("aggregate type with a dot: %v, want permanent naming the queue name rule", res[0])
 	}
