@@ -55,9 +55,10 @@ type Server struct {
 	// BaseEndpoint.
 	Endpoint string
 
-	cmd  *exec.Cmd
-	out  *bytes.Buffer
-	once sync.Once
+	cmd    *exec.Cmd
+	out    *bytes.Buffer
+	exited chan error // receives Wait's result once
+	once   sync.Once
 }
 
 // Start installs the emulator if needed and starts it on a free port of
@@ -104,6 +105,7 @@ func start(node, script string) (*Server, error) {
 		return nil, fmt.Errorf("fauxqs: start: %w", err)
 	}
 	exited := make(chan error, 1)
+	s.exited = exited
 	go func() { exited <- s.cmd.Wait() }()
 	deadline := time.Now().Add(readyTimeout)
 	for time.Now().Before(deadline) {
@@ -115,7 +117,6 @@ func start(node, script string) (*Server, error) {
 		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
 		if err == nil {
 			_ = c.Close()
-			go func() { <-exited }() // reaped; Close only signals
 			return s, nil
 		}
 		time.Sleep(50 * time.Millisecond) // polling a port: nothing to wait on
@@ -125,9 +126,13 @@ func start(node, script string) (*Server, error) {
 	return nil, errors.New("fauxqs: not accepting connections within " + readyTimeout.String() + ": " + tail(s.out.Bytes()))
 }
 
-// Close stops the emulator; its data is lost. Safe to call twice.
+// Close stops the emulator and waits for it to exit; its data is lost. Safe
+// to call twice.
 func (s *Server) Close() {
-	s.once.Do(func() { _ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL) })
+	s.once.Do(func() {
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.exited
+	})
 }
 
 func tail(b []byte) string {
