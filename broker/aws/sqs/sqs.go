@@ -98,6 +98,10 @@ type Config struct {
 	Encoding wire.Encoding
 }
 
+// ErrNotFIFO is wrapped by the error for a standard queue or topic when
+// Config.AllowStandard is not set.
+var ErrNotFIFO = errors.New("not FIFO")
+
 // service is what SQS and SNS each do for the Publisher.
 type service interface {
 	// name is "SQS" or "SNS", for messages.
@@ -199,8 +203,8 @@ func (p *Publisher) address(ctx context.Context, destination string) (target, er
 	}
 	if !fifo {
 		if !p.allow {
-			return target{}, broker.Misconfigured(fmt.Errorf("sqs: %s %q is not FIFO, so it would not keep each aggregate's order "+
-				"(use a .fifo one, or allow it explicitly)", p.svc.name(), destination))
+			return target{}, broker.Misconfigured(fmt.Errorf("sqs: %s %q: %w, so it would not keep each aggregate's order "+
+				"(use a .fifo one, or allow it with Config.AllowStandard)", p.svc.name(), destination, ErrNotFIFO))
 		}
 		p.log.Warn("sqs: publishing to a standard (non-FIFO) destination: the order of an aggregate's events is not kept",
 			slog.String("service", p.svc.name()), slog.String("destination", destination))

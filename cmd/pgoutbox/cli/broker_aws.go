@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -126,10 +127,12 @@ func openAWS(ctx context.Context, t *brokerTarget, log *slog.Logger, sns bool) (
 	} else {
 		pub, err = sqs.New(ctx, awssqs.NewFromConfig(cfg), &pc)
 	}
-	if err != nil {
-		if broker.IsUnavailable(err) && !broker.IsMisconfigured(err) {
-			return nil, nil, err
-		}
+	switch {
+	case errors.Is(err, sqs.ErrNotFIFO):
+		return nil, nil, usageError{fmt.Errorf("%w; --%s-allow-standard publishes to it anyway", err, t.kind.name)}
+	case broker.IsUnavailable(err) && !broker.IsMisconfigured(err):
+		return nil, nil, err
+	case err != nil:
 		return nil, nil, usageError{err}
 	}
 	return pub, func() { _ = pub.Close() }, nil
