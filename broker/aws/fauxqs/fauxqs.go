@@ -152,15 +152,22 @@ func (s *Server) Config() aws.Config {
 		Credentials: credentials.NewStaticCredentialsProvider(AccessKey, AccessKey, "")}
 }
 
+// drainVisibility is how long a received message stays hidden, in seconds:
+// short, because a receive whose answer is lost (the SDK then retries it)
+// leaves its messages hidden, and Drain waits for them to come back; long
+// enough that Drain deletes what it received well before.
+const drainVisibility = 5
+
 // Drain receives and deletes every message of the queue at url, with their
 // attributes and MessageGroupId, in the order received, until the queue
 // counts none left (a FIFO queue may answer nothing while a group is held,
 // so an empty receive alone does not end it).
 func Drain(ctx context.Context, c *awssqs.Client, url string) ([]sqstypes.Message, error) {
 	var got []sqstypes.Message
+	var poll int32 // seconds a receive waits for a message: 0 until one came back empty
 	for {
-		out, err := c.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: aws.String(url), MaxNumberOfMessages: 10,
-			MessageAttributeNames: []string{"All"}, VisibilityTimeout: 60,
+		out, err := c.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: poll,
+			MessageAttributeNames: []string{"All"}, VisibilityTimeout: drainVisibility,
 			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameMessageGroupId}})
 		if err != nil {
 			return nil, fmt.Errorf("fauxqs: receive: %w", err)
@@ -182,6 +189,7 @@ func Drain(ctx context.Context, c *awssqs.Client, url string) ([]sqstypes.Messag
 		if a.Attributes["ApproximateNumberOfMessages"] == "0" && a.Attributes["ApproximateNumberOfMessagesNotVisible"] == "0" {
 			return got, nil
 		}
+		poll = 1
 	}
 }
 
