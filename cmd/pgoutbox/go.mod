@@ -4,12 +4,17 @@ go 1.26.8
 
 require (
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0
+	github.com/aws/aws-sdk-go-v2 v1.48.0
+	github.com/aws/aws-sdk-go-v2/config v1.33.19
+	github.com/aws/aws-sdk-go-v2/service/sns v1.48.0
+	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
 	github.com/cloudevents/sdk-go/protocol/nats_jetstream/v2 v2.16.2
 	github.com/eclipse/paho.mqtt.golang v1.5.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/pgoutbox/pgoutbox v0.0.0
+	github.com/pgoutbox/pgoutbox/broker/aws v0.0.0
 	github.com/pgoutbox/pgoutbox/broker/kinesis v0.0.0
 	github.com/pgoutbox/pgoutbox/internal/cetest v0.0.0
 	github.com/prometheus/client_golang v1.25.0
@@ -30,9 +35,7 @@ require (
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
-	github.com/aws/aws-sdk-go-v2 v1.48.0 // indirect
 	github.com/aws/aws-sdk-go-v2/aws/protocol/eventstream v1.7.27 // indirect
-	github.com/aws/aws-sdk-go-v2/config v1.33.19 // indirect
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.1 // indirect
 	github.com/aws/aws-sdk-go-v2/feature/ec2/imds v1.20.9 // indirect
 	github.com/aws/aws-sdk-go-v2/internal/configsources v1.5.12 // indirect
@@ -96,6 +99,7 @@ require (
 
 replace (
 	github.com/pgoutbox/pgoutbox => ../..
+	github.com/pgoutbox/pgoutbox/broker/aws => ../../broker/aws
 	github.com/pgoutbox/pgoutbox/broker/kinesis => ../../broker/kinesis
 	github.com/pgoutbox/pgoutbox/internal/cetest => ../../internal/cetest
 )

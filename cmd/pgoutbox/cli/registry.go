@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/aws/sqs"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
 	"github.com/pgoutbox/pgoutbox/broker/mqtt"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
@@ -245,6 +246,35 @@ var brokerKinds = []*brokerKind{
 		},
 	},
 	{
+		name: "sqs", schemes: []string{"sqs"}, choices: []string{"sqs://[queue]?region=…"},
+		help: `  sqs://[queue][?region=…&endpoint=…]   Amazon SQS FIFO queue: queue name or URL from
+                      the host or --topic-template (default outbox-{aggregate_type}.fifo),
+                      MessageGroupId = aggregate, MessageDeduplicationId = event id; a
+                      standard queue is refused unless --sqs-allow-standard. Credentials
+                      from the AWS default chain only (environment, shared files, role)`,
+		cloudEvents: "a structured JSON body", display: "SQS",
+		publicQuery: true, // region, endpoint (checked to hold no credentials)
+		destination: sqs.DefaultQueue, tenantDestination: "outbox-{tenant}-{aggregate_type}.fifo",
+		flags: awsAllowStandardFlag("sqs", "SQS queue"),
+		parse: func(t *brokerTarget) error { return parseAWS(t, false) },
+		open: func(ctx context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
+			return openAWS(ctx, t, log, false)
+		},
+	},
+	{
+		name: "sns", schemes: []string{"sns"}, choices: []string{"sns://?region=…"},
+		help: `  sns://[?region=…&endpoint=…]   Amazon SNS FIFO topic: --topic-template is the topic
+                      ARN (required); group and deduplication ids as for SQS; a standard
+                      topic is refused unless --sns-allow-standard`,
+		cloudEvents: "a structured JSON body", display: "SNS",
+		publicQuery: true,
+		flags:       awsAllowStandardFlag("sns", "SNS topic"),
+		parse:       func(t *brokerTarget) error { return parseAWS(t, true) },
+		open: func(ctx context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
+			return openAWS(ctx, t, log, true)
+		},
+	},
+	{
 		name: "null", words: []string{"null://", "null"}, choices: []string{"null://"},
 		help: `  null://             acknowledges everything and keeps nothing (benchmarks, dry runs)`,
 		open: func(context.Context, *brokerTarget, *slog.Logger) (broker.Publisher, func(), error) {
@@ -254,6 +284,9 @@ var brokerKinds = []*brokerKind{
 		tenants:  func(*brokerTarget) error { return nil }, // nothing is kept to collide
 	},
 }
+
+// awsEndpointSchemes are the schemes of an sqs:// or sns:// URL's ?endpoint=.
+var awsEndpointSchemes = []string{"https", "http"}
 
 // natsFlags are the flags of NATS JetStream, the embedded server's too.
 type natsFlags struct {
