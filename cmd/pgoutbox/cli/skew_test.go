@@ -12,19 +12,27 @@ import (
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
+// migratedByANewerBinary returns a migrated schema whose bookkeeping table has
+// rows this binary does not know, inserted by "INSERT INTO <table> "+rows, where
+// $1 is future, the outbox line's version after this binary's newest.
+func migratedByANewerBinary(t *testing.T, rows string) (schema string, future int) {
+	t.Helper()
+	pool, schema := pgtest.Migrated(t, 2)
+	all, _ := migrate.All(migrate.LineOutbox)
+	future = all[len(all)-1].Version + 1
+	table := pgx.Identifier{schema, migrate.Table}.Sanitize()
+	if _, err := pool.Exec(context.Background(), "INSERT INTO "+table+" "+rows, future); err != nil {
+		t.Fatal(err)
+	}
+	return schema, future
+}
+
 // A database migrated by a newer pgoutbox (a tracking row this binary does not
 // know) is refused by every command that uses it, with exit 2 and a message
 // naming the unknown migration; "migrate status" lists it.
 func TestVersionSkewIsRefused(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Migrated(t, 2)
-	ctx := context.Background()
-	all, _ := migrate.All(migrate.LineOutbox)
-	future := all[len(all)-1].Version + 1
-	table := pgx.Identifier{schema, migrate.Table}.Sanitize()
-	if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (line, version, name) VALUES ('outbox', $1, 'from_the_future'), ('inbox', 99, 'inbox_future')", future); err != nil {
-		t.Fatal(err)
-	}
+	schema, future := migratedByANewerBinary(t, "(line, version, name) VALUES ('outbox', $1, 'from_the_future'), ('inbox', 99, 'inbox_future')")
 	url := pgtest.URL()
 	db := []string{"--database-url", url, "--schema", schema}
 	for _, args := range [][]string{
@@ -77,14 +85,7 @@ func TestVersionSkewIsRefused(t *testing.T) {
 // and "version" prints the window.
 func TestVersionSkewWithinTheWindow(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Migrated(t, 2)
-	ctx := context.Background()
-	all, _ := migrate.All(migrate.LineOutbox)
-	future := all[len(all)-1].Version + 1
-	table := pgx.Identifier{schema, migrate.Table}.Sanitize()
-	if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (line, version, name, compat) VALUES ('outbox', $1, 'add_a_column', 'expand')", future); err != nil {
-		t.Fatal(err)
-	}
+	schema, _ := migratedByANewerBinary(t, "(line, version, name, compat) VALUES ('outbox', $1, 'add_a_column', 'expand')")
 	db := []string{"--database-url", pgtest.URL(), "--schema", schema}
 	for _, args := range [][]string{
 		{"status"},
