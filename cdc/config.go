@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
@@ -227,6 +229,10 @@ func checkConfig(c *Config, p *config.Problems) {
 	p.Check(c.PublishTimeout > 0, "Config.PublishTimeout must be positive, got %s", c.PublishTimeout)
 	p.Check(c.PollInterval > 0, "Config.PollInterval must be positive, got %s", c.PollInterval)
 	p.Check(c.StatusInterval > 0 && c.StatusInterval <= MaxStatusInterval, "Config.StatusInterval must be in (0, %s], got %s", MaxStatusInterval, c.StatusInterval)
+	if c.StandbyURL != "" {
+		_, err := pgconn.ParseConfig(c.StandbyURL)
+		p.Check(err == nil, "Config.StandbyURL is not a valid connection string (the value is not shown: it may hold a password)")
+	}
 	p.Check(c.FailoverCheckInterval > 0, "Config.FailoverCheckInterval must be positive, got %s", c.FailoverCheckInterval)
 	p.Check(c.StandbyPollInterval > 0, "Config.StandbyPollInterval must be positive, got %s", c.StandbyPollInterval)
 	p.Check(c.MaxAttempts > 0, "Config.MaxAttempts must be positive, got %d", c.MaxAttempts)

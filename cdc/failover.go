@@ -132,8 +132,8 @@ type failoverChecker struct {
 // is never in the error: it may hold a password.
 func openStandby(url string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, errors.New("cdc: Config.StandbyURL is not a valid connection string")
+	if err != nil { // Config.validate has refused it already
+		return nil, errors.New("cdc: Config.StandbyURL is not a valid connection string (the value is not shown: it may hold a password)")
 	}
 	pc.MaxConns = 1
 	pc.MinConns = 0

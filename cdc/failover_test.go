@@ -87,8 +87,14 @@ func failoverPair(t *testing.T) (primary, standby *pgtest.Cluster, e *env) {
 // and standby (the primary first, the new primary after a failover).
 func multiHostEnv(t *testing.T, primary, standby *pgtest.Cluster) *env {
 	t.Helper()
-	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/test?sslmode=disable&target_session_attrs=read-write&connect_timeout=5",
-		primary.Port, standby.Port)
+	return envOn(t, fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/test?sslmode=disable&target_session_attrs=read-write&connect_timeout=5",
+		primary.Port, standby.Port))
+}
+
+// envOn returns an env migrated on the database at url (a cluster of the
+// test's own: stopping it drops the slot).
+func envOn(t *testing.T, url string) *env {
+	t.Helper()
 	pool, schema := pgtest.MigratedOn(t, url, 16)
 	prod, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
 	pgtest.Must(t, err, "producer")

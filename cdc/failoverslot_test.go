@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/cdc/cdcprom"
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/promtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
@@ -168,4 +170,50 @@ func TestFailoverResumesFromTheSyncedSlot(t *testing.T) {
 	pgtest.Must(t, e.pool.QueryRow(ctx, "SELECT synced FROM pg_replication_slots WHERE slot_name = $1", e.cfg.Slot).Scan(&synced), "read the slot")
 	t.Logf("delivery resumed from the synced slot %s after the promote (no recover); %d messages, %d duplicates; %d events in the promoted database; slot synced=%v; %+v",
 		resumed.Round(time.Millisecond), len(got), dups, inDB, synced, src.Stats())
+}
+
+// On PostgreSQL 17 with no standby synchronising the slot: a slot made
+// without failover (by an older pgoutbox, by hand) becomes a failover slot at
+// start; the source warns that no standby synchronises it, FailoverReadiness
+// says ErrFailoverNotSynchronized and the gauge is 0; it streams as usual.
+func TestFailoverSlotWithoutAStandbyWarns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bindir, err := pgtest.Bindir17()
+	pgtest.Must(t, err, "PostgreSQL 17 binaries")
+	cl, err := pgtest.StartCluster(&pgtest.ClusterConfig{Settings: pgtest.LogicalSettings, Bindir: bindir})
+	pgtest.Must(t, err, "start PostgreSQL 17")
+	t.Cleanup(func() { _ = cl.Stop() })
+	e := envOn(t, cl.URL)
+	_, err = e.pool.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
+		e.cfg.Publication, e.table()))
+	pgtest.Must(t, err, "create the publication")
+	_, err = e.pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", e.cfg.Slot)
+	pgtest.Must(t, err, "create a slot without failover")
+	var logs logtest.Buffer
+	e.cfg.Logger = logs.Logger()
+	reg := prometheus.NewRegistry()
+	metrics, err := cdcprom.New(reg)
+	pgtest.Must(t, err, "cdcprom")
+	e.cfg.Observer = metrics
+	rec := &brokertest.Recorder{}
+	src := e.start(t, rec, e.cfg)
+
+	var failover bool
+	pgtest.Must(t, e.pool.QueryRow(ctx, "SELECT failover FROM pg_replication_slots WHERE slot_name = $1", e.cfg.Slot).Scan(&failover), "read the slot")
+	if !failover {
+		t.Fatal("the slot is not a failover slot after the start")
+	}
+	if r := src.FailoverReadiness(); !r.Checked || r.Ready || !errors.Is(r.Err, cdc.ErrFailoverNotSynchronized) {
+		t.Fatalf("FailoverReadiness() = %+v, want checked, not ready, ErrFailoverNotSynchronized", r)
+	}
+	if v, ok := promtest.Value(t, reg, "pgoutbox_cdc_failover_slot_ready", "slot", e.cfg.Slot); !ok || v != 0 {
+		t.Fatalf("pgoutbox_cdc_failover_slot_ready = %v (exported %v), want 0", v, ok)
+	}
+	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "failover slot is not ready") {
+		t.Fatalf("no WARN about the failover slot:\n%s", logs.String())
+	}
+	ids := e.enqueue(t, 4, 2, 4)
+	wait.For(t, 60*time.Second, "the events published", func() bool { return e.count(t, "published_at IS NULL") == 0 })
+	brokertest.CheckStream(t, rec.Messages(), ids)
 }

@@ -177,7 +177,7 @@ func cdcFlagNames(err error) error {
 	r := strings.NewReplacer("Config.BatchSize", "--batch-size", "Config.Workers", "--workers", "Config.RunLength", "--run-length",
 		"Config.MaxAttempts", "--max-attempts", "Config.BackoffBase", "--backoff-base", "Config.BackoffMax", "--backoff-max",
 		"Config.PublishTimeout", "--publish-timeout", "Config.PollInterval", "--poll-interval",
-		"Config.Slot", "--slot", "Config.Publication", "--publication", "Config.Schema", "--schema", "\n", "; ")
+		"Config.Slot", "--slot", "Config.StandbyURL", "--standby-url", "Config.Publication", "--publication", "Config.Schema", "--schema", "\n", "; ")
 	return errors.New(r.Replace(err.Error()))
 }
 
