@@ -745,6 +745,13 @@ func (s *Source) process(batch []item) time.Duration {
 	// twice. Events committed after both cannot be published yet, and are not
 	// looked up: in a steady stream, no batch is.
 	var done []pgoutbox.UUID
+	if len(ids) > 0 {
+		// A batch acknowledged whole gives its lanes back before its mark: after
+		// a reconnect (a failover to a synced slot) the stream may bring its
+		// events again while that mark waits for the database. Let the marks
+		// begun so far land first, so that the look finds them published.
+		s.marks.waitBegun()
+	}
 	if len(ids) > 0 && !s.retryDB("look up published events", func(ctx context.Context) error {
 		rows, err := s.pool.Query(ctx, s.q.alreadyPublished, pgUUIDs(ids))
 		if err != nil {
