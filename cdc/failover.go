@@ -204,7 +204,9 @@ func (s *Source) startFailover(ctx context.Context, version int) (*failoverCheck
 		}
 		f.standby = pool
 	}
-	s.noteFailover(f.check(ctx))
+	cctx, cancel := context.WithTimeout(ctx, StatementTimeout) // an unreachable standby does not hold the start
+	defer cancel()
+	s.noteFailover(f.check(cctx))
 	return f, nil
 }
 

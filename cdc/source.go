@@ -16,6 +16,9 @@
 // default), so a polling relay started by mistake finds nothing to claim.
 // Disable hands the events back to polling relays. Recover recreates a lost
 // slot and publishes from the table what the stream will never send.
+// On PostgreSQL 17 and later the slot is a failover slot: a standby with
+// sync_replication_slots keeps a copy, from which the source resumes after
+// that standby's promotion (FailoverReadiness says whether one is ready).
 //
 // docs/design.md ("CDC source") states the rules and what each crash leaves.
 //
@@ -283,12 +286,13 @@ func (s *Source) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	failover, err := s.startFailover(sctx, version)
-	if err != nil {
-		return err
-	}
 	s.confirmed, s.lastPushed = lsn, lsn
 	if s.checkUntil, err = walInsertPosition(sctx, s.pool); err != nil {
+		return err
+	}
+	// Last of what may fail: the checker's pool is closed by watchFailover.
+	failover, err := s.startFailover(sctx, version)
+	if err != nil {
 		return err
 	}
 	now := time.Now()
