@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
@@ -42,6 +44,8 @@ const (
 	DefaultBackoffMax = 5 * time.Minute
 	// MaxBatchSize is the largest Config.BatchSize allowed.
 	MaxBatchSize = 10000
+	// DefaultFailoverCheckInterval is Config.FailoverCheckInterval's default.
+	DefaultFailoverCheckInterval = 30 * time.Second
 	// DefaultStandbyPollInterval is Config.StandbyPollInterval's default.
 	DefaultStandbyPollInterval = 10 * time.Millisecond
 )
@@ -127,6 +131,22 @@ type Config struct {
 	// DefaultStandbyPollInterval (10ms).
 	StandbyPollInterval time.Duration
 
+	// StandbyURL, if set, is the connection string of a physical standby
+	// that synchronises the failover slot (PostgreSQL 17 and later,
+	// sync_replication_slots on): the source checks every
+	// FailoverCheckInterval that its copy of the slot is sync-ready, usable
+	// after a promotion (FailoverReadiness, cdcprom's
+	// pgoutbox_cdc_failover_slot_ready). Empty checks the primary's side
+	// only (synchronized_standby_slots names an active physical slot). It may
+	// hold a password: it is never logged nor put in an error. Ignored on
+	// older servers.
+	StandbyURL string
+
+	// FailoverCheckInterval is how often the failover slot's readiness is
+	// checked (PostgreSQL 17 and later). Zero means
+	// DefaultFailoverCheckInterval (30s).
+	FailoverCheckInterval time.Duration
+
 	// Observer, if set, is told of every settled batch, every position
 	// reported to the server and every look at the synchronous standbys, for metrics (package cdc/cdcprom implements it).
 	// Nil observes nothing.
@@ -191,6 +211,7 @@ func configDefaults(c *Config) {
 	config.Default(&c.BackoffBase, DefaultBackoffBase)
 	config.Default(&c.BackoffMax, DefaultBackoffMax)
 	config.Default(&c.StandbyPollInterval, DefaultStandbyPollInterval)
+	config.Default(&c.FailoverCheckInterval, DefaultFailoverCheckInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -208,6 +229,11 @@ func checkConfig(c *Config, p *config.Problems) {
 	p.Check(c.PublishTimeout > 0, "Config.PublishTimeout must be positive, got %s", c.PublishTimeout)
 	p.Check(c.PollInterval > 0, "Config.PollInterval must be positive, got %s", c.PollInterval)
 	p.Check(c.StatusInterval > 0 && c.StatusInterval <= MaxStatusInterval, "Config.StatusInterval must be in (0, %s], got %s", MaxStatusInterval, c.StatusInterval)
+	if c.StandbyURL != "" {
+		_, err := pgconn.ParseConfig(c.StandbyURL)
+		p.Check(err == nil, "Config.StandbyURL is not a valid connection string (the value is not shown: it may hold a password)")
+	}
+	p.Check(c.FailoverCheckInterval > 0, "Config.FailoverCheckInterval must be positive, got %s", c.FailoverCheckInterval)
 	p.Check(c.StandbyPollInterval > 0, "Config.StandbyPollInterval must be positive, got %s", c.StandbyPollInterval)
 	p.Check(c.MaxAttempts > 0, "Config.MaxAttempts must be positive, got %d", c.MaxAttempts)
 	p.Check(c.BackoffBase > 0 && c.BackoffMax >= c.BackoffBase,

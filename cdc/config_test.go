@@ -32,9 +32,10 @@ func TestConfigValidation(t *testing.T) {
 		{Slot: "Bad-Name"}, {Publication: "x y"}, {BatchSize: -1}, {BatchSize: 100, MaxBuffered: 10},
 		{StatusInterval: time.Minute}, {BackoffBase: 2 * time.Second, BackoffMax: time.Second},
 		{StandbyPollInterval: -time.Millisecond}, {Workers: -1}, {Workers: cdc.MaxWorkers + 1},
+		{FailoverCheckInterval: -time.Second}, {StandbyURL: "postgres://u:hunter2@127.0.0.1:notaport/x"},
 	} {
-		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "cdc: Config.") {
-			t.Errorf("%+v: %v, want a cdc: Config.<field> error", c, err)
+		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "cdc: Config.") || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("%+v: %v, want a cdc: Config.<field> error not showing the value", c, err)
 		}
 	}
 }

@@ -33,6 +33,11 @@ type Observer interface {
 	// for them, every few seconds otherwise): w says what is held, and why.
 	// Never called with Config.PublishUnreplicated.
 	StandbyChecked(w StandbyWait)
+
+	// FailoverChecked is called after each look at the failover slot's
+	// readiness (PostgreSQL 17 and later: at start, then every
+	// Config.FailoverCheckInterval; failover.go). Never called on older servers.
+	FailoverChecked(r FailoverReadiness)
 }
 
 // Path is where a batch came from.

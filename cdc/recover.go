@@ -63,7 +63,7 @@ func Recover(ctx context.Context, pool *pgxpool.Pool, pub broker.Publisher, cfg 
 	case err == nil && st.exists && !opts.Force:
 		return res, fmt.Errorf("%w: slot %q has the WAL it needs; nothing to recover (force recreates it anyway)", ErrSlotHealthy, c.Slot)
 	}
-	lanes, lsn, err := prepare(ctx, pool, c, &s.q, true)
+	lanes, lsn, _, err := prepare(ctx, pool, c, &s.q, true)
 	if err != nil {
 		return res, err
 	}

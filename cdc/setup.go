@@ -240,13 +240,14 @@ func replConn(ctx context.Context, pool *pgxpool.Pool) (*pgconn.PgConn, error) {
 	return conn, nil
 }
 
-// createSlot creates the slot and, in the snapshot it exports (exactly the
+// createSlot creates the slot (a failover slot with failover: PostgreSQL 17
+// and later, failover.go) and, in the snapshot it exports (exactly the
 // commits before the slot's consistent point), reads the lanes with unpublished
 // events: those the stream will never send.
 // slotCreateAttempts bounds createSlot's tries after serialization failures.
 const slotCreateAttempts = 5
 
-func createSlot(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries) (pglogrepl.LSN, []laneSeen, error) {
+func createSlot(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries, failover bool) (pglogrepl.LSN, []laneSeen, error) {
 	conn, err := replConn(ctx, pool)
 	if err != nil {
 		return 0, nil, err
@@ -258,8 +259,7 @@ func createSlot(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries) 
 	// then, and trying again once those transactions ended succeeds.
 	var res pglogrepl.CreateReplicationSlotResult
 	for attempt := 1; ; attempt++ {
-		res, err = pglogrepl.CreateReplicationSlot(ctx, conn, c.Slot, "pgoutput",
-			pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+		res, err = createSlotOnce(ctx, conn, c.Slot, failover)
 		var pe *pgconn.PgError
 		if err == nil || !errors.As(err, &pe) || pe.Code != "40001" || attempt == slotCreateAttempts {
 			break

@@ -16,6 +16,9 @@
 // default), so a polling relay started by mistake finds nothing to claim.
 // Disable hands the events back to polling relays. Recover recreates a lost
 // slot and publishes from the table what the stream will never send.
+// On PostgreSQL 17 and later the slot is a failover slot: a standby with
+// sync_replication_slots keeps a copy, from which the source resumes after
+// that standby's promotion (FailoverReadiness says whether one is ready).
 //
 // docs/design.md ("CDC source") states the rules and what each crash leaves.
 //
@@ -117,6 +120,8 @@ type Source struct {
 	// streamOn is the server the replication stream decodes from now (zero
 	// while it is down); history the last one it reached (standby.go).
 	streamOn, history serverID
+	// failover is the last look at the failover slot's readiness (failover.go).
+	failover FailoverReadiness
 
 	// lc is the start/stop protocol (package lifecycle): the one rule for Start
 	// twice, Stop twice, Start after Stop, Stop before Start and Start's context
@@ -277,12 +282,17 @@ func (s *Source) Start(ctx context.Context) error {
 func (s *Source) start(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
-	lanes, lsn, err := prepare(sctx, s.pool, &s.cfg, &s.q, false)
+	lanes, lsn, version, err := prepare(sctx, s.pool, &s.cfg, &s.q, false)
 	if err != nil {
 		return err
 	}
 	s.confirmed, s.lastPushed = lsn, lsn
 	if s.checkUntil, err = walInsertPosition(sctx, s.pool); err != nil {
+		return err
+	}
+	// Last of what may fail: the checker's pool is closed by watchFailover.
+	failover, err := s.startFailover(sctx, version)
+	if err != nil {
 		return err
 	}
 	now := time.Now()
@@ -299,6 +309,9 @@ func (s *Source) start(ctx context.Context) error {
 	if !s.cfg.PublishUnreplicated {
 		s.lc.Go(s.watchStandbys)
 	}
+	if failover != nil {
+		s.lc.Go(func() { s.watchFailover(failover) })
+	}
 	select {
 	case err := <-ready:
 		if err != nil {
@@ -313,37 +326,49 @@ func (s *Source) start(ctx context.Context) error {
 
 // prepare runs the checks, creates what is missing and takes ownership. It
 // returns the lanes the table path must publish first (unpublished events the
-// stream will not send) and the slot's confirmed position. With recreate, an
-// existing idle slot is dropped first.
-func prepare(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries, recreate bool) ([]laneSeen, pglogrepl.LSN, error) {
+// stream will not send), the slot's confirmed position and the server's
+// version (server_version_num). With recreate, an existing idle slot is
+// dropped first. On PostgreSQL 17 and later the slot is a failover slot
+// (failover.go).
+func prepare(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries, recreate bool) ([]laneSeen, pglogrepl.LSN, int, error) {
 	slot, err := checkServer(ctx, pool, c)
 	if err != nil && !(recreate && errors.Is(err, ErrSlotLost)) {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
+	version, err := serverVersion(ctx, pool)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	failover := version >= failoverVersion
 	if err := ensurePublication(ctx, pool, c); err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	if err := ensureOwnership(ctx, pool, c, q); err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	if slot.exists && recreate {
 		if err := dropSlot(ctx, pool, c.Slot); err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		slot.exists = false
 	}
 	if !slot.exists {
-		lsn, lanes, err := createSlot(ctx, pool, c, q)
-		return lanes, lsn, err
+		lsn, lanes, err := createSlot(ctx, pool, c, q, failover)
+		return lanes, lsn, version, err
+	}
+	if failover {
+		if err := ensureFailover(ctx, pool, c); err != nil {
+			return nil, 0, 0, err
+		}
 	}
 	var lsn pglogrepl.LSN
 	var text *string
 	if err := pool.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", c.Slot).Scan(&text); err != nil {
-		return nil, 0, fmt.Errorf("cdc: read slot %s: %w", c.Slot, err)
+		return nil, 0, 0, fmt.Errorf("cdc: read slot %s: %w", c.Slot, err)
 	}
 	if text != nil {
 		if lsn, err = pglogrepl.ParseLSN(*text); err != nil {
-			return nil, 0, fmt.Errorf("cdc: slot %s: %w", c.Slot, err)
+			return nil, 0, 0, fmt.Errorf("cdc: slot %s: %w", c.Slot, err)
 		}
 	}
 	// Every unpublished event committed before the confirmed position is one the
@@ -352,9 +377,9 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, c *Config, q *queries, rec
 	// committed, so this snapshot sees them; the table path owns their lanes.
 	lanes, err := readPendingLanes(ctx, pool, q)
 	if err != nil {
-		return nil, 0, fmt.Errorf("cdc: read unpublished events: %w", err)
+		return nil, 0, 0, fmt.Errorf("cdc: read unpublished events: %w", err)
 	}
-	return lanes, lsn, nil
+	return lanes, lsn, version, nil
 }
 
 // walInsertPosition reads the server's WAL insert position: every transaction
@@ -724,6 +749,13 @@ func (s *Source) process(batch []item) time.Duration {
 	// twice. Events committed after both cannot be published yet, and are not
 	// looked up: in a steady stream, no batch is.
 	var done []pgoutbox.UUID
+	if len(ids) > 0 {
+		// A batch acknowledged whole gives its lanes back before its mark: after
+		// a reconnect (a failover to a synced slot) the stream may bring its
+		// events again while that mark waits for the database. Let the marks
+		// begun so far land first, so that the look finds them published.
+		s.marks.waitBegun()
+	}
 	if len(ids) > 0 && !s.retryDB("look up published events", func(ctx context.Context) error {
 		rows, err := s.pool.Query(ctx, s.q.alreadyPublished, pgUUIDs(ids))
 		if err != nil {

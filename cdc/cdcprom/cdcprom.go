@@ -13,6 +13,7 @@
 //	pgoutbox_cdc_settle_seconds                           histogram: time to record a batch's outcomes in the database
 //	pgoutbox_cdc_confirmed_lsn                            the slot position last confirmed to the server (as a byte offset)
 //	pgoutbox_cdc_standby_held_transactions                transactions decoded and held until the synchronous standbys have them
+//	pgoutbox_cdc_failover_slot_ready{slot}                PostgreSQL 17+: 1 when a standby synchronises the failover slot (sync-ready with cdc.Config.StandbyURL), else 0
 //
 // path is "stream" (events from the replication slot) or "table" (lanes the
 // table path owns after a failure or a backfill). The names mirror
@@ -44,6 +45,7 @@ type Metrics struct {
 	settle                prometheus.Histogram
 	ackSeconds, batchSize *prometheus.HistogramVec
 	confirmed, held       prometheus.Gauge
+	failoverReady         *prometheus.GaugeVec
 }
 
 // New creates the collectors and registers them on reg, which is required: pass
@@ -70,6 +72,21 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	if r.Err != nil {
 		return nil, fmt.Errorf("cdcprom: %w", r.Err)
 	}
+	// A vector: absent until the first look (never on servers older than 17).
+	m.failoverReady = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "pgoutbox", Subsystem: "cdc", Name: "failover_slot_ready",
+		Help: "PostgreSQL 17 and later: 1 when a standby synchronises the failover slot (synchronized_standby_slots names an active physical slot and, with a standby URL, its copy of the slot is sync-ready: usable after a promotion), else 0 (cdc.FailoverReadiness). Absent on older servers."},
+		[]string{"slot"})
+	if err := reg.Register(m.failoverReady); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return nil, fmt.Errorf("cdcprom: %w", err)
+		}
+		existing, ok := are.ExistingCollector.(*prometheus.GaugeVec)
+		if !ok {
+			return nil, fmt.Errorf("cdcprom: %w", err)
+		}
+		m.failoverReady = existing
+	}
 	for _, p := range []cdc.Path{cdc.PathStream, cdc.PathTable} {
 		m.ackSeconds.WithLabelValues(p.String())
 		m.batchSize.WithLabelValues(p.String())
@@ -94,6 +111,15 @@ func (m *Metrics) PositionConfirmed(p cdc.Position) {
 // StandbyChecked implements cdc.Observer.
 func (m *Metrics) StandbyChecked(w cdc.StandbyWait) {
 	m.held.Set(float64(w.HeldTransactions))
+}
+
+// FailoverChecked implements cdc.Observer.
+func (m *Metrics) FailoverChecked(r cdc.FailoverReadiness) {
+	v := 0.0
+	if r.Ready {
+		v = 1
+	}
+	m.failoverReady.WithLabelValues(r.Slot).Set(v)
 }
 
 var _ cdc.Observer = (*Metrics)(nil)

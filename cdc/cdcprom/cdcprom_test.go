@@ -55,6 +55,27 @@ func TestNewNeedsARegisterer(t *testing.T) {
 	}
 }
 
+// The failover gauge is absent until a look (never on PostgreSQL 15), then
+// follows each one, per slot; a second New on the registry shares it.
+func TestFailoverReadyGauge(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := cdcprom.New(reg)
+	pgtest.Must(t, err, "New")
+	if v := value(t, reg, "pgoutbox_cdc_failover_slot_ready", "slot", "s1"); v != -1 {
+		t.Fatalf("failover_slot_ready = %v before any look, want absent", v)
+	}
+	m.FailoverChecked(cdc.FailoverReadiness{Slot: "s1", Checked: true, Ready: true})
+	if v := value(t, reg, "pgoutbox_cdc_failover_slot_ready", "slot", "s1"); v != 1 {
+		t.Fatalf("failover_slot_ready = %v, want 1", v)
+	}
+	again, err := cdcprom.New(reg)
+	pgtest.Must(t, err, "second New")
+	again.FailoverChecked(cdc.FailoverReadiness{Slot: "s1", Checked: true, Err: cdc.ErrFailoverNotSynchronized})
+	if v := value(t, reg, "pgoutbox_cdc_failover_slot_ready", "slot", "s1"); v != 0 {
+		t.Fatalf("failover_slot_ready = %v, want 0", v)
+	}
+}
+
 // The held-transactions gauge follows each look at the standbys, back to 0.
 func TestStandbyHeldGauge(t *testing.T) {
 	reg := prometheus.NewRegistry()

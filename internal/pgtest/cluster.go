@@ -64,6 +64,10 @@ type ClusterConfig struct {
 	// clients on other addresses the server listens on (listen_addresses in
 	// Settings).
 	HBA []string
+	// Bindir is the folder of the server binaries (initdb, postgres), e.g.
+	// Bindir17(), so that one test binary can run clusters of several
+	// versions. Empty means the folder found as StartCluster says.
+	Bindir string
 }
 
 const (
@@ -99,7 +103,7 @@ var fastSettings = map[string]string{
 }
 
 // StartCluster initialises and starts a throwaway cluster. Binaries come from
-// PGOUTBOX_TEST_PG_BINDIR, else `pg_config --bindir`, else the PATH, else the
+// ClusterConfig.Bindir, else PGOUTBOX_TEST_PG_BINDIR, else `pg_config --bindir`, else the PATH, else the
 // newest /usr/lib/postgresql/*/bin; when the process runs as root they run as the
 // OS user postgres (initdb refuses root). Stop it when done.
 func StartCluster(cfg *ClusterConfig) (*Cluster, error) {
@@ -113,9 +117,12 @@ func StartCluster(cfg *ClusterConfig) (*Cluster, error) {
 	if c.MaxConnections < 0 {
 		return nil, fmt.Errorf("pgtest: ClusterConfig.MaxConnections (%d) must be positive", c.MaxConnections)
 	}
-	bindir, err := pgBindir()
-	if err != nil {
-		return nil, err
+	bindir := c.Bindir
+	if bindir == "" {
+		var err error
+		if bindir, err = pgBindir(); err != nil {
+			return nil, err
+		}
 	}
 	cred, err := serverCredential()
 	if err != nil {

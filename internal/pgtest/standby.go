@@ -37,6 +37,39 @@ func (c *Cluster) StartStandby(synchronous bool) (*Cluster, error) {
 // port of a primary that failed, so that a multi-host URL given to processes
 // before the failover names the new standby too.
 func (c *Cluster) StartStandbyOn(synchronous bool, port int) (*Cluster, error) {
+	return c.StartStandbyWith(&StandbyConfig{Synchronous: synchronous, Port: port})
+}
+
+// StandbySlot is the physical replication slot on the primary a standby
+// started with StandbyConfig.SyncSlots streams through (primary_slot_name),
+// the one synchronized_standby_slots names.
+const StandbySlot = "pgtest_standby1"
+
+// StandbyConfig is a standby's configuration (StartStandbyWith); a nil
+// *StandbyConfig means all defaults.
+type StandbyConfig struct {
+	// Synchronous: the primary waits for the standby to flush every commit
+	// (see StartStandby).
+	Synchronous bool
+	// Port is the standby's port; 0 means a free one.
+	Port int
+	// SyncSlots makes the standby synchronise the primary's failover logical
+	// slots (PostgreSQL 17 and later): the primary gets the physical slot
+	// StandbySlot, which the standby streams through (primary_slot_name,
+	// hot_standby_feedback on), and synchronized_standby_slots naming it; the
+	// standby runs with sync_replication_slots on and a primary_conninfo
+	// naming the "test" database. The primary needs wal_level logical
+	// (LogicalSettings).
+	SyncSlots bool
+}
+
+// StartStandbyWith makes a streaming standby of the running cluster c as
+// StartStandby does, configured by cfg.
+func (c *Cluster) StartStandbyWith(cfg *StandbyConfig) (*Cluster, error) {
+	var sc StandbyConfig
+	if cfg != nil {
+		sc = *cfg
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), ClusterStartTimeout)
 	defer cancel()
 	dir, err := os.MkdirTemp("", "pgoutbox-pg-standby-")
@@ -50,6 +83,12 @@ func (c *Cluster) StartStandbyOn(synchronous bool, port int) (*Cluster, error) {
 	if c.cred != nil {
 		if err := os.Chown(dir, int(c.cred.uid), int(c.cred.gid)); err != nil {
 			return fail(fmt.Errorf("pgtest: standby directory: %w", err))
+		}
+	}
+	if sc.SyncSlots {
+		// Before the copy: the slot keeps the WAL from the backup on.
+		if err := c.exec(ctx, "SELECT pg_create_physical_replication_slot('"+StandbySlot+"', true)"); err != nil {
+			return fail(err)
 		}
 	}
 	data := filepath.Join(dir, "data")
@@ -68,9 +107,18 @@ func (c *Cluster) StartStandbyOn(synchronous bool, port int) (*Cluster, error) {
 	settings := maps.Clone(c.settings)
 	settings["primary_conninfo"] = conninfo
 	settings["hot_standby"] = "on"
+	if sc.SyncSlots {
+		// The slot sync worker reads the primary's slots from a database.
+		settings["primary_conninfo"] = conninfo + " dbname=test"
+		settings["primary_slot_name"] = StandbySlot
+		settings["hot_standby_feedback"] = "on"
+		settings["sync_replication_slots"] = "on"
+		// Promoted, the standby has no standby of its own to wait for.
+		settings["synchronized_standby_slots"] = ""
+	}
 	var lastErr error
 	for range 5 {
-		port := port
+		port := sc.Port
 		if port == 0 {
 			if port, err = freePort(); err != nil {
 				return fail(err)
@@ -78,11 +126,9 @@ func (c *Cluster) StartStandbyOn(synchronous bool, port int) (*Cluster, error) {
 		}
 		sb, err := runServer(ctx, c.bindir, dir, data, port, settings, c.cred, acceptsConnections)
 		if err == nil {
-			if synchronous {
-				if err := c.requireSynchronous(ctx); err != nil {
-					_ = sb.Stop()
-					return nil, err
-				}
+			if err := c.configureStandby(ctx, &sc); err != nil {
+				_ = sb.Stop()
+				return nil, err
 			}
 			return sb, nil
 		}
@@ -92,6 +138,52 @@ func (c *Cluster) StartStandbyOn(synchronous bool, port int) (*Cluster, error) {
 		}
 	}
 	return fail(lastErr)
+}
+
+// configureStandby makes c wait for its new standby as sc asks.
+func (c *Cluster) configureStandby(ctx context.Context, sc *StandbyConfig) error {
+	if sc.SyncSlots {
+		if err := c.exec(ctx, "ALTER SYSTEM SET synchronized_standby_slots = '"+StandbySlot+"'", "SELECT pg_reload_conf()"); err != nil {
+			return err
+		}
+	}
+	if sc.Synchronous {
+		return c.requireSynchronous(ctx)
+	}
+	return nil
+}
+
+// exec runs statements on c's test database.
+func (c *Cluster) exec(ctx context.Context, statements ...string) error {
+	conn, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		return fmt.Errorf("pgtest: connect to port %d: %w", c.Port, err)
+	}
+	defer conn.Close(context.Background())
+	for _, q := range statements {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("pgtest: %s: %w", q, err)
+		}
+	}
+	return nil
+}
+
+// SlotSyncReady reports whether the standby c has the primary's failover
+// slot slot synchronised and usable after a promotion (PostgreSQL 17: synced,
+// not temporary, not invalidated).
+func (c *Cluster) SlotSyncReady(ctx context.Context, slot string) (bool, error) {
+	conn, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		return false, fmt.Errorf("pgtest: connect to port %d: %w", c.Port, err)
+	}
+	defer conn.Close(context.Background())
+	var ready bool
+	err = conn.QueryRow(ctx, `SELECT coalesce(bool_or(synced AND NOT temporary AND invalidation_reason IS NULL), false)
+  FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&ready)
+	if err != nil {
+		return false, fmt.Errorf("pgtest: read slot %s on port %d: %w", slot, c.Port, err)
+	}
+	return ready, nil
 }
 
 // acceptsConnections is a standby's readiness: it answers queries.

@@ -26,11 +26,14 @@ type cdcFlags struct {
 	source      string
 	slot        string
 	publication string
+	standbyURL  string
 }
 
 func (c *cdcFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&c.source, "source", "poll", "where events come from: poll (claim from the table) or cdc (logical replication slot) (env PGOUTBOX_SOURCE)")
 	c.registerNames(fs)
+	fs.StringVar(&c.standbyURL, "standby-url", "",
+		"CDC, PostgreSQL 17+: connection string of the physical standby that synchronises the failover slot; the source checks its copy is sync-ready (pgoutbox_cdc_failover_slot_ready); a password comes from PGPASSWORD or a .pgpass file as for --database-url (env PGOUTBOX_CDC_STANDBY_URL)")
 }
 
 func (c *cdcFlags) registerNames(fs *pflag.FlagSet) {
@@ -58,7 +61,11 @@ beside it: the CDC source owns every unpublished event. --batch-size, --workers 
 published at once, sharing no aggregate), --run-length, --max-attempts, --backoff-base,
 --backoff-max, --poll-interval (how often failed lanes are looked at; default 1s for cdc)
 and --publish-timeout apply. If the slot is lost,
-run 'pgoutbox cdc recover'; 'pgoutbox cdc disable' hands the schema back to polling.`
+run 'pgoutbox cdc recover'; 'pgoutbox cdc disable' hands the schema back to polling.
+On PostgreSQL 17+ the slot is a failover slot: a standby with sync_replication_slots
+keeps a copy, and after its promotion the source resumes from it (no recover); the
+source warns when synchronized_standby_slots names no active physical slot, and
+--standby-url checks the standby's copy is sync-ready.`
 
 // cdcRelay is the relay with the CDC source (cdc.Source, --source cdc).
 type cdcRelay struct {
@@ -153,6 +160,13 @@ func (f *relayFlags) cdcConfig(logger *slog.Logger) (cdc.Config, error) {
 	if f.cfg.PollInterval != 2*time.Second { // the polling relay's default; cdc's is 1s
 		cfg.PollInterval = f.cfg.PollInterval
 	}
+	if strings.TrimSpace(f.cdc.standbyURL) != "" {
+		// Checked here, where the error names the flag and never the value.
+		if _, err := parseConnString("--standby-url (PGOUTBOX_CDC_STANDBY_URL)", f.cdc.standbyURL); err != nil {
+			return cfg, err
+		}
+		cfg.StandbyURL = f.cdc.standbyURL
+	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, usageError{cdcFlagNames(err)}
 	}
@@ -163,7 +177,7 @@ func cdcFlagNames(err error) error {
 	r := strings.NewReplacer("Config.BatchSize", "--batch-size", "Config.Workers", "--workers", "Config.RunLength", "--run-length",
 		"Config.MaxAttempts", "--max-attempts", "Config.BackoffBase", "--backoff-base", "Config.BackoffMax", "--backoff-max",
 		"Config.PublishTimeout", "--publish-timeout", "Config.PollInterval", "--poll-interval",
-		"Config.Slot", "--slot", "Config.Publication", "--publication", "Config.Schema", "--schema", "\n", "; ")
+		"Config.Slot", "--slot", "Config.StandbyURL", "--standby-url", "Config.Publication", "--publication", "Config.Schema", "--schema", "\n", "; ")
 	return errors.New(r.Replace(err.Error()))
 }
 

@@ -167,10 +167,14 @@ func TestCDCFlagErrors(t *testing.T) {
 		{"relay", "--source", "kafka"},
 		{"relay", "--source", "cdc", "--slot", "Bad-Name", "--database-url", "postgres://x@127.0.0.1/x"},
 		{"cdc", "recover", "--publication", "no spaces please", "--database-url", "postgres://x@127.0.0.1/x"},
+		{"relay", "--source", "cdc", "--standby-url", "postgres://u:hunter2@127.0.0.1:notaport/x", "--database-url", "postgres://x@127.0.0.1/x"},
 	} {
 		_, errOut, code := run(t, args...)
 		if code != exitUsage || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
 			t.Errorf("%v: code %d, stderr %q; want one usage line, exit 2", args, code, errOut)
+		}
+		if strings.Contains(errOut, "hunter2") {
+			t.Errorf("%v: stderr %q echoes the standby URL's password", args, errOut)
 		}
 	}
 }
