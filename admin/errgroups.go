@@ -289,8 +289,22 @@ type BulkRequest struct {
 // CountBulk counts the dead letters a BulkRequest with f and group selects:
 // the preview an operator confirms. More than MaxBulk is ErrTooMany.
 func (a *Admin) CountBulk(ctx context.Context, f Filter, group string) (int, error) {
-	ids, err := a.selectBulk(ctx, a.db, f, group, false)
-	return len(ids), err
+	if group != "" {
+		ids, err := a.selectBulk(ctx, a.db, f, group, false)
+		return len(ids), err
+	}
+	f.Limit = 0
+	cond, args := f.where(nil)
+	var n int
+	err := queryRow(ctx, a.db, `SELECT count(*) FROM (SELECT 1 FROM `+a.events+` e
+ WHERE e.published_at IS NULL AND e.quarantined_at IS NOT NULL`+cond+` LIMIT `+fmt.Sprint(MaxBulk+1)+`) c`, args, &n)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("admin: bulk selection: %w", err)
+	case n > MaxBulk:
+		return 0, fmt.Errorf("admin: bulk selection: %w", ErrTooMany)
+	}
+	return n, nil
 }
 
 // selectBulk returns the ids of the dead letters f and group select, oldest

@@ -113,6 +113,10 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("GET /event", h.event)
 	h.mux.HandleFunc("POST /dlq/retry", h.operator(h.retry))
 	h.mux.HandleFunc("POST /dlq/skip", h.operator(h.skip))
+	h.mux.HandleFunc("GET /retrying", h.retrying)
+	h.mux.HandleFunc("GET /errors", h.errorGroups)
+	h.mux.HandleFunc("POST /dlq/retry-matching", h.operator(h.retryBulk))
+	h.mux.HandleFunc("POST /dlq/skip-matching", h.operator(h.skipBulk))
 	h.mux.HandleFunc("GET /replay", h.replayPage)
 	h.mux.HandleFunc("POST /replay", h.operator(h.replayRun))
 	h.mux.HandleFunc("GET /relays", h.relays)
@@ -275,6 +279,9 @@ func (h *Handler) schemaOf(r *http.Request) (string, []string, *admin.Admin, err
 // errStatus maps admin's errors to HTTP answers.
 func errStatus(err error) (int, string) {
 	var he *httpError
+	if status, msg, ok := bulkStatus(err); ok {
+		return status, msg
+	}
 	switch {
 	case errors.As(err, &he):
 		return he.status, he.msg

@@ -242,12 +242,19 @@ func (h *Handler) lanes(w http.ResponseWriter, r *http.Request) {
 type dlqBody struct {
 	Filter admin.Filter
 	Events []eventRow
-	Full   bool
+	// Matching counts every dead letter the filter selects: the preview of
+	// the actions on all of them.
+	Matching int
+	Next     string
+	First    string
 }
 
 type eventRow struct {
 	admin.Event
 	Link string
+	// Behind is, in a lane, the sequence of the dead letter this event
+	// waits behind (0: none).
+	Behind int64
 }
 
 func filterOf(r *http.Request) (admin.Filter, error) {
@@ -272,13 +279,28 @@ func (h *Handler) dlq(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return nil, err
 		}
-		evs, err := a.ListQuarantined(r.Context(), f)
+		p, err := pageOf(r)
 		if err != nil {
 			return nil, err
 		}
-		b := &dlqBody{Filter: f, Full: len(evs) == f.Limit}
+		evs, err := a.ListQuarantinedPage(r.Context(), f, p)
+		if err != nil {
+			return nil, err
+		}
+		b := &dlqBody{Filter: f}
+		if b.Matching, err = a.CountBulk(r.Context(), f, ""); err != nil && !errors.Is(err, admin.ErrTooMany) {
+			return nil, err
+		}
 		for _, e := range evs {
 			b.Events = append(b.Events, eventRow{Event: e, Link: h.link("/event", v.Schema, "id", e.ID.String())})
+		}
+		if len(evs) > 0 && evs[len(evs)-1].QuarantinedAt != nil {
+			if next := nextPage(len(evs), p.Limit, *evs[len(evs)-1].QuarantinedAt, evs[len(evs)-1].ID); next != nil {
+				b.Next = h.link("/dlq", v.Schema, append(filterParams(f), next...)...)
+			}
+		}
+		if !p.After.IsZero() {
+			b.First = h.link("/dlq", v.Schema, append(filterParams(f), "limit", strconv.Itoa(p.Limit))...)
 		}
 		v.Notice = h.notice(r)
 		return b, nil
@@ -325,8 +347,13 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				return nil, err
 			}
+			var head int64 // the lane's first dead letter: every later event waits behind it
 			for _, l := range lane {
-				b.Lane = append(b.Lane, eventRow{Event: l, Link: h.link("/event", v.Schema, "id", l.ID.String())})
+				row := eventRow{Event: l, Link: h.link("/event", v.Schema, "id", l.ID.String()), Behind: head}
+				if head == 0 && l.State == admin.StateQuarantined {
+					head = l.AggregateSequence
+				}
+				b.Lane = append(b.Lane, row)
 			}
 		}
 		v.Title, v.Notice = "Event "+e.ID.String(), h.notice(r)
@@ -335,13 +362,14 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 }
 
 // back returns the result page of an action on ids: the event page for one
-// event, else the dead-letter list, with the outcome's id.
-func (h *Handler) back(schema string, ids []pgoutbox.UUID) func(string) string {
+// event, else the dead-letter list with the filter it was sent from, with
+// the outcome's id.
+func (h *Handler) back(schema string, ids []pgoutbox.UUID, f admin.Filter) func(string) string {
 	return func(result string) string {
 		if len(ids) == 1 {
 			return h.link("/event", schema, "id", ids[0].String(), "result", result)
 		}
-		return h.link("/dlq", schema, "result", result)
+		return h.link("/dlq", schema, append(filterParams(f), "result", result)...)
 	}
 }
 
@@ -388,6 +416,10 @@ func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title
 	if err == nil && len(ids) == 0 {
 		err = badInput("choose the events to %s", verb)
 	}
+	var f admin.Filter
+	if err == nil {
+		f, err = filterOf(r) // the list's filter, kept on the result page
+	}
 	if err != nil {
 		h.fail(w, r, v, err)
 		return
@@ -403,7 +435,7 @@ func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title
 		return
 	}
 	h.log.Info("console: "+verb+" dead letters", slog.String("actor", p.actor), slog.String("schema", schema), slog.Int("events", n))
-	url := h.acts.finish(tok, &outcome{user: p.name, notice: fmt.Sprintf(done, n)}, h.back(schema, ids))
+	url := h.acts.finish(tok, &outcome{user: p.name, notice: fmt.Sprintf(done, n)}, h.back(schema, ids, f))
 	http.Redirect(w, r, url, http.StatusSeeOther)
 }
 

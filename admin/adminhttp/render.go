@@ -103,7 +103,7 @@ func (h *Handler) link(p, schema string, kv ...string) string {
 }
 
 // formPages are the pages with forms that change state.
-var formPages = map[string]bool{"event": true, "dlq": true, "replay": true}
+var formPages = map[string]bool{"event": true, "dlq": true, "replay": true, "errors": true}
 
 // render writes page name with v; a request with partial=1 gets only the page's
 // live region (the script's refresh).
