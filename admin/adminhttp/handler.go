@@ -59,6 +59,7 @@ type Handler struct {
 	mux   *http.ServeMux
 	root  http.Handler
 	log   *slog.Logger
+	board tenantBoard
 }
 
 // New returns the console serving the outboxes of pool that cfg selects. cfg
@@ -113,6 +114,7 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("GET /event", h.event)
 	h.mux.HandleFunc("POST /dlq/retry", h.operator(h.retry))
 	h.mux.HandleFunc("POST /dlq/skip", h.operator(h.skip))
+	h.mux.HandleFunc("GET /find", h.findEvent)
 	h.mux.HandleFunc("GET /retrying", h.retrying)
 	h.mux.HandleFunc("GET /errors", h.errorGroups)
 	h.mux.HandleFunc("POST /dlq/retry-matching", h.operator(h.retryBulk))

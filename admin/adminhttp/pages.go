@@ -97,8 +97,8 @@ type tenantRow struct {
 	Link   string
 }
 
-// tenantRows reads the status of the shown tenants, a few at a time, each
-// within the per-tenant timeout of admin.TenantsConfig: worst first.
+// tenantRows reads the status of the tenants, a few at a time, each within
+// the per-tenant timeout of admin.TenantsConfig.
 func (h *Handler) tenantRows(ctx context.Context, shown []string) ([]tenantRow, error) {
 	sts, err := admin.StatusOf(ctx, h.pool, shown, &admin.TenantsConfig{Trust: h.cfg.Trust})
 	if err != nil {
@@ -126,6 +126,7 @@ type overviewBody struct {
 	Failures    any
 	Tenants     []tenantRow
 	NotShown    int
+	NotRead     int
 	MultiTenant bool
 }
 
@@ -148,12 +149,18 @@ func (h *Handler) overviewData(ctx context.Context, schema string, all []string,
 	b.Published = chart("Published per second (per-minute average), last hour", "/s", at, pub)
 	b.Failures = chart("Quarantined per second (per-minute average), last hour", "/s", at, quar)
 	if len(all) > 1 {
-		shown := all
-		if len(shown) > h.cfg.MaxTenants {
-			shown, b.NotShown = shown[:h.cfg.MaxTenants], len(all)-h.cfg.MaxTenants
+		read := all
+		if len(read) > maxTenantsRead {
+			read, b.NotRead = read[:maxTenantsRead], len(all)-maxTenantsRead
 		}
-		if b.Tenants, err = h.tenantRows(ctx, shown); err != nil {
+		rows, err := h.tenantBoard(ctx, read)
+		if err != nil {
 			return nil, err
+		}
+		// Cut after sorting: the worst are shown, whatever their names.
+		b.Tenants = rows
+		if len(rows) > h.cfg.MaxTenants {
+			b.Tenants, b.NotShown = rows[:h.cfg.MaxTenants], len(rows)-h.cfg.MaxTenants
 		}
 	}
 	return b, nil
