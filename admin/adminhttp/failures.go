@@ -211,13 +211,14 @@ func (h *Handler) bulkAction(w http.ResponseWriter, r *http.Request, verb, done 
 	}
 	h.log.Info("console: bulk "+verb, slog.String("actor", p.actor), slog.String("schema", schema),
 		slog.String("group", req.Group), slog.Int("events", n))
-	url := h.acts.finish(tok, &outcome{user: p.name, notice: fmt.Sprintf(done, n)}, func(result string) string {
+	o := &outcome{user: p.name, notice: fmt.Sprintf(done, n), count: n}
+	h.acts.finish(tok, o, func(result string) string {
 		if req.Group != "" {
 			return h.link("/errors", schema, "result", result)
 		}
 		return h.link("/dlq", schema, append(filterParams(req.Filter), "result", result)...)
 	})
-	http.Redirect(w, r, url, http.StatusSeeOther)
+	h.done(w, r, o, false)
 }
 
 // bulkStatus maps the bulk actions' own errors to answers.

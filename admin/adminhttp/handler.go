@@ -124,6 +124,7 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("GET /relays", h.relays)
 	h.mux.HandleFunc("GET /audit", h.audit)
 	h.mux.HandleFunc("GET /api/overview", h.apiOverview)
+	h.apiRoutes()
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, nil, &httpError{status: http.StatusNotFound, msg: "no such page"})
 	})

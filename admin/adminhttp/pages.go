@@ -149,11 +149,8 @@ func (h *Handler) overviewData(ctx context.Context, schema string, all []string,
 	b.Published = chart("Published per second (per-minute average), last hour", "/s", at, pub)
 	b.Failures = chart("Quarantined per second (per-minute average), last hour", "/s", at, quar)
 	if len(all) > 1 {
-		read := all
-		if len(read) > maxTenantsRead {
-			read, b.NotRead = read[:maxTenantsRead], len(all)-maxTenantsRead
-		}
-		rows, err := h.tenantBoard(ctx, read)
+		b.NotRead = max(0, len(all)-maxTenantsRead)
+		rows, err := h.tenantRowsAll(ctx, all)
 		if err != nil {
 			return nil, err
 		}
@@ -442,8 +439,9 @@ func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title
 		return
 	}
 	h.log.Info("console: "+verb+" dead letters", slog.String("actor", p.actor), slog.String("schema", schema), slog.Int("events", n))
-	url := h.acts.finish(tok, &outcome{user: p.name, notice: fmt.Sprintf(done, n)}, h.back(schema, ids, f))
-	http.Redirect(w, r, url, http.StatusSeeOther)
+	o := &outcome{user: p.name, notice: fmt.Sprintf(done, n), count: n}
+	h.acts.finish(tok, o, h.back(schema, ids, f))
+	h.done(w, r, o, false)
 }
 
 // once begins the one run of the action whose form r carries: the signed-in
@@ -459,7 +457,7 @@ func (h *Handler) once(w http.ResponseWriter, r *http.Request, v *view) (*princi
 		h.fail(w, r, v, err)
 	case prev != nil:
 		h.log.Info("console: a form submitted again; its action ran once", slog.String("user", p.name), slog.String("path", r.URL.Path))
-		http.Redirect(w, r, prev.url, http.StatusSeeOther)
+		h.done(w, r, prev, true)
 	default:
 		return p, tok, true
 	}

@@ -142,6 +142,12 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, v *view, err erro
 	if status >= 500 {
 		h.log.Error("console: request failed", slog.String("path", r.URL.Path), slog.Any("error", err))
 	}
+	if isAPI(r) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		writeJSON(w, map[string]string{"error": msg})
+		return
+	}
 	if v == nil {
 		v = &view{}
 	}
@@ -162,8 +168,9 @@ func writeJSON(w http.ResponseWriter, v any) {
 
 // header is one event header as shown.
 type header struct {
-	Name, Value string
-	Masked      bool
+	Name   string `json:"name"`
+	Value  string `json:"value"`
+	Masked bool   `json:"masked"`
 }
 
 // showHeaders returns the headers as shown to every user: the values of
