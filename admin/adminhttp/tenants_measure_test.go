@@ -2,6 +2,7 @@ package adminhttp_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -38,10 +39,13 @@ func TestOverviewTenantsFigure(t *testing.T) {
 		h, err := adminhttp.New(pool, &adminhttp.Config{Schemas: selector(t, "tenant_*"), NoAuth: true, Logger: quiet()})
 		pgtest.Must(t, err, "console")
 		srv := httptest.NewServer(h)
+		size := 0
 		load := func() time.Duration {
 			t0 := time.Now()
 			res, err := http.Get(srv.URL + "/")
 			pgtest.Must(t, err, "get")
+			b, _ := io.ReadAll(res.Body)
+			size = len(b)
 			res.Body.Close()
 			if res.StatusCode != 200 {
 				t.Fatalf("overview: %d", res.StatusCode)
@@ -55,7 +59,7 @@ func TestOverviewTenantsFigure(t *testing.T) {
 		}
 		slices.Sort(times)
 		srv.Close()
-		t.Logf("overview at %d tenants: first load %s, median of 10 %s, max %s", n, first.Round(time.Millisecond),
-			times[5].Round(time.Millisecond), times[9].Round(time.Millisecond))
+		t.Logf("overview at %d tenants: first load %s, median of 10 %s, max %s; HTML %d bytes", n, first.Round(time.Millisecond),
+			times[5].Round(time.Millisecond), times[9].Round(time.Millisecond), size)
 	}
 }

@@ -92,6 +92,9 @@ func TestBrowserRetryAGroupOf1000(t *testing.T) {
 		t.Fatalf("first group: %q dead letters, answer %q", d, answer)
 	}
 	screenshot(t, ctx, "errors")
+	_, page := e.Get("/errors?schema=" + e.Schema)
+	_, list := e.Get("/dlq?schema=" + e.Schema)
+	t.Logf("page sizes with 1,002 dead letters: errors by cause %d bytes, dead letters (first 100) %d bytes", len(page), len(list))
 	run(t, ctx, "retry the group", chromedp.SendKeys(chromedp.CSS("#groups .group-reason"), "receiver scaled up, INC-4711"),
 		chromedp.Click(chromedp.CSS("#groups .group-retry")))
 	waitJS(t, ctx, "the notice", `document.querySelector(".notice") !== null`, 30*time.Second)
