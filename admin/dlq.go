@@ -168,22 +168,13 @@ func scanEvent(row pgx.CollectableRow, extra ...any) (Event, error) {
 // outbox's partial index), however long the published history.
 func (a *Admin) ListQuarantined(ctx context.Context, f Filter) ([]Event, error) {
 	cond, args := f.where(nil)
-	q := `SELECT ` + eventColumns + `
-  FROM ` + a.events + ` e LEFT JOIN ` + a.skipped + ` s ON s.event_id = e.event_id
+	q := `
  WHERE e.published_at IS NULL AND e.quarantined_at IS NOT NULL` + cond + `
  ORDER BY e.quarantined_at, e.aggregate_type, e.aggregate_id, e.aggregate_sequence`
 	if f.Limit > 0 {
 		q += " LIMIT " + strconv.Itoa(f.Limit)
 	}
-	rows, err := a.db.Query(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("admin: list quarantined: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) { return scanEvent(row) })
-	if err != nil {
-		return nil, fmt.Errorf("admin: list quarantined: %w", err)
-	}
-	return out, nil
+	return a.queryEvents(ctx, "list quarantined", q, args...)
 }
 
 // Get returns one event, whatever its state, with its payload, headers and, if it

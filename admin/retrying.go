@@ -56,16 +56,22 @@ func (a *Admin) ListRetrying(ctx context.Context, p Page) ([]Event, error) {
 		args = append(args, p.After.At, p.After.ID)
 		after = ` AND (e.occurred_at, e.event_id) > ($2, $3)`
 	}
-	rows, err := a.db.Query(ctx, `SELECT `+eventColumns+`
-  FROM `+a.events+` e LEFT JOIN `+a.skipped+` s ON s.event_id = e.event_id
+	return a.queryEvents(ctx, "list retrying", `
  WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.attempt_count > 0`+after+`
  ORDER BY e.occurred_at, e.event_id LIMIT $1`, args...)
+}
+
+// queryEvents returns the events (without payload and headers) that the
+// clause after the FROM of alias e selects, its errors prefixed with what.
+func (a *Admin) queryEvents(ctx context.Context, what, clause string, args ...any) ([]Event, error) {
+	rows, err := a.db.Query(ctx, `SELECT `+eventColumns+`
+  FROM `+a.events+` e LEFT JOIN `+a.skipped+` s ON s.event_id = e.event_id`+clause, args...)
 	if err != nil {
-		return nil, fmt.Errorf("admin: list retrying: %w", err)
+		return nil, fmt.Errorf("admin: %s: %w", what, err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) { return scanEvent(row) })
 	if err != nil {
-		return nil, fmt.Errorf("admin: list retrying: %w", err)
+		return nil, fmt.Errorf("admin: %s: %w", what, err)
 	}
 	return out, nil
 }
@@ -83,17 +89,8 @@ func (a *Admin) ListQuarantinedPage(ctx context.Context, f Filter, p Page) ([]Ev
 		cond += fmt.Sprintf(` AND (e.quarantined_at, e.event_id) > ($%d, $%d)`, len(args)-1, len(args))
 	}
 	args = append(args, p.Limit)
-	rows, err := a.db.Query(ctx, `SELECT `+eventColumns+`
-  FROM `+a.events+` e LEFT JOIN `+a.skipped+` s ON s.event_id = e.event_id
+	return a.queryEvents(ctx, "list quarantined", `
  WHERE e.published_at IS NULL AND e.quarantined_at IS NOT NULL`+cond+`
  ORDER BY e.quarantined_at, e.event_id
  LIMIT $`+fmt.Sprint(len(args)), args...)
-	if err != nil {
-		return nil, fmt.Errorf("admin: list quarantined: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) { return scanEvent(row) })
-	if err != nil {
-		return nil, fmt.Errorf("admin: list quarantined: %w", err)
-	}
-	return out, nil
 }

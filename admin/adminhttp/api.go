@@ -62,11 +62,7 @@ func (h *Handler) apiRoutes() {
 		return apiPage(evs, p, err, func(e admin.Event) admin.Cursor { return admin.Cursor{At: e.OccurredAt, ID: e.ID} })
 	})
 	get("dlq", func(r *http.Request, a *admin.Admin, schema string) (any, error) {
-		f, err := filterOf(r)
-		if err != nil {
-			return nil, err
-		}
-		p, err := pageOf(r)
+		f, p, err := filterPageOf(r)
 		if err != nil {
 			return nil, err
 		}
@@ -92,14 +88,7 @@ func (h *Handler) apiRoutes() {
 		return map[string]any{"lanes": orEmpty(lanes)}, err
 	})
 	get("event", func(r *http.Request, a *admin.Admin, _ string) (any, error) {
-		ids, err := idsOf(r, "id")
-		if err == nil && len(ids) != 1 {
-			err = badInput("id: give one event id")
-		}
-		if err != nil {
-			return nil, err
-		}
-		e, err := a.Get(r.Context(), ids[0])
+		e, err := oneEvent(r, a)
 		if err != nil {
 			return nil, err
 		}

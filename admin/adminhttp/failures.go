@@ -45,6 +45,16 @@ func pageOf(r *http.Request) (admin.Page, error) {
 	return p, nil
 }
 
+// filterPageOf reads a dead-letter list's filter and position.
+func filterPageOf(r *http.Request) (admin.Filter, admin.Page, error) {
+	f, err := filterOf(r)
+	if err != nil {
+		return f, admin.Page{}, err
+	}
+	p, err := pageOf(r)
+	return f, p, err
+}
+
 // nextPage returns the parameters of the page after the one ending with last
 // (at is its ordering time), or nil when the page was not full.
 func nextPage(n, limit int, at time.Time, last pgoutbox.UUID) []string {

@@ -279,11 +279,7 @@ func filterOf(r *http.Request) (admin.Filter, error) {
 func (h *Handler) dlq(w http.ResponseWriter, r *http.Request) {
 	v := &view{Title: "Dead letters", Nav: "dlq"}
 	h.page(w, r, "dlq", v, func(a *admin.Admin) (any, error) {
-		f, err := filterOf(r)
-		if err != nil {
-			return nil, err
-		}
-		p, err := pageOf(r)
+		f, p, err := filterPageOf(r)
 		if err != nil {
 			return nil, err
 		}
@@ -333,14 +329,7 @@ type eventBody struct {
 func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 	v := &view{Title: "Event", Nav: "dlq"}
 	h.page(w, r, "event", v, func(a *admin.Admin) (any, error) {
-		ids, err := idsOf(r, "id")
-		if err == nil && len(ids) != 1 {
-			err = badInput("id: give one event id")
-		}
-		if err != nil {
-			return nil, err
-		}
-		e, err := a.Get(r.Context(), ids[0])
+		e, err := oneEvent(r, a)
 		if err != nil {
 			return nil, err
 		}
@@ -363,6 +352,18 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 		v.Title, v.Notice = "Event "+e.ID.String(), h.notice(r)
 		return b, nil
 	})
+}
+
+// oneEvent reads the event the request's one "id" names.
+func oneEvent(r *http.Request, a *admin.Admin) (*admin.Event, error) {
+	ids, err := idsOf(r, "id")
+	if err == nil && len(ids) != 1 {
+		err = badInput("id: give one event id")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return a.Get(r.Context(), ids[0])
 }
 
 // back returns the result page of an action on ids: the event page for one
