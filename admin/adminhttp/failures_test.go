@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
@@ -166,5 +167,29 @@ func TestSkipAllMatchingKeepsTheFilter(t *testing.T) {
 	}
 	if n := e.get(loc.String()).body; !strings.Contains(n, "Skipped 3 event(s) in one action") || !strings.Contains(n, `name="error" value="payload"`) {
 		t.Errorf("the result page lacks the notice or the filter:\n%s", n)
+	}
+}
+
+// An event id is found in whichever tenant holds it; an unknown one is 404.
+func TestFindEventInAnyTenant(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Outboxes(t, 4, "shop_a", "shop_b", "shop_c")
+	e := consoleOn(t, pool, "shop_a", func(c *adminhttp.Config) { c.Schemas = selector(t, "shop_*") })
+	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: "shop_c"})
+	pgtest.Must(t, err, "producer")
+	res, err := p.EnqueueTx(context.Background(), pool, pgoutbox.Event{AggregateType: "order", AggregateID: "o", EventType: "changed", Payload: 1})
+	pgtest.Must(t, err, "enqueue")
+	if ov := e.get("/").body; !strings.Contains(ov, `action="/find"`) {
+		t.Errorf("the overview has no find form")
+	}
+	r := e.get("/find?id=" + res[0].EventID.String())
+	if want := "/event?id=" + res[0].EventID.String() + "&schema=shop_c"; r.status != http.StatusSeeOther || r.header.Get("Location") != want {
+		t.Fatalf("find: %d %q, want %q", r.status, r.header.Get("Location"), want)
+	}
+	if r := e.get("/find?id=" + pgoutbox.UUID{}.String()); r.status != http.StatusNotFound {
+		t.Errorf("unknown id: %d", r.status)
+	}
+	if r := e.get("/find?id=nope"); r.status != http.StatusBadRequest {
+		t.Errorf("bad id: %d", r.status)
 	}
 }

@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 	"testing"
-
-	"github.com/chromedp/chromedp"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
@@ -41,16 +40,17 @@ func outboxTenants(t *testing.T, n int) (*consoletest.Env, []string) {
 }
 
 // With 205 tenants, the one with a dead letter is listed first although its
-// name sorts past the 200th (the rows shown), and an event id is found in
-// whichever tenant holds it.
+// name sorts past the 200th (the rows shown). (Finding an event by id in any
+// tenant: adminhttp's TestFindEventInAnyTenant.)
 func TestBrowserTenantsWorstFirst(t *testing.T) {
 	t.Parallel()
+	start := time.Now()
 	e, names := outboxTenants(t, 205)
+	t.Logf("205 tenants migrated in %s", time.Since(start).Round(time.Millisecond))
 	failing := names[203]
 	p, err := pgoutbox.NewProducer(&pgoutbox.Config{Schema: failing})
 	pgtest.Must(t, err, "producer")
-	res, err := p.EnqueueTx(context.Background(), e.Pool, pgoutbox.Event{AggregateType: "order", AggregateID: "o-1", EventType: "changed", Payload: 1},
-		pgoutbox.Event{AggregateType: "order", AggregateID: "o-1", EventType: "changed", Payload: 2})
+	res, err := p.EnqueueTx(context.Background(), e.Pool, pgoutbox.Event{AggregateType: "order", AggregateID: "o-1", EventType: "changed", Payload: 1})
 	pgtest.Must(t, err, "enqueue")
 	_, err = e.Pool.Exec(context.Background(), "UPDATE "+failing+".outbox_events SET quarantined_at = now(), attempt_count = 10, last_error = 'boom' WHERE event_id = $1", res[0].EventID)
 	pgtest.Must(t, err, "quarantine")
@@ -61,7 +61,9 @@ func TestBrowserTenantsWorstFirst(t *testing.T) {
 	pgtest.Must(t, err, "enqueue")
 
 	ctx := browser(t, basicAuth("victor", e.VictorKey))
+	start = time.Now()
 	run(t, ctx, "overview", navigate(e.Server.URL+"/", "#tenants")...)
+	t.Logf("overview of 205 tenants in %s", time.Since(start).Round(time.Millisecond))
 	first := eval[[]string](t, ctx, `[...document.querySelectorAll("#tenants tbody tr td:first-child")].slice(0, 3).map(td => td.textContent.trim())`)
 	if len(first) != 3 || first[0] != failing || first[1] != names[204] {
 		t.Fatalf("tenants in order %q, want %s (a dead letter) then %s (a backlog) first", first, failing, names[204])
@@ -71,10 +73,5 @@ func TestBrowserTenantsWorstFirst(t *testing.T) {
 	}
 	if w := text(t, ctx, "p.warn"); !strings.HasPrefix(w, "5 more tenants") {
 		t.Errorf("note %q", w)
-	}
-	run(t, ctx, "find by id", chromedp.SendKeys(chromedp.CSS("#find-id"), res[1].EventID.String()), chromedp.Submit(chromedp.CSS("#find-id")),
-		chromedp.WaitVisible(chromedp.CSS("#state")))
-	if s, url := text(t, ctx, "#state"), eval[string](t, ctx, `location.search`); s != "pending" || !strings.Contains(url, "schema="+failing) {
-		t.Fatalf("found: state %q at %q", s, url)
 	}
 }
