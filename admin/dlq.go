@@ -168,22 +168,13 @@ func scanEvent(row pgx.CollectableRow, extra ...any) (Event, error) {
 // outbox's partial index), however long the published history.
 func (a *Admin) ListQuarantined(ctx context.Context, f Filter) ([]Event, error) {
 	cond, args := f.where(nil)
-	q := `SELECT ` + eventColumns + `
-  FROM ` + a.events + ` e LEFT JOIN ` + a.skipped + ` s ON s.event_id = e.event_id
+	q := `
  WHERE e.published_at IS NULL AND e.quarantined_at IS NOT NULL` + cond + `
  ORDER BY e.quarantined_at, e.aggregate_type, e.aggregate_id, e.aggregate_sequence`
 	if f.Limit > 0 {
 		q += " LIMIT " + strconv.Itoa(f.Limit)
 	}
-	rows, err := a.db.Query(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("admin: list quarantined: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) { return scanEvent(row) })
-	if err != nil {
-		return nil, fmt.Errorf("admin: list quarantined: %w", err)
-	}
-	return out, nil
+	return a.queryEvents(ctx, "list quarantined", q, args...)
 }
 
 // Get returns one event, whatever its state, with its payload, headers and, if it
@@ -435,39 +426,51 @@ func (a *Admin) Skip(ctx context.Context, req SkipRequest) ([]Skipped, error) {
 	}
 	var out []Skipped
 	err = pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
-		// Lock the rows first: a relay cannot lease a quarantined row, and nobody
-		// else may retry or skip them while we decide.
-		rows, err := tx.Query(ctx, `SELECT e.event_id, CASE WHEN e.published_at IS NOT NULL THEN 'published'
+		out, err = a.skipTx(ctx, tx, req.IDs, reason, actor, map[string]any{"event_ids": req.IDs})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: skip: %w", err)
+	}
+	return out, nil
+}
+
+// skipTx skips the quarantined events ids in tx (see Skip), all or nothing,
+// and records the skip in the operator audit with selection.
+func (a *Admin) skipTx(ctx context.Context, tx pgx.Tx, ids []pgoutbox.UUID, reason, actor string, selection map[string]any) ([]Skipped, error) {
+	// Lock the rows first: a relay cannot lease a quarantined row, and nobody
+	// else may retry or skip them while we decide.
+	rows, err := tx.Query(ctx, `SELECT e.event_id, CASE WHEN e.published_at IS NOT NULL THEN 'published'
             WHEN e.quarantined_at IS NULL THEN 'not quarantined' END
-  FROM `+a.events+` e WHERE e.event_id = ANY($1::uuid[]) FOR UPDATE`, req.IDs)
-		if err != nil {
-			return err
+  FROM `+a.events+` e WHERE e.event_id = ANY($1::uuid[]) FOR UPDATE`, ids)
+	if err != nil {
+		return nil, err
+	}
+	state := map[pgoutbox.UUID]*string{}
+	var id pgoutbox.UUID
+	var st *string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &st}, func() error { state[id] = st; return nil }); err != nil {
+		return nil, err
+	}
+	var missing, wrong []string
+	for _, id := range ids {
+		s, ok := state[id]
+		switch {
+		case !ok:
+			missing = append(missing, id.String())
+		case s != nil:
+			wrong = append(wrong, id.String()+" is "+*s)
 		}
-		state := map[pgoutbox.UUID]*string{}
-		var id pgoutbox.UUID
-		var st *string
-		if _, err := pgx.ForEachRow(rows, []any{&id, &st}, func() error { state[id] = st; return nil }); err != nil {
-			return err
-		}
-		var missing, wrong []string
-		for _, id := range req.IDs {
-			s, ok := state[id]
-			switch {
-			case !ok:
-				missing = append(missing, id.String())
-			case s != nil:
-				wrong = append(wrong, id.String()+" is "+*s)
-			}
-		}
-		if len(missing) > 0 {
-			return fmt.Errorf("%w: %s (nothing skipped)", ErrNotFound, strings.Join(missing, ", "))
-		}
-		if len(wrong) > 0 {
-			return fmt.Errorf("%w: %s (nothing skipped)", ErrNotQuarantined, strings.Join(wrong, ", "))
-		}
-		// Both CTEs read the rows as they were before this statement: the audit row
-		// keeps the failure record, the update moves the lane on.
-		rows, err = tx.Query(ctx, `WITH audit AS (
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%w: %s (nothing skipped)", ErrNotFound, strings.Join(missing, ", "))
+	}
+	if len(wrong) > 0 {
+		return nil, fmt.Errorf("%w: %s (nothing skipped)", ErrNotQuarantined, strings.Join(wrong, ", "))
+	}
+	// Both CTEs read the rows as they were before this statement: the audit row
+	// keeps the failure record, the update moves the lane on.
+	rows, err = tx.Query(ctx, `WITH audit AS (
     INSERT INTO `+a.skipped+` AS s (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type,
                                      last_error, attempt_count, quarantined_at, reason, skipped_by)
     SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.event_type,
@@ -482,28 +485,23 @@ func (a *Admin) Skip(ctx context.Context, req SkipRequest) ([]Skipped, error) {
     RETURNING e.event_id
 )
 SELECT a.* FROM audit a JOIN moved m ON m.event_id = a.event_id
- ORDER BY a.aggregate_type, a.aggregate_id, a.aggregate_sequence`, req.IDs, reason, actor)
-		if err != nil {
-			return err
-		}
-		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Skipped])
-		if err != nil {
-			return err
-		}
-		ids := make([]pgoutbox.UUID, len(out))
-		for i, s := range out {
-			ids[i] = s.EventID
-		}
-		if _, err := writeAudit(ctx, tx, a.schema, auditRecord{action: ActionSkip, actor: actor, reason: reason,
-			selection: map[string]any{"event_ids": req.IDs}, ids: ids, count: int64(len(ids))}); err != nil {
-			return err
-		}
-		// Delivered at commit: the relays claim the lanes' next events at once.
-		_, err = tx.Exec(ctx, "SELECT pg_notify($1, '')", a.channel)
-		return err
-	})
+ ORDER BY a.aggregate_type, a.aggregate_id, a.aggregate_sequence`, ids, reason, actor)
 	if err != nil {
-		return nil, fmt.Errorf("admin: skip: %w", err)
+		return nil, err
 	}
-	return out, nil
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Skipped])
+	if err != nil {
+		return nil, err
+	}
+	done := make([]pgoutbox.UUID, len(out))
+	for i, s := range out {
+		done[i] = s.EventID
+	}
+	if _, err := writeAudit(ctx, tx, a.schema, auditRecord{action: ActionSkip, actor: actor, reason: reason,
+		selection: selection, ids: done, count: int64(len(done))}); err != nil {
+		return nil, err
+	}
+	// Delivered at commit: the relays claim the lanes' next events at once.
+	_, err = tx.Exec(ctx, "SELECT pg_notify($1, '')", a.channel)
+	return out, err
 }

@@ -48,6 +48,17 @@ type Status struct {
 	Quarantined int64 `json:"quarantined"`
 	// BackingOff counts pending events that failed and wait for available_at.
 	BackingOff int64 `json:"backing_off"`
+	// WaitingForRelay counts the pending events no dead letter holds back: they
+	// wait for a relay (or their backoff). OldestWaitingForRelayAge is the age
+	// of the oldest of them: the relays' lag.
+	WaitingForRelay          int64    `json:"waiting_for_relay"`
+	OldestWaitingForRelayAge Duration `json:"oldest_waiting_for_relay_age_seconds"`
+	// BlockedBehindDeadLetter counts the pending events that wait behind a
+	// dead letter of their own lane: no relay publishes them until an operator
+	// retries or skips it. OldestBlockedAge is the age of the oldest of them.
+	// Together they are Pending (each figure read at its own instant).
+	BlockedBehindDeadLetter int64    `json:"blocked_behind_dead_letter"`
+	OldestBlockedAge        Duration `json:"oldest_blocked_age_seconds"`
 	// Leases lists, per relay id, the unpublished events it holds a live lease on
 	// and those whose lease expired (its relay died or stalled; any relay takes
 	// them over). Ordered by relay id.
@@ -165,6 +176,9 @@ func (a *Admin) Status(ctx context.Context) (*Status, error) {
 	sort.Slice(st.Leases, func(i, j int) bool { return st.Leases[i].RelayID < st.Leases[j].RelayID })
 	if st.Relays, err = a.Relays(ctx); err != nil {
 		return nil, fmt.Errorf("admin: status: %w", err)
+	}
+	if err := a.readWaiting(ctx, st); err != nil {
+		return nil, err
 	}
 
 	rows, err = a.db.Query(ctx, fmt.Sprintf(statusPublishedSQL, a.events, a.skipped))

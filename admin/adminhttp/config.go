@@ -17,7 +17,7 @@ import (
 const (
 	// DefaultRefresh is how often the pages refresh their live figures.
 	DefaultRefresh = 5 * time.Second
-	// DefaultMaxTenants is how many schemas the overview shows figures for.
+	// DefaultMaxTenants is how many tenant rows the overview shows, worst first.
 	DefaultMaxTenants = 200
 	// DefaultReplayTimeout bounds one replay started from the console.
 	DefaultReplayTimeout = 10 * time.Minute
@@ -82,8 +82,9 @@ type Config struct {
 	// Defaults to DefaultRefresh (5s).
 	Refresh time.Duration
 
-	// MaxTenants caps the schemas the overview reads figures for (the page says
-	// how many it left out), at most 10000. Defaults to DefaultMaxTenants (200).
+	// MaxTenants caps the tenant rows the overview shows (the page says how
+	// many it left out), at most 10000. Every tenant (up to 10000) is read and
+	// sorted worst first before the cut. Defaults to DefaultMaxTenants (200).
 	MaxTenants int
 
 	// ReplayTimeout bounds one replay started from the console. Defaults to

@@ -59,6 +59,7 @@ type Handler struct {
 	mux   *http.ServeMux
 	root  http.Handler
 	log   *slog.Logger
+	board tenantBoard
 }
 
 // New returns the console serving the outboxes of pool that cfg selects. cfg
@@ -113,11 +114,17 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("GET /event", h.event)
 	h.mux.HandleFunc("POST /dlq/retry", h.operator(h.retry))
 	h.mux.HandleFunc("POST /dlq/skip", h.operator(h.skip))
+	h.mux.HandleFunc("GET /find", h.findEvent)
+	h.mux.HandleFunc("GET /retrying", h.retrying)
+	h.mux.HandleFunc("GET /errors", h.errorGroups)
+	h.mux.HandleFunc("POST /dlq/retry-matching", h.operator(h.retryBulk))
+	h.mux.HandleFunc("POST /dlq/skip-matching", h.operator(h.skipBulk))
 	h.mux.HandleFunc("GET /replay", h.replayPage)
 	h.mux.HandleFunc("POST /replay", h.operator(h.replayRun))
 	h.mux.HandleFunc("GET /relays", h.relays)
 	h.mux.HandleFunc("GET /audit", h.audit)
 	h.mux.HandleFunc("GET /api/overview", h.apiOverview)
+	h.apiRoutes()
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, nil, &httpError{status: http.StatusNotFound, msg: "no such page"})
 	})
@@ -275,6 +282,9 @@ func (h *Handler) schemaOf(r *http.Request) (string, []string, *admin.Admin, err
 // errStatus maps admin's errors to HTTP answers.
 func errStatus(err error) (int, string) {
 	var he *httpError
+	if status, msg, ok := bulkStatus(err); ok {
+		return status, msg
+	}
 	switch {
 	case errors.As(err, &he):
 		return he.status, he.msg

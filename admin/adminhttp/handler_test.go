@@ -248,9 +248,9 @@ func TestViewerCannotAct(t *testing.T) {
 	if strings.Contains(page.body, `id="skip"`) || strings.Contains(page.body, `id="retry"`) {
 		t.Errorf("a viewer is offered the actions")
 	}
-	for _, path := range []string{"/dlq/skip", "/dlq/retry", "/replay"} {
+	for _, path := range []string{"/dlq/skip", "/dlq/retry", "/replay", "/dlq/retry-matching", "/dlq/skip-matching"} {
 		r := e.do("POST", path, "victor", e.victorKey, url.Values{"csrf": {tok}, "schema": {e.schema}, "id": {id.String()},
-			"reason": {"because"}, "all": {"1"}}, nil)
+			"reason": {"because"}, "all": {"1"}, "expect": {"1"}}, nil)
 		if r.status != http.StatusForbidden {
 			t.Errorf("viewer POST %s: %d, want 403", path, r.status)
 		}
@@ -429,7 +429,7 @@ func TestHostileTextIsEscaped(t *testing.T) {
 		ids = append(ids, id)
 	}
 	pages := []string{"/?schema=" + e.schema, "/lanes?schema=" + e.schema, "/dlq?schema=" + e.schema,
-		"/relays?schema=" + e.schema, "/lanes?partial=1&schema=" + e.schema}
+		"/relays?schema=" + e.schema, "/lanes?partial=1&schema=" + e.schema, "/errors?schema=" + e.schema, "/retrying?schema=" + e.schema}
 	for _, id := range ids {
 		pages = append(pages, "/event?schema="+e.schema+"&id="+id.String())
 	}

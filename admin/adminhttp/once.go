@@ -32,6 +32,7 @@ var (
 type outcome struct {
 	user   string // who ran it: only they see it
 	notice string
+	count  int    // the events acted on (the API's answer)
 	url    string // the result page: the first answer's redirect, and any resubmission's
 	replay *replayOutcome
 }

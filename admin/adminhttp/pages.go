@@ -97,8 +97,8 @@ type tenantRow struct {
 	Link   string
 }
 
-// tenantRows reads the status of the shown tenants, a few at a time, each
-// within the per-tenant timeout of admin.TenantsConfig: worst first.
+// tenantRows reads the status of the tenants, a few at a time, each within
+// the per-tenant timeout of admin.TenantsConfig.
 func (h *Handler) tenantRows(ctx context.Context, shown []string) ([]tenantRow, error) {
 	sts, err := admin.StatusOf(ctx, h.pool, shown, &admin.TenantsConfig{Trust: h.cfg.Trust})
 	if err != nil {
@@ -126,6 +126,7 @@ type overviewBody struct {
 	Failures    any
 	Tenants     []tenantRow
 	NotShown    int
+	NotRead     int
 	MultiTenant bool
 }
 
@@ -148,12 +149,15 @@ func (h *Handler) overviewData(ctx context.Context, schema string, all []string,
 	b.Published = chart("Published per second (per-minute average), last hour", "/s", at, pub)
 	b.Failures = chart("Quarantined per second (per-minute average), last hour", "/s", at, quar)
 	if len(all) > 1 {
-		shown := all
-		if len(shown) > h.cfg.MaxTenants {
-			shown, b.NotShown = shown[:h.cfg.MaxTenants], len(all)-h.cfg.MaxTenants
-		}
-		if b.Tenants, err = h.tenantRows(ctx, shown); err != nil {
+		b.NotRead = max(0, len(all)-maxTenantsRead)
+		rows, err := h.tenantRowsAll(ctx, all)
+		if err != nil {
 			return nil, err
+		}
+		// Cut after sorting: the worst are shown, whatever their names.
+		b.Tenants = rows
+		if len(rows) > h.cfg.MaxTenants {
+			b.Tenants, b.NotShown = rows[:h.cfg.MaxTenants], len(rows)-h.cfg.MaxTenants
 		}
 	}
 	return b, nil
@@ -242,12 +246,19 @@ func (h *Handler) lanes(w http.ResponseWriter, r *http.Request) {
 type dlqBody struct {
 	Filter admin.Filter
 	Events []eventRow
-	Full   bool
+	// Matching counts every dead letter the filter selects: the preview of
+	// the actions on all of them.
+	Matching int
+	Next     string
+	First    string
 }
 
 type eventRow struct {
 	admin.Event
 	Link string
+	// Behind is, in a lane, the sequence of the dead letter this event
+	// waits behind (0: none).
+	Behind int64
 }
 
 func filterOf(r *http.Request) (admin.Filter, error) {
@@ -268,17 +279,28 @@ func filterOf(r *http.Request) (admin.Filter, error) {
 func (h *Handler) dlq(w http.ResponseWriter, r *http.Request) {
 	v := &view{Title: "Dead letters", Nav: "dlq"}
 	h.page(w, r, "dlq", v, func(a *admin.Admin) (any, error) {
-		f, err := filterOf(r)
+		f, p, err := filterPageOf(r)
 		if err != nil {
 			return nil, err
 		}
-		evs, err := a.ListQuarantined(r.Context(), f)
+		evs, err := a.ListQuarantinedPage(r.Context(), f, p)
 		if err != nil {
 			return nil, err
 		}
-		b := &dlqBody{Filter: f, Full: len(evs) == f.Limit}
+		b := &dlqBody{Filter: f}
+		if b.Matching, err = a.CountBulk(r.Context(), f, ""); err != nil && !errors.Is(err, admin.ErrTooMany) {
+			return nil, err
+		}
 		for _, e := range evs {
 			b.Events = append(b.Events, eventRow{Event: e, Link: h.link("/event", v.Schema, "id", e.ID.String())})
+		}
+		if len(evs) > 0 && evs[len(evs)-1].QuarantinedAt != nil {
+			if next := nextPage(len(evs), p.Limit, *evs[len(evs)-1].QuarantinedAt, evs[len(evs)-1].ID); next != nil {
+				b.Next = h.link("/dlq", v.Schema, append(filterParams(f), next...)...)
+			}
+		}
+		if !p.After.IsZero() {
+			b.First = h.link("/dlq", v.Schema, append(filterParams(f), "limit", strconv.Itoa(p.Limit))...)
 		}
 		v.Notice = h.notice(r)
 		return b, nil
@@ -307,14 +329,7 @@ type eventBody struct {
 func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 	v := &view{Title: "Event", Nav: "dlq"}
 	h.page(w, r, "event", v, func(a *admin.Admin) (any, error) {
-		ids, err := idsOf(r, "id")
-		if err == nil && len(ids) != 1 {
-			err = badInput("id: give one event id")
-		}
-		if err != nil {
-			return nil, err
-		}
-		e, err := a.Get(r.Context(), ids[0])
+		e, err := oneEvent(r, a)
 		if err != nil {
 			return nil, err
 		}
@@ -325,8 +340,13 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				return nil, err
 			}
+			var head int64 // the lane's first dead letter: every later event waits behind it
 			for _, l := range lane {
-				b.Lane = append(b.Lane, eventRow{Event: l, Link: h.link("/event", v.Schema, "id", l.ID.String())})
+				row := eventRow{Event: l, Link: h.link("/event", v.Schema, "id", l.ID.String()), Behind: head}
+				if head == 0 && l.State == admin.StateQuarantined {
+					head = l.AggregateSequence
+				}
+				b.Lane = append(b.Lane, row)
 			}
 		}
 		v.Title, v.Notice = "Event "+e.ID.String(), h.notice(r)
@@ -334,14 +354,27 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// oneEvent reads the event the request's one "id" names.
+func oneEvent(r *http.Request, a *admin.Admin) (*admin.Event, error) {
+	ids, err := idsOf(r, "id")
+	if err == nil && len(ids) != 1 {
+		err = badInput("id: give one event id")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return a.Get(r.Context(), ids[0])
+}
+
 // back returns the result page of an action on ids: the event page for one
-// event, else the dead-letter list, with the outcome's id.
-func (h *Handler) back(schema string, ids []pgoutbox.UUID) func(string) string {
+// event, else the dead-letter list with the filter it was sent from, with
+// the outcome's id.
+func (h *Handler) back(schema string, ids []pgoutbox.UUID, f admin.Filter) func(string) string {
 	return func(result string) string {
 		if len(ids) == 1 {
 			return h.link("/event", schema, "id", ids[0].String(), "result", result)
 		}
-		return h.link("/dlq", schema, "result", result)
+		return h.link("/dlq", schema, append(filterParams(f), "result", result)...)
 	}
 }
 
@@ -388,6 +421,10 @@ func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title
 	if err == nil && len(ids) == 0 {
 		err = badInput("choose the events to %s", verb)
 	}
+	var f admin.Filter
+	if err == nil {
+		f, err = filterOf(r) // the list's filter, kept on the result page
+	}
 	if err != nil {
 		h.fail(w, r, v, err)
 		return
@@ -403,8 +440,9 @@ func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title
 		return
 	}
 	h.log.Info("console: "+verb+" dead letters", slog.String("actor", p.actor), slog.String("schema", schema), slog.Int("events", n))
-	url := h.acts.finish(tok, &outcome{user: p.name, notice: fmt.Sprintf(done, n)}, h.back(schema, ids))
-	http.Redirect(w, r, url, http.StatusSeeOther)
+	o := &outcome{user: p.name, notice: fmt.Sprintf(done, n), count: n}
+	h.acts.finish(tok, o, h.back(schema, ids, f))
+	h.done(w, r, o, false)
 }
 
 // once begins the one run of the action whose form r carries: the signed-in
@@ -420,7 +458,7 @@ func (h *Handler) once(w http.ResponseWriter, r *http.Request, v *view) (*princi
 		h.fail(w, r, v, err)
 	case prev != nil:
 		h.log.Info("console: a form submitted again; its action ran once", slog.String("user", p.name), slog.String("path", r.URL.Path))
-		http.Redirect(w, r, prev.url, http.StatusSeeOther)
+		h.done(w, r, prev, true)
 	default:
 		return p, tok, true
 	}

@@ -103,7 +103,7 @@ func (h *Handler) link(p, schema string, kv ...string) string {
 }
 
 // formPages are the pages with forms that change state.
-var formPages = map[string]bool{"event": true, "dlq": true, "replay": true}
+var formPages = map[string]bool{"event": true, "dlq": true, "replay": true, "errors": true}
 
 // render writes page name with v; a request with partial=1 gets only the page's
 // live region (the script's refresh).
@@ -142,6 +142,12 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, v *view, err erro
 	if status >= 500 {
 		h.log.Error("console: request failed", slog.String("path", r.URL.Path), slog.Any("error", err))
 	}
+	if isAPI(r) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		writeJSON(w, map[string]string{"error": msg})
+		return
+	}
 	if v == nil {
 		v = &view{}
 	}
@@ -162,8 +168,9 @@ func writeJSON(w http.ResponseWriter, v any) {
 
 // header is one event header as shown.
 type header struct {
-	Name, Value string
-	Masked      bool
+	Name   string `json:"name"`
+	Value  string `json:"value"`
+	Masked bool   `json:"masked"`
 }
 
 // showHeaders returns the headers as shown to every user: the values of

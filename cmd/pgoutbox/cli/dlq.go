@@ -43,6 +43,8 @@ of its aggregate, which wait so that order is kept.
           purpose: prefer retry when the cause can be fixed.
   audit   the operator audit: every retry, skip and replay, newest first, with
           who (--actor and the database user), when, why (--reason) and what.
+  retrying  the events that failed and will be tried again (not quarantined yet)
+  errors  dead letters and retrying events grouped by the cause of their error
 
 --tenants (list, show, retry, skip) works across the outbox schemas it selects
 (names and globs, '*' for all) instead of --schema. list shows every selected
@@ -59,7 +61,8 @@ selector that matches exactly one tenant. audit reads one outbox (--schema).`,
   pgoutbox dlq retry 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11 --tenants 'tenant_*'`,
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() },
 	}
-	cmd.AddCommand(newDLQListCmd(), newDLQShowCmd(), newDLQRetryCmd(), newDLQSkipCmd(), newDLQAuditCmd())
+	cmd.AddCommand(newDLQListCmd(), newDLQShowCmd(), newDLQRetryCmd(), newDLQSkipCmd(), newDLQAuditCmd(),
+		newDLQRetryingCmd(), newDLQErrorsCmd())
 	return cmd
 }
 

@@ -332,6 +332,7 @@ func writeStatus(w io.Writer, st *admin.Status, asJSON bool) error {
 		quarantined += "\t(pgoutbox dlq list)"
 	}
 	fmt.Fprintf(tw, "quarantined\t%s\n", quarantined)
+	writeSplit(tw, st)
 	fmt.Fprintf(tw, "backing off\t%d\n", st.BackingOff)
 	fmt.Fprintf(tw, "published last minute\t%d\n", st.PublishedLastMinute)
 	fmt.Fprintf(tw, "skipped, ever\t%d\n", st.Skipped)
