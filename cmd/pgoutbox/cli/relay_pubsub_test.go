@@ -85,8 +85,8 @@ func TestRelayPubSubFlagErrors(t *testing.T) {
 	}
 }
 
-// TestPubSubDescribe: describe names the project, topic and emulator, and
-// --tenants gets the tenant default topic.
+// TestPubSubDescribe: describe names the project, topic and emulator,
+// --tenants gets the tenant default topic, and a template may sit in the URL.
 func TestPubSubDescribe(t *testing.T) {
 	t.Parallel()
 	tgt, err := (&brokerFlags{url: "pubsub://proj?endpoint=127.0.0.1:8085", format: "outbox", ackTimeout: time.Second}).parse()
@@ -97,5 +97,11 @@ func TestPubSubDescribe(t *testing.T) {
 	pgtest.Must(t, tgt.forTenants(), "forTenants")
 	if !tgt.template.Uses("tenant") {
 		t.Errorf("tenant template %q", tgt.template.String())
+	}
+	// A template in the URL's path (net/url takes braces there).
+	tgt, err = (&brokerFlags{url: "pubsub://proj/o.{tenant}.{aggregate_type}", format: "outbox", ackTimeout: time.Second}).parse()
+	pgtest.Must(t, err, "parse a template in the path")
+	if tgt.template.String() != "o.{tenant}.{aggregate_type}" || tgt.forTenants() != nil {
+		t.Errorf("template %q from the URL's path", tgt.template.String())
 	}
 }
