@@ -63,6 +63,8 @@ var receiveRetry = retry.Exponential{Base: 100 * time.Millisecond, Max: 5 * time
 // The defaults of Config's fields.
 const (
 	DefaultConcurrency    = 4
+	DefaultPrefetch       = 100
+	DefaultAckDeadline    = 10 * time.Second
 	DefaultProcessTimeout = time.Minute
 )
 
@@ -80,9 +82,18 @@ type Config struct {
 
 	// Prefetch bounds the messages received and not yet settled (the client's
 	// MaxOutstandingMessages): those being processed and those waiting. The
-	// client extends their ack deadlines while they wait. Zero means
-	// 2 × Concurrency.
+	// client extends their ack deadlines while they wait. Messages the
+	// client holds back above it when the Subscriber stops are not handed
+	// back: Pub/Sub redelivers them after their ack deadline. Zero means
+	// DefaultPrefetch (100).
 	Prefetch int
+
+	// AckDeadline is the lease the client asks for on each message, renewed
+	// while the message is held (MaxDurationPerAckExtension and the stream's
+	// ack deadline): the delay before Pub/Sub redelivers a message whose
+	// holder crashed, or one that was on its way when the Subscriber stopped.
+	// Zero means DefaultAckDeadline (10 s, Pub/Sub's minimum); at most 600 s.
+	AckDeadline time.Duration
 
 	// ProcessTimeout bounds one Process call (the consumer transaction with
 	// its handler). Zero means DefaultProcessTimeout (1 min).
@@ -105,8 +116,9 @@ func (c *Config) withDefaults(name string) (Config, error) {
 	return config.Resolve("pubsubinbox", c, func(out *Config) {
 		config.Default(&out.Subscription, name)
 		config.Default(&out.Concurrency, DefaultConcurrency)
-		config.Default(&out.Prefetch, 2*out.Concurrency)
+		config.Default(&out.Prefetch, max(DefaultPrefetch, out.Concurrency))
 		config.Default(&out.ProcessTimeout, DefaultProcessTimeout)
+		config.Default(&out.AckDeadline, DefaultAckDeadline)
 		if out.Logger == nil {
 			out.Logger = slog.Default()
 		}
@@ -114,6 +126,7 @@ func (c *Config) withDefaults(name string) (Config, error) {
 		p.Check(out.Subscription != "" && len(out.Subscription) <= 512, "Config.Subscription %.64q: want a subscription ID or name", out.Subscription)
 		p.Check(out.Concurrency > 0 && out.Concurrency <= 1024, "Config.Concurrency %d: want 1..1024", out.Concurrency)
 		p.Check(out.Prefetch >= out.Concurrency, "Config.Prefetch %d: want at least Config.Concurrency", out.Prefetch)
+		p.Check(out.AckDeadline >= 10*time.Second && out.AckDeadline <= 600*time.Second, "Config.AckDeadline %s: want 10s..600s", out.AckDeadline)
 		p.Check(out.ProcessTimeout > 0, "Config.ProcessTimeout %s: must be positive", out.ProcessTimeout)
 	})
 }
@@ -189,6 +202,8 @@ func (s *Subscriber) start(context.Context) error {
 	s.sub = s.client.Subscriber(s.cfg.Subscription)
 	s.sub.ReceiveSettings.MaxOutstandingMessages = s.cfg.Prefetch
 	s.sub.ReceiveSettings.NumGoroutines = 1
+	s.sub.ReceiveSettings.MinDurationPerAckExtension = s.cfg.AckDeadline
+	s.sub.ReceiveSettings.MaxDurationPerAckExtension = s.cfg.AckDeadline
 	s.log.Info("subscriber starting", slog.Int("concurrency", s.cfg.Concurrency))
 	s.lc.Go(s.receive)
 	s.core.Run(&s.lc, s.cfg.Concurrency)
