@@ -75,9 +75,9 @@ type Config struct {
 	// projects/<project>/subscriptions/<id>). Zero means the processor's Name().
 	Subscription string
 
-	// Concurrency is how many messages this Subscriber processes at once, each
-	// in its own transaction (size the database pool for it). Messages of one
-	// aggregate never run at the same time. Zero means DefaultConcurrency (4).
+	// Concurrency bounds the deliveries in progress at once, one consumer
+	// transaction each (the database pool needs as many connections); one
+	// aggregate's deliveries never overlap. Zero means DefaultConcurrency (4).
 	Concurrency int
 
 	// Prefetch bounds the messages received and not yet settled (the client's
@@ -95,8 +95,9 @@ type Config struct {
 	// Zero means DefaultAckDeadline (10 s, Pub/Sub's minimum); at most 600 s.
 	AckDeadline time.Duration
 
-	// ProcessTimeout bounds one Process call (the consumer transaction with
-	// its handler). Zero means DefaultProcessTimeout (1 min).
+	// ProcessTimeout is the deadline of each delivery's processing, the
+	// handler and its transaction together. Zero means DefaultProcessTimeout
+	// (1 min).
 	ProcessTimeout time.Duration
 
 	// Logger receives undecodable messages and receive errors. Nil means
@@ -326,20 +327,19 @@ func (s *Subscriber) stopped(bool) {
 		slog.Int64("undecodable", st.Undecodable), slog.Int64("released", st.Released))
 }
 
-// Stopping is closed when the subscriber begins to stop (Stop, or the end of
-// Start's context): from then on it starts no new delivery.
+// Stopping is closed once a stop has begun (Stop called, or Start's context
+// ended); no delivery starts after it.
 func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
 
-// Stop shuts the Subscriber down gracefully: it stops receiving, lets the
-// messages being processed finish (commit and ack, or roll back and nack),
-// and nacks every message received but not started, for immediate
-// redelivery to another instance. If ctx ends first, the stop turns hard:
-// in-flight transactions are abandoned (rolled back, their messages nacked)
-// and ctx's error is returned.
-//
-// Stop may be called any number of times, from any goroutine, each call
-// waiting for the same shutdown; before Start it returns nil and the
-// Subscriber can no longer start.
+// Stop ends receiving and waits for the deliveries in progress to commit and
+// ack (or roll back and nack); the messages received and not started are
+// nacked, so that Pub/Sub redelivers them at once, to another instance. When
+// ctx ends first the stop turns hard: the transactions in progress are
+// abandoned and rolled back, their messages nacked, and Stop returns ctx's
+// error. Like every pgoutbox service (internal/lifecycle), Stop may be
+// called any number of times from any goroutine, each call waiting for the
+// one shutdown; called before Start, it returns nil and Start can no longer
+// succeed.
 func (s *Subscriber) Stop(ctx context.Context) error {
 	return s.lc.Stop(ctx)
 }
