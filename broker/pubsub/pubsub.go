@@ -133,12 +133,15 @@ type topic struct {
 
 // New returns a publisher that writes through client, a ready-made Pub/Sub
 // client (its project, credentials and endpoint are the caller's, and so is
-// closing it).
+// closing it). cfg nil means all defaults.
 func New(client *pubsub.Client, cfg *Config) (*Publisher, error) {
 	if client == nil {
 		return nil, errors.New("pubsub: nil client")
 	}
-	c := *cfg
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
 	if c.Topic.String() == "" {
 		t, err := broker.ParseTemplate(DefaultTopic)
 		if err != nil {
@@ -170,7 +173,10 @@ func Dial(ctx context.Context, rawURL string, cfg *Config) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := *cfg
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
 	if c.Topic.String() == "" {
 		c.Topic = u.Topic
 	}
