@@ -19,6 +19,7 @@ import (
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/broker/null"
+	"github.com/pgoutbox/pgoutbox/broker/pubsub"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/broker/webhook"
 )
@@ -273,6 +274,21 @@ var brokerKinds = []*brokerKind{
 		open: func(ctx context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
 			return openAWS(ctx, t, log, true)
 		},
+	},
+	{
+		name: "pubsub", system: "gcp_pubsub", schemes: []string{"pubsub"}, choices: []string{"pubsub://project/topic"},
+		help: `  pubsub://project[/topic][?endpoint=host:port]   Google Cloud Pub/Sub: message ordering
+                      on, ordering key = aggregate, the Outbox-* headers as attributes;
+                      topic from the URL or --topic-template (default
+                      outbox.{aggregate_type}; topics must exist). Credentials from
+                      Application Default Credentials only (GOOGLE_APPLICATION_CREDENTIALS,
+                      the metadata server); endpoint= or PUBSUB_EMULATOR_HOST for an emulator`,
+		cloudEvents: "ce-* attributes", display: "Pub/Sub",
+		publicQuery: true, // endpoint
+		destination: pubsub.DefaultTopic, tenantDestination: "outbox.{tenant}.{aggregate_type}",
+		parse:    parsePubSub,
+		open:     openPubSub,
+		describe: describePubSub,
 	},
 	{
 		name: "null", words: []string{"null://", "null"}, choices: []string{"null://"},
