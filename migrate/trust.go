@@ -30,7 +30,8 @@ var ErrUntrusted = errors.New("migrate: outbox refused")
 // outbox_events are found through the catalog.
 var tables = []string{
 	Table, "outbox_events", "outbox_aggregate_sequences", "outbox_skipped_events",
-	"outbox_operator_audit", "outbox_relays", "processed_events", "consumer_positions",
+	"outbox_operator_audit", "outbox_relays", "outbox_destinations", "outbox_destination_lanes",
+	"processed_events", "consumer_positions",
 }
 
 // Tables returns the names of the tables pgoutbox's migrations create in a
