@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -41,11 +40,10 @@ func parseMQTT(t *brokerTarget, o *mqttFlags) error {
 	}
 	switch {
 	case o.passwordFile != "":
-		raw, err := os.ReadFile(o.passwordFile)
-		if err != nil {
-			return usagef("--mqtt-password-file: %v", err)
+		var err error
+		if o.password, err = readSecretFile("--mqtt-password-file", o.passwordFile); err != nil {
+			return err
 		}
-		o.password = string(bytes.TrimRight(raw, "\r\n"))
 	default:
 		o.password = os.Getenv(mqttPasswordEnv)
 	}

@@ -223,7 +223,7 @@ func showBrokerURL(raw string) string {
 // open connects to the broker (starting the embedded one if chosen) and returns
 // the publisher and a function that closes everything it opened.
 func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publisher, func(), error) {
-	warnPlaintextCredentials(log, t.kind, t.flags.url)
+	warnPlaintextCredentials(log, t)
 	return t.kind.open(ctx, t, log)
 }
 
@@ -278,20 +278,24 @@ func (t *brokerTarget) tenantTemplate() error {
 	return nil
 }
 
-// warnPlaintextCredentials logs a WARN when the URL carries credentials (user
-// info, a token) over a scheme that does not ask for TLS (brokerKind.plaintext).
-func warnPlaintextCredentials(log *slog.Logger, kind *brokerKind, raw string) {
+// warnPlaintextCredentials logs a WARN when credentials — the URL's user info
+// (a token, a user and password), or the password the kind read from the
+// environment or a file (brokerKind.password) — go to a URL that does not ask
+// for TLS (brokerKind.plaintext). It is the one such warning of every kind.
+func warnPlaintextCredentials(log *slog.Logger, t *brokerTarget) {
+	kind, raw := t.kind, t.flags.url
 	if kind.plaintext == nil {
 		return
 	}
+	password := kind.password != nil && kind.password(t) != ""
 	for _, one := range strings.Split(raw, ",") {
 		u, err := url.Parse(strings.TrimSpace(one))
-		if err != nil || u.User == nil {
+		if err != nil || (u.User == nil && !password) {
 			continue
 		}
 		if kind.plaintext(u, raw) {
-			log.Warn("broker credentials may travel unencrypted: the URL does not ask for TLS "+
-				"(use tls://, wss://, amqps:// or kafka://…?tls=true)", slog.String("broker", showBrokerURL(raw)))
+			log.Warn("broker credentials may travel unencrypted: the URL does not ask for TLS (use "+kind.tls+")",
+				slog.String("broker", showBrokerURL(raw)))
 			return
 		}
 	}

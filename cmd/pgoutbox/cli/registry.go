@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -61,9 +60,16 @@ type brokerKind struct {
 	// tenants makes the target tell tenants apart (--tenants); nil: the
 	// generic rule of brokerTarget.tenantTemplate.
 	tenants func(t *brokerTarget) error
-	// plaintext reports whether credentials in u travel without TLS (raw is
-	// the whole --broker value); nil when the kind never warns here.
+	// plaintext reports whether u, one URL of the --broker value raw, asks
+	// for no TLS, so that its credentials would travel unencrypted; nil when
+	// the kind never warns here. The warning (warnPlaintextCredentials) names
+	// tls, the form that asks for TLS.
 	plaintext func(u *url.URL, raw string) bool
+	tls       string
+	// password returns the password the kind read apart from the URL (from
+	// the environment or a file, by parse): with it, a URL without user info
+	// carries credentials too; nil when the kind reads none.
+	password func(t *brokerTarget) string
 }
 
 // embeddedBroker is the --broker value (and the demo's --nats-url value) that
@@ -128,6 +134,7 @@ var brokerKinds = []*brokerKind{
 		plaintext: func(u *url.URL, _ string) bool {
 			return u.Scheme == "nats" || u.Scheme == "ws" // unless the server itself demands TLS
 		},
+		tls: "tls:// or wss://",
 	},
 	{
 		name: "kafka", schemes: []string{"kafka"}, choices: []string{"kafka://host:9092"},
@@ -148,6 +155,7 @@ var brokerKinds = []*brokerKind{
 		plaintext: func(_ *url.URL, raw string) bool {
 			return !strings.Contains(strings.ToLower(raw), "tls=true") // the query ends the list
 		},
+		tls: "kafka://…?tls=true",
 	},
 	{
 		name: "rabbitmq", schemes: []string{"amqp", "amqps"}, choices: []string{"amqp://user:pass@host/vhost", "amqps://…"},
@@ -167,6 +175,7 @@ var brokerKinds = []*brokerKind{
 		plaintext: func(u *url.URL, _ string) bool {
 			return u.Scheme == "amqp"
 		},
+		tls: "amqps://",
 	},
 	{
 		name: "webhook", schemes: []string{"https", "http"}, choices: []string{"https://host/path", "http://…"},
@@ -228,6 +237,8 @@ var brokerKinds = []*brokerKind{
 			return openMQTT(ctx, t, kindFlags[mqttFlags](t.flags, "mqtt"), log)
 		},
 		plaintext: func(u *url.URL, _ string) bool { return u.Scheme == "mqtt" },
+		tls:       "mqtts://",
+		password:  func(t *brokerTarget) string { return kindFlags[mqttFlags](t.flags, "mqtt").password },
 	},
 	{
 		name: redisKind, schemes: []string{"redis", "rediss"}, choices: []string{"redis://host:6379", "rediss://…"},
@@ -245,6 +256,8 @@ var brokerKinds = []*brokerKind{
 		plaintext: func(u *url.URL, _ string) bool {
 			return u.Scheme == "redis"
 		},
+		tls:      "rediss://",
+		password: func(t *brokerTarget) string { return kindFlags[redisFlags](t.flags, redisKind).password },
 	},
 	{
 		name: "sqs", schemes: []string{"sqs"}, choices: []string{"sqs://[queue]?region=…"},
@@ -471,11 +484,11 @@ func parseWebhook(t *brokerTarget) error {
 	o := kindFlags[webhookFlags](t.flags, "webhook")
 	switch {
 	case o.secretFile != "":
-		raw, err := os.ReadFile(o.secretFile)
+		text, err := readSecretFile("--webhook-secret-file", o.secretFile)
 		if err != nil {
-			return usagef("--webhook-secret-file: %v", err)
+			return err
 		}
-		o.secret = bytes.TrimRight(raw, "\r\n")
+		o.secret = []byte(text)
 	default:
 		o.secret = []byte(os.Getenv("PGOUTBOX_WEBHOOK_SECRET"))
 	}
