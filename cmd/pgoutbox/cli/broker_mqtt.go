@@ -16,6 +16,16 @@ import (
 // --mqtt-password-file is not given.
 const mqttPasswordEnv = "PGOUTBOX_MQTT_PASSWORD"
 
+// mqttClientIDPerRelay gives each relay of a bench a client id of its own:
+// two relays under one id would take each other's session over, again and
+// again. A PGOUTBOX_MQTT_CLIENT_ID the bench was given prefixes them.
+func mqttClientIDPerRelay(id string) []string {
+	if base := os.Getenv("PGOUTBOX_MQTT_CLIENT_ID"); base != "" {
+		id = base + "-" + id
+	}
+	return []string{"PGOUTBOX_MQTT_CLIENT_ID=" + id}
+}
+
 // mqttFlags are the flags of MQTT, and the password parse read.
 type mqttFlags struct {
 	clientID     string

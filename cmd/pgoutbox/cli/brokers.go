@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -84,6 +85,66 @@ func kindOfScheme(scheme string) *brokerKind {
 		}
 	}
 	return nil
+}
+
+// kindOfBroker returns the kind a --broker value chooses, nil if none does.
+func kindOfBroker(raw string) *brokerKind {
+	for _, k := range brokerKinds {
+		if slices.Contains(k.words, raw) {
+			return k
+		}
+	}
+	scheme, _, ok := strings.Cut(strings.TrimSpace(raw), "://")
+	if !ok {
+		return nil
+	}
+	return kindOfScheme(scheme)
+}
+
+// benchRelayEnv is bench.Config.RelayEnv: for a relay with the id relayID
+// publishing to raw (a --broker value), its kind's own flags (by the
+// variables their usage names) and secrets (brokerKind.secretEnv) as this
+// process has them, then the settings each relay needs its own of
+// (brokerKind.perRelay), which win.
+func benchRelayEnv(raw, relayID string) []string {
+	k := kindOfBroker(raw)
+	if k == nil {
+		return nil
+	}
+	names := slices.Clone(k.secretEnv)
+	if k.flags != nil {
+		fs := pflag.NewFlagSet(k.name, pflag.ContinueOnError)
+		k.flags(fs)
+		fs.VisitAll(func(f *pflag.Flag) {
+			if m := envInUsage.FindStringSubmatch(f.Usage); m != nil {
+				names = append(names, m[1])
+			}
+		})
+	}
+	var env []string
+	for _, name := range names {
+		if v := os.Getenv(name); v != "" {
+			env = append(env, name+"="+v)
+		}
+	}
+	if k.perRelay != nil {
+		env = append(env, k.perRelay(relayID)...)
+	}
+	return env
+}
+
+// benchSecrets are the values of every kind's secret variables this process
+// has, for the bench to hide (bench.Config.Secrets).
+func benchSecrets() []string {
+	var out []string
+	for _, k := range brokerKinds {
+		for _, name := range k.secretEnv {
+			if v := os.Getenv(name); v != "" {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
 }
 
 // brokerChoices lists the --broker forms, for help and errors: the URL

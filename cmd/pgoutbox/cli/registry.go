@@ -70,6 +70,14 @@ type brokerKind struct {
 	// the environment or a file, by parse): with it, a URL without user info
 	// carries credentials too; nil when the kind reads none.
 	password func(t *brokerTarget) string
+	// secretEnv are the environment variables the kind reads a secret from
+	// (no flag holds a secret): `pgoutbox bench` passes them on to its relays
+	// and hides their values (benchRelayEnv).
+	secretEnv []string
+	// perRelay returns, as environment entries, the kind's settings that must
+	// differ between the relay processes of one `pgoutbox bench` (MQTT's
+	// client id) for the relay with the given id; nil when none must.
+	perRelay func(id string) []string
 }
 
 // embeddedBroker is the --broker value (and the demo's --nats-url value) that
@@ -198,8 +206,9 @@ var brokerKinds = []*brokerKind{
 			fs.BoolVar(&o.unsigned, "webhook-unsigned", false, "send webhook requests without a signature (env PGOUTBOX_WEBHOOK_UNSIGNED)")
 			return o
 		},
-		parse: parseWebhook,
-		open:  openWebhook,
+		parse:     parseWebhook,
+		open:      openWebhook,
+		secretEnv: []string{webhookSecretEnv, standardSecretEnv},
 		tenants: func(t *brokerTarget) error {
 			if !strings.Contains(t.flags.url, "{tenant}") {
 				return usagef("--broker: serving several outboxes (--tenants), the webhook URL must hold {tenant} so that tenants' events stay apart")
@@ -239,6 +248,8 @@ var brokerKinds = []*brokerKind{
 		plaintext: func(u *url.URL, _ string) bool { return u.Scheme == "mqtt" },
 		tls:       "mqtts://",
 		password:  func(t *brokerTarget) string { return kindFlags[mqttFlags](t.flags, "mqtt").password },
+		secretEnv: []string{mqttPasswordEnv},
+		perRelay:  mqttClientIDPerRelay,
 	},
 	{
 		name: redisKind, schemes: []string{"redis", "rediss"}, choices: []string{"redis://host:6379", "rediss://…"},
@@ -256,8 +267,9 @@ var brokerKinds = []*brokerKind{
 		plaintext: func(u *url.URL, _ string) bool {
 			return u.Scheme == "redis"
 		},
-		tls:      "rediss://",
-		password: func(t *brokerTarget) string { return kindFlags[redisFlags](t.flags, redisKind).password },
+		tls:       "rediss://",
+		password:  func(t *brokerTarget) string { return kindFlags[redisFlags](t.flags, redisKind).password },
+		secretEnv: []string{redisPasswordEnv},
 	},
 	{
 		name: "sqs", schemes: []string{"sqs"}, choices: []string{"sqs://[queue]?region=…"},
@@ -313,6 +325,10 @@ var brokerKinds = []*brokerKind{
 		tenants:  func(*brokerTarget) error { return nil }, // nothing is kept to collide
 	},
 }
+
+// webhookSecretEnv holds the webhook HMAC secret when --webhook-secret-file
+// is not given.
+const webhookSecretEnv = "PGOUTBOX_WEBHOOK_SECRET"
 
 // awsEndpointSchemes are the schemes of an sqs:// or sns:// URL's ?endpoint=.
 var awsEndpointSchemes = []string{"https", "http"}
@@ -490,7 +506,7 @@ func parseWebhook(t *brokerTarget) error {
 		}
 		o.secret = []byte(text)
 	default:
-		o.secret = []byte(os.Getenv("PGOUTBOX_WEBHOOK_SECRET"))
+		o.secret = []byte(os.Getenv(webhookSecretEnv))
 	}
 	if err := readStandardSecret(o); err != nil {
 		return err
