@@ -27,6 +27,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/freeport"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
@@ -317,15 +318,18 @@ func CheckUnreachable(t testing.TB, p broker.Publisher, msgs ...broker.Message) 
 }
 
 // FreePort returns a port of 127.0.0.1 that nothing listens on yet: where a
-// test starts a broker (or a proxy) after its client dialled it.
+// test starts a broker (or a proxy) after its client dialled it. The port lies
+// outside the kernel's ephemeral range, so no outgoing connection's source
+// port (nor a client's self-connect) takes it before the server binds, and no
+// two calls in one test binary return the same port (package internal/freeport
+// says what remains across test binaries).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // Message returns a message of the given aggregate and sequence with a fresh event

@@ -7,10 +7,14 @@ import (
 	"strings"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/brokerurl"
 )
 
-// maxURLLen bounds the URL ParseURL accepts.
-const maxURLLen = 2048
+// urlKind is the form of the URL.
+var urlKind = brokerurl.Kind{
+	Pkg: "kinesis", Schemes: []string{"kinesis"}, Form: "kinesis://<stream>[?region=…&endpoint=…]",
+	Credentials: "the AWS default chain (AWS_ACCESS_KEY_ID, AWS_PROFILE, roles)",
+}
 
 // URL is a parsed kinesis:// URL.
 type URL struct {
@@ -31,19 +35,12 @@ type URL struct {
 // must not hold credentials: they come from the AWS default chain only. Errors
 // never quote the URL, which could hold a secret.
 func ParseURL(raw string) (URL, error) {
-	if len(raw) > maxURLLen {
-		return URL{}, fmt.Errorf("kinesis: URL of %d bytes, above %d", len(raw), maxURLLen)
+	stream, q, err := urlKind.Name(raw, "region", "endpoint")
+	if err != nil {
+		return URL{}, err
 	}
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok || !strings.EqualFold(scheme, "kinesis") {
-		return URL{}, errors.New("kinesis: want a URL kinesis://<stream>[?region=…&endpoint=…]")
-	}
-	stream, query, _ := strings.Cut(rest, "?")
-	if strings.Contains(stream, "@") {
-		return URL{}, errors.New("kinesis: the URL must not hold credentials (user info): they come from the AWS default chain (AWS_ACCESS_KEY_ID, AWS_PROFILE, roles)")
-	}
-	if strings.ContainsAny(stream, "/#") {
-		return URL{}, errors.New("kinesis: the URL holds a path or fragment after the stream name; want kinesis://<stream>[?region=…&endpoint=…]")
+	if strings.Contains(stream, "/") {
+		return URL{}, errors.New("kinesis: the URL holds a path after the stream name; want kinesis://<stream>[?region=…&endpoint=…]")
 	}
 	var u URL
 	if stream != "" {
@@ -56,28 +53,17 @@ func ParseURL(raw string) (URL, error) {
 		}
 		u.Stream = t
 	}
-	q, err := url.ParseQuery(query)
-	if err != nil {
-		return URL{}, errors.New("kinesis: the URL's query is malformed")
+	if r, ok := q["region"]; ok {
+		if err := checkRegion(r); err != nil {
+			return URL{}, err
+		}
+		u.Region = r
 	}
-	for k, v := range q {
-		if len(v) != 1 {
-			return URL{}, fmt.Errorf("kinesis: query parameter %q given %d times", k, len(v))
+	if e, ok := q["endpoint"]; ok {
+		if err := checkEndpoint(e); err != nil {
+			return URL{}, err
 		}
-		switch k {
-		case "region":
-			if err := checkRegion(v[0]); err != nil {
-				return URL{}, err
-			}
-			u.Region = v[0]
-		case "endpoint":
-			if err := checkEndpoint(v[0]); err != nil {
-				return URL{}, err
-			}
-			u.Endpoint = v[0]
-		default:
-			return URL{}, fmt.Errorf("kinesis: unknown query parameter %q (want region or endpoint)", truncate(k))
-		}
+		u.Endpoint = e
 	}
 	return u, nil
 }
@@ -111,11 +97,4 @@ func checkEndpoint(s string) error {
 		return errors.New("kinesis: endpoint: want scheme://host[:port][/path]")
 	}
 	return nil
-}
-
-func truncate(s string) string {
-	if len(s) > 40 {
-		return s[:40] + "…"
-	}
-	return s
 }

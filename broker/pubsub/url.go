@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"strconv"
 	"strings"
 
@@ -15,10 +14,14 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/internal/brokerurl"
 )
 
-// maxURLLen bounds the URL ParseURL accepts.
-const maxURLLen = 2048
+// urlKind is the form of the URL.
+var urlKind = brokerurl.Kind{
+	Pkg: "pubsub", Schemes: []string{"pubsub"}, Form: "pubsub://<project>[/<topic>][?endpoint=host:port]",
+	Credentials: "Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, the metadata server)",
+}
 
 // URL is a parsed pubsub:// URL.
 type URL struct {
@@ -39,23 +42,16 @@ type URL struct {
 // credentials: they come from Application Default Credentials only. Errors
 // never quote the URL, which could hold a secret.
 func ParseURL(raw string) (URL, error) {
-	if len(raw) > maxURLLen {
-		return URL{}, fmt.Errorf("pubsub: URL of %d bytes, above %d", len(raw), maxURLLen)
+	rest, q, err := urlKind.Name(raw, "endpoint")
+	if err != nil {
+		return URL{}, err
 	}
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok || !strings.EqualFold(scheme, "pubsub") {
-		return URL{}, errors.New("pubsub: want a URL pubsub://<project>[/<topic>][?endpoint=host:port]")
-	}
-	rest, query, _ := strings.Cut(rest, "?")
 	project, topic, _ := strings.Cut(rest, "/")
-	if strings.Contains(project, "@") {
-		return URL{}, errors.New("pubsub: the URL must not hold credentials (user info): they come from Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, the metadata server)")
-	}
 	if err := checkProject(project); err != nil {
 		return URL{}, err
 	}
-	if strings.ContainsAny(topic, "/#") {
-		return URL{}, errors.New("pubsub: the URL holds more path or a fragment after the topic; want pubsub://<project>[/<topic>][?endpoint=host:port]")
+	if strings.Contains(topic, "/") {
+		return URL{}, errors.New("pubsub: the URL holds more path after the topic; want pubsub://<project>[/<topic>][?endpoint=host:port]")
 	}
 	u := URL{Project: project}
 	if topic != "" {
@@ -68,23 +64,11 @@ func ParseURL(raw string) (URL, error) {
 		}
 		u.Topic = t
 	}
-	q, err := url.ParseQuery(query)
-	if err != nil {
-		return URL{}, errors.New("pubsub: the URL's query is malformed")
-	}
-	for k, v := range q {
-		if len(v) != 1 {
-			return URL{}, fmt.Errorf("pubsub: query parameter %q given %d times", truncate(k), len(v))
+	if e, ok := q["endpoint"]; ok {
+		if err := checkEndpoint(e); err != nil {
+			return URL{}, err
 		}
-		switch k {
-		case "endpoint":
-			if err := checkEndpoint(v[0]); err != nil {
-				return URL{}, err
-			}
-			u.Endpoint = v[0]
-		default:
-			return URL{}, fmt.Errorf("pubsub: unknown query parameter %q (want endpoint)", truncate(k))
-		}
+		u.Endpoint = e
 	}
 	return u, nil
 }
@@ -129,11 +113,4 @@ func checkEndpoint(s string) error {
 		return errors.New("pubsub: endpoint: port must be 1 to 65535")
 	}
 	return nil
-}
-
-func truncate(s string) string {
-	if len(s) > 40 {
-		return s[:40] + "…"
-	}
-	return s
 }

@@ -39,7 +39,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
 	"github.com/pgoutbox/pgoutbox/internal/config"
-	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
@@ -54,7 +53,7 @@ const (
 	DefaultAckWait       = 30 * time.Second
 	DefaultMaxAckPending = 1000
 	DefaultMaxDeliver    = -1 // unlimited
-	DefaultConcurrency   = 4
+	DefaultConcurrency   = subscriber.DefaultConcurrency
 	DefaultMaxWait       = time.Second
 )
 
@@ -133,18 +132,14 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) withDefaults(name string) (Config, error) {
-	return config.Resolve("natsinbox", c, func(out *Config) {
+	return subscriber.Resolve("natsinbox", c, shared, func(out *Config) {
 		config.Default(&out.Stream, DefaultStream)
 		config.Default(&out.Durable, name)
 		config.Default(&out.AckWait, DefaultAckWait)
 		config.Default(&out.MaxAckPending, DefaultMaxAckPending)
 		config.Default(&out.MaxDeliver, DefaultMaxDeliver)
-		config.Default(&out.Concurrency, DefaultConcurrency)
 		config.Default(&out.Prefetch, 2*out.Concurrency)
 		config.Default(&out.MaxWait, DefaultMaxWait)
-		if out.Logger == nil {
-			out.Logger = slog.Default()
-		}
 	}, func(out *Config, p *config.Problems) {
 		p.Check(validName(out.Stream), "Config.Stream %q: a stream name cannot contain '.', '*', '>', '/', '\\' or whitespace", out.Stream)
 		switch {
@@ -156,11 +151,14 @@ func (c *Config) withDefaults(name string) (Config, error) {
 		p.Check(out.AckWait > 0, "Config.AckWait %s: must be positive", out.AckWait)
 		p.Check(out.MaxAckPending > 0, "Config.MaxAckPending %d: must be positive", out.MaxAckPending)
 		p.Check(out.MaxDeliver == -1 || out.MaxDeliver > 0, "Config.MaxDeliver %d: want -1 or a positive count", out.MaxDeliver)
-		p.Check(out.Concurrency > 0 && out.Concurrency <= 1024, "Config.Concurrency %d: want 1..1024", out.Concurrency)
 		p.Check(out.Prefetch > 0, "Config.Prefetch %d: must be positive", out.Prefetch)
 		p.Check(out.MaxWait >= 100*time.Millisecond && out.MaxWait < time.Hour, "Config.MaxWait %s: want 100ms..1h", out.MaxWait)
 		p.Check(out.ProcessTimeout >= 0, "Config.ProcessTimeout %s: must not be negative", out.ProcessTimeout)
 	})
+}
+
+func shared(c *Config) subscriber.Shared {
+	return subscriber.Shared{Concurrency: &c.Concurrency, Logger: &c.Logger}
 }
 
 func hasPrefixFold(s, prefix string) bool {
@@ -187,8 +185,7 @@ type Subscriber struct {
 	proc inbox.Processor
 	log  *slog.Logger
 
-	lc   lifecycle.Lifecycle
-	core subscriber.Core[jetstream.Msg] // the queue, the workers, the outcome mapping
+	svc  subscriber.Service[jetstream.Msg] // the lifecycle, the queue, the workers, the outcome mapping
 	cons jetstream.Consumer
 
 	acked, naked, terminated, released atomic.Int64
@@ -210,10 +207,14 @@ func New(js jetstream.JetStream, proc inbox.Processor, cfg *Config) (*Subscriber
 		proc: proc,
 		log:  c.Logger.With(slog.String("consumer", proc.Name()), slog.String("durable", c.Durable)),
 	}
-	s.lc.Name = "natsinbox"
-	s.lc.Stopped = s.stopped
-	s.core.Broker = jsBroker{s}
-	s.core.Processor = proc
+	s.svc.Init(subscriber.Setup[jetstream.Msg]{
+		Name: "natsinbox", Broker: jsBroker{s}, Processor: proc, Concurrency: c.Concurrency, Log: s.log,
+		Counters: func() []any {
+			st := s.Stats()
+			return []any{slog.Int64("acked", st.Acked), slog.Int64("naked", st.Naked),
+				slog.Int64("terminated", st.Terminated), slog.Int64("released", st.Released)}
+		},
+	})
 	return s, nil
 }
 
@@ -232,25 +233,22 @@ func (s *Subscriber) Stats() Stats {
 // failed Start) one matching lifecycle.ErrStopped; a Subscriber is not
 // restartable.
 func (s *Subscriber) Start(ctx context.Context) error {
-	return s.lc.Start(ctx, s.start)
+	return s.svc.Start(ctx, s.setup)
 }
 
-func (s *Subscriber) start(ctx context.Context) error {
+// setup finds the consumer; the reader pulls from it.
+func (s *Subscriber) setup(ctx context.Context) ([]func(), []any, error) {
 	cons, err := s.ensureConsumer(ctx)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	info := cons.CachedInfo()
 	if s.cfg.ProcessTimeout == 0 {
 		s.cfg.ProcessTimeout = info.Config.AckWait
 	}
 	s.cons = cons
-	s.core.ProcessTimeout = s.cfg.ProcessTimeout
-	s.log.Info("subscriber starting", slog.String("stream", s.cfg.Stream), slog.Int("concurrency", s.cfg.Concurrency),
-		slog.Duration("ack_wait", info.Config.AckWait))
-	s.lc.Go(s.read)
-	s.core.Run(&s.lc, s.cfg.Concurrency)
-	return nil
+	s.svc.ProcessTimeout = s.cfg.ProcessTimeout
+	return []func(){s.read}, []any{slog.String("stream", s.cfg.Stream), slog.Duration("ack_wait", info.Config.AckWait)}, nil
 }
 
 // ensureConsumer returns the durable consumer, creating it if missing. An existing
@@ -300,14 +298,14 @@ func (s *Subscriber) read() {
 	low := s.cfg.Prefetch / 2
 	backoff := retry.Backoff{Schedule: pullRetry}
 	for {
-		n, ok := s.core.WaitRoom(low, s.cfg.Prefetch)
+		n, ok := s.svc.WaitRoom(low, s.cfg.Prefetch)
 		if !ok {
 			return
 		}
 		batch, err := s.cons.Fetch(n, jetstream.FetchMaxWait(s.cfg.MaxWait))
 		if err == nil {
 			for msg := range batch.Messages() {
-				s.core.Push(msg)
+				s.svc.Push(msg)
 			}
 			err = batch.Error()
 		}
@@ -319,7 +317,7 @@ func (s *Subscriber) read() {
 		// try again, more slowly each time.
 		pause := backoff.Next()
 		s.log.Warn("pull request failed; retrying", slog.Duration("in", pause), slog.Any("error", err))
-		if !subscriber.Pause(&s.lc, pause) {
+		if !subscriber.Pause(&s.svc.Lifecycle, pause) {
 			return
 		}
 	}
@@ -384,20 +382,9 @@ func (b jsBroker) Release(msg jetstream.Msg) {
 	b.s.released.Add(1)
 }
 
-// stopped is the lifecycle's Stopped hook: the reader and the workers have
-// returned; what was pulled but not started goes back to JetStream.
-func (s *Subscriber) stopped(bool) {
-	for _, m := range s.core.Drain() {
-		jsBroker{s}.Release(m)
-	}
-	st := s.Stats()
-	s.log.Info("subscriber stopped", slog.Int64("acked", st.Acked), slog.Int64("naked", st.Naked),
-		slog.Int64("terminated", st.Terminated), slog.Int64("released", st.Released))
-}
-
 // Stopping is closed when the subscriber begins to stop (Stop, or the end of
 // Start's context): from then on it starts no new delivery.
-func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
+func (s *Subscriber) Stopping() <-chan struct{} { return s.svc.Lifecycle.Stopping() }
 
 // Stop shuts the Subscriber down gracefully: it stops pulling, lets the messages
 // being processed finish (commit and ack, or roll back and nak), and hands every
@@ -411,5 +398,5 @@ func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
 // for the same shutdown; before Start it returns nil and the Subscriber can no
 // longer start.
 func (s *Subscriber) Stop(ctx context.Context) error {
-	return s.lc.Stop(ctx)
+	return s.svc.Lifecycle.Stop(ctx)
 }

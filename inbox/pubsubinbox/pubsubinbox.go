@@ -51,7 +51,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
 	"github.com/pgoutbox/pgoutbox/internal/config"
-	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
@@ -62,7 +61,7 @@ var receiveRetry = retry.Exponential{Base: 100 * time.Millisecond, Max: 5 * time
 
 // The defaults of Config's fields.
 const (
-	DefaultConcurrency    = 4
+	DefaultConcurrency    = subscriber.DefaultConcurrency
 	DefaultPrefetch       = 100
 	DefaultAckDeadline    = 10 * time.Second
 	DefaultProcessTimeout = time.Minute
@@ -114,22 +113,21 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) withDefaults(name string) (Config, error) {
-	return config.Resolve("pubsubinbox", c, func(out *Config) {
+	return subscriber.Resolve("pubsubinbox", c, shared, func(out *Config) {
 		config.Default(&out.Subscription, name)
-		config.Default(&out.Concurrency, DefaultConcurrency)
 		config.Default(&out.Prefetch, max(DefaultPrefetch, out.Concurrency))
 		config.Default(&out.ProcessTimeout, DefaultProcessTimeout)
 		config.Default(&out.AckDeadline, DefaultAckDeadline)
-		if out.Logger == nil {
-			out.Logger = slog.Default()
-		}
 	}, func(out *Config, p *config.Problems) {
 		p.Check(out.Subscription != "" && len(out.Subscription) <= 512, "Config.Subscription %.64q: want a subscription ID or name", out.Subscription)
-		p.Check(out.Concurrency > 0 && out.Concurrency <= 1024, "Config.Concurrency %d: want 1..1024", out.Concurrency)
 		p.Check(out.Prefetch >= out.Concurrency, "Config.Prefetch %d: want at least Config.Concurrency", out.Prefetch)
 		p.Check(out.AckDeadline >= 10*time.Second && out.AckDeadline <= 600*time.Second, "Config.AckDeadline %s: want 10s..600s", out.AckDeadline)
 		p.Check(out.ProcessTimeout > 0, "Config.ProcessTimeout %s: must be positive", out.ProcessTimeout)
 	})
+}
+
+func shared(c *Config) subscriber.Shared {
+	return subscriber.Shared{Concurrency: &c.Concurrency, Logger: &c.Logger}
 }
 
 // Stats are a Subscriber's counters since Start.
@@ -149,9 +147,8 @@ type Subscriber struct {
 	proc   inbox.Processor
 	log    *slog.Logger
 
-	lc   lifecycle.Lifecycle
-	core subscriber.Core[*pubsub.Message] // the queue, the workers, the outcome mapping
-	sub  *pubsub.Subscriber
+	svc subscriber.Service[*pubsub.Message] // the lifecycle, the queue, the workers, the outcome mapping
+	sub *pubsub.Subscriber
 
 	acked, nacked, undecodable, released atomic.Int64
 }
@@ -174,11 +171,15 @@ func New(client *pubsub.Client, proc inbox.Processor, cfg *Config) (*Subscriber,
 		proc:   proc,
 		log:    c.Logger.With(slog.String("consumer", proc.Name()), slog.String("subscription", c.Subscription)),
 	}
-	s.lc.Name = "pubsubinbox"
-	s.lc.Stopped = s.stopped
-	s.core.Broker = psBroker{s}
-	s.core.Processor = proc
-	s.core.ProcessTimeout = c.ProcessTimeout
+	s.svc.Init(subscriber.Setup[*pubsub.Message]{
+		Name: "pubsubinbox", Broker: psBroker{s}, Processor: proc, ProcessTimeout: c.ProcessTimeout,
+		Concurrency: c.Concurrency, Log: s.log,
+		Counters: func() []any {
+			st := s.Stats()
+			return []any{slog.Int64("acked", st.Acked), slog.Int64("nacked", st.Nacked),
+				slog.Int64("undecodable", st.Undecodable), slog.Int64("released", st.Released)}
+		},
+	})
 	return s, nil
 }
 
@@ -196,19 +197,17 @@ func (s *Subscriber) Stats() Stats {
 // an error matching lifecycle.ErrAlreadyStarted, a Start after Stop (or after
 // a failed Start) one matching lifecycle.ErrStopped.
 func (s *Subscriber) Start(ctx context.Context) error {
-	return s.lc.Start(ctx, s.start)
+	return s.svc.Start(ctx, s.setup)
 }
 
-func (s *Subscriber) start(context.Context) error {
+// setup makes the client's subscriber; the receiver receives with it.
+func (s *Subscriber) setup(context.Context) ([]func(), []any, error) {
 	s.sub = s.client.Subscriber(s.cfg.Subscription)
 	s.sub.ReceiveSettings.MaxOutstandingMessages = s.cfg.Prefetch
 	s.sub.ReceiveSettings.NumGoroutines = 1
 	s.sub.ReceiveSettings.MinDurationPerAckExtension = s.cfg.AckDeadline
 	s.sub.ReceiveSettings.MaxDurationPerAckExtension = s.cfg.AckDeadline
-	s.log.Info("subscriber starting", slog.Int("concurrency", s.cfg.Concurrency))
-	s.lc.Go(s.receive)
-	s.core.Run(&s.lc, s.cfg.Concurrency)
-	return nil
+	return []func(){s.receive}, nil, nil
 }
 
 // receive runs Receive, queueing each message by aggregate, until stopping.
@@ -224,25 +223,25 @@ func (s *Subscriber) receive() {
 		done := make(chan error, 1)
 		go func() {
 			done <- s.sub.Receive(ctx, func(_ context.Context, m *pubsub.Message) {
-				if s.lc.IsStopping() {
+				if s.svc.Lifecycle.IsStopping() {
 					psBroker{s}.Release(m)
 					return
 				}
-				s.core.Push(m)
+				s.svc.Push(m)
 			})
 		}()
 		var err error
 		select {
 		case err = <-done:
 			cancel()
-		case <-s.lc.Stopping():
+		case <-s.svc.Lifecycle.Stopping():
 			cancel()
 			s.releaseUntil(done)
 			return
 		}
 		pause := backoff.Next()
 		s.log.Warn("receive failed; retrying", slog.Duration("in", pause), slog.Any("error", err))
-		if !subscriber.Pause(&s.lc, pause) {
+		if !subscriber.Pause(&s.svc.Lifecycle, pause) {
 			return
 		}
 	}
@@ -256,7 +255,7 @@ func (s *Subscriber) releaseUntil(done <-chan error) {
 	for {
 		// Drop, not Drain: the lane a worker holds stays, and Nack only
 		// records the settlement (it does not block under the core's lock).
-		s.core.Drop(func(m *pubsub.Message) bool {
+		s.svc.Drop(func(m *pubsub.Message) bool {
 			psBroker{s}.Release(m)
 			return true
 		})
@@ -316,20 +315,9 @@ func (b psBroker) Release(m *pubsub.Message) {
 	m.Nack()
 }
 
-// stopped is the lifecycle's Stopped hook: the receiver and the workers have
-// returned; what was received but not started goes back to Pub/Sub.
-func (s *Subscriber) stopped(bool) {
-	for _, m := range s.core.Drain() {
-		psBroker{s}.Release(m)
-	}
-	st := s.Stats()
-	s.log.Info("subscriber stopped", slog.Int64("acked", st.Acked), slog.Int64("nacked", st.Nacked),
-		slog.Int64("undecodable", st.Undecodable), slog.Int64("released", st.Released))
-}
-
 // Stopping is closed once a stop has begun (Stop called, or Start's context
 // ended); no delivery starts after it.
-func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
+func (s *Subscriber) Stopping() <-chan struct{} { return s.svc.Lifecycle.Stopping() }
 
 // Stop ends receiving and waits for the deliveries in progress to commit and
 // ack (or roll back and nack); the messages received and not started are
@@ -341,5 +329,5 @@ func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
 // one shutdown; called before Start, it returns nil and Start can no longer
 // succeed.
 func (s *Subscriber) Stop(ctx context.Context) error {
-	return s.lc.Stop(ctx)
+	return s.svc.Lifecycle.Stop(ctx)
 }

@@ -81,7 +81,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
 	"github.com/pgoutbox/pgoutbox/internal/config"
-	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
@@ -93,7 +92,7 @@ const maxShortstr = 255
 const (
 	DefaultBindingKey          = "#" // every event
 	DefaultPrefetch            = 64
-	DefaultConcurrency         = 4
+	DefaultConcurrency         = subscriber.DefaultConcurrency
 	DefaultConsumerTagPrefix   = "pgoutbox-inbox-" // followed by the processor's Name()
 	DefaultConnectionPrefix    = "pgoutbox inbox " // followed by the processor's Name()
 	DefaultProcessTimeout      = time.Minute
@@ -195,12 +194,11 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) withDefaults(name string) (Config, error) {
-	return config.Resolve("rabbitinbox", c, func(out *Config) {
+	return subscriber.Resolve("rabbitinbox", c, shared, func(out *Config) {
 		if out.Exchange != "" && len(out.BindingKeys) == 0 {
 			out.BindingKeys = []string{DefaultBindingKey}
 		}
 		config.Default(&out.Prefetch, DefaultPrefetch)
-		config.Default(&out.Concurrency, DefaultConcurrency)
 		config.Default(&out.ConsumerTag, DefaultConsumerTagPrefix+name)
 		config.Default(&out.ProcessTimeout, DefaultProcessTimeout)
 		config.Default(&out.MaxRequeueDelay, DefaultMaxRequeueDelay)
@@ -208,9 +206,6 @@ func (c *Config) withDefaults(name string) (Config, error) {
 		config.Default(&out.ConnectTimeout, DefaultConnectTimeout)
 		config.Default(&out.ReconnectBackoff, DefaultReconnectBackoff)
 		config.Default(&out.MaxReconnectBackoff, max(DefaultMaxReconnectBackoff, out.ReconnectBackoff))
-		if out.Logger == nil {
-			out.Logger = slog.Default()
-		}
 	}, func(out *Config, p *config.Problems) {
 		shortstr := func(s string) bool { return len(s) <= maxShortstr && utf8.ValidString(s) }
 		p.Check(out.Queue != "", "Config.Queue is required")
@@ -223,7 +218,6 @@ func (c *Config) withDefaults(name string) (Config, error) {
 		}
 		p.Field("Config.QueueArguments", out.QueueArguments.Validate())
 		p.Check(out.Prefetch > 0 && out.Prefetch <= 65535, "Config.Prefetch %d: want 1..65535", out.Prefetch)
-		p.Check(out.Concurrency > 0 && out.Concurrency <= 1024, "Config.Concurrency %d: want 1..1024", out.Concurrency)
 		p.Check(shortstr(out.ConsumerTag), "Config.ConsumerTag: want at most %d bytes of UTF-8", maxShortstr)
 		p.Check(out.ProcessTimeout > 0, "Config.ProcessTimeout %s: must be positive", out.ProcessTimeout)
 		p.Check(out.MaxRequeueDelay > 0, "Config.MaxRequeueDelay %s: must be positive", out.MaxRequeueDelay)
@@ -231,6 +225,10 @@ func (c *Config) withDefaults(name string) (Config, error) {
 		p.Check(out.ReconnectBackoff > 0 && out.MaxReconnectBackoff >= out.ReconnectBackoff,
 			"Config.ReconnectBackoff (%s) must be positive and at most Config.MaxReconnectBackoff (%s)", out.ReconnectBackoff, out.MaxReconnectBackoff)
 	})
+}
+
+func shared(c *Config) subscriber.Shared {
+	return subscriber.Shared{Concurrency: &c.Concurrency, Logger: &c.Logger}
 }
 
 // Stats are a Subscriber's counters since Dial.
@@ -252,8 +250,7 @@ type Subscriber struct {
 	proc    inbox.Processor
 	log     *slog.Logger
 
-	lc   lifecycle.Lifecycle
-	core subscriber.Core[*item] // the queue, the workers, the outcome mapping
+	svc subscriber.Service[*item] // the lifecycle, the queue, the workers, the outcome mapping
 
 	stopCtx    context.Context // ends when stopping: bounds attempts to reconnect
 	stopCancel context.CancelFunc
@@ -309,11 +306,16 @@ func Dial(ctx context.Context, url string, proc inbox.Processor, cfg *Config) (*
 		log:     c.Logger.With(slog.String("consumer", proc.Name()), slog.String("queue", c.Queue)),
 		delayed: map[*item]*time.Timer{},
 	}
-	s.lc.Name = "rabbitinbox"
-	s.lc.Stopped = s.stopped
-	s.core.Broker = amqpBroker{s}
-	s.core.Processor = proc
-	s.core.ProcessTimeout = c.ProcessTimeout
+	s.svc.Init(subscriber.Setup[*item]{
+		Name: "rabbitinbox", Broker: amqpBroker{s}, Processor: proc, ProcessTimeout: c.ProcessTimeout,
+		Concurrency: c.Concurrency, Log: s.log,
+		Counters: func() []any {
+			st := s.Stats()
+			return []any{slog.Int64("acked", st.Acked), slog.Int64("requeued", st.Requeued),
+				slog.Int64("rejected", st.Rejected), slog.Int64("released", st.Released), slog.Int64("reconnects", st.Reconnects)}
+		},
+		Halt: s.halt, Close: s.closeCurrent,
+	})
 	s.stopCtx, s.stopCancel = context.WithCancel(context.Background())
 	sess, err := s.open(ctx, false)
 	if err != nil {
@@ -345,10 +347,13 @@ func (s *Subscriber) Stats() Stats {
 // failed Start) one matching lifecycle.ErrStopped; a Subscriber is not
 // restartable.
 func (s *Subscriber) Start(ctx context.Context) error {
-	return s.lc.Start(ctx, s.start)
+	return s.svc.Start(ctx, s.setup)
 }
 
-func (s *Subscriber) start(ctx context.Context) error {
+// setup starts the consumer on the session Dial opened; the supervisor
+// receives from it (and reconnects), and drainOnStop requeues the delayed
+// messages when stopping.
+func (s *Subscriber) setup(ctx context.Context) ([]func(), []any, error) {
 	s.mu.Lock()
 	sess := s.cur
 	s.mu.Unlock()
@@ -358,7 +363,7 @@ func (s *Subscriber) start(ctx context.Context) error {
 		if cctx.Err() != nil || !sess.conn.IsClosed() {
 			// Refused by the server (the queue was deleted, or is exclusive to
 			// another connection), or abandoned: not something to retry.
-			return err
+			return nil, nil, err
 		}
 		s.log.Warn("connection lost before consuming; reconnecting", slog.Any("error", err))
 		sess.lost.Store(true)
@@ -367,21 +372,17 @@ func (s *Subscriber) start(ctx context.Context) error {
 		s.mu.Unlock()
 		sess = nil
 	}
-	s.log.Info("subscriber starting", slog.Int("concurrency", s.cfg.Concurrency), slog.Int("prefetch", s.cfg.Prefetch),
-		slog.String("consumer_tag", s.cfg.ConsumerTag))
-
-	s.lc.Go(func() { defer s.supervised.Store(true); s.supervise(sess) })
-	s.lc.Go(s.drainOnStop)
-	s.core.Run(&s.lc, s.cfg.Concurrency)
 	// A hard stop also ends a basic.cancel the server does not answer. (Hard also
 	// ends after a graceful stop, the supervisor gone: the Stopped hook still
 	// needs the connection then.)
-	context.AfterFunc(s.lc.Hard(), func() {
+	context.AfterFunc(s.svc.Lifecycle.Hard(), func() {
 		if !s.supervised.Load() {
 			s.closeCurrent()
 		}
 	})
-	return nil
+	supervisor := func() { defer s.supervised.Store(true); s.supervise(sess) }
+	return []func(){supervisor, s.drainOnStop},
+		[]any{slog.Int("prefetch", s.cfg.Prefetch), slog.String("consumer_tag", s.cfg.ConsumerTag)}, nil
 }
 
 // supervise keeps the Subscriber consuming until it stops: it receives the
@@ -393,7 +394,7 @@ func (s *Subscriber) supervise(sess *session) {
 	failing := false // a failing streak, logged once
 	for {
 		if sess == nil {
-			if wait && !subscriber.Pause(&s.lc, backoff.Next()) {
+			if wait && !subscriber.Pause(&s.svc.Lifecycle, backoff.Next()) {
 				return
 			}
 			var err error
@@ -437,8 +438,8 @@ func (s *Subscriber) receive(sess *session) (stopping bool) {
 				return false
 			}
 			it := &item{sess: sess, d: d, headers: deliveryHeaders(d.Headers)}
-			s.core.Push(it)
-		case <-s.lc.Stopping():
+			s.svc.Push(it)
+		case <-s.svc.Lifecycle.Stopping():
 			// basic.cancel: the server confirms after the deliveries already on
 			// their way, and amqp091-go then closes the deliveries channel. The
 			// channel stays open: the messages in progress are acked on it.
@@ -461,7 +462,7 @@ func (s *Subscriber) lose(sess *session) {
 	sess.lost.Store(true)
 	reason := sess.reason()
 	var timers []*time.Timer
-	s.core.Drop(func(it *item) bool { return it.sess == sess })
+	s.svc.Drop(func(it *item) bool { return it.sess == sess })
 	s.mu.Lock()
 	s.cur = nil
 	for it, t := range s.delayed {
@@ -561,7 +562,7 @@ func (s *Subscriber) settle(it *item, action string, counter *atomic.Int64, send
 // and requeues at once the messages waiting out a retry delay. (The supervisor
 // cancels the consumer, the workers end after their current message.)
 func (s *Subscriber) drainOnStop() {
-	<-s.lc.Stopping()
+	<-s.svc.Lifecycle.Stopping()
 	s.stopCancel()
 	s.mu.Lock()
 	s.draining = true
@@ -585,26 +586,19 @@ func (s *Subscriber) closeCurrent() {
 	}
 }
 
-// stopped is the lifecycle's Stopped hook: the supervisor and the workers have
-// returned; the delayed requeues are sent, what was received but not started is
-// requeued, and the connection is closed.
-func (s *Subscriber) stopped(bool) {
+// halt begins the lifecycle's Stopped hook, the supervisor and the workers
+// having returned: the delayed requeues are sent, and the messages of a lost
+// session are dropped (the server redelivers them). Then the service requeues
+// what was received but not started, and the connection is closed (Close).
+func (s *Subscriber) halt() {
 	s.stopCancel()
 	s.settling.Wait()
-	for _, it := range s.core.Drain() {
-		if !it.sess.lost.Load() {
-			amqpBroker{s}.Release(it)
-		}
-	}
-	s.closeCurrent()
-	st := s.Stats()
-	s.log.Info("subscriber stopped", slog.Int64("acked", st.Acked), slog.Int64("requeued", st.Requeued),
-		slog.Int64("rejected", st.Rejected), slog.Int64("released", st.Released), slog.Int64("reconnects", st.Reconnects))
+	s.svc.Drop(func(it *item) bool { return it.sess.lost.Load() })
 }
 
 // Stopping is closed when the subscriber begins to stop (Stop, or the end of
 // Start's context): from then on it starts no new delivery.
-func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
+func (s *Subscriber) Stopping() <-chan struct{} { return s.svc.Lifecycle.Stopping() }
 
 // Stop shuts the Subscriber down gracefully: it cancels the consumer, so that the
 // server sends nothing more; requeues at once the messages received but not
@@ -619,8 +613,8 @@ func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
 // for the same shutdown; before Start it closes the connection Dial opened,
 // returns nil, and the Subscriber can no longer start.
 func (s *Subscriber) Stop(ctx context.Context) error {
-	err := s.lc.Stop(ctx)
-	if !s.lc.Started() { // stopped before Start: no hook ran
+	err := s.svc.Lifecycle.Stop(ctx)
+	if !s.svc.Lifecycle.Started() { // stopped before Start: no hook ran
 		s.stopCancel()
 		s.closeCurrent()
 	}

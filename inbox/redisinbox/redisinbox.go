@@ -48,7 +48,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
 	"github.com/pgoutbox/pgoutbox/internal/config"
-	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
@@ -58,7 +57,7 @@ const (
 	DefaultMinIdle       = 30 * time.Second
 	DefaultClaimInterval = time.Second
 	DefaultBlock         = time.Second
-	DefaultConcurrency   = 4
+	DefaultConcurrency   = subscriber.DefaultConcurrency
 	DefaultStartID       = "0"
 )
 
@@ -121,17 +120,15 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) withDefaults(name string) (Config, error) {
-	return config.Resolve("redisinbox", c, func(out *Config) {
+	return subscriber.Resolve("redisinbox", c, shared, func(out *Config) {
 		config.Default(&out.Group, name)
 		config.Default(&out.Consumer, defaultConsumer())
 		config.Default(&out.StartID, DefaultStartID)
 		config.Default(&out.MinIdle, DefaultMinIdle)
 		config.Default(&out.ClaimInterval, DefaultClaimInterval)
 		config.Default(&out.Block, DefaultBlock)
-		config.Default(&out.Concurrency, DefaultConcurrency)
 		config.Default(&out.Prefetch, 2*out.Concurrency)
 		config.Default(&out.ProcessTimeout, out.MinIdle)
-		config.Default(&out.Logger, slog.Default())
 	}, func(out *Config, p *config.Problems) {
 		p.Check(validName(out.Stream), "Config.Stream %.64q: required, printable, at most 1024 bytes", out.Stream)
 		p.Check(name == "" || validName(out.Group), "Config.Group %.64q: want printable, at most 1024 bytes", out.Group)
@@ -140,10 +137,13 @@ func (c *Config) withDefaults(name string) (Config, error) {
 		p.Check(out.MinIdle >= 100*time.Millisecond, "Config.MinIdle %s: want at least 100ms", out.MinIdle)
 		p.Check(out.ClaimInterval > 0, "Config.ClaimInterval %s: must be positive", out.ClaimInterval)
 		p.Check(out.Block >= 10*time.Millisecond && out.Block < time.Hour, "Config.Block %s: want 10ms..1h", out.Block)
-		p.Check(out.Concurrency > 0 && out.Concurrency <= 1024, "Config.Concurrency %d: want 1..1024", out.Concurrency)
 		p.Check(out.Prefetch > 0, "Config.Prefetch %d: must be positive", out.Prefetch)
 		p.Check(out.ProcessTimeout > 0, "Config.ProcessTimeout %s: must be positive", out.ProcessTimeout)
 	})
+}
+
+func shared(c *Config) subscriber.Shared {
+	return subscriber.Shared{Concurrency: &c.Concurrency, Logger: &c.Logger}
 }
 
 func validName(s string) bool {
@@ -181,8 +181,7 @@ type Subscriber struct {
 	proc   inbox.Processor
 	log    *slog.Logger
 
-	lc   lifecycle.Lifecycle
-	core subscriber.Core[entry]
+	svc subscriber.Service[entry] // the lifecycle, the queue, the workers, the outcome mapping
 
 	acked, retried, terminated, released, claimed atomic.Int64
 }
@@ -203,11 +202,15 @@ func New(client *redis.Client, proc inbox.Processor, cfg *Config) (*Subscriber, 
 		proc:   proc,
 		log:    c.Logger.With(slog.String("consumer", proc.Name()), slog.String("group", c.Group), slog.String("stream", c.Stream)),
 	}
-	s.lc.Name = "redisinbox"
-	s.lc.Stopped = s.stopped
-	s.core.Broker = streamBroker{s}
-	s.core.Processor = proc
-	s.core.ProcessTimeout = c.ProcessTimeout
+	s.svc.Init(subscriber.Setup[entry]{
+		Name: "redisinbox", Broker: streamBroker{s}, Processor: proc, ProcessTimeout: c.ProcessTimeout,
+		Concurrency: c.Concurrency, Log: s.log,
+		Counters: func() []any {
+			st := s.Stats()
+			return []any{slog.Int64("acked", st.Acked), slog.Int64("retried", st.Retried),
+				slog.Int64("terminated", st.Terminated), slog.Int64("released", st.Released)}
+		},
+	})
 	return s, nil
 }
 
@@ -222,17 +225,15 @@ func (s *Subscriber) Stats() Stats {
 // its end later stops the Subscriber hard; prefer Stop. A second Start, or a
 // Start after Stop, is an error (package internal/lifecycle's rule).
 func (s *Subscriber) Start(ctx context.Context) error {
-	return s.lc.Start(ctx, s.start)
+	return s.svc.Start(ctx, s.setup)
 }
 
-func (s *Subscriber) start(ctx context.Context) error {
+// setup makes the group; the reader reads from it.
+func (s *Subscriber) setup(ctx context.Context) ([]func(), []any, error) {
 	if err := s.ensureGroup(ctx); err != nil {
-		return err
+		return nil, nil, err
 	}
-	s.log.Info("subscriber starting", slog.Int("concurrency", s.cfg.Concurrency), slog.Duration("min_idle", s.cfg.MinIdle))
-	s.lc.Go(s.read)
-	s.core.Run(&s.lc, s.cfg.Concurrency)
-	return nil
+	return []func(){s.read}, []any{slog.Duration("min_idle", s.cfg.MinIdle)}, nil
 }
 
 // ensureGroup creates the group (and the stream) unless it exists.
@@ -250,11 +251,11 @@ func (s *Subscriber) ensureGroup(ctx context.Context) error {
 func (s *Subscriber) read() {
 	low := s.cfg.Prefetch / 2
 	backoff := retry.Backoff{Schedule: readRetry}
-	ctx := s.lc.Hard()
+	ctx := s.svc.Lifecycle.Hard()
 	cursor := "0-0"
 	var lastClaim time.Time
 	for {
-		n, ok := s.core.WaitRoom(low, s.cfg.Prefetch)
+		n, ok := s.svc.WaitRoom(low, s.cfg.Prefetch)
 		if !ok {
 			return
 		}
@@ -269,7 +270,7 @@ func (s *Subscriber) read() {
 			backoff.Reset()
 			continue
 		}
-		if s.lc.IsStopping() {
+		if s.svc.Lifecycle.IsStopping() {
 			return
 		}
 		if redis.HasErrorPrefix(err, "NOGROUP") {
@@ -278,7 +279,7 @@ func (s *Subscriber) read() {
 		}
 		pause := backoff.Next()
 		s.log.Warn("read failed; retrying", slog.Duration("in", pause), slog.Any("error", err))
-		if !subscriber.Pause(&s.lc, pause) {
+		if !subscriber.Pause(&s.svc.Lifecycle, pause) {
 			return
 		}
 	}
@@ -296,7 +297,7 @@ func (s *Subscriber) claim(ctx context.Context, cursor string, n int) (string, e
 	}
 	s.claimed.Add(int64(len(msgs)))
 	for _, m := range msgs {
-		s.core.Push(entry{m, true})
+		s.svc.Push(entry{m, true})
 	}
 	return next, nil
 }
@@ -315,7 +316,7 @@ func (s *Subscriber) readNew(ctx context.Context, n int) error {
 	}
 	for _, st := range streams {
 		for _, m := range st.Messages {
-			s.core.Push(entry{m, false})
+			s.svc.Push(entry{m, false})
 		}
 	}
 	return nil
@@ -406,20 +407,9 @@ func (b streamBroker) Release(m entry) {
 	b.s.released.Add(1)
 }
 
-// stopped is the lifecycle's Stopped hook: what was read but not started is
-// handed back.
-func (s *Subscriber) stopped(bool) {
-	for _, m := range s.core.Drain() {
-		streamBroker{s}.Release(m)
-	}
-	st := s.Stats()
-	s.log.Info("subscriber stopped", slog.Int64("acked", st.Acked), slog.Int64("retried", st.Retried),
-		slog.Int64("terminated", st.Terminated), slog.Int64("released", st.Released))
-}
-
 // Stopping is closed when the subscriber begins to stop: from then on it
 // starts no new delivery.
-func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
+func (s *Subscriber) Stopping() <-chan struct{} { return s.svc.Lifecycle.Stopping() }
 
 // Stop shuts the Subscriber down gracefully: it stops reading, lets the
 // entries being processed finish (commit and XACK, or roll back and hand
@@ -428,5 +418,5 @@ func (s *Subscriber) Stopping() <-chan struct{} { return s.lc.Stopping() }
 // transactions roll back) and ctx's error is returned. It may be called any
 // number of times.
 func (s *Subscriber) Stop(ctx context.Context) error {
-	return s.lc.Stop(ctx)
+	return s.svc.Lifecycle.Stop(ctx)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -18,6 +17,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/freeport"
 )
 
 // A Cluster is a throwaway PostgreSQL server of a test binary's own: initdb in a
@@ -332,13 +333,14 @@ func (c *Cluster) logTail() string {
 	return strings.Join(lines, "\n")
 }
 
+// freePort is a port for a cluster or a pooler of a test: outside the
+// ephemeral range (internal/freeport).
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick()
 	if err != nil {
 		return 0, fmt.Errorf("pgtest: find a free port: %w", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return port, nil
 }
 
 // errNoBinaries is returned when no PostgreSQL server binaries are found.

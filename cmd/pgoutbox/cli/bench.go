@@ -53,7 +53,9 @@ run's slot and publication are dropped after it ('pgoutbox cdc disable').
 
 Relays run as subprocesses of this binary ('pgoutbox relay'); each one's peak RSS is
 reported. Brokers: null (acks at once), nats (nats://127.0.0.1:4222 if reachable,
-else an in-process server), embedded, or any --broker URL of 'pgoutbox relay'.
+else an in-process server), embedded, or any --broker URL of 'pgoutbox relay'; the
+relays get its kind's settings and secrets from this environment
+(PGOUTBOX_MQTT_PASSWORD, …), and each MQTT relay a client id of its own.
 Tables go to stdout, progress to stderr; --json and --report keep every figure.
 docs/performance.md explains each figure and what bounds it.`,
 		Example: `  pgoutbox bench --database-url postgres://postgres@127.0.0.1/test --scenario drain --relays 1 --broker nats
@@ -154,6 +156,7 @@ func runBench(cmd *cobra.Command, f *benchFlags) error {
 		return fmt.Errorf("find the pgoutbox binary to run relays: %w", err)
 	}
 	cfg.Executable = exe
+	cfg.RelayEnv, cfg.Secrets = benchRelayEnv, benchSecrets()
 	stderr := cmd.ErrOrStderr()
 	cfg.Progress = stderr
 	if fi, ok := stderr.(*os.File); ok {

@@ -30,7 +30,9 @@ import (
 // returns its output; it fails the test when the bench fails.
 func benchRun(t *testing.T, cmd *exec.Cmd) (stdout, stderr string) {
 	t.Helper()
-	cmd.Env = os.Environ()
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	start := time.Now()

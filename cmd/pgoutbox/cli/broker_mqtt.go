@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -16,6 +15,16 @@ import (
 // mqttPasswordEnv is the variable the MQTT password is read from when
 // --mqtt-password-file is not given.
 const mqttPasswordEnv = "PGOUTBOX_MQTT_PASSWORD"
+
+// mqttClientIDPerRelay gives each relay of a bench a client id of its own:
+// two relays under one id would take each other's session over, again and
+// again. A PGOUTBOX_MQTT_CLIENT_ID the bench was given prefixes them.
+func mqttClientIDPerRelay(id string) []string {
+	if base := os.Getenv("PGOUTBOX_MQTT_CLIENT_ID"); base != "" {
+		id = base + "-" + id
+	}
+	return []string{"PGOUTBOX_MQTT_CLIENT_ID=" + id}
+}
 
 // mqttFlags are the flags of MQTT, and the password parse read.
 type mqttFlags struct {
@@ -41,11 +50,10 @@ func parseMQTT(t *brokerTarget, o *mqttFlags) error {
 	}
 	switch {
 	case o.passwordFile != "":
-		raw, err := os.ReadFile(o.passwordFile)
-		if err != nil {
-			return usagef("--mqtt-password-file: %v", err)
+		var err error
+		if o.password, err = readSecretFile("--mqtt-password-file", o.passwordFile); err != nil {
+			return err
 		}
-		o.password = string(bytes.TrimRight(raw, "\r\n"))
 	default:
 		o.password = os.Getenv(mqttPasswordEnv)
 	}

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
@@ -45,13 +44,9 @@ func parseRedis(t *brokerTarget) error {
 		return usagef("--redis-dedup-window %s: want at least 1ms", o.dedupWindow)
 	}
 	if o.passwordFile != "" {
-		raw, err := os.ReadFile(o.passwordFile)
-		if err != nil {
-			return usagef("--redis-password-file: %v", err)
-		}
-		o.password = string(bytes.TrimRight(raw, "\r\n"))
-		if o.password == "" {
-			return usagef("--redis-password-file %s is empty", o.passwordFile)
+		var err error
+		if o.password, err = readSecretFile("--redis-password-file", o.passwordFile); err != nil {
+			return err
 		}
 	} else {
 		o.password = os.Getenv(redisPasswordEnv)
@@ -62,10 +57,6 @@ func parseRedis(t *brokerTarget) error {
 // openRedis connects to Redis; refused credentials are a configuration error.
 func openRedis(ctx context.Context, t *brokerTarget, log *slog.Logger) (broker.Publisher, func(), error) {
 	o := kindFlags[redisFlags](t.flags, redisKind)
-	if opts, err := redisstream.ParseURL(t.flags.url); err == nil && o.password != "" && opts.TLSConfig == nil {
-		log.Warn("the Redis password travels unencrypted: the URL does not ask for TLS (use rediss://)",
-			slog.String("addr", opts.Addr))
-	}
 	cfg := redisstream.Config{Password: o.password, MaxLen: o.maxLen, DedupWindow: o.dedupWindow,
 		Timeout: t.flags.ackTimeout, Logger: log, Encoding: t.encoding}
 	if t.template != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -84,6 +85,66 @@ func kindOfScheme(scheme string) *brokerKind {
 		}
 	}
 	return nil
+}
+
+// kindOfBroker returns the kind a --broker value chooses, nil if none does.
+func kindOfBroker(raw string) *brokerKind {
+	for _, k := range brokerKinds {
+		if slices.Contains(k.words, raw) {
+			return k
+		}
+	}
+	scheme, _, ok := strings.Cut(strings.TrimSpace(raw), "://")
+	if !ok {
+		return nil
+	}
+	return kindOfScheme(scheme)
+}
+
+// benchRelayEnv is bench.Config.RelayEnv: for a relay with the id relayID
+// publishing to raw (a --broker value), its kind's own flags (by the
+// variables their usage names) and secrets (brokerKind.secretEnv) as this
+// process has them, then the settings each relay needs its own of
+// (brokerKind.perRelay), which win.
+func benchRelayEnv(raw, relayID string) []string {
+	k := kindOfBroker(raw)
+	if k == nil {
+		return nil
+	}
+	names := slices.Clone(k.secretEnv)
+	if k.flags != nil {
+		fs := pflag.NewFlagSet(k.name, pflag.ContinueOnError)
+		k.flags(fs)
+		fs.VisitAll(func(f *pflag.Flag) {
+			if m := envInUsage.FindStringSubmatch(f.Usage); m != nil {
+				names = append(names, m[1])
+			}
+		})
+	}
+	var env []string
+	for _, name := range names {
+		if v := os.Getenv(name); v != "" {
+			env = append(env, name+"="+v)
+		}
+	}
+	if k.perRelay != nil {
+		env = append(env, k.perRelay(relayID)...)
+	}
+	return env
+}
+
+// benchSecrets are the values of every kind's secret variables this process
+// has, for the bench to hide (bench.Config.Secrets).
+func benchSecrets() []string {
+	var out []string
+	for _, k := range brokerKinds {
+		for _, name := range k.secretEnv {
+			if v := os.Getenv(name); v != "" {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
 }
 
 // brokerChoices lists the --broker forms, for help and errors: the URL
@@ -223,7 +284,7 @@ func showBrokerURL(raw string) string {
 // open connects to the broker (starting the embedded one if chosen) and returns
 // the publisher and a function that closes everything it opened.
 func (t *brokerTarget) open(ctx context.Context, log *slog.Logger) (broker.Publisher, func(), error) {
-	warnPlaintextCredentials(log, t.kind, t.flags.url)
+	warnPlaintextCredentials(log, t)
 	return t.kind.open(ctx, t, log)
 }
 
@@ -278,20 +339,24 @@ func (t *brokerTarget) tenantTemplate() error {
 	return nil
 }
 
-// warnPlaintextCredentials logs a WARN when the URL carries credentials (user
-// info, a token) over a scheme that does not ask for TLS (brokerKind.plaintext).
-func warnPlaintextCredentials(log *slog.Logger, kind *brokerKind, raw string) {
+// warnPlaintextCredentials logs a WARN when credentials — the URL's user info
+// (a token, a user and password), or the password the kind read from the
+// environment or a file (brokerKind.password) — go to a URL that does not ask
+// for TLS (brokerKind.plaintext). It is the one such warning of every kind.
+func warnPlaintextCredentials(log *slog.Logger, t *brokerTarget) {
+	kind, raw := t.kind, t.flags.url
 	if kind.plaintext == nil {
 		return
 	}
+	password := kind.password != nil && kind.password(t) != ""
 	for _, one := range strings.Split(raw, ",") {
 		u, err := url.Parse(strings.TrimSpace(one))
-		if err != nil || u.User == nil {
+		if err != nil || (u.User == nil && !password) {
 			continue
 		}
 		if kind.plaintext(u, raw) {
-			log.Warn("broker credentials may travel unencrypted: the URL does not ask for TLS "+
-				"(use tls://, wss://, amqps:// or kafka://…?tls=true)", slog.String("broker", showBrokerURL(raw)))
+			log.Warn("broker credentials may travel unencrypted: the URL does not ask for TLS (use "+kind.tls+")",
+				slog.String("broker", showBrokerURL(raw)))
 			return
 		}
 	}

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -61,9 +60,24 @@ type brokerKind struct {
 	// tenants makes the target tell tenants apart (--tenants); nil: the
 	// generic rule of brokerTarget.tenantTemplate.
 	tenants func(t *brokerTarget) error
-	// plaintext reports whether credentials in u travel without TLS (raw is
-	// the whole --broker value); nil when the kind never warns here.
+	// plaintext reports whether u, one URL of the --broker value raw, asks
+	// for no TLS, so that its credentials would travel unencrypted; nil when
+	// the kind never warns here. The warning (warnPlaintextCredentials) names
+	// tls, the form that asks for TLS.
 	plaintext func(u *url.URL, raw string) bool
+	tls       string
+	// password returns the password the kind read apart from the URL (from
+	// the environment or a file, by parse): with it, a URL without user info
+	// carries credentials too; nil when the kind reads none.
+	password func(t *brokerTarget) string
+	// secretEnv are the environment variables the kind reads a secret from
+	// (no flag holds a secret): `pgoutbox bench` passes them on to its relays
+	// and hides their values (benchRelayEnv).
+	secretEnv []string
+	// perRelay returns, as environment entries, the kind's settings that must
+	// differ between the relay processes of one `pgoutbox bench` (MQTT's
+	// client id) for the relay with the given id; nil when none must.
+	perRelay func(id string) []string
 }
 
 // embeddedBroker is the --broker value (and the demo's --nats-url value) that
@@ -128,6 +142,7 @@ var brokerKinds = []*brokerKind{
 		plaintext: func(u *url.URL, _ string) bool {
 			return u.Scheme == "nats" || u.Scheme == "ws" // unless the server itself demands TLS
 		},
+		tls: "tls:// or wss://",
 	},
 	{
 		name: "kafka", schemes: []string{"kafka"}, choices: []string{"kafka://host:9092"},
@@ -148,6 +163,7 @@ var brokerKinds = []*brokerKind{
 		plaintext: func(_ *url.URL, raw string) bool {
 			return !strings.Contains(strings.ToLower(raw), "tls=true") // the query ends the list
 		},
+		tls: "kafka://…?tls=true",
 	},
 	{
 		name: "rabbitmq", schemes: []string{"amqp", "amqps"}, choices: []string{"amqp://user:pass@host/vhost", "amqps://…"},
@@ -167,6 +183,7 @@ var brokerKinds = []*brokerKind{
 		plaintext: func(u *url.URL, _ string) bool {
 			return u.Scheme == "amqp"
 		},
+		tls: "amqps://",
 	},
 	{
 		name: "webhook", schemes: []string{"https", "http"}, choices: []string{"https://host/path", "http://…"},
@@ -189,8 +206,9 @@ var brokerKinds = []*brokerKind{
 			fs.BoolVar(&o.unsigned, "webhook-unsigned", false, "send webhook requests without a signature (env PGOUTBOX_WEBHOOK_UNSIGNED)")
 			return o
 		},
-		parse: parseWebhook,
-		open:  openWebhook,
+		parse:     parseWebhook,
+		open:      openWebhook,
+		secretEnv: []string{webhookSecretEnv, standardSecretEnv},
 		tenants: func(t *brokerTarget) error {
 			if !strings.Contains(t.flags.url, "{tenant}") {
 				return usagef("--broker: serving several outboxes (--tenants), the webhook URL must hold {tenant} so that tenants' events stay apart")
@@ -228,6 +246,10 @@ var brokerKinds = []*brokerKind{
 			return openMQTT(ctx, t, kindFlags[mqttFlags](t.flags, "mqtt"), log)
 		},
 		plaintext: func(u *url.URL, _ string) bool { return u.Scheme == "mqtt" },
+		tls:       "mqtts://",
+		password:  func(t *brokerTarget) string { return kindFlags[mqttFlags](t.flags, "mqtt").password },
+		secretEnv: []string{mqttPasswordEnv},
+		perRelay:  mqttClientIDPerRelay,
 	},
 	{
 		name: redisKind, schemes: []string{"redis", "rediss"}, choices: []string{"redis://host:6379", "rediss://…"},
@@ -245,6 +267,9 @@ var brokerKinds = []*brokerKind{
 		plaintext: func(u *url.URL, _ string) bool {
 			return u.Scheme == "redis"
 		},
+		tls:       "rediss://",
+		password:  func(t *brokerTarget) string { return kindFlags[redisFlags](t.flags, redisKind).password },
+		secretEnv: []string{redisPasswordEnv},
 	},
 	{
 		name: "sqs", schemes: []string{"sqs"}, choices: []string{"sqs://[queue]?region=…"},
@@ -300,6 +325,10 @@ var brokerKinds = []*brokerKind{
 		tenants:  func(*brokerTarget) error { return nil }, // nothing is kept to collide
 	},
 }
+
+// webhookSecretEnv holds the webhook HMAC secret when --webhook-secret-file
+// is not given.
+const webhookSecretEnv = "PGOUTBOX_WEBHOOK_SECRET"
 
 // awsEndpointSchemes are the schemes of an sqs:// or sns:// URL's ?endpoint=.
 var awsEndpointSchemes = []string{"https", "http"}
@@ -471,13 +500,13 @@ func parseWebhook(t *brokerTarget) error {
 	o := kindFlags[webhookFlags](t.flags, "webhook")
 	switch {
 	case o.secretFile != "":
-		raw, err := os.ReadFile(o.secretFile)
+		text, err := readSecretFile("--webhook-secret-file", o.secretFile)
 		if err != nil {
-			return usagef("--webhook-secret-file: %v", err)
+			return err
 		}
-		o.secret = bytes.TrimRight(raw, "\r\n")
+		o.secret = []byte(text)
 	default:
-		o.secret = []byte(os.Getenv("PGOUTBOX_WEBHOOK_SECRET"))
+		o.secret = []byte(os.Getenv(webhookSecretEnv))
 	}
 	if err := readStandardSecret(o); err != nil {
 		return err

@@ -1,16 +1,19 @@
 // Package subscriber is the core that the per-message inbox subscribers
-// (natsinbox, rabbitinbox) share: the per-aggregate queue of messages pulled
-// but not started, the workers that take them lane by lane, the mapping of the
-// inbox Processor's Outcome to the broker's settlement, and the hand-back of
-// what was pulled but not started when the subscriber stops. The Kafka
+// (natsinbox, rabbitinbox, redisinbox, pubsubinbox) share: the per-aggregate
+// queue of messages pulled but not started, the workers that take them lane by
+// lane, the mapping of the inbox Processor's Outcome to the broker's
+// settlement, and the hand-back of what was pulled but not started when the
+// subscriber stops. The Kafka
 // subscriber (kafkainbox), which processes a partition's records in order
 // rather than per message, shares the mapping: [Process] and [Judge].
 //
 // A subscriber is its broker-specific part (consumer set-up, pulling,
-// reconnecting) plus a Core, parameterised by a Broker that settles one
-// message. The subscriber owns a lifecycle.Lifecycle; Core.Run starts the
-// workers on it, and Core.Drain, called from the Stopped hook, returns what is
-// left to release.
+// reconnecting) plus a Service: a Core, parameterised by a Broker that settles
+// one message, on the subscriber's lifecycle.Lifecycle. Service.Start runs the
+// subscriber's set-up, its readers and the workers (Core.Run); its Stopped
+// hook releases what Core.Drain returns and logs the counters. The fields
+// every subscriber's Config shares (Concurrency, Logger) are filled and
+// checked by Resolve.
 //
 // # Concurrency
 //

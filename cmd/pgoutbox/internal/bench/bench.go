@@ -123,6 +123,19 @@ type Config struct {
 	// RelayArgs are extra flags for every relay subprocess, e.g. --workers 3.
 	RelayArgs []string
 
+	// RelayEnv returns what a relay subprocess publishing to broker (a Brokers
+	// value) needs in its environment beyond PGOUTBOX_BROKER and DATABASE_URL:
+	// the broker kind's own settings and secrets as the bench was given them,
+	// and the ones that must differ between relays (MQTT's client id), for the
+	// relay with the id relayID. The environment, not the command line, which
+	// ps shows. Nil: nothing more.
+	RelayEnv func(broker, relayID string) []string
+
+	// Secrets are more values to hide wherever they would appear (the
+	// brokers' secrets from the environment), beside the credentials of the
+	// URLs.
+	Secrets []string
+
 	// Progress receives a progress display; nil shows none. ProgressTTY draws it
 	// as one line redrawn with a carriage return, else as a line every few seconds.
 	Progress    io.Writer
@@ -409,10 +422,9 @@ func (c *Config) secrets(dbPassword string) []string {
 		s = append(s, dbPassword)
 	}
 	s = append(s, redactArgsSecrets(c.RelayArgs)...)
-	for _, name := range []string{"PGOUTBOX_WEBHOOK_SECRET", "PGPASSWORD"} {
-		if v := os.Getenv(name); v != "" {
-			s = append(s, v)
-		}
+	s = append(s, c.Secrets...)
+	if v := os.Getenv("PGPASSWORD"); v != "" {
+		s = append(s, v)
 	}
 	return s
 }

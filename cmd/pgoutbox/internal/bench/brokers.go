@@ -50,16 +50,14 @@ func (b *brokerEnv) relayArgs(tenants bool) []string {
 	return args
 }
 
-// relayEnv passes the broker URL, which may hold credentials, in the relays'
-// environment rather than on their command line; and the webhook signing secret
-// the bench itself was given, which relayEnv otherwise drops with every
-// PGOUTBOX_ variable.
-func (b *brokerEnv) relayEnv() []string {
+// relayEnv passes the broker URL, which may hold credentials, in the relay's
+// environment rather than on its command line, with what Config.RelayEnv adds
+// for the broker's kind (its settings and secrets, which relayEnv otherwise
+// drops with every PGOUTBOX_ variable).
+func (b *brokerEnv) relayEnv(cfg *Config, relayID string) []string {
 	env := []string{"PGOUTBOX_BROKER=" + b.url}
-	for _, name := range []string{"PGOUTBOX_WEBHOOK_SECRET", "PGOUTBOX_WEBHOOK_SECRET_FILE"} {
-		if v := os.Getenv(name); v != "" {
-			env = append(env, name+"="+v)
-		}
+	if cfg.RelayEnv != nil {
+		env = append(env, cfg.RelayEnv(b.url, relayID)...)
 	}
 	return env
 }

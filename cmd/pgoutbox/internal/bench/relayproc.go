@@ -70,7 +70,7 @@ func (r *Runner) startRelays(ctx context.Context, n int, o relayOpts) ([]*relayP
 			"--batch-size", strconv.Itoa(r.cfg.BatchSize), "--poll-interval", r.cfg.PollInterval.String(),
 			"--shutdown-timeout", "60s")
 		args = append(args, o.broker.relayArgs(many)...)
-		env = append(env, o.broker.relayEnv()...)
+		env = append(env, o.broker.relayEnv(&r.cfg, id)...)
 		if o.noNotify {
 			args = append(args, "--no-notify")
 		}
