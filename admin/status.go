@@ -78,6 +78,11 @@ type Status struct {
 	// Dedup is the consumer inbox's processed_events table in InboxSchema, nil
 	// when it does not exist there.
 	Dedup *TableSize `json:"dedup_table"`
+
+	// Destinations are the destinations of relays with destinations
+	// (Admin.Destinations), each with its pending lanes and dead letters;
+	// empty when the outbox has none.
+	Destinations []Destination `json:"destinations,omitempty"`
 }
 
 // Lease counts the leases of one relay id (claimed_by) on unpublished events. A
@@ -179,6 +184,12 @@ func (a *Admin) Status(ctx context.Context) (*Status, error) {
 	}
 	if err := a.readWaiting(ctx, st); err != nil {
 		return nil, err
+	}
+	if st.Destinations, err = a.destinations(ctx, a.db, nil); err != nil {
+		return nil, fmt.Errorf("admin: status: destinations: %w", err)
+	}
+	if len(st.Destinations) == 0 {
+		st.Destinations = nil // left out of the JSON
 	}
 
 	rows, err = a.db.Query(ctx, fmt.Sprintf(statusPublishedSQL, a.events, a.skipped))
