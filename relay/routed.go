@@ -399,12 +399,12 @@ func (d *dest) process(runs []run) time.Duration {
 
 // laneOutcome is what settle records for one lane.
 type laneOutcome struct {
-	advance   int64 // the cursor's new position (its old one when nothing moved)
-	err       *string
-	delayMs   int64
+	advance    int64 // the cursor's new position (its old one when nothing moved)
+	err        *string
+	delayMs    int64
 	quarantine bool
-	failedSeq int64
-	attempt   int
+	failedSeq  int64
+	attempt    int
 }
 
 // outcomes computes each run's outcome from the judged results: the cursor
