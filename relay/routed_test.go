@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle/lifecycletest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -610,4 +611,43 @@ func TestRoutedRelayLifecycle(t *testing.T) {
 			return r.pub.open
 		},
 	})
+}
+
+// A relay with destinations needs no more than the relay role's grants
+// (pgoutbox migrate print --grants): it registers a destination of each
+// start, records a change of rules with its audit, routes, quarantines a dead
+// letter and marks events done.
+func TestRoutedRelayWithLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o := newOutbox(t, 4)
+	evs := o.enqueueRouted(t, 3)
+	role := pgtest.Role(t, o.pool, "")
+	script, err := migrate.Grants(&migrate.GrantsConfig{Schema: o.schema, RoleNames: map[migrate.Role]string{migrate.RoleRelay: role}, Roles: []migrate.Role{migrate.RoleRelay}})
+	pgtest.Must(t, err, "grants")
+	_, err = o.pool.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol)
+	pgtest.Must(t, err, "apply grants")
+	pool := pgtest.Pool(t, pgtest.AsRole(t, pgtest.URL(), role), 16)
+	orders, users, eu := &brokertest.Recorder{}, &brokertest.Recorder{}, &brokertest.Recorder{}
+	dests := routedDests(relay.StartBackfill, orders, users, eu)
+	dests[1].Start = relay.StartNow
+	_, err = o.pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{o.schema, "outbox_destinations"}.Sanitize()+
+		` (name, rules, start) VALUES ('eu', '[{"all": true}]', 'now')`)
+	pgtest.Must(t, err, "register eu with other rules")
+	r := startRelayVia(t, pool, o, nil, relay.Config{PollInterval: 50 * time.Millisecond, Destinations: dests})
+	wait.For(t, 30*time.Second, "orders delivered and the dead letters quarantined", func() bool {
+		return received(orders, wantFor("orders", evs)) && o.count(t, "quarantined_at IS NOT NULL") == len(unrouted(evs))
+	})
+	if n := o.count(t, "published_at IS NOT NULL"); n == 0 {
+		t.Fatal("no event marked done")
+	}
+	var audits int
+	pgtest.Must(t, o.pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{o.schema, "outbox_operator_audit"}.Sanitize()+
+		" WHERE action = 'destination_rules' AND db_user = $1", role).Scan(&audits), "read audit")
+	if audits != 1 {
+		t.Fatalf("%d audit rows of the rules change by the relay's role, want 1", audits)
+	}
+	if err := r.Healthy(); err != nil {
+		t.Fatalf("Healthy: %v", err)
+	}
 }
