@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle/lifecycletest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -610,4 +611,97 @@ func TestRoutedRelayLifecycle(t *testing.T) {
 			return r.pub.open
 		},
 	})
+}
+
+// A relay with destinations needs no more than the relay role's grants
+// (pgoutbox migrate print --grants): it registers a destination of each
+// start, records a change of rules with its audit, routes, quarantines a dead
+// letter and marks events done.
+func TestRoutedRelayWithLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o := newOutbox(t, 4)
+	evs := o.enqueueRouted(t, 3)
+	role := pgtest.Role(t, o.pool, "")
+	script, err := migrate.Grants(&migrate.GrantsConfig{Schema: o.schema, RoleNames: map[migrate.Role]string{migrate.RoleRelay: role}, Roles: []migrate.Role{migrate.RoleRelay}})
+	pgtest.Must(t, err, "grants")
+	_, err = o.pool.Exec(ctx, script, pgx.QueryExecModeSimpleProtocol)
+	pgtest.Must(t, err, "apply grants")
+	pool := pgtest.Pool(t, pgtest.AsRole(t, pgtest.URL(), role), 16)
+	orders, users, eu := &brokertest.Recorder{}, &brokertest.Recorder{}, &brokertest.Recorder{}
+	dests := routedDests(relay.StartBackfill, orders, users, eu)
+	dests[1].Start = relay.StartNow
+	_, err = o.pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{o.schema, "outbox_destinations"}.Sanitize()+
+		` (name, rules, start) VALUES ('eu', '[{"all": true}]', 'now')`)
+	pgtest.Must(t, err, "register eu with other rules")
+	r := startRelayVia(t, pool, o, nil, relay.Config{PollInterval: 50 * time.Millisecond, Destinations: dests})
+	wait.For(t, 30*time.Second, "orders delivered and the dead letters quarantined", func() bool {
+		return received(orders, wantFor("orders", evs)) && o.count(t, "quarantined_at IS NOT NULL") == len(unrouted(evs))
+	})
+	if n := o.count(t, "published_at IS NOT NULL"); n == 0 {
+		t.Fatal("no event marked done")
+	}
+	var audits int
+	pgtest.Must(t, o.pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{o.schema, "outbox_operator_audit"}.Sanitize()+
+		" WHERE action = 'destination_rules' AND db_user = $1", role).Scan(&audits), "read audit")
+	if audits != 1 {
+		t.Fatalf("%d audit rows of the rules change by the relay's role, want 1", audits)
+	}
+	if err := r.Healthy(); err != nil {
+		t.Fatalf("Healthy: %v", err)
+	}
+}
+
+// Attacker: events whose fields try to pass for what a rule takes (a header
+// value in another case or script, a header name in another case, an
+// aggregate type that extends or quotes the rule's, SQL in the fields, a
+// headers column spoiled by a raw INSERT) reach no destination whose rule
+// does not take them exactly: each is a dead letter with the routing reason,
+// the outbox's tables are intact, and the legitimate events are delivered.
+func TestDestinationRoutingHostileEvents(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 8)
+	hostile := []pgoutbox.Event{
+		{AggregateType: "misc", AggregateID: "h1", EventType: "misc.noted", Headers: map[string]string{"region": "EU"}},
+		{AggregateType: "misc", AggregateID: "h2", EventType: "misc.noted", Headers: map[string]string{"region": "\u0435u"}}, // Cyrillic е
+		{AggregateType: "misc", AggregateID: "h3", EventType: "misc.noted", Headers: map[string]string{"Region": "eu"}},
+		{AggregateType: "orders", AggregateID: "h4", EventType: "order.created"},
+		{AggregateType: "Order", AggregateID: "h5", EventType: "order.created"},
+		{AggregateType: "order'); DROP TABLE outbox_destination_lanes; --", AggregateID: "h6", EventType: "order.created"},
+		{AggregateType: "misc", AggregateID: "h7'; DELETE FROM outbox_destinations; --", EventType: "user.changed"},
+		{AggregateType: "misc", AggregateID: "h8", EventType: "misc.noted", Headers: map[string]string{"region": "eu,us"}},
+	}
+	for i := range hostile {
+		hostile[i].Payload = map[string]int{"n": i}
+	}
+	legit := []pgoutbox.Event{
+		{AggregateType: "order", AggregateID: "l1", EventType: "order.created", Payload: 1},
+		{AggregateType: "misc", AggregateID: "l2", EventType: "misc.noted", Payload: 2, Headers: map[string]string{"region": "eu"}},
+	}
+	res, err := o.prod.EnqueueTx(context.Background(), o.pool, append(slices.Clone(hostile), legit...)...)
+	pgtest.Must(t, err, "enqueue")
+	// A raw INSERT's headers that are no JSON object of strings, with the rule's value inside.
+	_, err = o.pool.Exec(context.Background(), "INSERT INTO "+o.table()+
+		` (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, headers)
+		  VALUES (gen_random_uuid(), 'misc', 'h9', 1, 'misc.noted', '{}', '{"region": ["eu"]}')`)
+	pgtest.Must(t, err, "raw insert")
+	orders, users, eu := &brokertest.Recorder{}, &brokertest.Recorder{}, &brokertest.Recorder{}
+	startRouted(t, o, relay.Config{PollInterval: 50 * time.Millisecond, Destinations: routedDests(relay.StartBackfill, orders, users, eu)})
+	wait.For(t, 30*time.Second, "every event delivered or a dead letter", func() bool {
+		return o.count(t, "published_at IS NULL AND quarantined_at IS NULL") == 0
+	})
+	n := len(hostile)
+	checkRouted(t, "orders", orders.Messages(), []pgoutbox.UUID{res[n].EventID})
+	checkRouted(t, "users", users.Messages(), nil)
+	checkRouted(t, "eu", eu.Messages(), []pgoutbox.UUID{res[n+1].EventID})
+	if got := o.count(t, "quarantined_at IS NOT NULL AND last_error LIKE 'routed to no destination: %'"); got != len(hostile)+1 {
+		t.Fatalf("%d dead letters, want %d", got, len(hostile)+1)
+	}
+	var dests, lanes int
+	pgtest.Must(t, o.pool.QueryRow(context.Background(), "SELECT (SELECT count(*) FROM "+
+		pgx.Identifier{o.schema, "outbox_destinations"}.Sanitize()+"), (SELECT count(*) FROM "+
+		pgx.Identifier{o.schema, "outbox_destination_lanes"}.Sanitize()+")").Scan(&dests, &lanes), "tables intact")
+	if dests != 3 || lanes == 0 {
+		t.Fatalf("%d destinations, %d lanes after the hostile events", dests, lanes)
+	}
 }
