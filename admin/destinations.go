@@ -24,12 +24,12 @@ import (
 // ActionDestinationDrop is the audit action of DropDestination.
 const ActionDestinationDrop = "destination_drop"
 
-// ErrDestinationNotFound: no destination has the given name.
+// ErrDestinationNotFound is returned when no destination has the given name.
 var ErrDestinationNotFound = errors.New("destination not found")
 
-// ErrDestinationServed: DropDestination found live leases of a relay on the
-// destination's lanes, so a relay is serving it; stop that relay, or remove the
-// destination from its configuration and restart it, first.
+// ErrDestinationServed is returned by DropDestination when a relay holds live
+// leases on the destination's lanes, so is serving it: stop that relay, or
+// remove the destination from its configuration and restart it, first.
 var ErrDestinationServed = errors.New("a relay is serving the destination")
 
 // Destination is one registered destination with its backlog figures.
