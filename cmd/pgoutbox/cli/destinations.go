@@ -148,11 +148,33 @@ what was committed before, "backfill" sends every retained event again.`,
 			out := cmd.OutOrStdout()
 			_, err = fmt.Fprintf(out, "dropped destination %s: %s deleted, %d dead letters and %d pending events forgotten (audit %d)\n",
 				d.Destination.Name, dlqPlural(int(d.Lanes), "progress row"), d.Destination.DeadLetters, d.Destination.PendingEvents, d.AuditID)
-			if err == nil && force && d.Destination.LiveLeases > 0 {
+			if err != nil {
+				return err
+			}
+			if force && d.Destination.LiveLeases > 0 {
 				fmt.Fprintf(cmd.ErrOrStderr(), "pgoutbox: warning: a relay held %d leases on its lanes: it registers %s again, starting over (%s)\n",
 					d.Destination.LiveLeases, d.Destination.Name, d.Destination.Start)
+				return nil
 			}
-			return err
+			// No lease now, but a running relay whose file still names it
+			// would serve it again: say so.
+			if relays, rerr := a.Relays(cmd.Context()); rerr == nil {
+				running := 0
+				for _, r := range relays {
+					if r.Running() {
+						running++
+					}
+				}
+				if running > 0 {
+					are := dlqPlural(running, "relay") + " are"
+					if running == 1 {
+						are = "1 relay is"
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "pgoutbox: warning: %s running on this outbox: restart any whose --destinations-file still names %s without it, or it serves %s again from the start\n",
+						are, d.Destination.Name, d.Destination.Name)
+				}
+			}
+			return nil
 		},
 	}
 	db.register(cmd.Flags())

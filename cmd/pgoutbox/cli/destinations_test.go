@@ -152,6 +152,13 @@ func TestDestinationsDrop(t *testing.T) {
 	if n := e.count("outbox_destinations", "true"); n != 1 {
 		t.Errorf("%d destinations left, want partners", n)
 	}
+	// A running relay (its heartbeat) without leases on partners: dropped, with a warning.
+	e.exec(`INSERT INTO ` + e.table("outbox_relays") + ` (relay_id, source, version, host, pid, state, beat_every, started_at, last_seen)
+VALUES ('r1', 'poll', 'test', 'h', 1, 'idle', interval '1 hour', now(), now())`)
+	out, errOut, code = run(t, e.args("destinations", "drop", "partners", "--reason", "partners retired")...)
+	if code != 0 || !strings.HasPrefix(out, "dropped destination partners") || !strings.Contains(errOut, "1 relay is running on this outbox") {
+		t.Errorf("drop with a relay running: %d %q %q", code, out, errOut)
+	}
 	if n := e.count("outbox_operator_audit", "action = 'destination_drop' AND reason = 'retired'"); n != 1 {
 		t.Errorf("the drop is not audited")
 	}
