@@ -271,3 +271,120 @@ func TestRelayDestinationsFileEndToEnd(t *testing.T) {
 		t.Errorf("relay exit status %d:\n%s", code, proc.stderr.String())
 	}
 }
+
+// End to end with the engine: a RabbitMQ destination whose exchange routes
+// nowhere quarantines its lanes while the NATS destination gets every event;
+// dlq --destination lists them, a skip moves one lane past its event for that
+// destination alone, and once a queue is bound a retry delivers the rest, in
+// order, and every event is done.
+func TestRelayDestinationDeadLettersEndToEnd(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	name := pgtest.Name("pgoutbox_cli_dlq")
+	conn, err := amqp.Dial("amqp://guest:guest@127.0.0.1:5672/")
+	pgtest.Must(t, err, "connect to RabbitMQ")
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	pgtest.Must(t, err, "channel")
+	pgtest.Must(t, ch.ExchangeDeclare(name, "topic", true, false, false, false, nil), "declare exchange")
+	t.Cleanup(func() {
+		_, _ = ch.QueueDelete(name, false, false, false)
+		_ = ch.ExchangeDelete(name, false, false)
+	})
+	path := filepath.Join(t.TempDir(), "destinations.yaml")
+	pgtest.Must(t, os.WriteFile(path, fmt.Appendf(nil, `destinations:
+  - name: services
+    broker: nats://127.0.0.1:4222
+    start: backfill
+    nats_stream: %s
+    topic_template: '%s'
+    rules: [{all: true}]
+  - name: warehouse
+    broker_env: WAREHOUSE_BROKER_URL
+    start: backfill
+    amqp_exchange: %s
+    rules: [{all: true}]
+`, e.target.Stream, e.target.Template, name), 0o600), "write")
+	ids := e.enqueue(2, 3) // a0000 and a0001, 3 events each, interleaved
+	proc := startRelayProc(t, "relay with destinations", []string{"WAREHOUSE_BROKER_URL=amqp://guest:guest@127.0.0.1:5672/"},
+		[]string{"relay", "--database-url", pgtest.URL(), "--schema", e.schema, "--id", "dlq-relay", "--destinations-file", path,
+			"--poll-interval", "100ms", "--max-attempts", "2", "--backoff-base", "10ms", "--backoff-max", "50ms"})
+	db := []string{"--database-url", pgtest.URL(), "--schema", e.schema}
+	list := func() []admin.Event {
+		out, errOut, code := run(t, append([]string{"dlq", "list", "--destination", "warehouse", "--json"}, db...)...)
+		var evs []admin.Event
+		if code != 0 || json.Unmarshal([]byte(out), &evs) != nil {
+			t.Fatalf("dlq list --destination: code %d, stderr %q:\n%s", code, errOut, out)
+		}
+		return evs
+	}
+	var dead []admin.Event
+	wait.For(t, 60*time.Second, "warehouse's two lanes quarantined", func() bool { dead = list(); return len(dead) == 2 })
+	wait.For(t, 60*time.Second, "services to have every event", func() bool { return len(e.target.Read(t)) == 6 })
+	if dead[0].ID != ids[0] && dead[0].ID != ids[1] || dead[0].AggregateSequence != 1 || dead[1].AggregateSequence != 1 {
+		t.Fatalf("dead letters %+v, want the first event of each lane", dead)
+	}
+	if n := e.count("published_at IS NULL"); n != 6 {
+		t.Errorf("%d events pending, want all 6 (warehouse has none)", n)
+	}
+	out, _, _ := run(t, append([]string{"status"}, db...)...)
+	if !strings.Contains(out, "2 (pgoutbox dlq list --destination warehouse)") {
+		t.Errorf("status does not show warehouse's dead letters:\n%s", out)
+	}
+
+	// Bind a queue; skip a0001's first event for warehouse; retry a0000's.
+	skip, retry := dead[0], dead[1]
+	if skip.AggregateID != "a0001" {
+		skip, retry = retry, skip
+	}
+	_, err = ch.QueueDeclare(name, true, false, false, false, nil)
+	pgtest.Must(t, err, "declare queue")
+	pgtest.Must(t, ch.QueueBind(name, "#", name, false, nil), "bind")
+	// After the skip, a0001's lane goes on by itself: its next events were never quarantined.
+	if out, errOut, code := run(t, append([]string{"dlq", "skip", skip.ID.String(), "--destination", "warehouse", "--reason", "not for the warehouse"}, db...)...); code != 0 {
+		t.Fatalf("dlq skip: %d %q %q", code, out, errOut)
+	}
+	if out, errOut, code := run(t, append([]string{"dlq", "retry", retry.ID.String(), "--destination", "warehouse", "--reason", "queue bound"}, db...)...); code != 0 ||
+		out != "retried 1 dead letter of destination warehouse\n" {
+		t.Fatalf("dlq retry: %d %q %q", code, out, errOut)
+	}
+	wait.For(t, 60*time.Second, "every event done", func() bool { return e.count("published_at IS NULL") == 0 })
+	var got []string
+	for len(got) < 5 {
+		d, ok, err := ch.Get(name, true)
+		pgtest.Must(t, err, "get")
+		if !ok {
+			break
+		}
+		got = append(got, d.MessageId)
+	}
+	want := []string{ids[0].String(), ids[2].String(), ids[4].String(), ids[3].String(), ids[5].String()} // a0000 in order, then a0001 without the skipped
+	if len(got) != 5 || !sameSet(got, want) || indexOf(got, ids[0].String()) > indexOf(got, ids[2].String()) ||
+		indexOf(got, ids[2].String()) > indexOf(got, ids[4].String()) || indexOf(got, ids[3].String()) > indexOf(got, ids[5].String()) {
+		t.Errorf("warehouse got %v, want %v in order per aggregate", got, want)
+	}
+	if code := proc.stop(t, syscall.SIGTERM); code != 0 {
+		t.Errorf("relay exit status %d:\n%s", code, proc.stderr.String())
+	}
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, x := range b {
+		if indexOf(a, x) < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func indexOf(list []string, s string) int {
+	for i, x := range list {
+		if x == s {
+			return i
+		}
+	}
+	return -1
+}
