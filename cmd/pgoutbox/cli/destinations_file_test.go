@@ -21,9 +21,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
-// noEnv is the environment of a parse that must not read any variable.
-func noEnv(string) string { return "" }
-
 // A file in the documented format is read as written: every destination's
 // rules and start, its broker through the registry with the kind's settings.
 func TestDestinationsFileAccepted(t *testing.T) {
