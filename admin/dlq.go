@@ -123,6 +123,9 @@ type Event struct {
 	QuarantinedAt *time.Time        `json:"quarantined_at,omitempty"`
 	// State is one of the State constants, judged by the database's clock.
 	State string `json:"state"`
+	// Destination names the destination whose view of the event this is
+	// (ListDestinationQuarantined, GetForDestination); empty for the outbox's.
+	Destination string `json:"destination,omitempty"`
 	// Skip is the audit record of a skipped event (Get only).
 	Skip *Skipped `json:"skip,omitempty"`
 }
@@ -287,7 +290,7 @@ func (a *Admin) RetryEvents(ctx context.Context, req RetryRequest) ([]pgoutbox.U
 	var out []pgoutbox.UUID
 	err = pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
 		if len(req.IDs) > 0 {
-			if err := a.checkExist(ctx, tx, req.IDs); err != nil {
+			if err := a.checkExist(ctx, tx, req.IDs, "retried"); err != nil {
 				return err
 			}
 		}
@@ -305,8 +308,9 @@ func (a *Admin) RetryEvents(ctx context.Context, req RetryRequest) ([]pgoutbox.U
 	return out, nil
 }
 
-// checkExist returns an error wrapping ErrNotFound naming the ids no event has.
-func (a *Admin) checkExist(ctx context.Context, db DB, ids []pgoutbox.UUID) error {
+// checkExist returns an error wrapping ErrNotFound naming the ids no event has,
+// saying that nothing was done (verb: "retried", "skipped").
+func (a *Admin) checkExist(ctx context.Context, db DB, ids []pgoutbox.UUID, verb string) error {
 	rows, err := db.Query(ctx, `SELECT i FROM unnest($1::uuid[]) i
  WHERE NOT EXISTS (SELECT 1 FROM `+a.events+` e WHERE e.event_id = i)`, ids)
 	if err != nil {
@@ -321,7 +325,7 @@ func (a *Admin) checkExist(ctx context.Context, db DB, ids []pgoutbox.UUID) erro
 		for i, id := range missing {
 			names[i] = id.String()
 		}
-		return fmt.Errorf("%w: %s (nothing retried)", ErrNotFound, strings.Join(names, ", "))
+		return fmt.Errorf("%w: %s (nothing %s)", ErrNotFound, strings.Join(names, ", "), verb)
 	}
 	return nil
 }

@@ -149,3 +149,54 @@ func ExampleReplay() {
 	fmt.Println("would replay", res.Total, "events")
 	// Output: would replay 0 events
 }
+
+// An operator looks at the destinations of a relay with destinations, finds
+// the dead letter of one of them, skips it there alone, and drops a
+// destination that is gone for good. (The progress rows are written here as
+// a relay with destinations writes them.)
+func ExampleAdmin_Destinations() {
+	ctx := context.Background()
+	pool, schema, _, done := exampleOutbox(ctx)
+	defer done()
+	// The relay registered "warehouse" and "crm"; warehouse stopped at order 42 #1.
+	for _, q := range []struct{ table, values string }{
+		{"outbox_destinations", `(name, rules, start) VALUES ('warehouse', '[{"all": true}]', 'backfill'), ('crm', '[{"all": true}]', 'now')`},
+		{"outbox_destination_lanes", `(destination, aggregate_type, aggregate_id, quarantined_at, quarantined_sequence, attempt_count, last_error)
+		 VALUES ('warehouse', 'order', '42', now(), 1, 10, 'rabbitmq: NO_ROUTE')`},
+	} {
+		if _, err := pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, q.table}.Sanitize()+" "+q.values); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	a, err := admin.New(pool, &admin.Config{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ds, err := a.Destinations(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, d := range ds {
+		fmt.Printf("%s: start %s, %d pending lanes, %d dead letters\n", d.Name, d.Start, d.PendingLanes, d.DeadLetters)
+	}
+	dead, err := a.ListDestinationQuarantined(ctx, "warehouse", admin.Filter{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("warehouse stopped at %s/%s #%d: %s\n", dead[0].AggregateType, dead[0].AggregateID, dead[0].AggregateSequence, dead[0].LastError)
+	if _, err := a.SkipDestination(ctx, admin.DestinationSkipRequest{Destination: "warehouse", IDs: []pgoutbox.UUID{dead[0].ID},
+		Reason: "the warehouse never needed that order", Actor: "alice"}); err != nil {
+		log.Fatal(err)
+	}
+	dropped, err := a.DropDestination(ctx, admin.DropRequest{Name: "crm", Reason: "CRM decommissioned", Actor: "alice"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("dropped %s (%d progress rows)\n", dropped.Destination.Name, dropped.Lanes)
+	// Output:
+	// crm: start now, 1 pending lanes, 0 dead letters
+	// warehouse: start backfill, 1 pending lanes, 1 dead letters
+	// warehouse stopped at order/42 #1: rabbitmq: NO_ROUTE
+	// dropped crm (0 progress rows)
+}

@@ -78,6 +78,11 @@ type Status struct {
 	// Dedup is the consumer inbox's processed_events table in InboxSchema, nil
 	// when it does not exist there.
 	Dedup *TableSize `json:"dedup_table"`
+
+	// Destinations are the destinations of relays with destinations
+	// (Admin.Destinations), each with its pending lanes and dead letters;
+	// empty when the outbox has none.
+	Destinations []Destination `json:"destinations,omitempty"`
 }
 
 // Lease counts the leases of one relay id (claimed_by) on unpublished events. A
@@ -119,13 +124,16 @@ SELECT e.claimed_by,
 
 // statusPublishedSQL counts the last minute's publishes through the BRIN index on
 // published_at (migration outbox/0003): only the page ranges written recently are
-// read. Skips are published_at too, recorded in the (small) audit table.
+// read. Skips are published_at too, recorded in the (small) audit table. The
+// destinations are counted in the same round trip: their figures are read only
+// when there are some.
 const statusPublishedSQL = `
 SELECT now(),
        (SELECT count(*) FROM %[1]s e
          WHERE e.published_at >= now() - interval '1 minute'
            AND NOT EXISTS (SELECT 1 FROM %[2]s s WHERE s.event_id = e.event_id)),
-       (SELECT count(*) FROM %[2]s)`
+       (SELECT count(*) FROM %[2]s),
+       EXISTS (SELECT 1 FROM %[3]s)`
 
 // statusSizeSQL sizes tables by schema and name. A partitioned table is the sum of
 // its partitions (pg_partition_tree; it returns nothing for a plain table, and a
@@ -181,13 +189,19 @@ func (a *Admin) Status(ctx context.Context) (*Status, error) {
 		return nil, err
 	}
 
-	rows, err = a.db.Query(ctx, fmt.Sprintf(statusPublishedSQL, a.events, a.skipped))
+	rows, err = a.db.Query(ctx, fmt.Sprintf(statusPublishedSQL, a.events, a.skipped, a.table("outbox_destinations")))
 	if err != nil {
 		return nil, fmt.Errorf("admin: status: count recent publishes: %w", err)
 	}
-	_, err = pgx.ForEachRow(rows, []any{&st.At, &st.PublishedLastMinute, &st.Skipped}, func() error { return nil })
+	var anyDestination bool
+	_, err = pgx.ForEachRow(rows, []any{&st.At, &st.PublishedLastMinute, &st.Skipped, &anyDestination}, func() error { return nil })
 	if err != nil {
 		return nil, fmt.Errorf("admin: status: count recent publishes: %w", err)
+	}
+	if anyDestination {
+		if st.Destinations, err = a.destinations(ctx, a.db, nil); err != nil {
+			return nil, fmt.Errorf("admin: status: destinations: %w", err)
+		}
 	}
 
 	schemas := []string{a.schema, a.schema, a.schema, a.inboxSchema}

@@ -163,7 +163,7 @@ func TestStatusQueriesUseIndexes(t *testing.T) {
 	pgtest.Must(t, err, "admin")
 	for _, c := range []struct{ sql, index string }{
 		{fmt.Sprintf(statusUnpublishedSQL, a.events), "outbox_events_unpublished_idx"},
-		{fmt.Sprintf(statusPublishedSQL, a.events, a.skipped), "outbox_events_published_at_brin"},
+		{fmt.Sprintf(statusPublishedSQL, a.events, a.skipped, a.table("outbox_destinations")), "outbox_events_published_at_brin"},
 	} {
 		rows, err := pool.Query(ctx, "EXPLAIN "+c.sql)
 		pgtest.Must(t, err, "explain")

@@ -93,7 +93,7 @@ func TestStatusAll(t *testing.T) {
 	d.exec("UPDATE "+d.table("older", "outbox_events")+" SET claimed_by = 'r2', claim_until = now() - interval '1 hour' WHERE event_id = $1", olderIDs[1])
 	d.enqueue("ok", 1, 10*time.Second)
 	for i, h := range hostileTenants {
-		d.enqueue(h, 1, time.Duration(200+i)*time.Second)
+		d.enqueue(h, 1, time.Duration(200+20*i)*time.Second) // 20s apart: the tenants are read at different instants
 	}
 	// A tenant with a dropped table, one whose migrations are incomplete.
 	d.exec("DROP TABLE " + d.table("broken", "outbox_skipped_events") + " CASCADE")

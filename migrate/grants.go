@@ -136,6 +136,8 @@ var privileges = []Privilege{
 		"the relay's heartbeat (INSERT ... ON CONFLICT DO UPDATE)"},
 	{RoleRelay, LineOutbox, ObjectTable, "outbox_destinations", "", "SELECT, INSERT, UPDATE (rules, updated_at)", false,
 		"register the relay's destinations at start"},
+	{RoleRelay, LineOutbox, ObjectTable, "outbox_aggregate_sequences", "", "SELECT", false,
+		"a destination registered with start now begins after each lane's last sequence"},
 	{RoleRelay, LineOutbox, ObjectTable, "outbox_destination_lanes", "", "SELECT, INSERT, UPDATE", false,
 		"a destination's progress per lane: lease, deliver, fail, quarantine"},
 	{RoleRelay, LineOutbox, ObjectTable, "outbox_operator_audit", "", "INSERT", false,

@@ -141,6 +141,21 @@ type Config struct {
 	// (package relay/relayprom). It is called on the hot path and must not block.
 	// Nil means none.
 	Observer Observer
+
+	// Destinations, when set, make a routed relay: pass New a nil publisher,
+	// and each event goes to the destinations whose rules match it, each
+	// destination with its own progress per aggregate lane, its own leases,
+	// backoff and quarantine, and Workers workers of its own (size the pool
+	// for Workers × len(Destinations) + 2 connections). An event no
+	// destination takes is quarantined, never dropped. At most
+	// MaxDestinations, names unique (Destination.Validate). Every relay of
+	// one outbox must serve the same destinations: an event counts as
+	// published when every destination of the relay that settles it has
+	// passed it. A Group does not support destinations (NewGroup refuses
+	// them), nor does the CDC source (cdc.Config has none). Empty means the
+	// relay publishes with the publisher given to New.
+	// docs/design.md, "Destinations".
+	Destinations []Destination
 }
 
 // Validate reports what New would reject in c, zero fields meaning their
@@ -202,4 +217,5 @@ func checkConfig(c *Config, p *config.Problems) {
 	p.Check(c.MaxAttempts > 0, "Config.MaxAttempts (%d) must be positive", c.MaxAttempts)
 	p.Check(c.BackoffBase > 0 && c.BackoffMax >= c.BackoffBase,
 		"Config.BackoffBase (%s) must be positive and at most Config.BackoffMax (%s)", c.BackoffBase, c.BackoffMax)
+	p.Field("Config.Destinations", validateDestinations(c.Destinations))
 }

@@ -117,6 +117,9 @@ func (c *GroupConfig) withDefaults() (GroupConfig, error) {
 	}, func(c *GroupConfig, p *config.Problems) {
 		p.Check(c.Config.Schema == "" && c.Config.Tenant == "",
 			"GroupConfig.Config.Schema and .Tenant must be empty: each outbox has its own")
+		if len(c.Config.Destinations) > 0 {
+			p.Field("GroupConfig.Config.Destinations", errGroupDestinations)
+		}
 		p.Check(len(c.Databases) > 0 && len(c.Databases) <= maxGroupDatabases,
 			"GroupConfig.Databases (%d) must hold 1..%d databases", len(c.Databases), maxGroupDatabases)
 		p.Check(c.DiscoverInterval > 0, "GroupConfig.DiscoverInterval (%s) must be positive", c.DiscoverInterval)

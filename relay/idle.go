@@ -48,9 +48,9 @@ func (r *Relay) setIdle(worker *bool, idle bool) {
 		delta = 1
 	}
 	n := r.idleWorkers.Add(delta)
-	if n == int32(r.cfg.Workers) || (!idle && n == int32(r.cfg.Workers)-1) {
+	if n == int32(r.workers) || (!idle && n == int32(r.workers)-1) {
 		r.idleChanged.Poke()
 	}
 }
 
-func (r *Relay) allIdle() bool { return r.idleWorkers.Load() == int32(r.cfg.Workers) }
+func (r *Relay) allIdle() bool { return r.idleWorkers.Load() == int32(r.workers) }

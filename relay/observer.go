@@ -29,6 +29,9 @@ type Observer interface {
 type ClaimedBatch struct {
 	// Tenant is the relay's Config.Tenant.
 	Tenant string
+	// Destination is the destination the claim was for, in a relay with
+	// destinations (Config.Destinations); empty for a relay with a publisher.
+	Destination string
 	// Events is how many events the claim leased.
 	Events int
 	// TakenOver is how many expired leases of another relay the claim took over:
@@ -43,6 +46,11 @@ type ClaimedBatch struct {
 type SettledBatch struct {
 	// Tenant is the relay's Config.Tenant.
 	Tenant string
+	// Destination is the destination the batch was published to, in a relay
+	// with destinations (Config.Destinations); empty for a relay with a
+	// publisher. Its events' outcomes are that destination's alone: the
+	// events the destination passed over (not routed to it) are not in Events.
+	Destination string
 	// Events holds one outcome per event of the batch.
 	Events []EventOutcome
 	// PublishDuration is how long the broker took to answer for the whole batch:

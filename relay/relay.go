@@ -73,6 +73,15 @@ type Relay struct {
 	wake  lifecycle.Wake // a token per pending reason to claim, up to one per worker
 	retry chan time.Time // when a backoff comes due
 
+	// streams are what the workers claim from, Config.Workers workers each:
+	// the single broker (one stream, claiming with claim), or one per
+	// destination of a routed relay (routed.go).
+	streams []*stream
+	// workers is the number of workers over all streams.
+	workers int
+	// routed is the engine of a relay with destinations; nil with a publisher.
+	routed *routed
+
 	mu     sync.Mutex
 	leased map[pgoutbox.UUID]struct{} // leases taken and not yet settled
 
@@ -84,8 +93,6 @@ type Relay struct {
 	lastReset atomic.Int64
 
 	idleWorkers atomic.Int32 // workers waiting for a wake-up (idle.go)
-	lastFound   atomic.Int64 // when a claim last found events (unix ns)
-	prevFound   atomic.Int64 // when the claim before that one found events (unix ns)
 	// claimMu serialises the workers' claims, which share one cursor: each claim
 	// starts after the lanes of the one before, instead of every worker walking
 	// past the lanes its peers hold (claim).
@@ -94,7 +101,6 @@ type Relay struct {
 	// successive claims sweep all lanes fairly instead of favouring the first
 	// ones in index order; the zero Lane starts from the first lanes.
 	cur         pgoutbox.Lane
-	hotPoller   atomic.Bool    // a worker polls quickly instead of waiting (work)
 	idleChanged lifecycle.Wake // the relay became idle or busy: the hub's, shared by its relays
 	stats       counters
 }
@@ -118,6 +124,11 @@ type counters struct {
 // New returns a relay reading the outbox through pool and publishing with pub.
 // cfg may be nil for all defaults; invalid settings are reported here.
 //
+// A relay with destinations (Config.Destinations) takes a nil pub: each
+// destination has its publisher, and the relay routes every event to the
+// destinations whose rules match it, with progress of its own per destination
+// (routed.go, docs/design.md "Destinations"). Passing both is an error.
+//
 // Size pool for Workers + 2 connections. An idle relay claims once per
 // PollInterval; pgxpool by default pings a connection idle for over a second
 // before handing it out, which doubles those round trips. "pgoutbox relay" sets
@@ -131,8 +142,15 @@ func New(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config) (*Relay, error) 
 // listens, guards the idle lock and polls for the relay, beside the other
 // relays of its database. Without one the relay has a hub of its own.
 func newRelay(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config, h *hub) (*Relay, error) {
-	if pool == nil || pub == nil {
+	routedMode := cfg != nil && len(cfg.Destinations) > 0
+	switch {
+	case pool != nil && pub != nil && routedMode:
+		return nil, errors.New("relay: New takes a publisher or Config.Destinations, not both: pass a nil publisher with destinations")
+	case pool == nil || (pub == nil && !routedMode):
 		return nil, errors.New("relay: New needs a pool and a publisher")
+	}
+	if routedMode && h != nil {
+		return nil, errGroupDestinations
 	}
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -173,6 +191,12 @@ func newRelay(pool *pgxpool.Pool, pub broker.Publisher, cfg *Config, h *hub) (*R
 	}
 	r.lc.Name = "relay"
 	r.lc.Stopped = r.stopped
+	if routedMode {
+		r.routed = newRouted(r)
+	} else {
+		r.streams = []*stream{{wake: r.wake, next: r.next}}
+	}
+	r.workers = c.Workers * len(r.streams)
 	return r, nil
 }
 
@@ -215,7 +239,15 @@ var (
 // ErrOutboxUnusable, ErrOutboxStuck, ErrBrokerUnreachable,
 // ErrBrokerMisconfigured (with the broker's answer) or several (errors.Is
 // tells them apart).
-func (r *Relay) Healthy() error { return errors.Join(r.health.Errors()...) }
+//
+// In a relay with destinations, the broker errors name their destination.
+func (r *Relay) Healthy() error {
+	errs := r.health.Errors()
+	if r.routed != nil {
+		errs = append(errs, r.routed.brokerErrors()...)
+	}
+	return errors.Join(errs...)
+}
 
 // Timeouts of the relay's statements outside a claim (bounded by Lease/2) and
 // a publish (Config.PublishTimeout).
@@ -255,8 +287,15 @@ func (r *Relay) Start(ctx context.Context) error {
 		r.started = time.Now()
 		r.log.Info("relay starting", slog.String("schema", r.cfg.Schema), slog.Int("workers", r.cfg.Workers),
 			slog.Int("batch_size", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease))
-		for i := range r.cfg.Workers {
-			r.lc.Go(func() { r.work(i) })
+		if r.routed != nil {
+			if err := r.routed.register(ctx); err != nil {
+				return err
+			}
+		}
+		for _, s := range r.streams {
+			for range r.cfg.Workers {
+				r.lc.Go(func() { r.work(s) })
+			}
 		}
 		r.lc.Go(r.poll)
 		if r.ownHub {
@@ -289,6 +328,9 @@ func (r *Relay) stopped(bool) {
 		cancel()
 	}
 	defer r.beatStopped()
+	if r.routed != nil {
+		r.routed.releaseOutstanding()
+	}
 	if ids := r.outstanding(); len(ids) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), stopReleaseTimeout)
 		defer cancel()
@@ -305,8 +347,36 @@ func (r *Relay) stopped(bool) {
 		slog.Int64("quarantined", s.Quarantined))
 }
 
-// poke asks one idle worker to claim.
-func (r *Relay) poke() { r.wake.Poke() }
+// poke asks one idle worker of each stream to claim.
+func (r *Relay) poke() {
+	for _, s := range r.streams {
+		s.wake.Poke()
+	}
+}
+
+// stream is one kind of work for a relay's workers: the single broker's
+// claims, or one destination's (routed.go). Each stream has Config.Workers
+// workers, its own wake-ups and its own hot poll, so that a destination whose
+// lanes back off does not keep another's workers waiting.
+type stream struct {
+	wake      lifecycle.Wake // a token per pending reason to claim, up to one per worker
+	hotPoller atomic.Bool    // a worker polls quickly instead of waiting (work)
+	lastFound atomic.Int64   // when a claim last found events (unix ns)
+	prevFound atomic.Int64   // when the claim before that one found events (unix ns)
+	// next claims a batch: how many events it leased, whether the batch was
+	// full, and the function publishing and settling it (which returns how
+	// long the worker should pause before claiming again).
+	next func() (n int, full bool, process func() time.Duration, err error)
+}
+
+// next is the single broker's stream: claim, then process.
+func (r *Relay) next() (int, bool, func() time.Duration, error) {
+	batch, err := r.claim()
+	if err != nil {
+		return 0, false, nil, err
+	}
+	return len(batch), len(batch) == r.cfg.BatchSize, func() time.Duration { return r.process(batch) }, nil
+}
 
 // poll wakes a worker when the earliest backoff that a worker reported comes
 // due. Polling for new events is the hub's (hub.probe), for all the relays of
@@ -354,8 +424,8 @@ const (
 	listenPingTimeout = 5 * time.Second
 )
 
-// work is one claim → publish → settle loop.
-func (r *Relay) work(id int) {
+// work is one claim → publish → settle loop of stream s.
+func (r *Relay) work(s *stream) {
 	var wait retry.Backoff
 	again := true // claim at once on start: there may be a backlog
 	idle := false
@@ -365,14 +435,14 @@ func (r *Relay) work(id int) {
 	stopping := r.lc.Stopping()
 	for {
 		if !again {
-			if !r.waitForWork(&idle, hot) {
+			if !r.waitForWork(s, &idle, hot) {
 				return
 			}
 		}
 		if r.lc.IsStopping() {
 			return
 		}
-		batch, err := r.claim()
+		n, full, process, err := s.next()
 		if errors.Is(err, errStopping) {
 			return
 		}
@@ -386,18 +456,18 @@ func (r *Relay) work(id int) {
 		}
 		r.dbOK(stmtClaim)
 		wait.Reset()
-		if len(batch) == r.cfg.BatchSize {
+		if full {
 			r.announceBacklog()
 		}
 		// Claim again until a claim comes back empty: publishing this batch frees
 		// its lanes, whose next events are likely waiting.
-		again = len(batch) > 0
+		again = n > 0
 		if !again {
 			continue
 		}
-		r.prevFound.Store(r.lastFound.Swap(time.Now().UnixNano()))
+		s.prevFound.Store(s.lastFound.Swap(time.Now().UnixNano()))
 		r.setIdle(&idle, false)
-		if pause := r.process(batch); pause > 0 {
+		if pause := process(); pause > 0 {
 			// The broker is unreachable: hold off claiming instead of cycling every
 			// lane's head through failed attempts.
 			again = true
@@ -424,16 +494,16 @@ const (
 
 // waitForWork waits for a reason to claim again: a wake-up, or the hot poll timer
 // while events keep coming. It returns false when the relay stops.
-func (r *Relay) waitForWork(idle *bool, hot *time.Timer) bool {
-	if r.steadyFlow() && r.hotPoller.CompareAndSwap(false, true) {
-		defer r.hotPoller.Store(false)
+func (r *Relay) waitForWork(s *stream, idle *bool, hot *time.Timer) bool {
+	if s.steadyFlow() && s.hotPoller.CompareAndSwap(false, true) {
+		defer s.hotPoller.Store(false)
 		r.setIdle(idle, false)
 		hot.Reset(hotPoll)
 		defer hot.Stop()
 		select {
 		case <-r.lc.Stopping():
 			return false
-		case <-r.wake:
+		case <-s.wake:
 		case <-hot.C:
 		}
 		return true
@@ -442,7 +512,7 @@ func (r *Relay) waitForWork(idle *bool, hot *time.Timer) bool {
 	select {
 	case <-r.lc.Stopping():
 		return false
-	case <-r.wake:
+	case <-s.wake:
 	}
 	return true
 }
@@ -450,8 +520,8 @@ func (r *Relay) waitForWork(idle *bool, hot *time.Timer) bool {
 // steadyFlow reports whether events keep coming: the last two claims that
 // found events did so within hotLinger of each other, the last one within
 // hotLinger of now.
-func (r *Relay) steadyFlow() bool {
-	last, prev := r.lastFound.Load(), r.prevFound.Load()
+func (s *stream) steadyFlow() bool {
+	last, prev := s.lastFound.Load(), s.prevFound.Load()
 	return time.Since(time.Unix(0, last)) < hotLinger && last-prev < int64(hotLinger)
 }
 

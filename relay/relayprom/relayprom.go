@@ -16,6 +16,14 @@
 //	pgoutbox_relay_claim_seconds                   histogram: duration of a claim
 //	pgoutbox_cleanup_deleted_rows_total{table}     rows deleted by cleanup (fed by Metrics.CleanupDeleted)
 //
+// A relay with destinations (relay.Config.Destinations) counts its deliveries
+// in the metrics above, summed over its destinations, and per destination in
+// three more, which a relay with one publisher leaves without series:
+//
+//	pgoutbox_relay_destination_published_total{destination}                 events a destination's broker acknowledged
+//	pgoutbox_relay_destination_publish_failures_total{destination,reason}   failed publish attempts to a destination, by reason
+//	pgoutbox_relay_destination_quarantined_total{destination}               a destination's lanes quarantined at a poison event
+//
 // [Outbox] reads the backlog from the database with one cheap query over the
 // unpublished rows (the partial index outbox_events_unpublished_idx), at most
 // once per Outbox.MaxAge, when scraped:
@@ -53,6 +61,8 @@ type Metrics struct {
 	ackSeconds, batchSize prometheus.Histogram
 	claimSeconds          prometheus.Histogram
 	cleanupDeleted        *prometheus.CounterVec
+	// Per destination, for a relay with destinations.
+	destPublished, destFailures, destQuarantined *prometheus.CounterVec
 }
 
 // New creates the collectors and registers them on reg, which is required: pass
@@ -72,6 +82,12 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			"Time from publishing a batch until the broker answered for every message of it.", promreg.AckBuckets),
 		batchSize:    r.Histogram("batch_size", "Events leased per claim.", promreg.BatchBuckets),
 		claimSeconds: r.Histogram("claim_seconds", "Duration of a claim (the statements leasing a batch).", promreg.DatabaseBuckets),
+		destPublished: r.CounterVec("destination_published_total",
+			"Events acknowledged by a destination's broker (a relay with destinations).", "destination"),
+		destFailures: r.CounterVec("destination_publish_failures_total",
+			"Failed publish attempts to a destination by reason: permanent, unavailable or error (a relay with destinations).", "destination", "reason"),
+		destQuarantined: r.CounterVec("destination_quarantined_total",
+			"A destination's lanes quarantined at a poison event (a relay with destinations).", "destination"),
 	}
 	cleanup := &promreg.Registrar{Reg: reg, Subsystem: "cleanup", Err: r.Err}
 	m.cleanupDeleted = cleanup.CounterVec("deleted_rows_total",
@@ -95,6 +111,29 @@ func (m *Metrics) BatchClaimed(c relay.ClaimedBatch) {
 func (m *Metrics) BatchSettled(s relay.SettledBatch) {
 	m.ackSeconds.Observe(s.PublishDuration.Seconds())
 	m.outcomes.Settled(s.Events)
+	if s.Destination != "" {
+		m.destinationSettled(s.Destination, s.Events)
+	}
+}
+
+// destinationSettled counts a destination's outcomes. The destination label
+// has at most relay.MaxDestinations values per relay.
+func (m *Metrics) destinationSettled(dest string, events []relay.EventOutcome) {
+	published := 0
+	for i := range events {
+		switch e := &events[i]; e.Result {
+		case relay.ResultPublished:
+			published++
+		case relay.ResultFailed, relay.ResultQuarantined:
+			m.destFailures.WithLabelValues(dest, string(e.Reason)).Inc()
+			if e.Result == relay.ResultQuarantined {
+				m.destQuarantined.WithLabelValues(dest).Inc()
+			}
+		}
+	}
+	if published > 0 {
+		m.destPublished.WithLabelValues(dest).Add(float64(published))
+	}
 }
 
 // CleanupDeleted adds rows to pgoutbox_cleanup_deleted_rows_total{table}: retention

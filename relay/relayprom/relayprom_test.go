@@ -18,8 +18,10 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/promtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/relay/relayprom"
 )
@@ -399,5 +401,56 @@ func TestOutboxCollectorLockedOutboxCostsNoConnection(t *testing.T) {
 	pgtest.Must(t, tx.Rollback(ctx), "release")
 	if got := value(t, reg, "pgoutbox_relay_pending_events"); got != 3 {
 		t.Fatalf("pending %v after the lock, want 3", got)
+	}
+}
+
+// A relay with destinations counts each destination's outcomes under its
+// destination label (and the sum in the relay's metrics); a destination's
+// failures and quarantines are its own. A relay with one publisher exports
+// no destination series.
+func TestMetricsPerDestination(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t)
+	o.enqueue(t, "ok", 5)
+	o.enqueue(t, "poison", 2)
+	reg := prometheus.NewRegistry()
+	m, err := relayprom.New(reg)
+	pgtest.Must(t, err, "New")
+	good := &brokertest.Recorder{}
+	bad := &brokertest.Recorder{Fail: func(msg *broker.Message) error {
+		if msg.AggregateID == "poison" {
+			return broker.Permanent(errors.New("refused"))
+		}
+		return nil
+	}}
+	all := []relay.Rule{{All: true}}
+	r, err := relay.New(o.pool, nil, &relay.Config{
+		Schema: o.schema, PollInterval: 50 * time.Millisecond, Logger: quiet(), Observer: m, Workers: 1,
+		Destinations: []relay.Destination{
+			{Name: "good", Publisher: good, Rules: all, Start: relay.StartBackfill},
+			{Name: "bad", Publisher: bad, Rules: all, Start: relay.StartBackfill},
+		},
+	})
+	pgtest.Must(t, err, "relay")
+	pgtest.Must(t, r.Start(context.Background()), "start")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		pgtest.Must(t, r.Stop(ctx), "stop")
+	})
+	wait.For(t, 30*time.Second, "good to have 7 and bad 5 and a quarantine", func() bool {
+		v, _ := promtest.Value(t, reg, "pgoutbox_relay_destination_published_total", "destination", "good")
+		w, _ := promtest.Value(t, reg, "pgoutbox_relay_destination_published_total", "destination", "bad")
+		q, _ := promtest.Value(t, reg, "pgoutbox_relay_destination_quarantined_total", "destination", "bad")
+		return v == 7 && w == 5 && q == 1
+	})
+	if got := value(t, reg, "pgoutbox_relay_destination_publish_failures_total", "destination", "bad", "reason", "permanent"); got != 1 {
+		t.Errorf("bad's permanent failures %v, want 1", got)
+	}
+	if find(t, reg, "pgoutbox_relay_destination_quarantined_total", "destination", "good") != nil {
+		t.Error("good has a quarantine series")
+	}
+	if got := value(t, reg, "pgoutbox_relay_published_total"); got != 12 {
+		t.Errorf("published_total %v, want the 12 deliveries", got)
 	}
 }

@@ -104,7 +104,7 @@ flag's help (DATABASE_URL for the database).`,
 		}
 		return checkBounds(c.Flags())
 	}
-	root.AddCommand(newMigrateCmd(), newRelayCmd(), newVersionCmd(), newDemoCmd(), newBenchCmd(), newStatusCmd(), newDLQCmd(), newReplayCmd(), newCleanupCmd(), newCDCCmd(), newConsoleCmd())
+	root.AddCommand(newMigrateCmd(), newRelayCmd(), newVersionCmd(), newDemoCmd(), newBenchCmd(), newStatusCmd(), newDLQCmd(), newReplayCmd(), newCleanupCmd(), newCDCCmd(), newConsoleCmd(), newDestinationsCmd())
 	// Unknown verbs and stray arguments are usage errors too.
 	for _, c := range append(root.Commands(), root) {
 		if c.Args == nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokerotel"
 	"github.com/pgoutbox/pgoutbox/health"
+	"github.com/pgoutbox/pgoutbox/relay"
 )
 
 // relayMode is one way of running the relay — one outbox (singleRelay), many
@@ -31,8 +32,9 @@ type relayMode interface {
 	// connect opens the mode's databases and checks them; closeDB is called
 	// on the way out, after everything else stopped.
 	connect(ctx context.Context) (closeDB func(), err error)
-	// service builds the long-running service that publishes to pub.
-	service(pub broker.Publisher) (service, error)
+	// service builds the long-running service that publishes to pub, or
+	// with --destinations-file (singleRelay only) to dests, pub nil.
+	service(pub broker.Publisher, dests []relay.Destination) (service, error)
 	// health returns what --metrics-addr serves, /metrics from reg, and
 	// the endpoints it has, for the log.
 	health(reg *prometheus.Registry) (h http.Handler, endpoints string, err error)
@@ -66,12 +68,21 @@ func runDaemon(ctx context.Context, f *relayFlags, stderr io.Writer, m relayMode
 	if err := m.check(ctx, logger); err != nil {
 		return err
 	}
-	target, err := f.broker.parse()
-	if err != nil {
-		return err
-	}
-	if err := m.useBroker(target, logger.With(slog.String("broker", target.describe()))); err != nil {
-		return err
+	var target *brokerTarget // nil with --destinations-file: each destination has its own
+	if f.destinationsFile != "" {
+		if f.dests, err = readDestinationsFile(ctx, f.destinationsFile); err != nil {
+			return err
+		}
+		if err := m.useBroker(nil, logger.With(slog.String("destinations", f.dests.names()))); err != nil {
+			return err
+		}
+	} else {
+		if target, err = f.broker.parse(); err != nil {
+			return err
+		}
+		if err := m.useBroker(target, logger.With(slog.String("broker", target.describe()))); err != nil {
+			return err
+		}
 	}
 	var reg *prometheus.Registry
 	if f.metricsAddr != "" {
@@ -95,12 +106,19 @@ func runDaemon(ctx context.Context, f *relayFlags, stderr io.Writer, m relayMode
 		return err
 	}
 	defer closeDB()
-	pub, closeBroker, err := openPublisher(ctx, target, traces, logger)
+	var pub broker.Publisher
+	var dests []relay.Destination
+	var closeBroker func()
+	if target != nil {
+		pub, closeBroker, err = openPublisher(ctx, target, traces, logger)
+	} else {
+		dests, closeBroker, err = f.dests.open(ctx, traces, logger)
+	}
 	if err != nil {
 		return err
 	}
 	defer closeBroker()
-	svc, err := m.service(pub)
+	svc, err := m.service(pub, dests)
 	if err != nil {
 		return err
 	}

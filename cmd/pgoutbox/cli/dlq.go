@@ -46,6 +46,14 @@ of its aggregate, which wait so that order is kept.
   retrying  the events that failed and will be tried again (not quarantined yet)
   errors  dead letters and retrying events grouped by the cause of their error
 
+--destination NAME (list, show, retry, skip) works on the dead letters of one
+destination of a relay with destinations (pgoutbox destinations list): each is
+the event a lane of that destination stopped at, and holds back that lane for
+that destination alone. retry lifts the lane's quarantine; skip moves the lane
+past the event for that destination only (the others keep their own progress),
+audited like any skip. Without it, dlq works on the outbox's dead letters, which
+with destinations are the events routed to no destination (or refused for all).
+
 --tenants (list, show, retry, skip) works across the outbox schemas it selects
 (names and globs, '*' for all) instead of --schema. list shows every selected
 tenant's dead letters with a tenant column; show finds the tenant holding the
@@ -57,6 +65,8 @@ selector that matches exactly one tenant. audit reads one outbox (--schema).`,
   pgoutbox dlq show 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11
   pgoutbox dlq retry --error-contains "schema registry"
   pgoutbox dlq skip 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11 --reason "refund issued by hand, TICKET-1234"
+  pgoutbox dlq list --destination analytics
+  pgoutbox dlq skip 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11 --destination partner-webhook --reason "partner refunded by hand"
   pgoutbox dlq list --tenants '*'
   pgoutbox dlq retry 0190f1c2-7b1e-7c3a-9f00-5d2a1e4b8c11 --tenants 'tenant_*'`,
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() },
@@ -162,6 +172,7 @@ func newDLQListCmd() *cobra.Command {
 	var filter dlqFilterFlags
 	var asJSON bool
 	var tenants tenantFlags
+	var dest destinationFlag
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List quarantined events, oldest quarantine first",
@@ -169,6 +180,21 @@ func newDLQListCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := dlqLimit(filter.f.Limit); err != nil {
 				return err
+			}
+			if on, err := dest.parse("dlq list", cmd.Flags()); err != nil || on {
+				if err != nil {
+					return err
+				}
+				a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
+				if err != nil {
+					return err
+				}
+				defer closeDB()
+				evs, err := a.ListDestinationQuarantined(cmd.Context(), dest.name, filter.f)
+				if err != nil {
+					return err
+				}
+				return writeDestinationEvents(cmd.OutOrStdout(), asJSON, dest.name, evs, filter.f.Limit)
 			}
 			if many, err := tenants.parse(cmd.Flags()); err != nil || many {
 				if err != nil {
@@ -208,6 +234,7 @@ func newDLQListCmd() *cobra.Command {
 	cmd.Flags().IntVar(&filter.f.Limit, "limit", 100, "most events listed, 0 for all (env PGOUTBOX_DLQ_LIMIT)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array instead of a table (env PGOUTBOX_JSON)")
 	tenants.register(cmd.Flags(), "lists their dead letters together with a tenant column")
+	dest.register(cmd.Flags())
 	return cmd
 }
 
@@ -293,6 +320,7 @@ func newDLQShowCmd() *cobra.Command {
 	var db dbFlags
 	var asJSON bool
 	var tenants tenantFlags
+	var dest destinationFlag
 	cmd := &cobra.Command{
 		Use:   "show EVENT_ID",
 		Short: "Show one event (any state) with its payload, headers and last error",
@@ -306,6 +334,25 @@ func newDLQShowCmd() *cobra.Command {
 			ids, err := dlqParseIDs(args)
 			if err != nil {
 				return err
+			}
+			if on, err := dest.parse("dlq show", cmd.Flags()); err != nil || on {
+				if err != nil {
+					return err
+				}
+				a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
+				if err != nil {
+					return err
+				}
+				defer closeDB()
+				e, err := a.GetForDestination(cmd.Context(), dest.name, ids[0])
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return dlqWriteJSON(cmd.OutOrStdout(), e)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "destination  %s\n", e.Destination)
+				return dlqWriteEvent(cmd.OutOrStdout(), e)
 			}
 			many, err := tenants.parse(cmd.Flags())
 			if err != nil {
@@ -341,6 +388,7 @@ func newDLQShowCmd() *cobra.Command {
 	db.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of text (env PGOUTBOX_JSON)")
 	tenants.register(cmd.Flags(), "finds the one that holds the event")
+	dest.register(cmd.Flags())
 	return cmd
 }
 
@@ -396,6 +444,7 @@ func newDLQRetryCmd() *cobra.Command {
 	var filter dlqFilterFlags
 	var all bool
 	var op operatorFlags
+	var dest destinationFlag
 	cmd := &cobra.Command{
 		Use:   "retry (EVENT_ID... | --all | filter flags)",
 		Short: "Lift the quarantine of events: attempts reset, no backoff, relays woken",
@@ -432,6 +481,13 @@ the time.`,
 			case filter.f.Limit > 0 && !filter.set():
 				return usagef("dlq retry: --limit goes with a filter")
 			}
+			if on, err := dest.parse("dlq retry", cmd.Flags()); err != nil || on {
+				if err != nil {
+					return err
+				}
+				return dlqRetryDestination(cmd, &db, admin.DestinationRetryRequest{Destination: dest.name, IDs: ids, All: all,
+					Filter: filter.f, Actor: op.actor, Reason: op.reason})
+			}
 			groups, many, err := dlqTenantGroups(cmd, &db, &tenants, ids, "dlq retry with a filter or --all")
 			if err != nil {
 				return err
@@ -448,6 +504,7 @@ the time.`,
 	cmd.Flags().BoolVar(&all, "all", false, "retry every quarantined event")
 	op.register(cmd.Flags(), "retrying")
 	tenants.register(cmd.Flags(), "with event ids, each id is retried in the one tenant holding it; with a filter or --all, it must match one tenant")
+	dest.register(cmd.Flags())
 	return cmd
 }
 
@@ -523,6 +580,7 @@ func newDLQSkipCmd() *cobra.Command {
 	var db dbFlags
 	var tenants tenantFlags
 	var reason, actor string
+	var dest destinationFlag
 	cmd := &cobra.Command{
 		Use:   "skip EVENT_ID... --reason TEXT",
 		Short: "Give up on quarantined events, with a recorded reason; their aggregates move on",
@@ -546,6 +604,12 @@ Only quarantined events can be skipped; if any id is not, nothing is skipped.`,
 			if err != nil {
 				return err
 			}
+			if on, err := dest.parse("dlq skip", cmd.Flags()); err != nil || on {
+				if err != nil {
+					return err
+				}
+				return dlqSkipDestination(cmd, &db, admin.DestinationSkipRequest{Destination: dest.name, IDs: ids, Reason: reason, Actor: actor})
+			}
 			groups, many, err := dlqTenantGroups(cmd, &db, &tenants, ids, "dlq skip")
 			if err != nil {
 				return err
@@ -566,6 +630,7 @@ Only quarantined events can be skipped; if any id is not, nothing is skipped.`,
 	cmd.Flags().StringVar(&reason, "reason", "", "why the events may be dropped; required, recorded in outbox_skipped_events")
 	cmd.Flags().StringVar(&actor, "actor", "", "who is skipping, recorded with the reason (env PGOUTBOX_ACTOR) (default <os user>@<hostname>)")
 	tenants.register(cmd.Flags(), "each id is skipped in the one tenant holding it, audited there")
+	dest.register(cmd.Flags())
 	return cmd
 }
 
@@ -683,4 +748,42 @@ what (the selection, the events and their count).`,
 	cmd.Flags().IntVar(&limit, "limit", 50, "most rows shown, newest first")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array instead of a table (env PGOUTBOX_JSON)")
 	return cmd
+}
+
+// dlqRetryDestination is dlq retry --destination.
+func dlqRetryDestination(cmd *cobra.Command, db *dbFlags, req admin.DestinationRetryRequest) error {
+	retried, err := dlqActIn(cmd, db, false, func(ctx context.Context, a *admin.Admin) ([]pgoutbox.UUID, error) {
+		return a.RetryDestination(ctx, req)
+	})
+	if err != nil {
+		return err
+	}
+	var left []string
+	for _, id := range req.IDs {
+		if !slices.Contains(retried, id) {
+			left = append(left, id.String())
+		}
+	}
+	summary := "retried " + dlqPlural(len(retried), "dead letter") + " of destination " + req.Destination
+	if len(left) > 0 {
+		summary += "; not its dead letters, left alone: " + strings.Join(left, ", ")
+	}
+	_, err = fmt.Fprintln(cmd.OutOrStdout(), summary)
+	return err
+}
+
+// dlqSkipDestination is dlq skip --destination.
+func dlqSkipDestination(cmd *cobra.Command, db *dbFlags, req admin.DestinationSkipRequest) error {
+	skipped, err := dlqActIn(cmd, db, false, func(ctx context.Context, a *admin.Admin) ([]admin.Event, error) {
+		return a.SkipDestination(ctx, req)
+	})
+	if err != nil {
+		return err
+	}
+	var lanes []string
+	for _, e := range skipped {
+		lanes = append(lanes, fmt.Sprintf("%s/%s #%d", visible.Line(e.AggregateType), visible.Line(e.AggregateID), e.AggregateSequence))
+	}
+	_, err = fmt.Fprintf(cmd.OutOrStdout(), "skipped %s for destination %s (%s)\n", dlqPlural(len(skipped), "event"), req.Destination, strings.Join(lanes, ", "))
+	return err
 }

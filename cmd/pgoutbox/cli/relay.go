@@ -39,6 +39,9 @@ type relayFlags struct {
 	stdout      io.Writer        // console trace exporter
 	cdc         cdcFlags         // --source and the CDC source's names (relay_cdc.go)
 	tenants     relayTenantFlags // --tenants: many outboxes (relay_tenants.go)
+
+	destinationsFile string            // --destinations-file (destinations_file.go)
+	dests            *destinationsFile // read by runDaemon, before anything starts
 }
 
 func newRelayCmd() *cobra.Command {
@@ -59,13 +62,14 @@ SIGTERM or SIGINT stops it gracefully: no new claims, in-flight publishes finish
 An unreachable database or broker is retried with backoff; nothing is lost.
 The polling relay runs Go's garbage collector at GOGC=200 unless GOGC is set.
 
-` + cdcHelp + "\n\n" + tenantsHelp + "\n\n" + brokerHelp + "\n\n" + boundsHelp + "\n\n" + metricsHelp + "\n\n" + tracingHelp,
+` + cdcHelp + "\n\n" + tenantsHelp + "\n\n" + destinationsHelp + "\n\n" + brokerHelp + "\n\n" + boundsHelp + "\n\n" + metricsHelp + "\n\n" + tracingHelp,
 		Example: `  DATABASE_URL=postgres://app@db/app pgoutbox relay --broker nats://nats:4222
   PGOUTBOX_BROKER=kafka://kafka:9092 pgoutbox relay
   pgoutbox relay --broker embedded --embedded-dir /var/lib/pgoutbox/nats --embedded-port 4222   # trying it out only
   pgoutbox relay --broker 'nats://a:4222,nats://b:4222' --topic-template 'events.{aggregate_type}' --nats-stream EVENTS
   pgoutbox relay --broker nats://nats:4222 --tenants 'tenant_*'          # every tenant_* outbox schema, found as they come
-  pgoutbox relay --broker kafka://kafka:9092 --tenants-file /etc/pgoutbox/tenants.yaml`,
+  pgoutbox relay --broker kafka://kafka:9092 --tenants-file /etc/pgoutbox/tenants.yaml
+  ANALYTICS_BROKER_URL=kafka://kafka:9092 pgoutbox relay --destinations-file /etc/pgoutbox/destinations.yaml`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := rejectZero(cmd.Flags(), "batch-size", "run-length", "workers", "lease", "publish-timeout",
 				"poll-interval", "max-attempts", "backoff-base", "backoff-max"); err != nil {
@@ -76,6 +80,12 @@ The polling relay runs Go's garbage collector at GOGC=200 unless GOGC is set.
 			switch {
 			case err != nil:
 				return err
+			case f.destinationsFile != "":
+				if err := checkDestinationsAlone(cmd.Flags(), isCDC, f.tenants.enabled()); err != nil {
+					return err
+				}
+				tuneGC()
+				return runDaemon(cmd.Context(), &f, cmd.ErrOrStderr(), &singleRelay{f: &f})
 			case isCDC && f.tenants.enabled():
 				return usagef("--source cdc serves one schema per replication slot: run a CDC relay per tenant, or poll with --tenants (docs/operations.md, \"Many tenants\")")
 			case f.tenants.enabled():
@@ -94,6 +104,7 @@ The polling relay runs Go's garbage collector at GOGC=200 unless GOGC is set.
 	f.log.register(fs)
 	f.cdc.register(fs)
 	f.tenants.register(fs)
+	fs.StringVar(&f.destinationsFile, "destinations-file", "", "publish to the named destinations of this YAML file instead of --broker: each its broker, settings, routing rules and progress (env PGOUTBOX_DESTINATIONS_FILE) (docs/operations.md, \"Destinations\")")
 	fs.StringVar(&f.cfg.ID, "id", "", "relay id written in claimed_by; unique per running relay (env PGOUTBOX_RELAY_ID) (default <hostname>-<pid>)")
 	fs.IntVar(&f.cfg.BatchSize, "batch-size", 500, "most events claimed at once (env PGOUTBOX_BATCH_SIZE)")
 	fs.IntVar(&f.cfg.RunLength, "run-length", 10, "most events of one aggregate claimed at once (env PGOUTBOX_RUN_LENGTH)")
@@ -179,6 +190,10 @@ func (m *singleRelay) metrics(reg *prometheus.Registry) (err error) {
 
 func (m *singleRelay) connect(ctx context.Context) (func(), error) {
 	maxConns := int32(m.cfg.Workers + 2)
+	if m.f.dests != nil {
+		// Each destination claims and publishes on workers of its own.
+		maxConns = int32(m.cfg.Workers*len(m.f.dests.destinations) + 2)
+	}
 	if m.f.cleanupInterval > 0 {
 		maxConns++ // the cleanup job's connection
 	}
@@ -207,7 +222,8 @@ func (m *singleRelay) connect(ctx context.Context) (func(), error) {
 	return closeDB, nil
 }
 
-func (m *singleRelay) service(pub broker.Publisher) (service, error) {
+func (m *singleRelay) service(pub broker.Publisher, dests []relay.Destination) (service, error) {
+	m.cfg.Destinations = dests // with --destinations-file, instead of pub
 	r, err := relay.New(m.pool, pub, &m.cfg)
 	if err != nil {
 		return nil, err

@@ -19,6 +19,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/cdc/cdcprom"
 	"github.com/pgoutbox/pgoutbox/migrate"
+	"github.com/pgoutbox/pgoutbox/relay"
 )
 
 // cdcFlags choose the relay's source and name the CDC source's slot.
@@ -111,7 +112,7 @@ func (m *cdcRelay) connect(ctx context.Context) (func(), error) {
 	return func() { closePool(pool, m.logger) }, nil
 }
 
-func (m *cdcRelay) service(pub broker.Publisher) (service, error) {
+func (m *cdcRelay) service(pub broker.Publisher, _ []relay.Destination) (service, error) {
 	src, err := cdc.New(m.pool, pub, &m.cfg)
 	if err != nil {
 		return nil, usageError{err}

@@ -203,7 +203,7 @@ func (m *tenantsRelay) connect(ctx context.Context) (func(), error) {
 	return closeDB, nil
 }
 
-func (m *tenantsRelay) service(pub broker.Publisher) (service, error) {
+func (m *tenantsRelay) service(pub broker.Publisher, _ []relay.Destination) (service, error) {
 	g, err := relay.NewGroup(pub, &m.cfg)
 	if err != nil {
 		return nil, usageError{flagNames(err)}

@@ -344,6 +344,12 @@ func writeStatus(w io.Writer, st *admin.Status, asJSON bool) error {
 	if err := writeRelays(w, tw, st.Relays); err != nil {
 		return err
 	}
+	if len(st.Destinations) > 0 {
+		fmt.Fprintln(w)
+		if err := writeDestinations(tw, st.Destinations); err != nil {
+			return err
+		}
+	}
 
 	fmt.Fprintln(w)
 	if len(st.Leases) == 0 {

@@ -1,14 +1,11 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -64,20 +61,9 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 // the key, and the line, never a value (a URL may hold a password); each is
 // one bounded line. ctx (SIGTERM) ends the reading.
 func readTenantsFile(ctx context.Context, path string) (*tenantsFile, error) {
-	f, err := os.Open(path)
+	raw, err := readYAMLFile(ctx, "--tenants-file", path, maxTenantsFile)
 	if err != nil {
-		return nil, usagef("--tenants-file: %v", err)
-	}
-	defer f.Close()
-	raw, err := io.ReadAll(io.LimitReader(f, maxTenantsFile+1))
-	if err != nil {
-		return nil, usagef("--tenants-file: %v", err)
-	}
-	if len(raw) > maxTenantsFile {
-		return nil, usagef("--tenants-file %s is larger than its limit of %d bytes", path, maxTenantsFile)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("--tenants-file %s: %w", path, err)
+		return nil, err
 	}
 	tf, err := parseTenantsFile(raw)
 	if err != nil {
@@ -98,32 +84,15 @@ func readTenantsFile(ctx context.Context, path string) (*tenantsFile, error) {
 // aliases, custom tags, more than one document, unknown and repeated keys,
 // and every value out of its bounds. Its errors quote no value.
 func parseTenantsFile(raw []byte) (*tenantsFile, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	var doc yaml.Node
-	// Decoding into a yaml.Node builds the parse tree only: aliases stay
-	// references to their anchor, nothing is expanded.
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errors.New("lists no databases (want a 'databases:' list)")
-		}
-		return nil, errors.New(yamlErrorText(err))
-	}
-	var more yaml.Node
-	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
-		return nil, errors.New("holds more than one YAML document (---)")
-	}
-	if err := checkYAMLTree(&doc); err != nil {
+	root, err := parseYAMLFile(raw, maxTenantsFileNodes)
+	if err != nil {
 		return nil, err
 	}
-	root := &doc
-	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
-		root = root.Content[0]
-	}
-	tf := &tenantsFile{}
-	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+	if root == nil {
 		return nil, errors.New("lists no databases (want a 'databases:' list)")
 	}
-	err := eachKey(root, "the file", []string{"databases"}, func(_ string, v *yaml.Node) error {
+	tf := &tenantsFile{}
+	err = eachKey(root, "the file", []string{"databases"}, func(_ string, v *yaml.Node) error {
 		if v.Kind != yaml.SequenceNode {
 			return fmt.Errorf("line %d: databases must be a list", v.Line)
 		}
@@ -146,27 +115,6 @@ func parseTenantsFile(raw []byte) (*tenantsFile, error) {
 		return nil, errors.New("lists no databases (want a 'databases:' list)")
 	}
 	return tf, nil
-}
-
-// checkYAMLTree walks the whole tree (without recursion: the depth is the
-// file's) and refuses anchors, aliases, custom tags, and more nodes than
-// maxTenantsFileNodes.
-func checkYAMLTree(doc *yaml.Node) error {
-	stack := []*yaml.Node{doc}
-	for seen := 0; len(stack) > 0; seen++ {
-		n := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		switch {
-		case seen >= maxTenantsFileNodes:
-			return fmt.Errorf("holds more than %d YAML nodes", maxTenantsFileNodes)
-		case n.Kind == yaml.AliasNode || n.Anchor != "":
-			return fmt.Errorf("line %d: YAML anchors and aliases (& and *) are not accepted: write each value out", n.Line)
-		case strings.HasPrefix(n.Tag, "!") && !strings.HasPrefix(n.Tag, "!!"):
-			return fmt.Errorf("line %d: custom YAML tags are not accepted", n.Line)
-		}
-		stack = append(stack, n.Content...)
-	}
-	return nil
 }
 
 // parseTenantsFileDB reads one entry of databases.
@@ -232,56 +180,4 @@ func parseTenantsFileDB(n *yaml.Node, where string) (tenantsFileDB, error) {
 		return d, fmt.Errorf("line %d: %s.name must be at most %d printable characters", n.Line, where, maxTenantsFileName)
 	}
 	return d, nil
-}
-
-// eachKey calls f for each key of the mapping n, in order, refusing a key
-// that is not one of keys or that repeats one before it.
-func eachKey(n *yaml.Node, where string, keys []string, f func(key string, v *yaml.Node) error) error {
-	if n.Kind != yaml.MappingNode {
-		return fmt.Errorf("line %d: %s must be a map of %s", n.Line, where, strings.Join(keys, ", "))
-	}
-	seen := map[string]bool{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		known := k.Kind == yaml.ScalarNode && slices.Contains(keys, k.Value)
-		switch {
-		case !known:
-			return fmt.Errorf("line %d: %s: unknown key %s (want %s)", k.Line, where, shownKey(k), strings.Join(keys, ", "))
-		case seen[k.Value]:
-			return fmt.Errorf("line %d: %s: key %s is repeated", k.Line, where, k.Value)
-		}
-		seen[k.Value] = true
-		if err := f(k.Value, v); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// keyShape is what an unknown key must look like to be shown: a mistyped key
-// name, not a value written where a key goes (a URL, a password).
-var keyShape = regexp.MustCompile(`^[a-z_]{1,32}$`)
-
-// shownKey names an unknown key in an error.
-func shownKey(k *yaml.Node) string {
-	if k.Kind == yaml.ScalarNode && keyShape.MatchString(k.Value) {
-		return k.Value
-	}
-	return "(not shown)"
-}
-
-// maxYAMLError bounds the text kept of the YAML parser's error.
-const maxYAMLError = 200
-
-// yamlErrorText keeps a YAML syntax error's position and problem, bounded,
-// and drops anything it quotes (a value, which may hold a password).
-func yamlErrorText(err error) string {
-	msg := strings.Join(strings.Fields(err.Error()), " ")
-	if i := strings.IndexAny(msg, "`\"'"); i >= 0 {
-		msg = strings.TrimSpace(msg[:i]) + " (value not shown)"
-	}
-	if len(msg) > maxYAMLError {
-		msg = strings.ToValidUTF8(msg[:maxYAMLError], "") + "…"
-	}
-	return msg
 }
