@@ -19,10 +19,12 @@
 //
 //  1. every committed business mutation has exactly one outbox intent;
 //  2. a rolled-back mutation has none, and nothing of it is published or applied;
-//  3. every committed intent reached the broker and every consumer (lost otherwise);
+//  3. every committed intent reached the broker and every consumer (lost otherwise),
+//     or, for a relay with several destinations ([Input.Destinations]), every
+//     destination its rules route it to, and no other;
 //  4. no consumer applied an event twice;
-//  5. per aggregate, first appearances on the broker and first applications in each
-//     consumer follow aggregate_sequence.
+//  5. per aggregate, first appearances on the broker (at each destination) and first
+//     applications in each consumer follow aggregate_sequence.
 //
 // Outside the standard library it pulls in nats.go (it reads a JetStream stream),
 // besides the root package's pgx and OpenTelemetry trace API; no NATS server code.
@@ -125,6 +127,33 @@ type Input struct {
 	// Retention says cleanup may have deleted published outbox rows: a committed
 	// event without its outbox row is then fine if the broker has it.
 	Retention bool
+	// Destinations, when set, checks delivery per destination of a relay with
+	// several (relay.Config.Destinations) instead of on Broker: each committed
+	// event its rules route there must have arrived there at least once, in
+	// order per aggregate within the destination, and nothing rolled back or
+	// not routed there may have. Broker may then be empty; whatever it holds is
+	// still checked for rolled-back events and order, but not for losses.
+	Destinations []Destination
+}
+
+// Destination is what one destination of a relay with several should have had
+// and what it received.
+type Destination struct {
+	// Name names the destination in problems and in the verdict.
+	Name string
+	// Expected holds every event the destination's rules route there, as
+	// computed from the rules (committed or not: the checker keeps the
+	// committed ones). A received event outside it is Misrouted.
+	Expected map[pgoutbox.UUID]bool
+	// Received is what the destination stored (or was handed), in its order.
+	Received []Message
+}
+
+// DestinationCounts sums up one destination in a Verdict.
+type DestinationCounts struct {
+	Expected   int // committed events routed there
+	Received   int // messages it received
+	Duplicates int // messages repeating an event already received there (allowed)
 }
 
 // Kind classifies a problem.
@@ -133,7 +162,8 @@ type Kind string
 // The kinds of problems. Every one of them breaks a guarantee; broker duplicates
 // are not a problem and are only counted (Verdict.Duplicates).
 const (
-	Lost                  Kind = "lost"                    // a committed intent never reached the broker
+	Lost                  Kind = "lost"                    // a committed intent never reached the broker (or a destination it is routed to)
+	Misrouted             Kind = "misrouted"               // a destination received an event its rules do not route there
 	NotApplied            Kind = "not-applied"             // a consumer never applied a committed intent
 	RolledBackIntent      Kind = "rolled-back-intent"      // an outbox row of a rolled-back transaction
 	RolledBackMutation    Kind = "rolled-back-mutation"    // a business row of a rolled-back transaction
@@ -146,7 +176,7 @@ const (
 	CommitMissing         Kind = "commit-missing"          // the producer saw a commit the database does not have
 	Phantom               Kind = "phantom"                 // published or applied, never enqueued by anyone known
 	AppliedTwice          Kind = "applied-twice"           // a consumer applied one event more than once
-	BrokerOrder           Kind = "broker-order"            // a first appearance on the broker after a higher sequence
+	BrokerOrder           Kind = "broker-order"            // a first appearance on the broker (or at a destination) after a higher sequence
 	ConsumerOrder         Kind = "consumer-order"          // a first application after a higher sequence
 )
 
@@ -155,6 +185,7 @@ type Problem struct {
 	Kind          Kind
 	EventID       pgoutbox.UUID
 	Consumer      string // for the consumer kinds
+	Destination   string // for a problem at one destination (Input.Destinations)
 	AggregateType string // when known
 	AggregateID   string
 	Sequence      int64
@@ -170,6 +201,9 @@ func (p Problem) String() string {
 	}
 	if p.Consumer != "" {
 		fmt.Fprintf(&b, " consumer %s", p.Consumer)
+	}
+	if p.Destination != "" {
+		fmt.Fprintf(&b, " destination %s", p.Destination)
 	}
 	if p.Detail != "" {
 		b.WriteString(": " + p.Detail)
@@ -187,7 +221,9 @@ type Verdict struct {
 	BrokerMessages    int            // messages on the broker
 	Duplicates        int            // broker messages repeating an event already there (allowed)
 	Applied           map[string]int // per consumer: distinct events applied
-	Problems          []Problem      // broken guarantees, by kind then event
+	// Destinations sums up each destination of Input.Destinations, by name.
+	Destinations map[string]DestinationCounts
+	Problems     []Problem // broken guarantees, by kind then event
 }
 
 // OK reports whether no guarantee was broken.
@@ -230,6 +266,10 @@ func (v *Verdict) String() string {
 	for _, c := range slices.Sorted(maps.Keys(v.Applied)) {
 		fmt.Fprintf(&b, "; %s applied %d", c, v.Applied[c])
 	}
+	for _, d := range slices.Sorted(maps.Keys(v.Destinations)) {
+		n := v.Destinations[d]
+		fmt.Fprintf(&b, "; destination %s: %d expected, %d messages, %d duplicates", d, n.Expected, n.Received, n.Duplicates)
+	}
 	kinds := map[Kind][]Problem{}
 	for _, p := range v.Problems {
 		kinds[p.Kind] = append(kinds[p.Kind], p)
@@ -262,6 +302,7 @@ func Check(in Input) *Verdict {
 	c.run()
 	slices.SortStableFunc(c.v.Problems, func(a, b Problem) int {
 		return cmp.Or(strings.Compare(string(a.Kind), string(b.Kind)), strings.Compare(a.Consumer, b.Consumer),
+			strings.Compare(a.Destination, b.Destination),
 			pgoutbox.CompareInLane(pgoutbox.LaneOf(a.AggregateType, a.AggregateID), a.Sequence,
 				pgoutbox.LaneOf(b.AggregateType, b.AggregateID), b.Sequence))
 	})
@@ -298,6 +339,11 @@ func (c *check) run() {
 	// else the effects.
 	for _, e := range in.Effects {
 		c.where[e.EventID] = Message{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Sequence: e.Sequence}
+	}
+	for _, d := range in.Destinations {
+		for _, m := range d.Received {
+			c.where[m.EventID] = m
+		}
 	}
 	for _, m := range in.Broker {
 		c.where[m.EventID] = m
@@ -417,6 +463,14 @@ func (c *check) classify() {
 			c.problem(Phantom, m.EventID, "", "on the broker, but in no journal, outbox or business row")
 		}
 	}
+	for _, d := range in.Destinations {
+		for _, m := range d.Received {
+			if unknown(m.EventID) && !seen[m.EventID] {
+				seen[m.EventID] = true
+				c.problem(Phantom, m.EventID, "", "at destination "+d.Name+", but in no journal, outbox or business row")
+			}
+		}
+	}
 	for _, e := range in.Effects {
 		if unknown(e.EventID) && !seen[e.EventID] {
 			seen[e.EventID] = true
@@ -457,7 +511,11 @@ func (c *check) guarantee12() {
 // consumer; nothing rolled back published or applied.
 func (c *check) delivery() {
 	in := c.in
+	c.destinations()
 	for id := range c.committed {
+		if in.Destinations != nil {
+			break // delivery is checked per destination
+		}
 		if c.onBroker[id] == 0 {
 			detail := "never reached the broker"
 			if r, ok := c.outbox[id]; ok && r.Published {
@@ -502,9 +560,50 @@ func (c *check) delivery() {
 	}
 }
 
-// order: per aggregate, first appearances (first applications) ascend.
+// destinations: every committed event routed to a destination arrived there,
+// nothing else did.
+func (c *check) destinations() {
+	if len(c.in.Destinations) == 0 {
+		return
+	}
+	c.v.Destinations = map[string]DestinationCounts{}
+	for _, d := range c.in.Destinations {
+		got := make(map[pgoutbox.UUID]int, len(d.Received))
+		for _, m := range d.Received {
+			got[m.EventID]++
+		}
+		n := DestinationCounts{Received: len(d.Received), Duplicates: len(d.Received) - len(got)}
+		for id := range d.Expected {
+			if !c.committed[id] {
+				continue
+			}
+			n.Expected++
+			if got[id] == 0 {
+				c.problemAt(Lost, id, d.Name, "never reached the destination")
+			}
+		}
+		for id, k := range got {
+			switch {
+			case c.rolledBack[id]:
+				c.problemAt(RolledBackPublished, id, d.Name, fmt.Sprintf("its transaction rolled back, yet the destination has it %d time(s)", k))
+			case !d.Expected[id]:
+				c.problemAt(Misrouted, id, d.Name, "its rules do not route it there")
+			}
+		}
+		c.v.Destinations[d.Name] = n
+	}
+}
+
+func (c *check) problemAt(k Kind, id pgoutbox.UUID, destination, detail string) {
+	m := c.where[id]
+	c.v.Problems = append(c.v.Problems, Problem{Kind: k, EventID: id, Destination: destination,
+		AggregateType: m.AggregateType, AggregateID: m.AggregateID, Sequence: m.Sequence, Detail: detail})
+}
+
+// order: per aggregate, first appearances (first applications) ascend, on the
+// broker, at each destination and in each consumer.
 func (c *check) order() {
-	firsts := func(kind Kind, consumer string, seq func(yield func(Message) bool)) {
+	firsts := func(kind Kind, consumer, destination string, seq func(yield func(Message) bool)) {
 		seen := map[pgoutbox.UUID]bool{}
 		high := map[pgoutbox.Lane]Message{}
 		for m := range seq {
@@ -515,7 +614,7 @@ func (c *check) order() {
 			k := pgoutbox.LaneOf(m.AggregateType, m.AggregateID)
 			h, ok := high[k]
 			if ok && m.Sequence <= h.Sequence {
-				c.v.Problems = append(c.v.Problems, Problem{Kind: kind, EventID: m.EventID, Consumer: consumer,
+				c.v.Problems = append(c.v.Problems, Problem{Kind: kind, EventID: m.EventID, Consumer: consumer, Destination: destination,
 					AggregateType: m.AggregateType, AggregateID: m.AggregateID, Sequence: m.Sequence,
 					Detail: fmt.Sprintf("sequence %d came first after sequence %d (event %s)", m.Sequence, h.Sequence, h.EventID)})
 				continue
@@ -523,19 +622,28 @@ func (c *check) order() {
 			high[k] = m
 		}
 	}
-	firsts(BrokerOrder, "", func(yield func(Message) bool) {
+	firsts(BrokerOrder, "", "", func(yield func(Message) bool) {
 		for _, m := range c.in.Broker {
 			if !yield(m) {
 				return
 			}
 		}
 	})
+	for _, d := range c.in.Destinations {
+		firsts(BrokerOrder, "", d.Name, func(yield func(Message) bool) {
+			for _, m := range d.Received {
+				if !yield(m) {
+					return
+				}
+			}
+		})
+	}
 	byConsumer := map[string][]Effect{}
 	for _, e := range c.in.Effects {
 		byConsumer[e.Consumer] = append(byConsumer[e.Consumer], e)
 	}
 	for name, effects := range byConsumer {
-		firsts(ConsumerOrder, name, func(yield func(Message) bool) {
+		firsts(ConsumerOrder, name, "", func(yield func(Message) bool) {
 			for _, e := range effects {
 				if !yield(Message{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Sequence: e.Sequence}) {
 					return

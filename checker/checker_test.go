@@ -355,3 +355,74 @@ func TestJournalTornLastLineIgnored(t *testing.T) {
 		t.Fatal("an outcome without its begin was accepted")
 	}
 }
+
+// Per destination: each gets the committed events routed there, in order per
+// aggregate; a loss, a reordering, a rolled-back event and an event the rules do
+// not route there are each reported at their destination, the others clean.
+func TestDestinations(t *testing.T) {
+	w := newWorld()
+	w.in.Effects, w.in.Consumers = nil, nil // no consumers: the destinations are checked
+	a := w.commit("a", 3)
+	b := w.commit("b", 2)
+	rolled := w.attempt("a", 1, checker.RolledBack, false)
+	set := func(ids ...pgoutbox.UUID) map[pgoutbox.UUID]bool {
+		m := map[pgoutbox.UUID]bool{}
+		for _, id := range ids {
+			m[id] = true
+		}
+		return m
+	}
+	msgs := func(ids ...pgoutbox.UUID) []checker.Message {
+		var out []checker.Message
+		for _, id := range ids {
+			out = append(out, w.msg(id))
+		}
+		return out
+	}
+	all := append(append([]pgoutbox.UUID{}, a...), b...)
+	clean := func() []checker.Destination {
+		return []checker.Destination{
+			{Name: "all", Expected: set(append(all, rolled...)...), Received: msgs(a[0], b[0], a[1], a[1], b[1], a[2])},
+			{Name: "only-b", Expected: set(b...), Received: msgs(b...)},
+			{Name: "none", Expected: set()},
+		}
+	}
+	w.in.Destinations = clean()
+	v := checker.Check(w.in)
+	wantOnly(t, v, nil)
+	if got := v.Destinations["all"]; got != (checker.DestinationCounts{Expected: 5, Received: 6, Duplicates: 1}) {
+		t.Fatalf("counts of all = %+v", got)
+	}
+	if got := v.Destinations["only-b"]; got.Expected != 2 || got.Received != 2 {
+		t.Fatalf("counts of only-b = %+v", got)
+	}
+	if !strings.Contains(v.String(), "destination only-b: 2 expected, 2 messages") {
+		t.Fatalf("summary does not sum up the destinations:\n%s", v)
+	}
+
+	for _, c := range []struct {
+		name  string
+		spoil func(ds []checker.Destination)
+		kind  checker.Kind
+		dest  string
+		id    pgoutbox.UUID
+	}{
+		{"lost", func(ds []checker.Destination) { ds[1].Received = msgs(b[0]) }, checker.Lost, "only-b", b[1]},
+		{"order", func(ds []checker.Destination) { ds[1].Received = msgs(b[1], b[0]) }, checker.BrokerOrder, "only-b", b[0]},
+		{"rolled back", func(ds []checker.Destination) { ds[0].Received = append(ds[0].Received, w.msg(rolled[0])) }, checker.RolledBackPublished, "all", rolled[0]},
+		{"misrouted", func(ds []checker.Destination) { ds[2].Received = msgs(a[0]) }, checker.Misrouted, "none", a[0]},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w.in.Destinations = clean()
+			c.spoil(w.in.Destinations)
+			v := checker.Check(w.in)
+			wantOnly(t, v, map[checker.Kind]int{c.kind: 1})
+			if p := v.Of(c.kind)[0]; p.Destination != c.dest || p.EventID != c.id {
+				t.Fatalf("problem = %v, want event %s at %s", p, c.id, c.dest)
+			}
+			if !strings.Contains(v.String(), "destination "+c.dest) {
+				t.Fatalf("summary does not name the destination:\n%s", v)
+			}
+		})
+	}
+}

@@ -14,6 +14,12 @@
 // a tenant database and a tenant schema dropped mid-run (the others flow on,
 // /readyz names the lost ones), a tenant migrated while the relays run.
 //
+// The destinations test (destinations_test.go) runs relays with a
+// --destinations-file of three destinations on three brokers (NATS JetStream,
+// RabbitMQ, a webhook of the test's own) with different rules, kills them at
+// every relay failpoint, blocks the webhook (503) until the other two have every
+// event of theirs, heals it, and runs the checker per destination.
+//
 // The chaos soak runs for about a minute in the default test run; run the long
 // one with
 //

@@ -483,6 +483,9 @@ type producerOpts struct {
 	txs, aggregates, maxEvents, rollbackPercent int
 	pause                                       time.Duration
 	binary                                      string // empty: this tree's (bin.producer)
+	// aggregateTypes and eventTypes, comma-separated, are drawn from at
+	// random; empty: the producer's defaults.
+	aggregateTypes, eventTypes string
 }
 
 // producer starts the producer program; its journal joins the env's journals.
@@ -508,10 +511,17 @@ func (e *env) producer(name string, extraEnv []string, o producerOpts) *proc {
 	if o.binary != "" {
 		binary = o.binary
 	}
-	return e.start("producer "+name, extraEnv, binary, "--database-url", e.dbURL("faulttest-producer"),
+	args := []string{"--database-url", e.dbURL("faulttest-producer"),
 		"--schema", e.schema, "--journal", journal, "--name", name, "--txs", fmt.Sprint(o.txs),
 		"--aggregates", fmt.Sprint(o.aggregates), "--max-events", fmt.Sprint(o.maxEvents),
-		"--rollback-percent", fmt.Sprint(o.rollbackPercent), "--pause", o.pause.String())
+		"--rollback-percent", fmt.Sprint(o.rollbackPercent), "--pause", o.pause.String()}
+	if o.aggregateTypes != "" {
+		args = append(args, "--aggregate-types", o.aggregateTypes)
+	}
+	if o.eventTypes != "" {
+		args = append(args, "--event-types", o.eventTypes)
+	}
+	return e.start("producer "+name, extraEnv, binary, args...)
 }
 
 // consumer starts the consumer program on the env's durable.

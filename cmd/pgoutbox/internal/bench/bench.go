@@ -39,10 +39,13 @@ const (
 	ScenarioIdle    = "idle"
 	ScenarioHistory = "history"
 	ScenarioTenants = "tenants"
+	// ScenarioDestinations drains one backlog to 1, 2 and 3 destinations and
+	// times the producer's write with 3 destinations registered against none.
+	ScenarioDestinations = "destinations"
 )
 
 // Scenarios lists every scenario in run order.
-var Scenarios = []string{ScenarioDrain, ScenarioEnqueue, ScenarioLatency, ScenarioIdle, ScenarioHistory, ScenarioTenants}
+var Scenarios = []string{ScenarioDrain, ScenarioEnqueue, ScenarioLatency, ScenarioIdle, ScenarioHistory, ScenarioTenants, ScenarioDestinations}
 
 // Relay sources drain and latency compare: the polling relay and the CDC source
 // (`pgoutbox relay --source cdc`, logical replication).
@@ -233,15 +236,17 @@ func checkConfig(c *Config, p *config.Problems) {
 
 // Result holds every figure of one run; it is what --json writes.
 type Result struct {
-	Context Context         `json:"context"`
-	Drain   *DrainResult    `json:"drain,omitempty"`
-	Enqueue *EnqueueResult  `json:"enqueue,omitempty"`
-	Latency *LatencyResult  `json:"latency,omitempty"`
-	Idle    *IdleResult     `json:"idle,omitempty"`
-	History *HistoryResult  `json:"history,omitempty"`
-	Tenants *TenantsResult  `json:"tenants,omitempty"`
-	Errors  []ScenarioError `json:"errors,omitempty"`
-	Targets []Target        `json:"targets,omitempty"`
+	Context Context        `json:"context"`
+	Drain   *DrainResult   `json:"drain,omitempty"`
+	Enqueue *EnqueueResult `json:"enqueue,omitempty"`
+	Latency *LatencyResult `json:"latency,omitempty"`
+	Idle    *IdleResult    `json:"idle,omitempty"`
+	History *HistoryResult `json:"history,omitempty"`
+	Tenants *TenantsResult `json:"tenants,omitempty"`
+	// Destinations is the destinations scenario's figures.
+	Destinations *DestinationsResult `json:"destinations,omitempty"`
+	Errors       []ScenarioError     `json:"errors,omitempty"`
+	Targets      []Target            `json:"targets,omitempty"`
 	// ScenarioSeconds is how long each scenario took, setup included.
 	ScenarioSeconds map[string]float64 `json:"scenario_seconds"`
 	// ScenarioCPU is how the machine's CPU time went while each scenario ran
@@ -356,6 +361,8 @@ func Run(ctx context.Context, cfg *Config) (*Result, error) {
 			res.History, err = r.history(ctx)
 		case ScenarioTenants:
 			res.Tenants, err = r.tenants(ctx)
+		case ScenarioDestinations:
+			res.Destinations, err = r.destinations(ctx)
 		}
 		r.prog.done()
 		if res.ScenarioSeconds == nil {

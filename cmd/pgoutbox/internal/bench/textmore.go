@@ -54,6 +54,9 @@ func (res *Result) writeTextMore(w io.Writer) {
 	if t := res.Tenants; t != nil {
 		t.writeText(w)
 	}
+	if d := res.Destinations; d != nil {
+		d.writeText(w)
+	}
 	res.writeCPU(w)
 }
 

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,6 +36,8 @@ var (
 	txs        = flag.Int("txs", 100, "transactions to attempt; 0: until SIGTERM")
 	aggregates = flag.Int("aggregates", 20, "aggregates to spread events over")
 	aggPrefix  = flag.String("aggregate-prefix", "agg", "aggregate id prefix")
+	aggTypes   = flag.String("aggregate-types", "acct", "comma-separated aggregate types, one picked at random per transaction")
+	eventTypes = flag.String("event-types", "changed", "comma-separated event types, one picked at random per event")
 	maxEvents  = flag.Int("max-events", 3, "most events per transaction (1..n, random)")
 	rollback   = flag.Int("rollback-percent", 20, "share of transactions rolled back on purpose")
 	pause      = flag.Duration("pause", 2*time.Millisecond, "pause between transactions (pacing)")
@@ -73,6 +76,7 @@ func run(ctx context.Context) error {
 	business := pgx.Identifier{*schema, "business"}.Sanitize()
 	rng := rand.New(rand.NewPCG(*seed, 7))
 
+	types, evTypes := strings.Split(*aggTypes, ","), strings.Split(*eventTypes, ",")
 	var committed, rolledBack, unknown, failed int
 	for n := 1; *txs == 0 || n <= *txs; n++ {
 		if ctx.Err() != nil {
@@ -80,12 +84,13 @@ func run(ctx context.Context) error {
 		}
 		tx := fmt.Sprintf("%s-%d", *name, n)
 		agg := fmt.Sprintf("%s%03d", *aggPrefix, rng.IntN(*aggregates))
+		aggType := types[rng.IntN(len(types))]
 		events := make([]pgoutbox.Event, 1+rng.IntN(*maxEvents))
 		intents := make([]checker.Intent, len(events))
 		for i := range events {
 			id := pgoutbox.NewEventID()
 			intents[i] = checker.Intent{EventID: id, BusinessKey: fmt.Sprintf("%s-%d", tx, i)}
-			events[i] = pgoutbox.Event{ID: id, AggregateType: "acct", AggregateID: agg, EventType: "changed",
+			events[i] = pgoutbox.Event{ID: id, AggregateType: aggType, AggregateID: agg, EventType: evTypes[rng.IntN(len(evTypes))],
 				Payload: map[string]any{"tx": tx, "i": i}}
 		}
 		wantRollback := rng.IntN(100) < *rollback
