@@ -14,6 +14,7 @@ import (
 // source") explains the rules they enforce.
 type queries struct {
 	table                                      string // schema-qualified, quoted
+	relays                                     string // the quoted outbox_relays (heartbeat.go)
 	takeover, foreignLeases, pendingLanes      string
 	alreadyPublished, mark, fail               string
 	laneRows, lease, unblockable, eventsBehind string
@@ -25,6 +26,7 @@ func newQueries(schema string) queries {
 	f := func(q string) string { return fmt.Sprintf(q, t) }
 	return queries{
 		table:            t,
+		relays:           pgx.Identifier{schema, "outbox_relays"}.Sanitize(),
 		takeover:         f(takeoverSQL),
 		foreignLeases:    f(foreignLeasesSQL),
 		pendingLanes:     f(pendingLanesSQL),

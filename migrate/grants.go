@@ -145,6 +145,8 @@ var privileges = []Privilege{
 	{RoleCDC, LineOutbox, ObjectTable, "outbox_events", "", "SELECT, UPDATE (" + relayColumns + ")", false,
 		"take over, mark, fail and lease events; the table path"},
 	{RoleCDC, "", ObjectTable, Table, "", "SELECT", false, "check the schema's migrations at start"},
+	{RoleCDC, LineOutbox, ObjectTable, "outbox_relays", "", "SELECT, INSERT, UPDATE", false,
+		"the source's heartbeat (INSERT ... ON CONFLICT DO UPDATE)"},
 
 	{RoleConsumer, "", ObjectSchema, "", "", "USAGE", false, "find the objects"},
 	{RoleConsumer, LineInbox, ObjectTable, "processed_events", "", "SELECT, INSERT", false, "the dedup row"},
