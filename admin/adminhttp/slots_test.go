@@ -86,4 +86,12 @@ func TestRelaysPageHeartbeats(t *testing.T) {
 	if strings.Contains(body, `id="no-relay"`) {
 		t.Errorf("an idle relay runs, but the page says none does:\n%s", body)
 	}
+	if !strings.Contains(body, `<p class="ok" id="relays-running">Relays running: 1, all idle`) {
+		t.Errorf("one idle relay runs, the page does not say so:\n%s", body)
+	}
+	_, err = e.pool.Exec(context.Background(), "UPDATE "+e.table("outbox_relays")+" SET state = 'busy' WHERE relay_id = 'r-idle'")
+	pgtest.Must(t, err, "busy")
+	if body := e.get("/relays?schema=" + e.schema).body; !strings.Contains(body, `id="relays-running">Relays running: 1, 1 busy.`) {
+		t.Errorf("one busy relay runs, the page does not say so:\n%s", body)
+	}
 }
