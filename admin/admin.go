@@ -63,6 +63,7 @@ type Admin struct {
 	inboxSchema string
 	events      string
 	skipped     string
+	attempts    string
 	channel     string
 }
 
@@ -79,6 +80,7 @@ func New(db DB, cfg *Config) (*Admin, error) {
 		inboxSchema: c.InboxSchema,
 		events:      pgx.Identifier{c.Schema, "outbox_events"}.Sanitize(),
 		skipped:     pgx.Identifier{c.Schema, "outbox_skipped_events"}.Sanitize(),
+		attempts:    pgx.Identifier{c.Schema, "outbox_attempts"}.Sanitize(),
 		channel:     migrate.NotifyChannel(c.Schema),
 	}, nil
 }

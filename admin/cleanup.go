@@ -245,7 +245,8 @@ func cleanup(ctx context.Context, db CleanupDB, cfg CleanupConfig, stop <-chan s
 		}
 	}
 
-	first, next := fmt.Sprintf(deleteBatchSQL, events, ">="), fmt.Sprintf(deleteBatchSQL, events, ">")
+	attempts := pgx.Identifier{c.Schema, "outbox_attempts"}.Sanitize()
+	first, next := fmt.Sprintf(deleteBatchSQL, events, ">=", attempts), fmt.Sprintf(deleteBatchSQL, events, ">", attempts)
 	var cursor pgoutbox.UUID // the nil UUID: the first batch starts at the beginning
 	for {
 		if res.Batches > 0 {
@@ -360,6 +361,8 @@ func cleanupDryRun(ctx context.Context, db CleanupDB, c *CleanupConfig, res *Cle
 //     SKIP LOCKED: a row someone else holds is left for the next run.
 //   - the DELETE checks the conditions again on the row it deletes, so a
 //     quarantined or unpublished row can never go, whatever the walk found.
+//   - history deletes the attempt rows (outbox_attempts, %[3]s) of the events
+//     deleted, in the same statement: they go with their event.
 //
 // Both lookups are handed arrays, so they are primary-key probes whatever the
 // statistics say: a join let the planner hash the whole table for every batch.
@@ -378,7 +381,9 @@ WITH scanned AS (
     DELETE FROM %[1]s e
      WHERE e.event_id = ANY (ARRAY(SELECT event_id FROM doomed))
        AND e.published_at < $3::timestamptz AND e.quarantined_at IS NULL
-    RETURNING 1
+    RETURNING e.event_id
+), history AS (
+    DELETE FROM %[3]s a WHERE a.event_id = ANY (ARRAY(SELECT event_id FROM deleted))
 )
 SELECT (SELECT event_id FROM scanned ORDER BY event_id DESC LIMIT 1), (SELECT count(*) FROM deleted)`
 

@@ -128,7 +128,32 @@ type Event struct {
 	Destination string `json:"destination,omitempty"`
 	// Skip is the audit record of a skipped event (Get only).
 	Skip *Skipped `json:"skip,omitempty"`
+	// Attempts are the event's failed attempts, newest first (Get only): at
+	// most the 20 newest (outbox migration 13), written by the relay that
+	// recorded each failure.
+	Attempts []Attempt `json:"attempts,omitempty"`
 }
+
+// Attempt is one failed publish attempt of an event (table outbox_attempts).
+type Attempt struct {
+	// Attempt is the event's attempt count after this failure; it restarts at
+	// 1 after a dlq retry.
+	Attempt int       `json:"attempt"`
+	At      time.Time `json:"at"`
+	// Age is the time since At, by the database's clock.
+	Age     Duration `json:"age_seconds"`
+	RelayID string   `json:"relay_id"` // the relay's id, or cdc:<slot> for the CDC source
+	// Destination is the destination that failed; empty for the single-broker
+	// relay.
+	Destination string `json:"destination,omitempty"`
+	// Error is the error as the relay stored it in last_error: credentials
+	// redacted, at most 2,000 bytes. Producers' and brokers' text: show it
+	// escaped.
+	Error string `json:"error"`
+}
+
+// attemptsShown bounds the attempts Get reads (the relays keep 20 an event).
+const attemptsShown = 100
 
 // Skipped is the audit record of one skipped event (table outbox_skipped_events).
 type Skipped struct {
@@ -214,6 +239,15 @@ func (a *Admin) Get(ctx context.Context, id pgoutbox.UUID) (*Event, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("admin: get event %s: %w", id, err)
+	}
+	rows, err = a.db.Query(ctx, `SELECT attempt, at, (extract(epoch FROM greatest(now() - at, interval '0')) * 1e9)::bigint,
+       relay_id, coalesce(destination, ''), error FROM `+a.attempts+`
+ WHERE event_id = $1 ORDER BY attempt_id DESC LIMIT `+fmt.Sprint(attemptsShown), id)
+	if err != nil {
+		return nil, fmt.Errorf("admin: get the attempts of event %s: %w", id, err)
+	}
+	if e.Attempts, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Attempt]); err != nil {
+		return nil, fmt.Errorf("admin: get the attempts of event %s: %w", id, err)
 	}
 	return &e, nil
 }

@@ -17,6 +17,7 @@ import (
 // hold only rows published before it.
 func dropPartitions(ctx context.Context, db CleanupDB, c *CleanupConfig, res *CleanupResult, progress func()) error {
 	events := pgx.Identifier{c.Schema, "outbox_events"}.Sanitize()
+	attempts := pgx.Identifier{c.Schema, "outbox_attempts"}.Sanitize()
 	// Daily partitions are named outbox_events_pYYYYMMDD (UTC) by
 	// outbox_create_partitions; their upper bound is the next midnight.
 	rows, err := db.Query(ctx, `SELECT c.relname::text, to_date(substr(c.relname, 16), 'YYYYMMDD')
@@ -62,7 +63,7 @@ func dropPartitions(ctx context.Context, db CleanupDB, c *CleanupConfig, res *Cl
 			res.DroppedRows += total
 			continue
 		}
-		dropped, err := dropPartition(ctx, db, events, table)
+		dropped, err := dropPartition(ctx, db, events, attempts, table)
 		if err != nil {
 			return fmt.Errorf("admin: cleanup: drop partition %s: %w", p.name, err)
 		}
@@ -89,7 +90,7 @@ const dropLockTimeout = "2s"
 // dropPartition drops table, a partition of events, unless it got an unpublished
 // row. It reports false, without error, when the lock was not granted within
 // the lock timeout.
-func dropPartition(ctx context.Context, db CleanupDB, events, table string) (bool, error) {
+func dropPartition(ctx context.Context, db CleanupDB, events, attempts, table string) (bool, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return false, err
@@ -116,6 +117,16 @@ func dropPartition(ctx context.Context, db CleanupDB, events, table string) (boo
 	}
 	if pending {
 		return false, nil
+	}
+	// The attempt history goes with its events, in the same transaction. The
+	// history is small (failed events only, 20 rows at most each): it is the
+	// side walked, each row probing the partition's primary key.
+	if _, err := tx.Exec(ctx, "DELETE FROM "+attempts+" a WHERE EXISTS (SELECT 1 FROM "+table+" p WHERE p.event_id = a.event_id)"); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+			return false, nil
+		}
+		return false, err
 	}
 	if _, err := tx.Exec(ctx, "DROP TABLE "+table); err != nil {
 		var pgErr *pgconn.PgError

@@ -52,6 +52,11 @@ SELECT gen_random_uuid(), $1, 'x' || i, 1, 'e', '{}', `+occurred+", "+published+
 	insert("ancient", 50, day(30), day(30)+" + interval '1 minute'", "NULL")
 	insert("stuck", 1, day(30), "NULL", "NULL")
 	insert("fresh", 20, "now()", "now()", "NULL")
+	// Every event failed once: the attempt history goes with the events
+	// cleanup deletes (in a dropped partition, or in batches), and only with them.
+	attempts := quoted(schema, "outbox_attempts")
+	_, err := pool.Exec(ctx, "INSERT INTO "+attempts+" (event_id, attempt, relay_id, error) SELECT event_id, 1, 'r', 'failed' FROM "+table)
+	pgtest.Must(t, err, "attempts")
 
 	// A dry run first: it says what the run below does, and changes nothing.
 	var before int
@@ -91,6 +96,12 @@ SELECT gen_random_uuid(), $1, 'x' || i, 1, 'e', '{}', `+occurred+", "+published+
 	pgtest.Must(t, err, "left")
 	if fmt.Sprint(left) != "[fresh:20 poison:1 stuck:1]" {
 		t.Fatalf("rows left: %v", left)
+	}
+	var history, orphans int
+	pgtest.Must(t, pool.QueryRow(ctx, "SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM "+table+
+		" e WHERE e.event_id = a.event_id)) FROM "+attempts+" a").Scan(&history, &orphans), "attempts left")
+	if history != 22 || orphans != 0 {
+		t.Fatalf("%d attempt rows left (%d of deleted events), want the 22 of the events kept", history, orphans)
 	}
 	// A second run finds nothing to do.
 	res, err = admin.Cleanup(ctx, pool, admin.CleanupConfig{Schema: schema, Logger: quietLog})

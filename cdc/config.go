@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/heartbeat"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -46,6 +47,8 @@ const (
 	MaxBatchSize = 10000
 	// DefaultFailoverCheckInterval is Config.FailoverCheckInterval's default.
 	DefaultFailoverCheckInterval = 30 * time.Second
+	// DefaultHeartbeatInterval is Config.HeartbeatInterval's default.
+	DefaultHeartbeatInterval = heartbeat.DefaultInterval
 	// DefaultStandbyPollInterval is Config.StandbyPollInterval's default.
 	DefaultStandbyPollInterval = 10 * time.Millisecond
 )
@@ -147,6 +150,14 @@ type Config struct {
 	// DefaultFailoverCheckInterval (30s).
 	FailoverCheckInterval time.Duration
 
+	// HeartbeatInterval is how often the source records in the schema's
+	// outbox_relays table that it is alive (relay id "cdc:<Slot>", source
+	// cdc, its version, host, busy or idle), as the polling relay does; it
+	// writes state stopped when it stops. Zero means
+	// DefaultHeartbeatInterval (15s); status and the console call it gone
+	// after three intervals without a heartbeat. At most an hour.
+	HeartbeatInterval time.Duration
+
 	// Observer, if set, is told of every settled batch, every position
 	// reported to the server and every look at the synchronous standbys, for metrics (package cdc/cdcprom implements it).
 	// Nil observes nothing.
@@ -212,6 +223,7 @@ func configDefaults(c *Config) {
 	config.Default(&c.BackoffMax, DefaultBackoffMax)
 	config.Default(&c.StandbyPollInterval, DefaultStandbyPollInterval)
 	config.Default(&c.FailoverCheckInterval, DefaultFailoverCheckInterval)
+	config.Default(&c.HeartbeatInterval, DefaultHeartbeatInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -234,6 +246,8 @@ func checkConfig(c *Config, p *config.Problems) {
 		p.Check(err == nil, "Config.StandbyURL is not a valid connection string (the value is not shown: it may hold a password)")
 	}
 	p.Check(c.FailoverCheckInterval > 0, "Config.FailoverCheckInterval must be positive, got %s", c.FailoverCheckInterval)
+	p.Check(c.HeartbeatInterval > 0 && c.HeartbeatInterval <= heartbeat.MaxInterval,
+		"Config.HeartbeatInterval (%s) must be positive and at most %s", c.HeartbeatInterval, heartbeat.MaxInterval)
 	p.Check(c.StandbyPollInterval > 0, "Config.StandbyPollInterval must be positive, got %s", c.StandbyPollInterval)
 	p.Check(c.MaxAttempts > 0, "Config.MaxAttempts must be positive, got %d", c.MaxAttempts)
 	p.Check(c.BackoffBase > 0 && c.BackoffMax >= c.BackoffBase,

@@ -122,6 +122,8 @@ type Source struct {
 	streamOn, history serverID
 	// failover is the last look at the failover slot's readiness (failover.go).
 	failover FailoverReadiness
+	// started is when Start ran, for the heartbeat (heartbeat.go).
+	started time.Time
 
 	// lc is the start/stop protocol (package lifecycle): the one rule for Start
 	// twice, Stop twice, Start after Stop, Stop before Start and Start's context
@@ -312,6 +314,8 @@ func (s *Source) start(ctx context.Context) error {
 	if failover != nil {
 		s.lc.Go(func() { s.watchFailover(failover) })
 	}
+	s.started = now
+	s.lc.Go(s.beats)
 	select {
 	case err := <-ready:
 		if err != nil {
@@ -410,8 +414,12 @@ func (s *Source) Stop(ctx context.Context) error {
 // stopped is the Lifecycle's Stopped hook: it runs once every goroutine has
 // returned. The server releases the slot a moment after the connection closes;
 // it waits for that (at most SlotReleaseWait) so that a restart right away does
-// not find the slot in use, and logs the totals.
+// not find the slot in use, and logs the totals. It writes the heartbeat's
+// state stopped first.
 func (s *Source) stopped(bool) {
+	if !s.started.IsZero() {
+		s.beatStopped()
+	}
 	if !s.streamed.Load() {
 		return // the start failed: the slot was not ours
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
@@ -121,6 +123,13 @@ func TestPoisonEventHoldsItsLane(t *testing.T) {
 		" WHERE aggregate_id = 'a0002' AND aggregate_sequence = 2").Scan(&attempts, &lastErr), "read poison")
 	if attempts != 3 || lastErr != "schema registry says no" {
 		t.Fatalf("poison event: attempt_count %d, last_error %q", attempts, lastErr)
+	}
+	// Each failure has its attempt row, written by the source.
+	var rows, ours int
+	pgtest.Must(t, e.pool.QueryRow(context.Background(), "SELECT count(*), count(*) FILTER (WHERE relay_id = $1 AND error = $2 AND destination IS NULL) FROM "+
+		pgx.Identifier{e.schema, "outbox_attempts"}.Sanitize(), cfg.Owner(), lastErr).Scan(&rows, &ours), "read attempts")
+	if rows != 3 || ours != 3 {
+		t.Fatalf("%d attempt rows (%d by the source with the error), want 3", rows, ours)
 	}
 	if n := e.count(t, "aggregate_id = 'a0002' AND aggregate_sequence > 2 AND published_at IS NOT NULL"); n != 0 {
 		t.Fatalf("%d events behind the quarantined one were published", n)

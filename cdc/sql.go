@@ -14,6 +14,7 @@ import (
 // source") explains the rules they enforce.
 type queries struct {
 	table                                      string // schema-qualified, quoted
+	relays                                     string // the quoted outbox_relays (heartbeat.go)
 	takeover, foreignLeases, pendingLanes      string
 	alreadyPublished, mark, fail               string
 	laneRows, lease, unblockable, eventsBehind string
@@ -25,12 +26,13 @@ func newQueries(schema string) queries {
 	f := func(q string) string { return fmt.Sprintf(q, t) }
 	return queries{
 		table:            t,
+		relays:           pgx.Identifier{schema, "outbox_relays"}.Sanitize(),
 		takeover:         f(takeoverSQL),
 		foreignLeases:    f(foreignLeasesSQL),
 		pendingLanes:     f(pendingLanesSQL),
 		alreadyPublished: f(alreadyPublishedSQL),
 		mark:             f(markSQL),
-		fail:             f(failSQL),
+		fail:             fmt.Sprintf(failSQL, t, pgx.Identifier{schema, "outbox_attempts"}.Sanitize()),
 		laneRows:         f(laneRowsSQL),
 		lease:            f(leaseSQL),
 		unblockable:      f(unblockableSQL),
@@ -83,14 +85,18 @@ UPDATE %[1]s
 // failSQL records failed attempts, like the polling relay's fail, but the CDC
 // source keeps the event (claimed_by = $5, claim_until 'infinity'): a failed event
 // is the table path's to retry, never a polling relay's.
+// The same statement writes each failure's row in the attempt history
+// (outbox_attempts, %[2]s; relay id "cdc:<slot>"), as the polling relay's does.
 const failSQL = `
+WITH failed AS (
 UPDATE %[1]s e
    SET ` + pipeline.FailAssignments + `,
        claimed_by = $5, claim_until = 'infinity'
   FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bool[]) AS f (event_id, error, delay_ms, quarantine)
  WHERE e.event_id = f.event_id AND e.published_at IS NULL
    AND (e.claimed_by = $5 OR e.claim_until IS NULL OR e.claim_until < now())
-RETURNING e.event_id`
+` + pipeline.FailReturning + `
+)` + pipeline.RecordAttempts
 
 // laneRowsSQL reads, for each lane the table path owns ($1/$2), its first $4
 // unpublished events in sequence order, and whether each may go now: not

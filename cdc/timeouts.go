@@ -22,6 +22,10 @@ const (
 	// CollectTimeout bounds the database reads of one scrape of Collector.
 	CollectTimeout = 5 * time.Second
 
+	// HeartbeatLockTimeout bounds how long a heartbeat waits for a lock on
+	// the outbox_relays table (StatementTimeout bounds the statement).
+	HeartbeatLockTimeout = time.Second
+
 	// StandbyHoldReport is how long a transaction may be held for the
 	// synchronous standbys before Healthy reports ErrSyncStandbyBehind and the
 	// source logs it.

@@ -44,6 +44,7 @@ func ExampleUp() {
 	// applied outbox/10 brin_explicit
 	// applied outbox/11 relay_heartbeats
 	// applied outbox/12 destinations
+	// applied outbox/13 attempts
 	// applied inbox/1 processed_events
 	// applied inbox/2 consumer_positions
 	// second run applied 0

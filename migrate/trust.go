@@ -31,6 +31,7 @@ var ErrUntrusted = errors.New("migrate: outbox refused")
 var tables = []string{
 	Table, "outbox_events", "outbox_aggregate_sequences", "outbox_skipped_events",
 	"outbox_operator_audit", "outbox_relays", "outbox_destinations", "outbox_destination_lanes",
+	"outbox_attempts",
 	"processed_events", "consumer_positions",
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/pgoutbox/internal/config"
+	"github.com/pgoutbox/pgoutbox/internal/heartbeat"
 	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
@@ -19,7 +20,7 @@ const (
 	DefaultPollInterval = 2 * time.Second
 	// DefaultHeartbeatInterval is how often a relay records that it is alive
 	// (Config.HeartbeatInterval).
-	DefaultHeartbeatInterval = 15 * time.Second
+	DefaultHeartbeatInterval = heartbeat.DefaultInterval
 	DefaultMaxAttempts       = 10
 	DefaultBackoffBase       = time.Second
 	DefaultBackoffMax        = 5 * time.Minute
@@ -36,7 +37,7 @@ const (
 	maxWorkers   = 64
 	minLease     = 100 * time.Millisecond
 	// maxHeartbeatInterval keeps a live relay from looking gone for long.
-	maxHeartbeatInterval = time.Hour
+	maxHeartbeatInterval = heartbeat.MaxInterval
 )
 
 // Config configures a Relay. A nil *Config and the zero value are ready to use;

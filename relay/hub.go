@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/pgoutbox/internal/heartbeat"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
 	"github.com/pgoutbox/pgoutbox/internal/pgbound"
 	"github.com/pgoutbox/pgoutbox/internal/retry"
@@ -61,7 +62,7 @@ type member interface {
 	probeFailed(err error, reset bool)
 	probeOK()
 	// heartbeat is the row the hub writes for it (heartbeat.go).
-	heartbeat() beat
+	heartbeat() heartbeat.Beat
 }
 
 func (r *Relay) schema() string        { return r.cfg.Schema }

@@ -23,7 +23,7 @@ func newQueries(schema string) queries {
 	return queries{
 		claim:   fmt.Sprintf(claimSQL, t, claimableSQL),
 		mark:    fmt.Sprintf(markSQL, t),
-		fail:    fmt.Sprintf(failSQL, t),
+		fail:    fmt.Sprintf(failSQL, t, pgx.Identifier{schema, "outbox_attempts"}.Sanitize()),
 		release: fmt.Sprintf(releaseSQL, t),
 		channel: migrate.NotifyChannel(schema),
 		table:   t,
@@ -132,13 +132,20 @@ UPDATE %[1]s
 // state: the run's head ($6, aligned with $1) must still name this relay. It does
 // even when the head was marked published earlier in the same transaction, since
 // markSQL keeps a head's claimed_by.
+//
+// The same statement writes each failure's row in the attempt history
+// (outbox_attempts, %[2]s) and trims it (pipeline.RecordAttempts), only for the
+// events this UPDATE touched: the lease check holds for the history too.
 const failSQL = `
+WITH failed AS (
 UPDATE %[1]s e
    SET ` + pipeline.FailAssignments + `,
        claimed_by = NULL, claim_until = NULL
   FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::bool[], $6::uuid[]) AS f (event_id, error, delay_ms, quarantine, head_id)
  WHERE e.event_id = f.event_id AND e.published_at IS NULL
-   AND EXISTS (SELECT 1 FROM %[1]s h WHERE h.event_id = f.head_id AND h.claimed_by = $5)`
+   AND EXISTS (SELECT 1 FROM %[1]s h WHERE h.event_id = f.head_id AND h.claimed_by = $5)
+` + pipeline.FailReturning + `
+)` + pipeline.RecordAttempts
 
 // releaseSQL gives leases back without counting an attempt (events not sent because
 // an earlier event of their aggregate failed, or because the relay is stopping).

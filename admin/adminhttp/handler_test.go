@@ -426,6 +426,9 @@ func TestHostileTextIsEscaped(t *testing.T) {
 			" SET event_type = $2, headers = jsonb_build_object('x-note', $3::text) WHERE event_id = $1", id, "e"+clean, clean)
 		pgtest.Must(t, err, "seed %d", i)
 		e.quarantine(id, "error: "+clean)
+		_, err = e.pool.Exec(context.Background(), "INSERT INTO "+e.table("outbox_attempts")+
+			" (event_id, attempt, relay_id, destination, error) VALUES ($1, 1, $2, $3, $4)", id, "r"+clean, "d"+clean, "attempt: "+clean)
+		pgtest.Must(t, err, "seed the attempt %d", i)
 		ids = append(ids, id)
 	}
 	pages := []string{"/?schema=" + e.schema, "/lanes?schema=" + e.schema, "/dlq?schema=" + e.schema,

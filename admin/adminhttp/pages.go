@@ -636,6 +636,9 @@ type relaysBody struct {
 	Status   *admin.Status
 	Activity *admin.Activity
 	Slots    []admin.ReplicationSlot
+	// Running and Busy count the relays alive, and those of them at work:
+	// "no relay running" and "relays idle" must not look alike.
+	Running, Busy int
 }
 
 func (h *Handler) relays(w http.ResponseWriter, r *http.Request) {
@@ -645,6 +648,14 @@ func (h *Handler) relays(w http.ResponseWriter, r *http.Request) {
 		b := &relaysBody{}
 		var err error
 		if b.Status, err = a.Status(r.Context()); err == nil {
+			for _, rh := range b.Status.Relays {
+				if rh.Running() {
+					b.Running++
+					if rh.State == "busy" {
+						b.Busy++
+					}
+				}
+			}
 			if b.Activity, err = a.Activity(r.Context(), activityWin); err == nil {
 				b.Slots, err = a.ReplicationSlots(r.Context())
 			}

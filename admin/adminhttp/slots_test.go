@@ -3,6 +3,7 @@ package adminhttp_test
 import (
 	"context"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -85,5 +86,16 @@ func TestRelaysPageHeartbeats(t *testing.T) {
 	}
 	if strings.Contains(body, `id="no-relay"`) {
 		t.Errorf("an idle relay runs, but the page says none does:\n%s", body)
+	}
+	if !regexp.MustCompile(`<td>r-stopped</td><td class="muted">stopped</td><td class="when">5m\d+s ago · <span class="muted">20\d\d-\d\d-\d\d \d\d:\d\d:\d\dZ</span>`).MatchString(body) {
+		t.Errorf("the stopped relay's last seen is not shown relative and absolute:\n%s", body)
+	}
+	if !strings.Contains(body, `<p class="ok" id="relays-running">Relays running: 1, all idle`) {
+		t.Errorf("one idle relay runs, the page does not say so:\n%s", body)
+	}
+	_, err = e.pool.Exec(context.Background(), "UPDATE "+e.table("outbox_relays")+" SET state = 'busy' WHERE relay_id = 'r-idle'")
+	pgtest.Must(t, err, "busy")
+	if body := e.get("/relays?schema=" + e.schema).body; !strings.Contains(body, `id="relays-running">Relays running: 1, 1 busy.`) {
+		t.Errorf("one busy relay runs, the page does not say so:\n%s", body)
 	}
 }

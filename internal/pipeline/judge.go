@@ -148,3 +148,32 @@ const FailAssignments = `attempt_count = e.attempt_count + 1,
        last_error = f.error,
        available_at = now() + f.delay_ms * interval '1 millisecond',
        quarantined_at = CASE WHEN f.quarantine THEN now() END`
+
+// AttemptsKept is how many attempt rows (outbox_attempts, outbox migration 13)
+// a fail statement keeps per event: the newest.
+const AttemptsKept = 20
+
+// FailReturning is what every fail statement's UPDATE of the outbox row e
+// returns, for RecordAttempts: the event, its attempt number and its error.
+const FailReturning = `RETURNING e.event_id, e.attempt_count, e.last_error`
+
+// RecordAttempts is the tail of every fail statement: the UPDATE of the failed
+// events is the WITH query "failed" (ending in FailReturning); this writes one
+// row per failed event in the attempts table %[2]s, relay id $5, in the same
+// statement (so history and last_error never disagree), and deletes the rows
+// of those events older than their AttemptsKept newest (the DELETE sees the
+// rows as they were before the statement: it keeps AttemptsKept-1 = 19 of them,
+// and the row inserted is the AttemptsKept-th). The statement returns
+// the events failed. A happy path runs no fail statement, so it writes nothing
+// here.
+const RecordAttempts = `, recorded AS (
+    INSERT INTO %[2]s (event_id, attempt, relay_id, error)
+    SELECT event_id, attempt_count, $5::text, last_error FROM failed
+), trimmed AS (
+    DELETE FROM %[2]s a
+     USING failed f
+     WHERE a.event_id = f.event_id
+       AND a.attempt_id < (SELECT min(k.attempt_id) FROM (SELECT b.attempt_id FROM %[2]s b
+                             WHERE b.event_id = f.event_id ORDER BY b.attempt_id DESC LIMIT 19) k)
+)
+SELECT event_id FROM failed`

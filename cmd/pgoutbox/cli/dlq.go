@@ -422,6 +422,17 @@ func dlqWriteEvent(w io.Writer, e *admin.Event) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if len(e.Attempts) > 0 {
+		fmt.Fprintln(w, "failed attempts, newest first:")
+		for _, a := range e.Attempts {
+			where := v(a.RelayID)
+			if a.Destination != "" {
+				where += " to " + v(a.Destination)
+			}
+			fmt.Fprintf(w, "  #%d  %s (%s ago)  %s: %s\n", a.Attempt, dlqTime(&a.At), time.Duration(a.Age).Round(time.Second),
+				where, v(strings.Join(strings.Fields(a.Error), " ")))
+		}
+	}
 	if len(e.Headers) > 0 {
 		fmt.Fprintln(w, "headers:")
 		for _, k := range slices.Sorted(maps.Keys(e.Headers)) {

@@ -26,6 +26,9 @@ func TestDLQListAndShow(t *testing.T) {
 	evs := e.enqueue(2, "o1", "o2", "o3")
 	e.quarantine(evs["o1"][0], "webhook: 400 Bad Request: negative amount")
 	e.quarantine(evs["o2"][0], "nats: invalid subject")
+	e.exec("INSERT INTO "+e.table("outbox_attempts")+` (event_id, attempt, at, relay_id, destination, error) VALUES
+	($1, 1, now() - interval '2 minutes', 'relay-a', NULL, 'webhook: 500 Internal Server Error'),
+	($1, 2, now() - interval '1 minute', 'relay-b', 'billing', 'webhook: 400 Bad Request: negative amount')`, evs["o1"][0])
 
 	out, errOut, code := run(t, e.args("dlq", "list", "--json")...)
 	var list []admin.Event
@@ -61,12 +64,15 @@ func TestDLQListAndShow(t *testing.T) {
 	out, errOut, code = run(t, e.args("dlq", "show", evs["o1"][0].String(), "--json")...)
 	var ev admin.Event
 	if code != 0 || json.Unmarshal([]byte(out), &ev) != nil || ev.ID != evs["o1"][0] || ev.LastError != "webhook: 400 Bad Request: negative amount" ||
-		ev.QuarantinedAt == nil || ev.Headers["test"] != "yes" || !jsonEqual(ev.Payload, `{"agg": "o1", "n": 1}`) {
+		ev.QuarantinedAt == nil || ev.Headers["test"] != "yes" || !jsonEqual(ev.Payload, `{"agg": "o1", "n": 1}`) ||
+		len(ev.Attempts) != 2 || ev.Attempts[0].Attempt != 2 || ev.Attempts[0].Destination != "billing" || ev.Attempts[1].RelayID != "relay-a" {
 		t.Fatalf("dlq show --json: code %d, stderr %q:\n%s", code, errOut, out)
 	}
 	out, _, code = run(t, e.args("dlq", "show", evs["o1"][0].String())...)
 	for _, want := range []string{"state           quarantined", "last error      webhook: 400 Bad Request: negative amount",
-		"aggregate       order/o1, sequence 1", "  test: yes", "payload:\n{\n  \"n\": 1,\n  \"agg\": \"o1\"\n}\n"} {
+		"aggregate       order/o1, sequence 1", "  test: yes", "payload:\n{\n  \"n\": 1,\n  \"agg\": \"o1\"\n}\n",
+		"failed attempts, newest first:\n  #2  ", " ago)  relay-b to billing: webhook: 400 Bad Request: negative amount\n  #1  ",
+		" ago)  relay-a: webhook: 500 Internal Server Error\n"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("dlq show lacks %q:\n%s", want, out)
 		}
