@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/pgoutbox/internal/pipeline"
 )
 
 // routedQueries holds the statements of a relay with destinations
@@ -20,6 +22,7 @@ func newRoutedQueries(schema string) routedQueries {
 	ds := pgx.Identifier{schema, "outbox_destinations"}.Sanitize()
 	seq := pgx.Identifier{schema, "outbox_aggregate_sequences"}.Sanitize()
 	audit := pgx.Identifier{schema, "outbox_operator_audit"}.Sanitize()
+	attempts := pgx.Identifier{schema, "outbox_attempts"}.Sanitize()
 	return routedQueries{
 		register:   fmt.Sprintf(registerSQL, ds),
 		seedNow:    fmt.Sprintf(seedNowSQL, dl, seq),
@@ -27,7 +30,7 @@ func newRoutedQueries(schema string) routedQueries {
 		rules:      fmt.Sprintf(rulesSQL, ds),
 		audit:      fmt.Sprintf(auditRulesSQL, audit),
 		claim:      fmt.Sprintf(routedClaimSQL, ev, dl),
-		settle:     fmt.Sprintf(routedSettleSQL, ev, dl),
+		settle:     fmt.Sprintf(routedSettleSQL, ev, dl, attempts, pipeline.AttemptsKept-1),
 		deadLetter: fmt.Sprintf(deadLetterSQL, ev),
 		release:    fmt.Sprintf(routedReleaseSQL, dl),
 	}
@@ -193,6 +196,11 @@ UPDATE %[1]s e
 //     attempt (the run's first undelivered event's, as Judge numbered it),
 //     backs off, records the error and maybe the quarantine; an advance
 //     without failure clears them. The lease is released.
+//   - recorded and trimmed: each failure's row in the attempt history
+//     (outbox_attempts, %[3]s) with the destination's name, only for lanes
+//     this relay still held (those upd touched), and the trim of the event's
+//     rows to the pipeline.AttemptsKept newest, as the single-broker relay's
+//     fail statement does (pipeline.RecordAttempts).
 //   - the done mark: the lane's events up to the least cursor over the
 //     relay's destinations (this one's as just set, the others' as stored; a
 //     missing row is 0) are published, unless quarantined. A dead letter an
@@ -222,6 +230,23 @@ upd AS (
      WHERE d.destination = $1 AND d.aggregate_type = s.aggregate_type AND d.aggregate_id = s.aggregate_id
        AND d.claimed_by = $2
     RETURNING d.aggregate_type, d.aggregate_id, d.delivered_sequence
+),
+recorded AS (
+    INSERT INTO %[3]s (event_id, attempt, relay_id, destination, error)
+    SELECT e.event_id, s.attempt, $2, $1, s.error
+      FROM upd u
+      JOIN s ON s.aggregate_type = u.aggregate_type AND s.aggregate_id = u.aggregate_id
+      JOIN %[1]s e ON e.aggregate_type = s.aggregate_type AND e.aggregate_id = s.aggregate_id
+                  AND e.aggregate_sequence = s.failed_sequence
+     WHERE s.error IS NOT NULL
+    RETURNING event_id
+),
+trimmed AS (
+    DELETE FROM %[3]s a
+     USING recorded f
+     WHERE a.event_id = f.event_id
+       AND a.attempt_id < (SELECT min(k.attempt_id) FROM (SELECT b.attempt_id FROM %[3]s b
+                             WHERE b.event_id = f.event_id ORDER BY b.attempt_id DESC LIMIT %[4]d) k)
 ),
 done AS (
     SELECT u.aggregate_type, u.aggregate_id,

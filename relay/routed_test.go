@@ -216,7 +216,6 @@ func TestDestinationsRouteEachItsEvents(t *testing.T) {
 	t.Logf("stats %+v", r.Stats())
 }
 
-var errBroken = errors.New("routed test: this destination is broken")
 
 // switchable fails every message while broken is set (a permanent error
 // when permanent, else an error counted towards quarantine).
@@ -325,6 +324,22 @@ func TestDestinationQuarantineBlocksOnlyItsLane(t *testing.T) {
 	}
 	if !slices.Equal(u1, []int64{1, 2}) {
 		t.Fatalf("users received u1 sequences %v, want [1 2]", u1)
+	}
+	// The attempt history has the refusal, with the destination's name, on the
+	// refused event alone.
+	var attempts int
+	var dest, errText string
+	pgtest.Must(t, o.pool.QueryRow(context.Background(), "SELECT count(*), min(a.destination), min(a.error) FROM "+
+		pgx.Identifier{o.schema, "outbox_attempts"}.Sanitize()+" a JOIN "+pgx.Identifier{o.schema, "outbox_events"}.Sanitize()+
+		" e USING (event_id) WHERE e.aggregate_id = 'u1' AND e.aggregate_sequence = 3").Scan(&attempts, &dest, &errText), "read attempts")
+	if attempts != 1 || dest != "users" || !strings.Contains(errText, "refused: u1 seq 3") {
+		t.Fatalf("attempt history of u1 seq 3: %d rows, destination %q, error %q; want 1, users, the refusal", attempts, dest, errText)
+	}
+	var others int
+	pgtest.Must(t, o.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+
+		pgx.Identifier{o.schema, "outbox_attempts"}.Sanitize()).Scan(&others), "count attempts")
+	if others != 1 {
+		t.Fatalf("%d attempt rows in all, want the one refusal", others)
 	}
 	if n := o.count(t, "aggregate_id <> 'u1' AND published_at IS NULL AND quarantined_at IS NULL"); n != 0 {
 		t.Fatalf("%d events of other lanes not done", n)
