@@ -203,7 +203,10 @@ func TestStatusAllIsolatesSlowAndForbiddenTenants(t *testing.T) {
 	_, err = tx.Exec(ctx, "LOCK TABLE "+d.table("a_locked", "outbox_events")+" IN ACCESS EXCLUSIVE MODE")
 	pgtest.Must(t, err, "lock")
 
-	rows, err := admin.StatusAll(ctx, rolePool, migrate.Selector{}, &admin.TenantsConfig{Timeout: 500 * time.Millisecond})
+	// A short lock timeout finds the locked tenant stuck; the statement
+	// timeout stays generous, so a loaded machine does not make the fine
+	// tenant look stuck too (it once did with both at 500ms).
+	rows, err := admin.StatusAll(ctx, rolePool, migrate.Selector{}, &admin.TenantsConfig{Timeout: 30 * time.Second, LockTimeout: 500 * time.Millisecond})
 	pgtest.Must(t, err, "status all")
 	if got := tenantNames(rows); !slices.Equal(got, []string{"a_locked", "c_forbidden", "b_fine"}) {
 		t.Fatalf("order %q", got)
