@@ -216,7 +216,6 @@ func TestDestinationsRouteEachItsEvents(t *testing.T) {
 	t.Logf("stats %+v", r.Stats())
 }
 
-
 // switchable fails every message while broken is set (a permanent error
 // when permanent, else an error counted towards quarantine).
 type switchable struct {
