@@ -343,19 +343,8 @@ func (a *Admin) RetryDestination(ctx context.Context, req DestinationRetryReques
 	if err := checkDestinationName(req.Destination); err != nil {
 		return nil, err
 	}
-	ways := 0
-	for _, b := range []bool{len(req.IDs) > 0, !req.Filter.empty(), req.All} {
-		if b {
-			ways++
-		}
-	}
-	switch {
-	case ways == 0 && req.Filter.Limit > 0:
-		return nil, ErrNoFilter
-	case ways == 0:
-		return nil, ErrNoEvents
-	case ways > 1:
-		return nil, errors.New("admin: DestinationRetryRequest: give IDs, a Filter or All, not several of them")
+	if err := oneSelection("DestinationRetryRequest", len(req.IDs) > 0, req.Filter, req.All); err != nil {
+		return nil, err
 	}
 	actor, reason, err := operator(req.Actor, req.Reason)
 	if err != nil {

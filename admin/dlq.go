@@ -282,25 +282,34 @@ type RetryRequest struct {
 	Actor string
 }
 
+// oneSelection checks that a request (named req) selects its events one way:
+// by ids, a filter or all.
+func oneSelection(req string, ids bool, f Filter, all bool) error {
+	ways := 0
+	for _, b := range []bool{ids, !f.empty(), all} {
+		if b {
+			ways++
+		}
+	}
+	switch {
+	case ways == 0 && f.Limit > 0:
+		return ErrNoFilter
+	case ways == 0:
+		return ErrNoEvents
+	case ways > 1:
+		return fmt.Errorf("admin: %s: give IDs, a Filter or All, not several of them", req)
+	}
+	return nil
+}
+
 // RetryEvents lifts the quarantine of the events req selects (see Retry) and
 // records the action, with the ids retried, in outbox_operator_audit in the same
 // transaction. Ids that no event has are ErrNotFound, and then nothing is
 // retried; ids of events that are not quarantined are left alone (they are not
 // in the result).
 func (a *Admin) RetryEvents(ctx context.Context, req RetryRequest) ([]pgoutbox.UUID, error) {
-	ways := 0
-	for _, b := range []bool{len(req.IDs) > 0, !req.Filter.empty(), req.All} {
-		if b {
-			ways++
-		}
-	}
-	switch {
-	case ways == 0 && req.Filter.Limit > 0:
-		return nil, ErrNoFilter
-	case ways == 0:
-		return nil, ErrNoEvents
-	case ways > 1:
-		return nil, errors.New("admin: RetryRequest: give IDs, a Filter or All, not several of them")
+	if err := oneSelection("RetryRequest", len(req.IDs) > 0, req.Filter, req.All); err != nil {
+		return nil, err
 	}
 	actor, reason, err := operator(req.Actor, req.Reason)
 	if err != nil {

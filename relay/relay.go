@@ -778,11 +778,20 @@ func (r *Relay) settle(batch []claimed, results []error, publishDuration time.Du
 // database fails and the relay runs. It reports false if the relay began to
 // stop and the attempt failed (see stopSettleGrace), or was hard-stopped.
 func (r *Relay) record(batch []claimed, j *pipeline.Judged) bool {
+	return r.recordWith(func() *pgx.Batch { return r.settleStatements(batch, j) }, "settle batch", r.log,
+		slog.Int("events", len(j.Acked)+len(j.NotAttempted)+len(j.Failed)))
+}
+
+// recordWith is record for any settle: build makes the statements afresh for
+// every attempt (a pgx.Batch cannot be sent twice); what names the settle in
+// the error, size its extent in the warning a stopping relay logs. A routed
+// relay's destinations (dest.record) settle through it too.
+func (r *Relay) recordWith(build func() *pgx.Batch, what string, log *slog.Logger, size slog.Attr) bool {
 	var wait retry.Backoff
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), max(settleTimeout, r.bounds.Deadline()))
 		ctx, cancelGrace := r.lc.Grace(ctx, stopSettleGrace)
-		err := pgbound.Send(ctx, r.pool, r.bounds, r.settleStatements(batch, j), func(pgx.BatchResults) error {
+		err := pgbound.Send(ctx, r.pool, r.bounds, build(), func(pgx.BatchResults) error {
 			return failpoint.Inject(failpoint.RelayMark)
 		})
 		cancelGrace()
@@ -791,10 +800,10 @@ func (r *Relay) record(batch []claimed, j *pipeline.Judged) bool {
 			r.dbOK(stmtSettle)
 			return true
 		}
-		r.dbFailed(stmtSettle, fmt.Errorf("settle batch: %w", err))
+		r.dbFailed(stmtSettle, fmt.Errorf("%s: %w", what, err))
 		if r.lc.IsStopping() {
-			r.log.Warn("stopping: could not record a batch's outcome; its leases expire and its events are published again",
-				slog.Int("events", len(j.Acked)+len(j.NotAttempted)+len(j.Failed)), slog.Any("error", err))
+			log.Warn("stopping: could not record a batch's outcome; its leases expire and its events are published again",
+				size, slog.Any("error", err))
 			return false
 		}
 		if hard := r.lc.Hard(); hard.Err() != nil || !retry.Sleep(hard, wait.Next()) {

@@ -445,32 +445,10 @@ func outcomes(runs []run, j *pipeline.Judged) ([]laneOutcome, []pgoutbox.UUID, [
 }
 
 // record writes the outcome of runs in one transaction, retrying while the
-// database fails and the relay runs, as Relay.record.
+// database fails and the relay runs (Relay.recordWith).
 func (d *dest) record(runs []run, j *pipeline.Judged) bool {
-	r := d.ro.r
-	var wait retry.Backoff
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), max(settleTimeout, r.bounds.Deadline()))
-		ctx, cancelGrace := r.lc.Grace(ctx, stopSettleGrace)
-		err := pgbound.Send(ctx, r.pool, r.bounds, d.settleStatements(runs, j), func(pgx.BatchResults) error {
-			return failpoint.Inject(failpoint.RelayMark)
-		})
-		cancelGrace()
-		cancel()
-		if err == nil {
-			r.dbOK(stmtSettle)
-			return true
-		}
-		r.dbFailed(stmtSettle, fmt.Errorf("settle lanes for destination %q: %w", d.Name, err))
-		if r.lc.IsStopping() {
-			d.log.Warn("stopping: could not record a batch's outcome; its leases expire and its events are published again",
-				slog.Int("lanes", len(runs)), slog.Any("error", err))
-			return false
-		}
-		if hard := r.lc.Hard(); hard.Err() != nil || !retry.Sleep(hard, wait.Next()) {
-			return false
-		}
-	}
+	return d.ro.r.recordWith(func() *pgx.Batch { return d.settleStatements(runs, j) },
+		fmt.Sprintf("settle lanes for destination %q", d.Name), d.log, slog.Int("lanes", len(runs)))
 }
 
 // retriedDeadLetter is the last_error of a dead letter an operator retried
