@@ -71,7 +71,7 @@ func TestHostileMessages(t *testing.T) {
 	want := int64(len(variants) + 1)
 	wait.For(t, time.Minute, "every hostile message deleted and the event applied", func() bool {
 		st := sub.Stats()
-		return st.Undecodable == want && st.Deleted == 1
+		return st.Undecodable >= want && st.Deleted >= 1
 	})
 	if n := e.Count(t, "effects", "true"); n != 1 {
 		t.Fatalf("%d effects, want the one real event", n)

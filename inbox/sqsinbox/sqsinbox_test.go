@@ -70,7 +70,7 @@ func TestRelayToInbox(t *testing.T) {
 	sub := start(t, c, testConfig(url, 4))
 	wait.For(t, time.Minute, "every event applied", func() bool { return e.Count(t, "effects", "true") == aggregates*perAggregate })
 	e.CheckInOrder(t, "e%d", aggregates, perAggregate)
-	wait.For(t, time.Minute, "every message deleted", func() bool { return sub.Stats().Deleted == aggregates*perAggregate })
+	wait.For(t, time.Minute, "every message deleted", func() bool { return sub.Stats().Deleted >= aggregates*perAggregate })
 	if st := c.Stats(); st.Applied != aggregates*perAggregate || st.Gaps != 0 {
 		t.Fatalf("inbox stats %+v: want every event applied once, no gap", st)
 	}
