@@ -1,6 +1,7 @@
 package sqsinbox_test
 
 import (
+	"fmt"
 	"maps"
 	"testing"
 	"time"
@@ -9,6 +10,8 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/aws/sqs"
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/inboxtest"
@@ -37,8 +40,12 @@ func TestHostileMessages(t *testing.T) {
 		"sequence not a number":         {`{}`, with(base(), wire.HeaderAggregateSequence, "1; DROP TABLE effects")},
 		"body not JSON":                 {`not json`, base()},
 		"no attributes":                 {`{"order_id":"x0"}`, nil},
-		"a structured CloudEvent": {`{"specversion":"1.0","id":"1","source":"s","type":"t"}`,
-			map[string]string{sqs.ContentTypeAttribute: "application/cloudevents+json"}},
+		"a CloudEvent with a forged id": {ce(valid, `"id":"1"`), ceAttrs(nil)},
+		"a CloudEvent with data twice":  {ce(valid, `"data_base64":"e30="`), ceAttrs(nil)},
+		"a CloudEvent with a number":    {ce(valid, `"`+wire.CEExtSequence+`":1`), ceAttrs(nil)},
+		"a CloudEvent not JSON":         {`{"specversion":`, ceAttrs(nil)},
+		"a producer header posing as an attribute": {ce(valid, ""),
+			ceAttrs(map[string]string{sqs.HeadersAttribute: `{"ce-id":"` + pgoutbox.NewEventID().String() + `"}`})},
 	}
 	c := sqsClient()
 	for name, v := range variants {
@@ -63,22 +70,49 @@ func TestHostileMessages(t *testing.T) {
 	}
 	_, err := c.SendMessage(t.Context(), in)
 	pgtest.Must(t, err, "send binary")
+	// Behind them, the real event, and another as a well-formed structured
+	// CloudEvent: the variants' base, so each refusal is its change's.
 	tg.Publish(t, valid)
+	other := inboxtest.Event("x1", 1)
+	_, err = c.SendMessage(t.Context(), &awssqs.SendMessageInput{QueueUrl: aws.String(tg.url), MessageBody: aws.String(ce(other, "")),
+		MessageGroupId: aws.String(unique("ce")), MessageDeduplicationId: aws.String(unique("d")),
+		MessageAttributes: map[string]sqstypes.MessageAttributeValue{
+			sqs.ContentTypeAttribute: {DataType: aws.String("String"), StringValue: aws.String("application/cloudevents+json")}}})
+	pgtest.Must(t, err, "send the CloudEvent")
 
 	e := newEffects(t)
 	cons := e.Consumer(t, inbox.Config{}, nil)
 	sub := start(t, cons, testConfig(tg.url, 2))
 	want := int64(len(variants) + 1)
-	wait.For(t, time.Minute, "every hostile message deleted and the event applied", func() bool {
+	wait.For(t, time.Minute, "every hostile message deleted and the events applied", func() bool {
 		st := sub.Stats()
-		return st.Undecodable >= want && st.Deleted >= 1
+		return st.Undecodable >= want && st.Deleted >= 2
 	})
-	if n := e.Count(t, "effects", "true"); n != 1 {
-		t.Fatalf("%d effects, want the one real event", n)
+	if n := e.Count(t, "effects", "true"); n != 2 {
+		t.Fatalf("%d effects, want the two real events", n)
 	}
 }
 
 func with(m map[string]string, k, v string) map[string]string {
 	m[k] = v
+	return m
+}
+
+// ce returns valid as a structured CloudEvent, with extra members (JSON,
+// written last: a repeated name is the later one's).
+func ce(valid broker.Message, extra string) string {
+	s := fmt.Sprintf(`{"specversion":"1.0","id":%q,"source":"/x","type":%q,"time":%q,%q:%q,%q:%q,%q:"1",%q:"1",`+
+		`"datacontenttype":"application/json","data":{}`,
+		valid.EventID.String(), valid.EventType, valid.OccurredAt.UTC().Format(time.RFC3339Nano),
+		wire.CEExtAggregateType, valid.AggregateType, wire.CEExtAggregateID, valid.AggregateID, wire.CEExtSequence, wire.CEExtSchemaVersion)
+	if extra != "" {
+		s += "," + extra
+	}
+	return s + "}"
+}
+
+func ceAttrs(more map[string]string) map[string]string {
+	m := map[string]string{sqs.ContentTypeAttribute: "application/cloudevents+json"}
+	maps.Copy(m, more)
 	return m
 }

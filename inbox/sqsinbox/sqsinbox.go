@@ -31,15 +31,15 @@
 //
 // # Wire format and trust
 //
-// Messages are read in the default format of broker/aws/sqs: the Outbox-*
-// String attributes and the producer's headers in its Outbox-Headers
-// attribute ([sqs.Headers]); the body is the payload. Everything in a message
-// is untrusted: the inbox decodes and bounds it (wire.ParseReceived), and a
-// message that is not an outbox event — the structured-mode CloudEvents the
-// publisher's CloudEvents format sends included, which this subscriber does
-// not read — is deleted and logged as undecodable, as every subscriber
-// terminates poison. Use the default format between a relay and this
-// subscriber.
+// Messages are read in either format of broker/aws/sqs. In the default one
+// the Outbox-* String attributes and the producer's headers in its
+// Outbox-Headers attribute ([sqs.Headers]) are the headers and the body is
+// the payload; in the CloudEvents format the body is a structured-mode JSON
+// CloudEvent, whose attributes the subscriber hands the inbox as the HTTP
+// binding's ce- headers. Everything in a message is untrusted: the inbox
+// decodes and checks it (wire.ParseReceived), and a message that is not an
+// outbox event is deleted and logged as undecodable, as every subscriber
+// terminates poison.
 //
 // Credentials and the endpoint are the caller's: New takes an SQS client,
 // normally built from config.LoadDefaultConfig (environment, shared files,
@@ -55,6 +55,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -187,10 +188,12 @@ type Stats struct {
 	Released    int64 // messages received but not processed when the Subscriber stopped, handed back at once
 }
 
-// message is one received message, with the state its group shares within
-// the receive that returned it.
+// message is one received message, decoded once at receipt, with the state
+// its group shares within the receive that returned it.
 type message struct {
 	sqstypes.Message
+	d   inbox.Delivery // what the inbox reads, unless err
+	err error          // why the message is undecodable
 	run *groupRun
 }
 
@@ -344,7 +347,8 @@ func (s *Subscriber) receiveOnce(n int) error {
 			r = &groupRun{}
 			runs[g] = r
 		}
-		msgs = append(msgs, &message{Message: m, run: r})
+		d, err := decode(m)
+		msgs = append(msgs, &message{Message: m, d: d, err: err, run: r})
 	}
 	s.heldMu.Lock()
 	for _, m := range msgs {
@@ -413,26 +417,13 @@ func (s *Subscriber) changeVisibilityBatch(msgs []*message, d time.Duration) {
 // queueBroker settles SQS messages for the core.
 type queueBroker struct{ s *Subscriber }
 
-// attrs returns m's String (and Number) attributes.
-func attrs(m *message) map[string]string {
-	out := make(map[string]string, len(m.MessageAttributes))
-	for k, v := range m.MessageAttributes {
-		if v.StringValue != nil {
-			out[k] = *v.StringValue
-		}
-	}
-	return out
-}
-
 func (b queueBroker) Lane(m *message) pgoutbox.Lane {
-	a := attrs(m)
-	return pgoutbox.LaneOf(wire.LaneHeaders(func(n string) string { return a[n] }))
+	return pgoutbox.LaneOf(wire.LaneHeaders(func(n string) string { return m.d.Headers[n] }))
 }
 
-// Delivery returns m as the inbox reads it: its attributes as headers (the
-// producer's out of sqs.HeadersAttribute), Content-Type (the transport's)
-// left out. A message behind a retried one of its group is handed back
-// unprocessed; one whose headers attribute is corrupt is undecodable.
+// Delivery returns m as the inbox reads it (see decode). A message behind a
+// retried one of its group is handed back unprocessed; one that decode
+// refused is undecodable.
 func (b queueBroker) Delivery(m *message) (inbox.Delivery, bool) {
 	if m.run.failed.Load() {
 		b.s.heldBack.Add(1)
@@ -440,18 +431,87 @@ func (b queueBroker) Delivery(m *message) (inbox.Delivery, bool) {
 		b.s.changeVisibility(m, 0, "hand back")
 		return inbox.Delivery{}, false
 	}
-	a := attrs(m)
+	if m.err != nil {
+		b.Term(m, inbox.Outcome{Status: inbox.StatusUndecodable, Err: m.err})
+		return inbox.Delivery{}, false
+	}
+	return m.d, true
+}
+
+// decode returns m as the inbox reads it. In the default format: its String
+// attributes as headers (the producer's out of sqs.HeadersAttribute),
+// Content-Type (the transport's) left out, the body as it is. A structured-mode
+// CloudEvent (Content-Type application/cloudevents+json, what the publisher's
+// CloudEvents format sends) becomes the binary-mode message the inbox reads:
+// each attribute member a ce- header, data (or the bytes of data_base64) the
+// body, the producer's headers beside. A headers attribute that is not a JSON
+// object of strings, and a CloudEvent that is not an object of string members
+// with one data member, are errors: the message is undecodable.
+func decode(m sqstypes.Message) (inbox.Delivery, error) {
+	a := make(map[string]string, len(m.MessageAttributes))
+	for k, v := range m.MessageAttributes {
+		if v.StringValue != nil { // String and Number; a Binary attribute is no header
+			a[k] = *v.StringValue
+		}
+	}
+	ct := a[sqs.ContentTypeAttribute]
 	delete(a, sqs.ContentTypeAttribute)
 	h, err := sqs.Headers(a)
 	if err != nil {
-		b.Term(m, inbox.Outcome{Status: inbox.StatusUndecodable, Err: err})
-		return inbox.Delivery{}, false
+		return inbox.Delivery{}, err
 	}
 	d := inbox.Delivery{Body: []byte(aws.ToString(m.Body)), Headers: h, Attempt: 1}
 	if n, err := strconv.Atoi(m.Attributes[string(sqstypes.MessageSystemAttributeNameApproximateReceiveCount)]); err == nil && n > 0 {
 		d.Attempt = n
 	}
-	return d, true
+	if mt, _, _ := strings.Cut(ct, ";"); strings.EqualFold(strings.TrimSpace(mt), cloudEventsJSON) {
+		return structured(d)
+	}
+	return d, nil
+}
+
+// cloudEventsJSON is the media type of a structured-mode CloudEvent.
+const cloudEventsJSON = "application/cloudevents+json"
+
+// structured turns d, whose body is a structured-mode CloudEvent, into the
+// binary-mode delivery of the HTTP binding (ce- headers).
+func structured(d inbox.Delivery) (inbox.Delivery, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(d.Body, &obj); err != nil {
+		return inbox.Delivery{}, fmt.Errorf("sqsinbox: structured CloudEvent: %w", err)
+	}
+	for name := range d.Headers {
+		// A producer header named like an attribute would pose as one.
+		if strings.HasPrefix(strings.ToLower(name), wire.CloudEventsHTTP.Prefix) {
+			return inbox.Delivery{}, fmt.Errorf("sqsinbox: structured CloudEvent: producer header %.64q", name)
+		}
+	}
+	out := inbox.Delivery{Headers: d.Headers, Attempt: d.Attempt}
+	_, hasData := obj["data"]
+	_, hasBase64 := obj["data_base64"]
+	if hasData == hasBase64 {
+		return inbox.Delivery{}, errors.New("sqsinbox: structured CloudEvent: want exactly one of data and data_base64")
+	}
+	for k, raw := range obj {
+		switch k {
+		case "data":
+			out.Body = raw
+			continue
+		case "data_base64":
+			var b []byte // encoding/json reads base64 into []byte
+			if err := json.Unmarshal(raw, &b); err != nil {
+				return inbox.Delivery{}, fmt.Errorf("sqsinbox: structured CloudEvent: member data_base64: %w", err)
+			}
+			out.Body = b
+			continue
+		}
+		var v string
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return inbox.Delivery{}, fmt.Errorf("sqsinbox: structured CloudEvent: member %.64q is not a string", k)
+		}
+		out.Headers[wire.CloudEventsHTTP.Prefix+k] = v
+	}
+	return out, nil
 }
 
 // unhold removes m from the held messages; it waits for an extension in

@@ -24,6 +24,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/pgoutboxtest"
 	"github.com/pgoutbox/pgoutbox/relay"
+	"github.com/pgoutbox/pgoutbox/wire"
 )
 
 func start(t *testing.T, proc inbox.Processor, cfg *sqsinbox.Config) *sqsinbox.Subscriber {
@@ -215,5 +216,21 @@ func TestHoldBackHandsBackAtOnce(t *testing.T) {
 			}
 		}
 		return false
+	})
+}
+
+// The CloudEvents format (a structured-mode CloudEvent as the body) and the
+// default one, fed by the relay's publisher, read back as published.
+func TestCloudEvents(t *testing.T) {
+	t.Parallel()
+	e := newEffects(t)
+	url := newQueue(t, false)
+	publish := func(t *testing.T, enc wire.Encoding) broker.Publisher {
+		p, err := sqs.New(t.Context(), sqsClient(), &sqs.Config{Destination: broker.MustParseTemplate(url), Encoding: enc, Logger: quiet})
+		pgtest.Must(t, err, "sqs.New")
+		return p
+	}
+	inboxtest.CloudEvents(t, e, publish, func(t *testing.T, proc inbox.Processor) {
+		start(t, proc, testConfig(url, 2))
 	})
 }
