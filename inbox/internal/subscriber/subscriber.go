@@ -1,5 +1,5 @@
 // Package subscriber is the core that the per-message inbox subscribers
-// (natsinbox, rabbitinbox, redisinbox, pubsubinbox) share: the per-aggregate
+// (natsinbox, rabbitinbox, redisinbox, pubsubinbox, sqsinbox) share: the per-aggregate
 // queue of messages pulled but not started, the workers that take them lane by
 // lane, the mapping of the inbox Processor's Outcome to the broker's
 // settlement, and the hand-back of what was pulled but not started when the
