@@ -286,7 +286,7 @@ func TestDestinationHostileNames(t *testing.T) {
 func TestEventDestinations(t *testing.T) {
 	e := newDestEnv(t)
 	ctx := context.Background()
-	e.exec(`INSERT INTO `+e.table("outbox_destinations")+` (name, rules, start) VALUES ('users', '[{"aggregate_types":["user"]}]', 'now')`)
+	e.exec(`INSERT INTO ` + e.table("outbox_destinations") + ` (name, rules, start) VALUES ('users', '[{"aggregate_types":["user"]}]', 'now')`)
 	// analytics: a1 stopped at its 2nd event; partners: a1 delivered through 1.
 	e.lane("analytics", "a1", 1, seq(2))
 	e.lane("partners", "a1", 1, nil)
