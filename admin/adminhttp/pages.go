@@ -332,11 +332,11 @@ type eventBody struct {
 	// Destinations is the event's state at each destination (none: the
 	// outbox has no destinations).
 	Destinations []eventDestination
-	Payload    string
-	PayloadCut int
-	Headers    []header
-	Lane       []eventRow
-	LaneLink   string
+	Payload      string
+	PayloadCut   int
+	Headers      []header
+	Lane         []eventRow
+	LaneLink     string
 }
 
 func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
