@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -57,6 +58,9 @@ type Destination struct {
 	// OldestPendingAge is how long ago the oldest of its pending events
 	// occurred; zero when none is pending.
 	OldestPendingAge Duration `json:"oldest_pending_age_seconds"`
+	// OldestPendingAt is when the oldest of its pending events occurred; nil
+	// when none is pending.
+	OldestPendingAt *time.Time `json:"oldest_pending_at"`
 }
 
 // destinationsSQL reads each destination with its figures. Pending events are
@@ -69,11 +73,11 @@ SELECT d.name, d.rules, d.start, d.registered_at, d.updated_at,
        coalesce(p.lanes, 0), coalesce(p.events, 0),
        (SELECT count(*) FROM %[2]s l WHERE l.destination = d.name AND l.quarantined_at IS NOT NULL),
        (SELECT count(*) FROM %[2]s l WHERE l.destination = d.name AND l.claim_until > now()),
-       coalesce(p.oldest, 0)::float8
+       coalesce(p.oldest, 0)::float8, p.oldest_at
   FROM %[1]s d
   LEFT JOIN LATERAL (
         SELECT count(DISTINCT (e.aggregate_type, e.aggregate_id)) AS lanes, count(*) AS events,
-               extract(epoch FROM now() - min(e.occurred_at)) AS oldest
+               extract(epoch FROM now() - min(e.occurred_at)) AS oldest, min(e.occurred_at) AS oldest_at
           FROM %[3]s e
           LEFT JOIN %[2]s l ON l.destination = d.name AND l.aggregate_type = e.aggregate_type AND l.aggregate_id = e.aggregate_id
          WHERE e.published_at IS NULL AND e.quarantined_at IS NULL
@@ -101,8 +105,12 @@ func (a *Admin) destinations(ctx context.Context, db DB, name *string) ([]Destin
 	var d Destination
 	var oldest float64
 	_, err = pgx.ForEachRow(rows, []any{&d.Name, &d.Rules, &d.Start, &d.RegisteredAt, &d.UpdatedAt,
-		&d.PendingLanes, &d.PendingEvents, &d.DeadLetters, &d.LiveLeases, &oldest}, func() error {
+		&d.PendingLanes, &d.PendingEvents, &d.DeadLetters, &d.LiveLeases, &oldest, &d.OldestPendingAt}, func() error {
 		d.OldestPendingAge = Duration(oldest * float64(time.Second))
+		if d.OldestPendingAt != nil {
+			at := *d.OldestPendingAt
+			d.OldestPendingAt = &at
+		}
 		d.Rules = append(json.RawMessage(nil), d.Rules...)
 		out = append(out, d)
 		return nil
@@ -512,6 +520,94 @@ func (a *Admin) SkipDestination(ctx context.Context, req DestinationSkipRequest)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("admin: skip for %s: %w", req.Destination, err)
+	}
+	return out, nil
+}
+
+// The states of an event at one destination (EventDestination.State).
+const (
+	// DestDelivered: the destination's lane passed the event and its rules
+	// route it there.
+	DestDelivered = "delivered"
+	// DestNotRouted: the destination's current rules do not route the event
+	// there.
+	DestNotRouted = "not_routed"
+	// DestPending: routed there and not yet passed; a relay will publish it.
+	DestPending = "pending"
+	// DestQuarantined: the destination's lane stopped at the event: a dead
+	// letter of the destination.
+	DestQuarantined = "quarantined"
+	// DestBlocked: routed there, waiting behind a dead letter of the same lane
+	// at the destination (BlockedBehind).
+	DestBlocked = "blocked"
+)
+
+// EventDestination is one event's state at one destination.
+type EventDestination struct {
+	Destination string `json:"destination"`
+	// Routed says whether the destination's rules, as a relay last
+	// registered them, route the event there.
+	Routed bool `json:"routed"`
+	// State is one of DestDelivered, DestNotRouted, DestPending,
+	// DestQuarantined and DestBlocked.
+	State string `json:"state"`
+	// DeliveredSequence is how far the destination's lane went (0: nowhere).
+	DeliveredSequence int64 `json:"delivered_sequence"`
+	// BlockedBehind is the sequence of the dead letter the event waits behind
+	// (DestBlocked), else 0.
+	BlockedBehind int64 `json:"blocked_behind,omitempty"`
+	// AttemptCount and LastError are the lane's, while it has not passed the
+	// event.
+	AttemptCount int    `json:"attempt_count"`
+	LastError    string `json:"last_error,omitempty"`
+}
+
+// EventDestinations returns the state of event e (as Get returned it) at each
+// registered destination, by name: delivered when the destination's lane
+// passed it (delivered_sequence >= its sequence) and its rules route it there,
+// else quarantined there (its lane stopped at it), not routed when the rules do
+// not route it there, blocked behind the lane's dead letter there, or pending. It is empty when the outbox has no
+// destinations (one cheap query).
+func (a *Admin) EventDestinations(ctx context.Context, e *Event) ([]EventDestination, error) {
+	rows, err := a.db.Query(ctx, `SELECT d.name, d.rules, coalesce(l.delivered_sequence, 0), l.quarantined_sequence,
+       coalesce(l.attempt_count, 0), coalesce(l.last_error, '')
+  FROM `+a.table("outbox_destinations")+` d
+  LEFT JOIN `+a.lanes()+` l ON l.destination = d.name AND l.aggregate_type = $1 AND l.aggregate_id = $2
+ ORDER BY d.name`, e.AggregateType, e.AggregateID)
+	if err != nil {
+		return nil, fmt.Errorf("admin: destinations of event %s: %w", e.ID, err)
+	}
+	out := []EventDestination{}
+	var d EventDestination
+	var rules []byte
+	var quarantined *int64
+	_, err = pgx.ForEachRow(rows, []any{&d.Destination, &rules, &d.DeliveredSequence, &quarantined, &d.AttemptCount, &d.LastError}, func() error {
+		var rs []relay.Rule
+		if err := json.Unmarshal(rules, &rs); err != nil {
+			return fmt.Errorf("rules of destination %s: %w", d.Destination, err)
+		}
+		row := d
+		row.Routed = slices.ContainsFunc(rs, func(r relay.Rule) bool { return r.Match(e.AggregateType, e.EventType, e.Headers) })
+		switch {
+		case e.AggregateSequence <= row.DeliveredSequence:
+			row.State, row.AttemptCount, row.LastError = DestDelivered, 0, ""
+			if !row.Routed {
+				row.State = DestNotRouted
+			}
+		case quarantined != nil && *quarantined == e.AggregateSequence:
+			row.State = DestQuarantined
+		case !row.Routed:
+			row.State, row.AttemptCount, row.LastError = DestNotRouted, 0, ""
+		case quarantined != nil && *quarantined < e.AggregateSequence:
+			row.State, row.BlockedBehind, row.AttemptCount, row.LastError = DestBlocked, *quarantined, 0, ""
+		default:
+			row.State = DestPending
+		}
+		out = append(out, row)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: destinations of event %s: %w", e.ID, err)
 	}
 	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
@@ -279,5 +280,54 @@ func TestDestinationHostileNames(t *testing.T) {
 	}
 	if n := countRows(t, e.pool, e.table("outbox_destinations"), "true"); n != 2 {
 		t.Errorf("the destinations changed")
+	}
+}
+
+func TestEventDestinations(t *testing.T) {
+	e := newDestEnv(t)
+	ctx := context.Background()
+	e.exec(`INSERT INTO ` + e.table("outbox_destinations") + ` (name, rules, start) VALUES ('users', '[{"aggregate_types":["user"]}]', 'now')`)
+	// analytics: a1 stopped at its 2nd event; partners: a1 delivered through 1.
+	e.lane("analytics", "a1", 1, seq(2))
+	e.lane("partners", "a1", 1, nil)
+	want := map[int][]string{ // a1's events: analytics, partners, users
+		0: {admin.DestDelivered, admin.DestDelivered, admin.DestNotRouted},
+		1: {admin.DestQuarantined, admin.DestPending, admin.DestNotRouted},
+		2: {admin.DestBlocked, admin.DestPending, admin.DestNotRouted},
+	}
+	for i, states := range want {
+		ev, err := e.admin.Get(ctx, e.ids["a1"][i])
+		pgtest.Must(t, err, "get")
+		ds, err := e.admin.EventDestinations(ctx, ev)
+		pgtest.Must(t, err, "event destinations")
+		if len(ds) != 3 || ds[0].Destination != "analytics" || ds[1].Destination != "partners" || ds[2].Destination != "users" {
+			t.Fatalf("event %d: destinations %+v", i+1, ds)
+		}
+		for j, s := range states {
+			if ds[j].State != s {
+				t.Errorf("event %d at %s: %s, want %s (%+v)", i+1, ds[j].Destination, ds[j].State, s, ds[j])
+			}
+		}
+		if i == 1 && (ds[0].LastError != "broker refused it" || ds[0].AttemptCount != 10) {
+			t.Errorf("the dead letter at analytics: %+v", ds[0])
+		}
+		if i == 2 && ds[0].BlockedBehind != 2 {
+			t.Errorf("event 3 at analytics blocked behind %d, want 2", ds[0].BlockedBehind)
+		}
+	}
+
+	ds, err := e.admin.Destinations(ctx)
+	pgtest.Must(t, err, "destinations")
+	a := findDest(t, ds, "analytics")
+	if a.OldestPendingAt == nil || time.Since(*a.OldestPendingAt) < time.Duration(a.OldestPendingAge)-time.Minute {
+		t.Errorf("analytics oldest pending at %v, age %v", a.OldestPendingAt, a.OldestPendingAge)
+	}
+
+	bare := newDLQEnv(t)
+	ids := bare.enqueue("order", 1, "x")
+	ev, err := bare.admin.Get(ctx, ids["x"][0])
+	pgtest.Must(t, err, "get")
+	if ds, err := bare.admin.EventDestinations(ctx, ev); err != nil || len(ds) != 0 {
+		t.Errorf("without destinations: %+v, %v", ds, err)
 	}
 }

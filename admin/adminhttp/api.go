@@ -66,6 +66,18 @@ func (h *Handler) apiRoutes() {
 		if err != nil {
 			return nil, err
 		}
+		dest, err := destinationOf(r)
+		if err != nil {
+			return nil, err
+		}
+		if dest != "" { // one destination's dead letters: up to limit, no next page
+			evs, err := a.ListDestinationQuarantined(r.Context(), dest, f)
+			if err != nil {
+				return nil, err
+			}
+			n := len(evs)
+			return &apiList{Events: orEmpty(evs), Matching: &n}, nil
+		}
 		n, err := a.CountBulk(r.Context(), f, "")
 		if err != nil {
 			return nil, err
@@ -92,9 +104,17 @@ func (h *Handler) apiRoutes() {
 		if err != nil {
 			return nil, err
 		}
+		ds, err := a.EventDestinations(r.Context(), e)
+		if err != nil {
+			return nil, err
+		}
 		hs := showHeaders(e.Headers) // masked as on the page, for every user
 		e.Headers = nil
-		return map[string]any{"event": e, "headers": hs}, nil
+		return map[string]any{"event": e, "headers": hs, "destinations": ds}, nil
+	})
+	get("destinations", func(r *http.Request, a *admin.Admin, _ string) (any, error) {
+		ds, err := a.Destinations(r.Context())
+		return map[string]any{"destinations": orEmpty(ds)}, err
 	})
 	get("audit", func(r *http.Request, a *admin.Admin, _ string) (any, error) {
 		entries, err := a.Audit(r.Context(), 100)

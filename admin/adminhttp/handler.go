@@ -44,6 +44,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/migrate"
+	"github.com/pgoutbox/pgoutbox/relay"
 )
 
 //go:embed assets
@@ -122,6 +123,7 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("GET /replay", h.replayPage)
 	h.mux.HandleFunc("POST /replay", h.operator(h.replayRun))
 	h.mux.HandleFunc("GET /relays", h.relays)
+	h.mux.HandleFunc("GET /destinations", h.destinationsPage)
 	h.mux.HandleFunc("GET /audit", h.audit)
 	h.mux.HandleFunc("GET /api/overview", h.apiOverview)
 	h.apiRoutes()
@@ -292,12 +294,12 @@ func errStatus(err error) (int, string) {
 		// The catalog's names of what was found: shown escaped (html/template,
 		// then internal/visible), as producers' text.
 		return http.StatusForbidden, "tenant refused: " + err.Error()
-	case errors.Is(err, admin.ErrNotFound):
+	case errors.Is(err, admin.ErrNotFound), errors.Is(err, admin.ErrDestinationNotFound):
 		return http.StatusNotFound, err.Error()
 	case errors.Is(err, admin.ErrNotQuarantined):
 		return http.StatusConflict, err.Error()
 	case errors.Is(err, admin.ErrNoReason), errors.Is(err, admin.ErrInvalidAuditText), errors.Is(err, admin.ErrNoEvents),
-		errors.Is(err, admin.ErrNoFilter):
+		errors.Is(err, admin.ErrNoFilter), errors.Is(err, relay.ErrInvalidDestination):
 		return http.StatusBadRequest, err.Error()
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return http.StatusServiceUnavailable, "the database did not answer in time"

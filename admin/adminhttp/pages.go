@@ -251,6 +251,9 @@ type dlqBody struct {
 	Matching int
 	Next     string
 	First    string
+	// Destination names the destination whose dead letters these are ("":
+	// the outbox's own).
+	Destination string
 }
 
 type eventRow struct {
@@ -282,6 +285,13 @@ func (h *Handler) dlq(w http.ResponseWriter, r *http.Request) {
 		f, p, err := filterPageOf(r)
 		if err != nil {
 			return nil, err
+		}
+		dest, err := destinationOf(r)
+		if err != nil {
+			return nil, err
+		}
+		if dest != "" {
+			return h.destinationDLQ(r, v, a, dest, f)
 		}
 		evs, err := a.ListQuarantinedPage(r.Context(), f, p)
 		if err != nil {
@@ -318,12 +328,15 @@ func (h *Handler) notice(r *http.Request) string {
 }
 
 type eventBody struct {
-	Event      *admin.Event
-	Payload    string
-	PayloadCut int
-	Headers    []header
-	Lane       []eventRow
-	LaneLink   string
+	Event *admin.Event
+	// Destinations is the event's state at each destination (none: the
+	// outbox has no destinations).
+	Destinations []eventDestination
+	Payload      string
+	PayloadCut   int
+	Headers      []header
+	Lane         []eventRow
+	LaneLink     string
 }
 
 func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
@@ -335,6 +348,14 @@ func (h *Handler) event(w http.ResponseWriter, r *http.Request) {
 		}
 		b := &eventBody{Event: e, Headers: showHeaders(e.Headers)}
 		b.Payload, b.PayloadCut = showPayload(e.Payload)
+		ds, err := a.EventDestinations(r.Context(), e)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range ds {
+			b.Destinations = append(b.Destinations, eventDestination{EventDestination: d,
+				DLQLink: h.link("/dlq", v.Schema, "destination", d.Destination)})
+		}
 		if e.State != admin.StatePublished && e.State != admin.StateSkipped {
 			lane, err := a.Lane(r.Context(), e.AggregateType, e.AggregateID, 50)
 			if err != nil {
@@ -367,20 +388,24 @@ func oneEvent(r *http.Request, a *admin.Admin) (*admin.Event, error) {
 }
 
 // back returns the result page of an action on ids: the event page for one
-// event, else the dead-letter list with the filter it was sent from, with
-// the outcome's id.
-func (h *Handler) back(schema string, ids []pgoutbox.UUID, f admin.Filter) func(string) string {
+// event, else the dead-letter list (of the destination, if any) with the
+// filter it was sent from, with the outcome's id.
+func (h *Handler) back(schema, dest string, ids []pgoutbox.UUID, f admin.Filter) func(string) string {
 	return func(result string) string {
 		if len(ids) == 1 {
 			return h.link("/event", schema, "id", ids[0].String(), "result", result)
 		}
-		return h.link("/dlq", schema, append(filterParams(f), "result", result)...)
+		return h.link("/dlq", schema, append(filterParams(f), "destination", dest, "result", result)...)
 	}
 }
 
 func (h *Handler) retry(w http.ResponseWriter, r *http.Request) {
 	h.deadLetterAction(w, r, "Retry", "retry", "Retried %d event(s): the relays take them at once; the retry is in the audit.",
-		func(ctx context.Context, a *admin.Admin, ids []pgoutbox.UUID, reason, actor string) (int, error) {
+		func(ctx context.Context, a *admin.Admin, dest string, ids []pgoutbox.UUID, reason, actor string) (int, error) {
+			if dest != "" {
+				done, err := a.RetryDestination(ctx, admin.DestinationRetryRequest{Destination: dest, IDs: ids, Reason: reason, Actor: actor})
+				return len(done), err
+			}
 			done, err := a.RetryEvents(ctx, admin.RetryRequest{IDs: ids, Reason: reason, Actor: actor})
 			return len(done), err
 		})
@@ -388,7 +413,11 @@ func (h *Handler) retry(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) skip(w http.ResponseWriter, r *http.Request) {
 	h.deadLetterAction(w, r, "Skip", "skip", "Skipped %d event(s): their lanes move on; the skip is in the audit.",
-		func(ctx context.Context, a *admin.Admin, ids []pgoutbox.UUID, reason, actor string) (int, error) {
+		func(ctx context.Context, a *admin.Admin, dest string, ids []pgoutbox.UUID, reason, actor string) (int, error) {
+			if dest != "" {
+				done, err := a.SkipDestination(ctx, admin.DestinationSkipRequest{Destination: dest, IDs: ids, Reason: reason, Actor: actor})
+				return len(done), err
+			}
 			done, err := a.Skip(ctx, admin.SkipRequest{IDs: ids, Reason: reason, Actor: actor})
 			return len(done), err
 		})
@@ -403,15 +432,19 @@ func reasonOf(r *http.Request, verb string) (string, error) {
 	return reason, err
 }
 
-// deadLetterAction reads the form of a retry or a skip (the events' ids and a
-// reason), runs act once as the signed-in user, and redirects to the result
-// page, whose notice (done, with the count) comes from the record of the run.
+// deadLetterAction reads the form of a retry or a skip (the events' ids, a
+// reason, and the destination whose dead letters they are, if any), runs act
+// once as the signed-in user, and redirects to the result page, whose notice
+// (done, with the count) comes from the record of the run.
 func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title, verb, done string,
-	act func(ctx context.Context, a *admin.Admin, ids []pgoutbox.UUID, reason, actor string) (int, error)) {
+	act func(ctx context.Context, a *admin.Admin, dest string, ids []pgoutbox.UUID, reason, actor string) (int, error)) {
 	schema, all, a, err := h.schemaOf(r)
 	v := &view{Title: title, Nav: "dlq", Schema: schema, Schemas: all}
 	var ids []pgoutbox.UUID
-	var reason string
+	var reason, dest string
+	if err == nil {
+		dest, err = destinationOf(r)
+	}
 	if err == nil {
 		ids, err = idsOf(r, "id")
 	}
@@ -433,15 +466,20 @@ func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title
 	if !ok {
 		return
 	}
-	n, err := act(r.Context(), a, ids, reason, p.actor)
+	n, err := act(r.Context(), a, dest, ids, reason, p.actor)
 	if err != nil {
 		h.acts.abort(tok) // the action's transaction changed nothing
 		h.fail(w, r, v, err)
 		return
 	}
-	h.log.Info("console: "+verb+" dead letters", slog.String("actor", p.actor), slog.String("schema", schema), slog.Int("events", n))
-	o := &outcome{user: p.name, notice: fmt.Sprintf(done, n), count: n}
-	h.acts.finish(tok, o, h.back(schema, ids, f))
+	h.log.Info("console: "+verb+" dead letters", slog.String("actor", p.actor), slog.String("schema", schema),
+		slog.String("destination", dest), slog.Int("events", n))
+	notice := fmt.Sprintf(done, n)
+	if dest != "" {
+		notice = fmt.Sprintf("Destination %s: %s", dest, notice)
+	}
+	o := &outcome{user: p.name, notice: notice, count: n}
+	h.acts.finish(tok, o, h.back(schema, dest, ids, f))
 	h.done(w, r, o, false)
 }
 
