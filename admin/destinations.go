@@ -440,13 +440,7 @@ func (a *Admin) SkipDestination(ctx context.Context, req DestinationSkipRequest)
 	if err := checkDestinationName(req.Destination); err != nil {
 		return nil, err
 	}
-	if len(req.IDs) == 0 {
-		return nil, ErrNoEvents
-	}
-	if strings.TrimSpace(req.Reason) == "" {
-		return nil, ErrNoReason
-	}
-	actor, reason, err := operator(req.Actor, req.Reason)
+	actor, reason, err := skipOperator(req.IDs, req.Actor, req.Reason)
 	if err != nil {
 		return nil, err
 	}

@@ -450,6 +450,18 @@ func DefaultActor() string {
 	return name + "@" + host
 }
 
+// skipOperator checks a skip's request (ids given, a reason) and returns the
+// actor and reason the audit records.
+func skipOperator(ids []pgoutbox.UUID, actor, reason string) (string, string, error) {
+	if len(ids) == 0 {
+		return "", "", ErrNoEvents
+	}
+	if strings.TrimSpace(reason) == "" {
+		return "", "", ErrNoReason
+	}
+	return operator(actor, reason)
+}
+
 // Skip gives up on quarantined events: each is marked published without being sent
 // (published_at = now(), quarantined_at and the lease cleared, last_error and
 // attempt_count kept), so its aggregate's lane moves on to the next event, and a
@@ -461,13 +473,7 @@ func DefaultActor() string {
 // so it is all or nothing: if any id is unknown (ErrNotFound) or not quarantined
 // (ErrNotQuarantined), nothing is skipped. A blank reason is ErrNoReason.
 func (a *Admin) Skip(ctx context.Context, req SkipRequest) ([]Skipped, error) {
-	if len(req.IDs) == 0 {
-		return nil, ErrNoEvents
-	}
-	if strings.TrimSpace(req.Reason) == "" {
-		return nil, ErrNoReason
-	}
-	actor, reason, err := operator(req.Actor, req.Reason)
+	actor, reason, err := skipOperator(req.IDs, req.Actor, req.Reason)
 	if err != nil {
 		return nil, err
 	}

@@ -564,6 +564,17 @@ func dlqInTenants(cmd *cobra.Command, db *dbFlags, groups []admin.TenantIDs, man
 	return nil
 }
 
+// notRetried returns the ids asked for that are not among those retried.
+func notRetried(asked, retried []pgoutbox.UUID) []string {
+	var left []string
+	for _, id := range asked {
+		if !slices.Contains(retried, id) {
+			left = append(left, id.String())
+		}
+	}
+	return left
+}
+
 // dlqRetryIn runs one retry in the outbox of db.schema and prints its summary,
 // naming the tenant when many.
 func dlqRetryIn(cmd *cobra.Command, db *dbFlags, req admin.RetryRequest, many bool) error {
@@ -573,12 +584,7 @@ func dlqRetryIn(cmd *cobra.Command, db *dbFlags, req admin.RetryRequest, many bo
 	if err != nil {
 		return err
 	}
-	var left []string
-	for _, id := range req.IDs {
-		if !slices.Contains(retried, id) {
-			left = append(left, id.String())
-		}
-	}
+	left := notRetried(req.IDs, retried)
 	summary := "retried " + dlqPlural(len(retried), "event")
 	if len(left) > 0 {
 		summary += "; not quarantined, left alone: " + strings.Join(left, ", ")
@@ -769,12 +775,7 @@ func dlqRetryDestination(cmd *cobra.Command, db *dbFlags, req admin.DestinationR
 	if err != nil {
 		return err
 	}
-	var left []string
-	for _, id := range req.IDs {
-		if !slices.Contains(retried, id) {
-			left = append(left, id.String())
-		}
-	}
+	left := notRetried(req.IDs, retried)
 	summary := "retried " + dlqPlural(len(retried), "dead letter") + " of destination " + req.Destination
 	if len(left) > 0 {
 		summary += "; not its dead letters, left alone: " + strings.Join(left, ", ")
