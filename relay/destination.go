@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -70,6 +71,9 @@ const (
 	// MaxRuleValues bounds the values a rule lists in all (aggregate types,
 	// event types and headers together).
 	MaxRuleValues = 1000
+	// MaxRulesBytes bounds a destination's rules as JSON, the form
+	// outbox_destinations keeps them in (its check allows 64 KiB).
+	MaxRulesBytes = 64 << 10
 	// maxRuleValueBytes bounds one value of a rule.
 	maxRuleValueBytes = 200
 )
@@ -115,6 +119,8 @@ func (d *Destination) Validate() error {
 	}
 	if values > MaxRuleValues {
 		bad("its rules list %d values, above the limit of %d", values, MaxRuleValues)
+	} else if raw, err := json.Marshal(d.Rules); err == nil && len(raw) > MaxRulesBytes {
+		bad("its rules take %d bytes as JSON, above the limit of %d (outbox_destinations keeps them)", len(raw), MaxRulesBytes)
 	}
 	return errors.Join(errs...)
 }

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -35,6 +36,13 @@ func TestDestinationValidate(t *testing.T) {
 		{"empty header name", func(d *Destination) { d.Rules = []Rule{{Headers: map[string]string{"": "v"}}} }, "header name"},
 		{"too many rules", func(d *Destination) { d.Rules = make([]Rule, MaxRules+1); d.Rules[0].All = true }, "rules, above the limit"},
 		{"too many values", func(d *Destination) { d.Rules = []Rule{{EventTypes: make([]string, MaxRuleValues+1)}} }, "values, above the limit"},
+		{"rules too large as JSON", func(d *Destination) {
+			vs := make([]string, 400)
+			for i := range vs {
+				vs[i] = strings.Repeat("v", 190) + fmt.Sprint(i)
+			}
+			d.Rules = []Rule{{EventTypes: vs}}
+		}, "bytes as JSON, above the limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := ok
