@@ -285,8 +285,8 @@ func (d *dest) claimFrom(ctx context.Context, from pgoutbox.Lane, limit int) ([]
 				continue // no event past the cursor: a retried dead letter to quarantine again
 			}
 			ru := &runs[len(runs)-1]
-			if want := ru.delivered + int64(len(ru.events)) + 1; len(ru.events) > 0 && *seq != want {
-				continue // a gap: the run ends before it
+			if n := len(ru.events); n > 0 && *seq != ru.events[n-1].Msg.AggregateSequence+1 {
+				continue // a gap (events deleted by cleanup after a skip): the run ends before it
 			}
 			var e routedEvent
 			e.Msg.EventID = pgoutbox.UUID(id.Bytes)
@@ -327,7 +327,7 @@ func (d *dest) route(ru *run) {
 		m := &e.Msg
 		switch {
 		case e.Refused != nil:
-			e.dead = deadLetterPrefix + truncate(e.Refused.Error(), 1000)
+			e.dead = deadLetterPrefix + retry.ErrorText(e.Refused)
 		case d.Match(m.AggregateType, m.EventType, m.Headers):
 			e.send = true
 			if first {
