@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -82,6 +84,7 @@ func newRouted(r *Relay) *routed {
 		registerBounds: pgbound.New(max(c.StatementTimeout, registerStatementTimeout), c.LockTimeout)}
 	for _, d := range c.Destinations {
 		log := r.log.With(slog.String("destination", d.Name))
+		d.Rules = cloneRules(d.Rules) // the caller's slices may change after New
 		ds := &dest{Destination: d, ro: ro, log: log, leased: map[pgoutbox.Lane]struct{}{}}
 		ds.pipe = r.pipe
 		ds.pipe.Broker, ds.pipe.Log = d.Publisher, log
@@ -91,6 +94,16 @@ func newRouted(r *Relay) *routed {
 		r.streams = append(r.streams, ds.stream)
 	}
 	return ro
+}
+
+// cloneRules copies rules deeply.
+func cloneRules(rules []Rule) []Rule {
+	out := make([]Rule, len(rules))
+	for i, r := range rules {
+		out[i] = Rule{All: r.All, AggregateTypes: slices.Clone(r.AggregateTypes), EventTypes: slices.Clone(r.EventTypes),
+			Headers: maps.Clone(r.Headers)}
+	}
+	return out
 }
 
 // register records every destination at start, one transaction each: a new
