@@ -476,6 +476,15 @@ func (r *Relay) work(s *stream) {
 		}
 		s.prevFound.Store(s.lastFound.Swap(time.Now().UnixNano()))
 		r.setIdle(&idle, false)
+		// Events found by one destination are for every other to pass too; while
+		// this stream is busy the relay is not idle, so neither a notification
+		// nor the hub's probe would wake the others (a relay with one stream
+		// pokes none).
+		for _, other := range r.streams {
+			if other != s {
+				other.wake.Poke()
+			}
+		}
 		if pause := process(); pause > 0 {
 			// The broker is unreachable: hold off claiming instead of cycling every
 			// lane's head through failed attempts.

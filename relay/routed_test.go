@@ -706,3 +706,41 @@ func TestDestinationRoutingHostileEvents(t *testing.T) {
 		t.Fatalf("%d destinations, %d lanes after the hostile events", dests, lanes)
 	}
 }
+
+// Under a steady flow, with no probe to fall back on (PollInterval of an
+// hour), every destination keeps up while the flow goes on: a destination's
+// worker that polls hot keeps the relay busy, so producers stop notifying,
+// and the others hear of the events from the claims that find them.
+func TestDestinationsKeepUpUnderSteadyFlow(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 16)
+	a, b := &brokertest.Recorder{}, &brokertest.Recorder{}
+	all := []relay.Rule{{All: true}}
+	startRouted(t, o, relay.Config{PollInterval: time.Hour, Destinations: []relay.Destination{
+		{Name: "a", Publisher: a, Rules: all, Start: relay.StartNow},
+		{Name: "b", Publisher: b, Rules: all, Start: relay.StartNow},
+	}})
+	stop := make(chan struct{})
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, err := o.prod.EnqueueTx(context.Background(), o.pool,
+				pgoutbox.Event{AggregateType: "flow", AggregateID: fmt.Sprintf("f%d", i%5), EventType: "flow.step", Payload: i})
+			if err != nil {
+				t.Errorf("enqueue: %v", err)
+				return
+			}
+			time.Sleep(time.Millisecond) // the pace of the flow, not a wait
+		}
+	}()
+	defer func() { close(stop); <-produced }()
+	wait.For(t, 60*time.Second, "both destinations to receive 300 events while the flow goes on", func() bool {
+		return len(a.Messages()) >= 300 && len(b.Messages()) >= 300
+	})
+}
