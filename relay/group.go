@@ -75,7 +75,9 @@ type Database struct {
 type GroupConfig struct {
 	// Config is every outbox relay's configuration: ID, BatchSize, Workers,
 	// Lease, backoffs, Logger, Observer (whose reports carry the Tenant). Its
-	// Schema and Tenant must be empty: each outbox has its own.
+	// Schema and Tenant must be empty: each outbox has its own. Destinations
+	// must be empty too: a Group does not support destinations (NewGroup
+	// refuses them); run a Relay per outbox with Config.Destinations.
 	Config Config
 	// Databases lists the databases served, at most 1000.
 	Databases []Database

@@ -10,6 +10,13 @@
 // after Config.MaxAttempts. LISTEN/NOTIFY wakes the relay within milliseconds of a
 // commit; polling is the safety net.
 //
+// A Relay with destinations (Config.Destinations, New with a nil publisher)
+// routes each event to every destination whose rules take it, each with its
+// own broker, workers and progress per lane (outbox_destination_lanes): order,
+// backoff, quarantine and dead letters hold per destination, and one that is
+// down holds back only its own lanes; an event no destination takes is
+// quarantined, never dropped (routed.go; docs/design.md, "Destinations").
+//
 // A Group serves many outboxes (schemas of several databases, chosen by a
 // selector and found again every GroupConfig.DiscoverInterval) with a Relay
 // each. The wake-up of a database's relays is its hub's (hub.go): one LISTEN
@@ -105,7 +112,9 @@ type Relay struct {
 	stats       counters
 }
 
-// Stats are a relay's counters since Start.
+// Stats are a relay's counters since Start. In a relay with destinations
+// they are summed over the destinations: Claimed and Published count an
+// event once per destination that leased or delivered it.
 type Stats struct {
 	Claims      int64 // claim statements that leased at least one event
 	Claimed     int64 // events leased
@@ -467,6 +476,15 @@ func (r *Relay) work(s *stream) {
 		}
 		s.prevFound.Store(s.lastFound.Swap(time.Now().UnixNano()))
 		r.setIdle(&idle, false)
+		// Events found by one destination are for every other to pass too; while
+		// this stream is busy the relay is not idle, so neither a notification
+		// nor the hub's probe would wake the others (a relay with one stream
+		// pokes none).
+		for _, other := range r.streams {
+			if other != s {
+				other.wake.Poke()
+			}
+		}
 		if pause := process(); pause > 0 {
 			// The broker is unreachable: hold off claiming instead of cycling every
 			// lane's head through failed attempts.

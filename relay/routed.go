@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -82,6 +84,7 @@ func newRouted(r *Relay) *routed {
 		registerBounds: pgbound.New(max(c.StatementTimeout, registerStatementTimeout), c.LockTimeout)}
 	for _, d := range c.Destinations {
 		log := r.log.With(slog.String("destination", d.Name))
+		d.Rules = cloneRules(d.Rules) // the caller's slices may change after New
 		ds := &dest{Destination: d, ro: ro, log: log, leased: map[pgoutbox.Lane]struct{}{}}
 		ds.pipe = r.pipe
 		ds.pipe.Broker, ds.pipe.Log = d.Publisher, log
@@ -91,6 +94,16 @@ func newRouted(r *Relay) *routed {
 		r.streams = append(r.streams, ds.stream)
 	}
 	return ro
+}
+
+// cloneRules copies rules deeply.
+func cloneRules(rules []Rule) []Rule {
+	out := make([]Rule, len(rules))
+	for i, r := range rules {
+		out[i] = Rule{All: r.All, AggregateTypes: slices.Clone(r.AggregateTypes), EventTypes: slices.Clone(r.EventTypes),
+			Headers: maps.Clone(r.Headers)}
+	}
+	return out
 }
 
 // register records every destination at start, one transaction each: a new
@@ -285,8 +298,8 @@ func (d *dest) claimFrom(ctx context.Context, from pgoutbox.Lane, limit int) ([]
 				continue // no event past the cursor: a retried dead letter to quarantine again
 			}
 			ru := &runs[len(runs)-1]
-			if want := ru.delivered + int64(len(ru.events)) + 1; len(ru.events) > 0 && *seq != want {
-				continue // a gap: the run ends before it
+			if n := len(ru.events); n > 0 && *seq != ru.events[n-1].Msg.AggregateSequence+1 {
+				continue // a gap (events deleted by cleanup after a skip): the run ends before it
 			}
 			var e routedEvent
 			e.Msg.EventID = pgoutbox.UUID(id.Bytes)
@@ -327,7 +340,7 @@ func (d *dest) route(ru *run) {
 		m := &e.Msg
 		switch {
 		case e.Refused != nil:
-			e.dead = deadLetterPrefix + truncate(e.Refused.Error(), 1000)
+			e.dead = deadLetterPrefix + retry.ErrorText(e.Refused)
 		case d.Match(m.AggregateType, m.EventType, m.Headers):
 			e.send = true
 			if first {
