@@ -14,8 +14,9 @@
 // open, the messages table ("watermill_outbox" in -schema) is created if
 // missing and emptied, and every connection is warmed, {"backend_pids":[…]};
 // then, after a line on stdin, the round runs for -duration and prints
-// {"commits":…,"seconds":…,"cpu_ns":…,"last_id":…,"latency":{…}}. Errors go to
-// stderr with exit status 1.
+// {"commits":…,"seconds":…,"cpu_ns":…,"last_id":…,"latency":{…}}, and keeps its
+// connections (for their backends' CPU to be read) until stdin ends. Errors go
+// to stderr with exit status 1.
 package main
 
 import (
@@ -78,12 +79,19 @@ func runMain(ctx context.Context, args []string, dbURL string, in io.Reader, out
 	if err := enc.Encode(map[string][]int{"backend_pids": pids}); err != nil {
 		return err
 	}
-	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
+	rd := bufio.NewReader(in)
+	if _, err := rd.ReadString('\n'); err != nil {
 		return errors.New("stdin closed before the go-ahead line")
 	}
 	res, err := p.run(ctx)
 	if err != nil {
 		return err
 	}
-	return enc.Encode(res)
+	if err := enc.Encode(res); err != nil {
+		return err
+	}
+	// The connections stay open until stdin ends, so that the bench can read
+	// their backends' CPU after the round.
+	_, _ = io.Copy(io.Discard, rd)
+	return nil
 }

@@ -32,6 +32,7 @@ func TestRoundCommitsRowsInPairs(t *testing.T) {
 			pgtest.URL(), pr, &out)
 	}()
 	_, _ = pw.Write([]byte("go\n"))
+	_ = pw.Close()
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
