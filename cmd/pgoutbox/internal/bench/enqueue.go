@@ -672,6 +672,36 @@ func (res *EnqueueResult) ratios() EnqueueRatios {
 	return out
 }
 
+// peerRatios are the ratios of one peer's cells (the watermill-like INSERT, or
+// the real watermill-sql): their JSON names are key+"_time_ratio_N",
+// "enqueue_vs_"+key+"_N" and "batched_vs_"+key+"_N".
+type peerRatios struct {
+	name, key string
+	// enqueueMax is EnqueueTx / the peer's target; QueueTx's is 1.0.
+	enqueueMax float64
+	at         []peerRatiosAt // 1 and 16 producers
+}
+
+// peerRatiosAt is a peer's ratios at n producers; suffix ends their JSON names.
+type peerRatiosAt struct {
+	n                      int
+	suffix                 string
+	time, enqueue, batched float64
+}
+
+// peers are the ratios of the peers' cells. Issue 19 set EnqueueTx against the
+// watermill-like INSERT at ≤ 1.1; issue 37, against the real watermill-sql, ≤ 1.0.
+func (rt EnqueueRatios) peers() []peerRatios {
+	return []peerRatios{
+		{name: watermillName, key: "watermill", enqueueMax: 1.1, at: []peerRatiosAt{
+			{1, "_1", rt.WatermillTimeRatio1, rt.EnqueueVsWatermill1, rt.BatchedVsWatermill1},
+			{16, "_16", rt.WatermillTimeRatio16, rt.EnqueueVsWatermill16, rt.BatchedVsWatermill16}}},
+		{name: peerName, key: "watermill_sql", enqueueMax: 1.0, at: []peerRatiosAt{
+			{1, "_1", rt.WatermillSQLTimeRatio1, rt.EnqueueVsWatermillSQL1, rt.BatchedVsWatermillSQL1},
+			{16, "_16", rt.WatermillSQLTimeRatio16, rt.EnqueueVsWatermillSQL16, rt.BatchedVsWatermillSQL16}}},
+	}
+}
+
 // formatCPU prints the CPU ratio of name and its per-round range, or "–" if
 // there is none.
 func (rt EnqueueRatios) formatCPU(name string) string {

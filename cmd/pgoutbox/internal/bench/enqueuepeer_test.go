@@ -15,16 +15,23 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
-// peerRunner is a Runner on the test database for the enqueue cells, with
-// peerBin as Config.EnqueuePeerBin.
-func peerRunner(t *testing.T, peerBin string) *Runner {
+// peerBench is an enqueue bench in a schema of its own on the test database,
+// with peerBin as Config.EnqueuePeerBin; both are gone when t ends.
+func peerBench(t *testing.T, peerBin string) *enqueueBench {
 	t.Helper()
 	c, err := (&Config{DatabaseURL: pgtest.URL(), Scenarios: []string{ScenarioEnqueue}, Duration: 2 * time.Second, EnqueueRounds: 2,
 		PayloadBytes: 256, EnqueuePeerBin: peerBin}).withDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Runner{cfg: c, admin: pgtest.Pool(t, pgtest.URL(), 4), prog: newProgress(nil, false)}
+	r := &Runner{cfg: c, admin: pgtest.Pool(t, pgtest.URL(), 4), prog: newProgress(nil, false)}
+	s, err := r.newSchema(context.Background(), "enqueuepeer")
+	pgtest.Must(t, err, "schema")
+	t.Cleanup(func() { r.dropSchema(s) })
+	e, err := r.newEnqueueBench(context.Background(), s)
+	pgtest.Must(t, err, "enqueue bench")
+	t.Cleanup(e.close)
+	return e
 }
 
 // With the peer binary, its cells run interleaved with the bench's own, round
@@ -41,13 +48,8 @@ func TestEnqueuePeerCell(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	r := peerRunner(t, bin)
-	s, err := r.newSchema(ctx, "enqueuepeer")
-	pgtest.Must(t, err, "schema")
-	defer r.dropSchema(s)
-	e, err := r.newEnqueueBench(ctx, s)
-	pgtest.Must(t, err, "enqueue bench")
-	defer e.close()
+	e := peerBench(t, bin)
+	r, s := e.r, e.s
 	var specs []enqueueSpec
 	for _, sp := range e.specs() {
 		if sp.producers == 1 && (!sp.outbox && !sp.floor && !sp.watermill || sp.outbox && sp.notify && !sp.batched || sp.peer) {
@@ -95,14 +97,7 @@ func TestEnqueuePeerCell(t *testing.T) {
 // how to build it; a peer binary that is not there is refused before anything
 // runs.
 func TestEnqueuePeerMissing(t *testing.T) {
-	ctx := context.Background()
-	r := peerRunner(t, "")
-	s, err := r.newSchema(ctx, "enqueuepeer")
-	pgtest.Must(t, err, "schema")
-	defer r.dropSchema(s)
-	e, err := r.newEnqueueBench(ctx, s)
-	pgtest.Must(t, err, "enqueue bench")
-	defer e.close()
+	e := peerBench(t, "")
 	for _, sp := range e.specs() {
 		if sp.peer {
 			t.Errorf("a peer cell without a peer binary: %+v", sp)

@@ -69,27 +69,14 @@ func (res *Result) WriteText(w io.Writer) {
 			}
 			fmt.Fprintln(w)
 		}
-		for _, p := range []struct {
-			n                    int
-			wm, enqueue, batched float64
-			suffix               string
-		}{{1, rt.WatermillTimeRatio1, rt.EnqueueVsWatermill1, rt.BatchedVsWatermill1, "_1"}, {16, rt.WatermillTimeRatio16, rt.EnqueueVsWatermill16, rt.BatchedVsWatermill16, "_16"}} {
-			if p.wm == 0 {
-				continue
+		for _, pr := range rt.peers() {
+			for _, p := range pr.at {
+				if p.time == 0 {
+					continue
+				}
+				fmt.Fprintf(w, "  %2d producer%s: %s %s; EnqueueTx / it %s; QueueTx / it %s\n", p.n, plural(p.n), pr.name,
+					rt.format(pr.key+"_time_ratio"+p.suffix, p.time), rt.format("enqueue_vs_"+pr.key+p.suffix, p.enqueue), rt.format("batched_vs_"+pr.key+p.suffix, p.batched))
 			}
-			fmt.Fprintf(w, "  %2d producer%s: %s %s; EnqueueTx / it %s; QueueTx / it %s\n", p.n, plural(p.n), watermillName,
-				rt.format("watermill_time_ratio"+p.suffix, p.wm), rt.format("enqueue_vs_watermill"+p.suffix, p.enqueue), rt.format("batched_vs_watermill"+p.suffix, p.batched))
-		}
-		for _, p := range []struct {
-			n                    int
-			wm, enqueue, batched float64
-			suffix               string
-		}{{1, rt.WatermillSQLTimeRatio1, rt.EnqueueVsWatermillSQL1, rt.BatchedVsWatermillSQL1, "_1"}, {16, rt.WatermillSQLTimeRatio16, rt.EnqueueVsWatermillSQL16, rt.BatchedVsWatermillSQL16, "_16"}} {
-			if p.wm == 0 {
-				continue
-			}
-			fmt.Fprintf(w, "  %2d producer%s: %s %s; EnqueueTx / it %s; QueueTx / it %s\n", p.n, plural(p.n), peerName,
-				rt.format("watermill_sql_time_ratio"+p.suffix, p.wm), rt.format("enqueue_vs_watermill_sql"+p.suffix, p.enqueue), rt.format("batched_vs_watermill_sql"+p.suffix, p.batched))
 		}
 		if e.PeerNotRun != "" {
 			fmt.Fprintf(w, "  (%s)\n", e.PeerNotRun)
