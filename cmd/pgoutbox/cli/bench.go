@@ -35,7 +35,8 @@ of its own that it creates and drops:
            processes to each --broker, beside the raw-SQL ceiling (one UPDATE … SKIP
            LOCKED per batch, no publishing) on the same backlog: events/s and the ratio
   enqueue  commits/s of a business transaction without and with one outbox event,
-           1 and 16 producers, NOTIFY on and off (--duration per cell)
+           1 and 16 producers, NOTIFY on and off (--duration per cell), beside
+           the real watermill-sql publisher when --enqueue-peer-bin is given
   latency  commit → seen-on-the-stream latency at --rate events/s (open loop), with
            NOTIFY wake-up and with polling only; needs NATS
   idle     queries per second an idle relay sends (--idle-duration)
@@ -85,6 +86,7 @@ docs/performance.md explains each figure and what bounds it.`,
 	fs.IntVar(&f.cfg.HistoryRows, "history-rows", 5_000_000, "history: published rows kept in the table (env PGOUTBOX_BENCH_HISTORY_ROWS)")
 	fs.IntVar(&f.cfg.HistoryTrials, "history-trials", 40, "history: fresh batches timed per phase (env PGOUTBOX_BENCH_HISTORY_TRIALS)")
 	fs.IntVar(&f.cfg.EnqueueRounds, "enqueue-rounds", 5, "enqueue: interleaved rounds each cell's --duration is split into (env PGOUTBOX_BENCH_ENQUEUE_ROUNDS)")
+	fs.StringVar(&f.cfg.EnqueuePeerBin, "enqueue-peer-bin", "", "enqueue: the real watermill-sql peer's binary, run beside the bench's own cells (build: "+bench.PeerBuildHint+") (env PGOUTBOX_BENCH_ENQUEUE_PEER_BIN)")
 	fs.IntSliceVar(&f.cfg.TenantCounts, "tenant-counts", []int{1, 10, 100}, "tenants: outboxes of one database one relay serves (env PGOUTBOX_BENCH_TENANT_COUNTS)")
 	fs.Float64Var(&f.cfg.TenantRate, "tenant-rate", 2, "tenants: events/s committed to each quiet tenant in the fairness run (env PGOUTBOX_BENCH_TENANT_RATE)")
 	fs.StringArrayVar(&f.cfg.RelayArgs, "relay-arg", nil, "extra flag for every relay process, repeatable, e.g. --relay-arg=--workers=3 (env PGOUTBOX_BENCH_RELAY_ARG)")

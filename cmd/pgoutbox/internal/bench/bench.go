@@ -107,6 +107,11 @@ type Config struct {
 	// Duration into: every round runs every cell for Duration / EnqueueRounds, so
 	// a drift of the machine's speed hits all cells alike. Defaults to 5.
 	EnqueueRounds int
+	// EnqueuePeerBin is the peer binary (bench/peers/watermillsql, built with
+	// PeerBuildHint) enqueue runs as its real watermill-sql cells, interleaved
+	// with its own. Empty: those cells are not run, and
+	// EnqueueResult.PeerNotRun says so and how to build it.
+	EnqueuePeerBin string
 
 	// TenantCounts are the numbers of outboxes (tenants) of one database the
 	// tenants scenario serves from one relay process; the largest is also split
@@ -216,6 +221,11 @@ func checkConfig(c *Config, p *config.Problems) {
 		slice := c.Duration / time.Duration(c.EnqueueRounds)
 		p.Check(slice >= minEnqueueSlice, "enqueue: duration %s in %d rounds leaves %s per cell and round, want at least %s",
 			c.Duration, c.EnqueueRounds, slice, minEnqueueSlice)
+		if c.EnqueuePeerBin != "" {
+			if err := checkPeerBin(c.EnqueuePeerBin); err != nil {
+				p.Check(false, "%v", err)
+			}
+		}
 	}
 	for _, n := range c.Relays {
 		p.Check(n >= 1 && n <= 64, "relay count %d: want 1..64", n)
@@ -277,6 +287,7 @@ type SettingsSnapshot struct {
 	HistoryRows    int      `json:"history_rows"`
 	HistoryTrials  int      `json:"history_trials"`
 	EnqueueRounds  int      `json:"enqueue_rounds,omitempty"`
+	EnqueuePeerBin string   `json:"enqueue_peer_bin,omitempty"`
 	TenantCounts   []int    `json:"tenant_counts,omitempty"`
 	TenantRate     float64  `json:"tenant_rate,omitempty"`
 	Sources        []string `json:"sources,omitempty"`
@@ -471,7 +482,7 @@ func (c *Config) snapshot(cc *pgx.ConnConfig) SettingsSnapshot {
 		Scenarios: c.Scenarios, Events: c.Events, Aggregates: c.Aggregates, PayloadBytes: c.PayloadBytes,
 		BatchSize: c.BatchSize, Relays: c.Relays, Brokers: redactAll(c.Brokers), Rate: c.Rate,
 		DurationS: c.Duration.Seconds(), PollIntervalS: c.PollInterval.Seconds(), IdleDurationS: c.IdleDuration.Seconds(),
-		HistoryRows: c.HistoryRows, HistoryTrials: c.HistoryTrials, EnqueueRounds: c.EnqueueRounds,
+		HistoryRows: c.HistoryRows, HistoryTrials: c.HistoryTrials, EnqueueRounds: c.EnqueueRounds, EnqueuePeerBin: c.EnqueuePeerBin,
 		TenantCounts: c.TenantCounts, TenantRate: c.TenantRate, Sources: c.Sources, RelayArgs: redact.Args(c.RelayArgs), RelayBinary: c.Executable,
 		DatabaseServer: fmt.Sprintf("%s:%d/%s", cc.Host, cc.Port, cc.Database),
 	}

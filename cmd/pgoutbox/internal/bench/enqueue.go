@@ -31,6 +31,9 @@ type EnqueueResult struct {
 	Rounds int           `json:"rounds,omitempty"`
 	Cells  []EnqueueCell `json:"cells"`
 	Ratios EnqueueRatios `json:"ratios"`
+	// PeerNotRun says why the real watermill-sql cells are missing and how to
+	// build their binary; empty when they ran.
+	PeerNotRun string `json:"peer_not_run,omitempty"`
 	// RelayRSS is the relay of the "relay running" cells.
 	RelayRSS  []RelayRSS `json:"relay_rss,omitempty"`
 	MaxRSSMiB float64    `json:"max_rss_mib,omitempty"`
@@ -54,7 +57,12 @@ type EnqueueCell struct {
 	// uuid, created_at, the JSON payload and metadata, and transaction_id xid8
 	// defaulting to pg_current_xact_id() (a table of the bench's own, approximated
 	// from that public description).
-	Watermill     bool    `json:"watermill,omitempty"`
+	Watermill bool `json:"watermill,omitempty"`
+	// WatermillSQL: no outbox, but after the business INSERT the real
+	// watermill-sql (v4) publisher on the transaction behind watermill's
+	// forwarder, in the peer process of Config.EnqueuePeerBin; its CPU is its
+	// backends' and that process's own.
+	WatermillSQL  bool    `json:"watermill_sql,omitempty"`
 	Notify        bool    `json:"notify"`
 	Relay         bool    `json:"relay"` // a relay (null broker) ran during the cell
 	Commits       int64   `json:"commits"`
@@ -99,6 +107,14 @@ type EnqueueRatios struct {
 	EnqueueVsWatermill16 float64 `json:"enqueue_vs_watermill_16,omitempty"`
 	BatchedVsWatermill1  float64 `json:"batched_vs_watermill_1,omitempty"`
 	BatchedVsWatermill16 float64 `json:"batched_vs_watermill_16,omitempty"`
+	// The same for the real watermill-sql cells (EnqueueCell.WatermillSQL): time
+	// per commit with it / without an outbox, and EnqueueTx (QueueTx) / it.
+	WatermillSQLTimeRatio1  float64 `json:"watermill_sql_time_ratio_1,omitempty"`
+	WatermillSQLTimeRatio16 float64 `json:"watermill_sql_time_ratio_16,omitempty"`
+	EnqueueVsWatermillSQL1  float64 `json:"enqueue_vs_watermill_sql_1,omitempty"`
+	EnqueueVsWatermillSQL16 float64 `json:"enqueue_vs_watermill_sql_16,omitempty"`
+	BatchedVsWatermillSQL1  float64 `json:"batched_vs_watermill_sql_1,omitempty"`
+	BatchedVsWatermillSQL16 float64 `json:"batched_vs_watermill_sql_16,omitempty"`
 	// NotifyCost16 is the share of commits/s NOTIFY costs at 16 producers while a
 	// relay runs (producers may notify only when a relay listens):
 	// 1 − (NOTIFY on) / (NOTIFY off).
@@ -127,7 +143,10 @@ const enqueueMethod = "Each producer loops BEGIN; INSERT one row into a business
 	"its own, what watermill-sql's publisher does in the transaction: one INSERT into a table " +
 	"with a bigserial primary key (\"offset\"), a uuid, created_at, the JSON payload, metadata, " +
 	"and transaction_id xid8 DEFAULT pg_current_xact_id() (approximating its default PostgreSQL " +
-	"schema). NOTIFY off sets pgoutbox.notify = 'off' on the producers' " +
+	"schema). The watermill-sql cells (when --enqueue-peer-bin is given) run the same business INSERT " +
+	"and then the real watermill-sql v4 publisher on the transaction behind watermill's forwarder (its outbox " +
+	"pattern: the message in a JSON envelope, one INSERT into its default PostgreSQL schema's table) in a " +
+	"subprocess with connections of its own; their CPU is that process's and its backends'. NOTIFY off sets pgoutbox.notify = 'off' on the producers' " +
 	"connections. Each cell's duration is split into rounds; every round runs every cell " +
 	"in turn (from empty tables), and each ratio is the median of its per-round ratios, so " +
 	"a drift of the machine's speed hits both sides of a ratio alike. The cells without a " +
@@ -139,7 +158,7 @@ const enqueueMethod = "Each producer loops BEGIN; INSERT one row into a business
 type enqueueSpec struct {
 	producers                             int
 	outbox, batched, floor, notify, relay bool
-	watermill                             bool
+	watermill, peer                       bool
 }
 
 func (sp enqueueSpec) label() string {
@@ -149,6 +168,8 @@ func (sp enqueueSpec) label() string {
 		l = fmt.Sprintf("%d producer(s), floor: a row of the payload alone", sp.producers)
 	case sp.watermill:
 		l = fmt.Sprintf("%d producer(s), %s", sp.producers, watermillName)
+	case sp.peer:
+		l = fmt.Sprintf("%d producer(s), %s", sp.producers, peerName)
 	case !sp.outbox:
 		l = fmt.Sprintf("%d producer(s), no outbox", sp.producers)
 	default:
@@ -176,7 +197,7 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 		return nil, err
 	}
 	defer e.close()
-	if err := e.phase(ctx, enqueueSpecs(), nil); err != nil {
+	if err := e.phase(ctx, e.specs(), nil); err != nil {
 		return e.res, err
 	}
 	if err := e.relayPhase(ctx); err != nil {
@@ -186,14 +207,29 @@ func (r *Runner) enqueue(ctx context.Context) (*EnqueueResult, error) {
 	return e.res, nil
 }
 
+// specs are the cells without a relay (enqueueSpecs), with the real
+// watermill-sql's when there is a peer binary; without one, the result says
+// that those cells were not run and how to build it.
+func (e *enqueueBench) specs() []enqueueSpec {
+	peer := e.r.cfg.EnqueuePeerBin != ""
+	if !peer {
+		e.res.PeerNotRun = peerNotRun
+	}
+	return enqueueSpecs(peer)
+}
+
 // enqueueSpecs are the cells without a relay: for 1 and 16 producers, no
-// outbox, the outbox with NOTIFY on and off, batched, and the floor.
-func enqueueSpecs() []enqueueSpec {
+// outbox, the outbox with NOTIFY on and off, batched, the floor, the
+// watermill-like INSERT and, with peer, the real watermill-sql.
+func enqueueSpecs(peer bool) []enqueueSpec {
 	var specs []enqueueSpec
 	for _, n := range []int{1, 16} {
 		specs = append(specs, enqueueSpec{producers: n, notify: true}, enqueueSpec{producers: n, outbox: true, notify: true},
 			enqueueSpec{producers: n, outbox: true}, enqueueSpec{producers: n, outbox: true, batched: true, notify: true},
 			enqueueSpec{producers: n, floor: true, notify: true}, enqueueSpec{producers: n, watermill: true, notify: true})
+		if peer {
+			specs = append(specs, enqueueSpec{producers: n, peer: true, notify: true})
+		}
 	}
 	return specs
 }
@@ -206,6 +242,7 @@ type enqueueBench struct {
 	orders  string // the business table
 	floor   string // the floor cells' table: a primary key and the payload
 	wm      string // the watermill-like cells' table
+	insert  string // the business statement, with the row id as $1
 	prod    *pgoutbox.Producer
 	pools   map[bool]*pgxpool.Pool // by NOTIFY on
 	payload map[string]any
@@ -222,6 +259,7 @@ func (r *Runner) newEnqueueBench(ctx context.Context, s *outboxSchema) (*enqueue
 	e := &enqueueBench{r: r, s: s, orders: pgx.Identifier{s.name, "orders"}.Sanitize(), floor: pgx.Identifier{s.name, "floor_events"}.Sanitize(),
 		wm:    pgx.Identifier{s.name, "watermill_messages"}.Sanitize(),
 		pools: map[bool]*pgxpool.Pool{}, res: &EnqueueResult{Method: enqueueMethod, DurationS: c.Duration.Seconds(), Rounds: c.EnqueueRounds}}
+	e.insert = "INSERT INTO " + e.orders + " VALUES ($1, 'c-42', 1999)"
 	if _, err := r.admin.Exec(ctx, "CREATE TABLE "+e.orders+" (id bigint PRIMARY KEY, customer text NOT NULL, total_cents int NOT NULL); "+
 		"CREATE TABLE "+e.floor+" (id bigint PRIMARY KEY, payload jsonb NOT NULL); "+
 		"CREATE TABLE "+e.wm+` ("offset" bigserial PRIMARY KEY, uuid varchar(36) NOT NULL, created_at timestamp NOT NULL DEFAULT now(), `+
@@ -372,7 +410,7 @@ func (e *enqueueBench) tx1(ctx context.Context, pool *pgxpool.Pool, sp enqueueSp
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if sp.batched || sp.floor {
 			b := &pgx.Batch{}
-			b.Queue("INSERT INTO "+e.orders+" VALUES ($1, 'c-42', 1999)", id)
+			b.Queue(e.insert, id)
 			if sp.floor {
 				// Encoded per transaction, as the producer encodes each event.
 				doc, err := json.Marshal(e.payload)
@@ -386,7 +424,7 @@ func (e *enqueueBench) tx1(ctx context.Context, pool *pgxpool.Pool, sp enqueueSp
 			}
 			return tx.SendBatch(ctx, b).Close()
 		}
-		if _, err := tx.Exec(ctx, "INSERT INTO "+e.orders+" VALUES ($1, 'c-42', 1999)", id); err != nil {
+		if _, err := tx.Exec(ctx, e.insert, id); err != nil {
 			return err
 		}
 		if sp.watermill {
@@ -410,6 +448,9 @@ func (e *enqueueBench) tx1(ctx context.Context, pool *pgxpool.Pool, sp enqueueSp
 // slice runs sp for d and adds what it measured to cell and hist; procs are
 // the relays running meanwhile, sampled at the end.
 func (e *enqueueBench) slice(ctx context.Context, sp enqueueSpec, d time.Duration, cell *EnqueueCell, hist *hdrhistogram.Histogram, round string, procs []*relayProc) error {
+	if sp.peer {
+		return e.peerSlice(ctx, sp, d, cell, hist, round)
+	}
 	pool := e.pools[sp.notify]
 	label := sp.label()
 	e.r.prog.step("enqueue%s: %s", round, label)
@@ -499,7 +540,7 @@ func (e *enqueueBench) phase(ctx context.Context, specs []enqueueSpec, procs []*
 	cells := make([]EnqueueCell, len(specs))
 	hists := make([]*hdrhistogram.Histogram, len(specs))
 	for i, sp := range specs {
-		cells[i] = EnqueueCell{Producers: sp.producers, Outbox: sp.outbox, Batched: sp.batched, Floor: sp.floor, Watermill: sp.watermill, Notify: sp.notify, Relay: sp.relay}
+		cells[i] = EnqueueCell{Producers: sp.producers, Outbox: sp.outbox, Batched: sp.batched, Floor: sp.floor, Watermill: sp.watermill, WatermillSQL: sp.peer, Notify: sp.notify, Relay: sp.relay}
 		hists[i] = hdrhistogram.New(1, 60_000_000, 3)
 	}
 	d := c.Duration / time.Duration(c.EnqueueRounds)
@@ -615,6 +656,13 @@ func (res *EnqueueResult) ratios() EnqueueRatios {
 	timeRatio("enqueue_vs_watermill_16", &out.EnqueueVsWatermill16, wm(16), enq(16, true, false))
 	timeRatio("batched_vs_watermill_1", &out.BatchedVsWatermill1, wm(1), batched(1))
 	timeRatio("batched_vs_watermill_16", &out.BatchedVsWatermill16, wm(16), batched(16))
+	wms := func(p int) *EnqueueCell { return res.cell(enqueueSpec{producers: p, peer: true, notify: true}) }
+	timeRatio("watermill_sql_time_ratio_1", &out.WatermillSQLTimeRatio1, none(1), wms(1))
+	timeRatio("watermill_sql_time_ratio_16", &out.WatermillSQLTimeRatio16, none(16), wms(16))
+	timeRatio("enqueue_vs_watermill_sql_1", &out.EnqueueVsWatermillSQL1, wms(1), enq(1, true, false))
+	timeRatio("enqueue_vs_watermill_sql_16", &out.EnqueueVsWatermillSQL16, wms(16), enq(16, true, false))
+	timeRatio("batched_vs_watermill_sql_1", &out.BatchedVsWatermillSQL1, wms(1), batched(1))
+	timeRatio("batched_vs_watermill_sql_16", &out.BatchedVsWatermillSQL16, wms(16), batched(16))
 	if len(out.CPU) == 0 {
 		out.CPU, out.CPURanges = nil, nil
 	}
@@ -622,6 +670,36 @@ func (res *EnqueueResult) ratios() EnqueueRatios {
 	cost("notify_cost_16_no_relay", &out.NotifyCost16NoRelay, enq(16, true, false), enq(16, false, false))
 	cost("notify_cost_16", &out.NotifyCost16, enq(16, true, true), enq(16, false, true))
 	return out
+}
+
+// peerRatios are the ratios of one peer's cells (the watermill-like INSERT, or
+// the real watermill-sql): their JSON names are key+"_time_ratio_N",
+// "enqueue_vs_"+key+"_N" and "batched_vs_"+key+"_N".
+type peerRatios struct {
+	name, key string
+	// enqueueMax is EnqueueTx / the peer's target; QueueTx's is 1.0.
+	enqueueMax float64
+	at         []peerRatiosAt // 1 and 16 producers
+}
+
+// peerRatiosAt is a peer's ratios at n producers; suffix ends their JSON names.
+type peerRatiosAt struct {
+	n                      int
+	suffix                 string
+	time, enqueue, batched float64
+}
+
+// peers are the ratios of the peers' cells. Issue 19 set EnqueueTx against the
+// watermill-like INSERT at ≤ 1.1; issue 37, against the real watermill-sql, ≤ 1.0.
+func (rt EnqueueRatios) peers() []peerRatios {
+	return []peerRatios{
+		{name: watermillName, key: "watermill", enqueueMax: 1.1, at: []peerRatiosAt{
+			{1, "_1", rt.WatermillTimeRatio1, rt.EnqueueVsWatermill1, rt.BatchedVsWatermill1},
+			{16, "_16", rt.WatermillTimeRatio16, rt.EnqueueVsWatermill16, rt.BatchedVsWatermill16}}},
+		{name: peerName, key: "watermill_sql", enqueueMax: 1.0, at: []peerRatiosAt{
+			{1, "_1", rt.WatermillSQLTimeRatio1, rt.EnqueueVsWatermillSQL1, rt.BatchedVsWatermillSQL1},
+			{16, "_16", rt.WatermillSQLTimeRatio16, rt.EnqueueVsWatermillSQL16, rt.BatchedVsWatermillSQL16}}},
+	}
 }
 
 // formatCPU prints the CPU ratio of name and its per-round range, or "–" if
@@ -647,7 +725,7 @@ func (rt EnqueueRatios) format(name string, v float64) string {
 func (res *EnqueueResult) cell(sp enqueueSpec) *EnqueueCell {
 	for i := range res.Cells {
 		cl := &res.Cells[i]
-		if cl.Producers == sp.producers && cl.Outbox == sp.outbox && cl.Batched == sp.batched && cl.Floor == sp.floor && cl.Watermill == sp.watermill &&
+		if cl.Producers == sp.producers && cl.Outbox == sp.outbox && cl.Batched == sp.batched && cl.Floor == sp.floor && cl.Watermill == sp.watermill && cl.WatermillSQL == sp.peer &&
 			(!sp.outbox || cl.Notify == sp.notify) && cl.Relay == sp.relay {
 			return cl
 		}
@@ -664,6 +742,8 @@ func (cl EnqueueCell) outboxLabel() string {
 		return "floor"
 	case cl.Watermill:
 		return "watermill-like"
+	case cl.WatermillSQL:
+		return "watermill-sql"
 	case cl.Outbox:
 		return "yes"
 	}

@@ -18,6 +18,7 @@ var reportTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
 	"modeName": modeName,
 	"source":   sourceName,
 	"wmName":   func() string { return watermillName },
+	"peerName": func() string { return peerName },
 }).Parse(reportTemplate))
 
 type reportData struct {
@@ -188,7 +189,7 @@ func latencyCharts(l *LatencyResult) (template.HTML, template.HTML) {
 }
 
 func enqueueChart(e *EnqueueResult) template.HTML {
-	names := []string{"no outbox", "outbox, NOTIFY on", "outbox, NOTIFY off", "outbox batched with the INSERT", "floor: a row of the payload alone", watermillName}
+	names := []string{"no outbox", "outbox, NOTIFY on", "outbox, NOTIFY off", "outbox batched with the INSERT", "floor: a row of the payload alone", watermillName, peerName}
 	var groups []barGroup
 	for _, k := range []struct {
 		p     int
@@ -207,6 +208,8 @@ func enqueueChart(e *EnqueueResult) template.HTML {
 				g.values[4] = c.CommitsPerSec
 			case c.Watermill:
 				g.values[5] = c.CommitsPerSec
+			case c.WatermillSQL:
+				g.values[6] = c.CommitsPerSec
 			case c.Batched:
 				g.values[3] = c.CommitsPerSec
 			case !c.Outbox:

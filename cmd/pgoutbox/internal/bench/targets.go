@@ -97,16 +97,15 @@ func (res *Result) targets() []Target {
 			}
 			return fmt.Sprintf("%.2f", v)
 		}
-		for _, w := range []struct {
-			n                int
-			enqueue, batched float64
-			suffix           string
-		}{{1, rt.EnqueueVsWatermill1, rt.BatchedVsWatermill1, "_1"}, {16, rt.EnqueueVsWatermill16, rt.BatchedVsWatermill16, "_16"}} {
-			if w.enqueue == 0 || w.batched == 0 { // runs before the watermill-like cells had none
-				continue
+		for _, pr := range rt.peers() {
+			for _, w := range pr.at {
+				if w.enqueue == 0 || w.batched == 0 { // a run without these cells
+					continue
+				}
+				add(fmt.Sprintf("QueueTx / %s, %d producer%s", pr.name, w.n, plural(w.n)), "≤ 1.0", withCPU(w.batched, "batched_vs_"+pr.key+w.suffix), w.batched <= 1.0)
+				add(fmt.Sprintf("EnqueueTx / %s, %d producer%s", pr.name, w.n, plural(w.n)), fmt.Sprintf("≤ %.1f", pr.enqueueMax),
+					withCPU(w.enqueue, "enqueue_vs_"+pr.key+w.suffix), w.enqueue <= pr.enqueueMax)
 			}
-			add(fmt.Sprintf("QueueTx / %s, %d producer%s", watermillName, w.n, plural(w.n)), "≤ 1.0", withCPU(w.batched, "batched_vs_watermill"+w.suffix), w.batched <= 1.0)
-			add(fmt.Sprintf("EnqueueTx / %s, %d producer%s", watermillName, w.n, plural(w.n)), "≤ 1.1", withCPU(w.enqueue, "enqueue_vs_watermill"+w.suffix), w.enqueue <= 1.1)
 		}
 		add("NOTIFY cost at 16 producers, relay running", "≤ 20% of commits/s", fmt.Sprintf("%.0f%%", 100*e.Ratios.NotifyCost16), e.Ratios.NotifyCost16 <= 0.2)
 	}

@@ -69,16 +69,17 @@ func (res *Result) WriteText(w io.Writer) {
 			}
 			fmt.Fprintln(w)
 		}
-		for _, p := range []struct {
-			n                    int
-			wm, enqueue, batched float64
-			suffix               string
-		}{{1, rt.WatermillTimeRatio1, rt.EnqueueVsWatermill1, rt.BatchedVsWatermill1, "_1"}, {16, rt.WatermillTimeRatio16, rt.EnqueueVsWatermill16, rt.BatchedVsWatermill16, "_16"}} {
-			if p.wm == 0 {
-				continue
+		for _, pr := range rt.peers() {
+			for _, p := range pr.at {
+				if p.time == 0 {
+					continue
+				}
+				fmt.Fprintf(w, "  %2d producer%s: %s %s; EnqueueTx / it %s; QueueTx / it %s\n", p.n, plural(p.n), pr.name,
+					rt.format(pr.key+"_time_ratio"+p.suffix, p.time), rt.format("enqueue_vs_"+pr.key+p.suffix, p.enqueue), rt.format("batched_vs_"+pr.key+p.suffix, p.batched))
 			}
-			fmt.Fprintf(w, "  %2d producer%s: %s %s; EnqueueTx / it %s; QueueTx / it %s\n", p.n, plural(p.n), watermillName,
-				rt.format("watermill_time_ratio"+p.suffix, p.wm), rt.format("enqueue_vs_watermill"+p.suffix, p.enqueue), rt.format("batched_vs_watermill"+p.suffix, p.batched))
+		}
+		if e.PeerNotRun != "" {
+			fmt.Fprintf(w, "  (%s)\n", e.PeerNotRun)
 		}
 		if len(rt.CPU) > 0 {
 			fmt.Fprintf(w, "CPU per commit (the producers' PostgreSQL backends + the bench process; other processes do not count), with / without, median of the rounds:\n")
@@ -91,6 +92,10 @@ func (res *Result) WriteText(w io.Writer) {
 					watermillName, rt.formatCPU("watermill_time_ratio"+p.suffix))
 				fmt.Fprintf(w, "      / %s: EnqueueTx %s; QueueTx %s\n", watermillName,
 					rt.formatCPU("enqueue_vs_watermill"+p.suffix), rt.formatCPU("batched_vs_watermill"+p.suffix))
+				if _, ok := rt.CPU["watermill_sql_time_ratio"+p.suffix]; ok {
+					fmt.Fprintf(w, "      %s (its process + its backends): %s; EnqueueTx / it %s; QueueTx / it %s\n", peerName,
+						rt.formatCPU("watermill_sql_time_ratio"+p.suffix), rt.formatCPU("enqueue_vs_watermill_sql"+p.suffix), rt.formatCPU("batched_vs_watermill_sql"+p.suffix))
+				}
 			}
 		}
 		fmt.Fprintf(w, "NOTIFY costs %.0f%% of commits/s at 16 with a relay running (%.0f%% without a relay; %.0f%% at 1)\n",
