@@ -141,7 +141,7 @@ func TestEnvelope(t *testing.T) {
 			if _, ce := obj["specversion"]; ce != (enc.Format == wire.FormatCloudEvents) {
 				t.Errorf("specversion member present: %v, want it only in structured mode", ce)
 			}
-			m, err := mqtt.ParseReceived(got[0].payload)
+			m, err := mqtt.ParseReceived(got[0].payload, nil)
 			if err != nil {
 				t.Fatalf("ParseReceived: %v", err)
 			}
@@ -152,11 +152,11 @@ func TestEnvelope(t *testing.T) {
 			}
 			// A binary payload travels base64-encoded and comes back exactly;
 			// ParseReceived, like the inbox, accepts JSON only.
-			d, err := mqtt.Decode(got[1].payload)
+			d, err := mqtt.Decode(got[1].payload, nil)
 			if err != nil || !bytes.Equal(d.Body, binMsg.Payload) {
 				t.Errorf("binary payload: %v %q", err, d.Body)
 			}
-			if _, err := mqtt.ParseReceived(got[1].payload); err == nil && enc.Format == wire.FormatCloudEvents {
+			if _, err := mqtt.ParseReceived(got[1].payload, nil); err == nil && enc.Format == wire.FormatCloudEvents {
 				t.Error("ParseReceived accepted a CloudEvent whose datacontenttype is not JSON")
 			}
 		})
@@ -167,7 +167,7 @@ func TestParseReceivedRefusesGarbage(t *testing.T) {
 	t.Parallel()
 	for _, p := range []string{``, `[]`, `{"data":1}`, `{"headers":{"Outbox-Event-Id":"x"},"data":1}`, `{"headers":1}`,
 		`{"specversion":"1.0","id":"x"}`, `{"headers":{},"data_base64":"!"}`} {
-		if _, err := mqtt.ParseReceived([]byte(p)); err == nil {
+		if _, err := mqtt.ParseReceived([]byte(p), nil); err == nil {
 			t.Errorf("ParseReceived(%q) = nil error", p)
 		}
 	}
@@ -223,7 +223,7 @@ func FuzzParseReceived(f *testing.F) {
 	}
 	f.Add([]byte(`{"headers":{},"data_base64":"AA=="}`))
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		got, err := mqtt.ParseReceived(payload)
+		got, err := mqtt.ParseReceived(payload, nil)
 		if err != nil {
 			return
 		}
@@ -231,7 +231,7 @@ func FuzzParseReceived(f *testing.F) {
 		if err != nil {
 			return // producer headers the codec refuses to send
 		}
-		back, err := mqtt.ParseReceived(again)
+		back, err := mqtt.ParseReceived(again, nil)
 		if err != nil || back.EventID != got.EventID || !bytes.Equal(back.Payload, got.Payload) {
 			t.Fatalf("round trip of %q: %v", payload, err)
 		}

@@ -90,7 +90,7 @@ func TestRelayMQTTSIGKILL(t *testing.T) {
 
 	sub := &mqttSubscriber{}
 	c := mqttClient(t, subID, false, func(_ paho.Client, msg paho.Message) {
-		m, err := mqtt.ParseReceived(msg.Payload())
+		m, err := mqtt.ParseReceived(msg.Payload(), nil)
 		sub.mu.Lock()
 		defer sub.mu.Unlock()
 		if err != nil {
