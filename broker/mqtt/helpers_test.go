@@ -264,6 +264,21 @@ func (s *subscriber) read(ctx context.Context) ([]brokertest.Stored, error) {
 	return out, nil
 }
 
+// passwordFile writes a Mosquitto password file with one user, and returns
+// its path.
+func passwordFile(t testing.TB, user, password string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "passwords")
+	bin := systool.Need(t, systool.Tool{Program: "mosquitto_passwd", Package: "mosquitto"})
+	if out, err := exec.Command(bin, "-b", "-c", path, user, password).CombinedOutput(); err != nil {
+		t.Fatalf("mosquitto_passwd: %v\n%s", err, out)
+	}
+	if err := os.Chmod(path, 0o644); err != nil { // read by Mosquitto's user
+		t.Fatal(err)
+	}
+	return path
+}
+
 // mosquitto is a Mosquitto of the test's own, with persistence, for tests that
 // stop and start it.
 type mosquitto struct {

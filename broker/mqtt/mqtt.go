@@ -547,15 +547,11 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 	}
 	tok := p.client.Publish(topic, byte(p.cfg.QoS), false, payload)
 	return func(ctx context.Context) error {
-		var timeout <-chan time.Time
-		if p.cfg.AckTimeout > 0 {
-			t := time.NewTimer(p.cfg.AckTimeout)
-			defer t.Stop()
-			timeout = t.C
-		}
+		timeout, stop := p.ackTimer()
+		defer stop()
 		select {
 		case <-timeout:
-			return broker.Unavailable(fmt.Errorf("mqtt: event %s: no acknowledgement within %s", m.EventID, p.cfg.AckTimeout))
+			return p.noAck(m)
 		case <-tok.Done():
 			if err := tok.Error(); err != nil {
 				return broker.Unavailable(fmt.Errorf("mqtt: publish event %s: %w", m.EventID, err))
@@ -567,6 +563,21 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 			return fmt.Errorf("mqtt: event %s: waiting for the acknowledgement: %w", m.EventID, ctx.Err())
 		}
 	}, nil
+}
+
+// ackTimer returns a channel that fires after Config.AckTimeout (nil, never
+// firing, when there is none) and the function that stops it.
+func (p *Publisher) ackTimer() (<-chan time.Time, func() bool) {
+	if p.cfg.AckTimeout <= 0 {
+		return nil, func() bool { return false }
+	}
+	t := time.NewTimer(p.cfg.AckTimeout)
+	return t.C, t.Stop
+}
+
+// noAck is the error of a message whose acknowledgement ackTimer gave up on.
+func (p *Publisher) noAck(m *broker.Message) error {
+	return broker.Unavailable(fmt.Errorf("mqtt: event %s: no acknowledgement within %s", m.EventID, p.cfg.AckTimeout))
 }
 
 // Ping connects if needed and reports whether the broker accepted the

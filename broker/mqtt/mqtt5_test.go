@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/mqtt"
-	"github.com/pgoutbox/pgoutbox/internal/systool"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
@@ -51,29 +49,11 @@ func props(t *testing.T, p *mqtt.Properties) map[string]string {
 	return m
 }
 
-// TestMQTT5Properties: on MQTT 5 the headers travel as user properties and
-// the payload as it is; a v5 subscriber sees them, and ParseReceived reads
-// them back.
-func TestMQTT5Properties(t *testing.T) {
-	t.Parallel()
-	p, sub := open(t, sharedAddr, mqtt.Config{Version: mqtt.MQTT5, QoS: mqtt.ExactlyOnce})
-	jsonMsg := brokertest.Message("order", "o1", 1)
-	jsonMsg.Payload = []byte(`{ "spaced" : "caf\u00e9 <&>" }`)
-	binMsg := brokertest.Message("order", "o1", 2)
-	binMsg.ContentType = "application/octet-stream"
-	binMsg.Payload = []byte{0, 1, 2, 0xff}
-	for i, err := range brokertest.Publish(t, p, jsonMsg, binMsg) {
-		if err != nil {
-			t.Fatalf("result %d: %v", i, err)
-		}
-	}
-	if err := sub.fence(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	got := sub.messages()
-	if len(got) != 2 {
-		t.Fatalf("received %d messages, want 2", len(got))
-	}
+// checkProperties checks what a v5 subscriber got for jsonMsg and binMsg
+// (TestEnvelope): the payloads as they are, their media types in the Content
+// Type, the headers as user properties.
+func checkProperties(t *testing.T, got []received, jsonMsg, binMsg broker.Message) {
+	t.Helper()
 	if !bytes.Equal(got[0].payload, jsonMsg.Payload) || !bytes.Equal(got[1].payload, binMsg.Payload) {
 		t.Errorf("payloads %q %q, want the exact bytes", got[0].payload, got[1].payload)
 	}
@@ -89,19 +69,6 @@ func TestMQTT5Properties(t *testing.T) {
 		if u[k] != want {
 			t.Errorf("user property %s = %q, want %q", k, u[k], want)
 		}
-	}
-	m, err := mqtt.ParseReceived(got[0].payload, got[0].props)
-	if err != nil {
-		t.Fatalf("ParseReceived: %v", err)
-	}
-	if m.EventID != jsonMsg.EventID || m.AggregateSequence != 1 || m.AggregateID != "o1" || m.EventType != "created" ||
-		m.SchemaVersion != 2 || !m.OccurredAt.Equal(jsonMsg.OccurredAt) || !bytes.Equal(m.Payload, jsonMsg.Payload) ||
-		m.Headers["Tenant"] != "acme corp" || m.Headers[wire.HeaderTraceParent] != jsonMsg.Headers[wire.HeaderTraceParent] {
-		t.Errorf("parsed %+v, want %+v", m, jsonMsg)
-	}
-	d, err := mqtt.Decode(got[1].payload, got[1].props)
-	if err != nil || !bytes.Equal(d.Body, binMsg.Payload) {
-		t.Errorf("binary payload: %v %q", err, d.Body)
 	}
 }
 
@@ -224,16 +191,8 @@ func pgoutboxEventID() string { return brokertest.Message("x", "y", 1).EventID.S
 // packet above the broker's maximum is refused before sending.
 func TestMQTT5ReasonCodes(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	passwords, acl := filepath.Join(dir, "passwords"), filepath.Join(dir, "acl")
-	bin := systool.Need(t, systool.Tool{Program: "mosquitto_passwd", Package: "mosquitto"})
-	if out, err := exec.Command(bin, "-b", "-c", passwords, "relay", "pw").CombinedOutput(); err != nil {
-		t.Fatalf("mosquitto_passwd: %v\n%s", err, out)
-	}
+	passwords, acl := passwordFile(t, "relay", "pw"), filepath.Join(t.TempDir(), "acl")
 	if err := os.WriteFile(acl, []byte("user relay\ntopic readwrite allowed/#\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(passwords, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// Mosquitto 2.0.11 closes the connection after a refused PUBLISH when
@@ -280,31 +239,6 @@ func TestMQTT5ReasonCodes(t *testing.T) {
 	results := brokertest.Publish(t, p, big, brokertest.Message("order", "o2", 1))
 	if !broker.IsPermanent(results[0]) || !strings.Contains(results[0].Error(), "maximum packet size") || results[1] != nil {
 		t.Errorf("results %v, want a permanent refusal naming the broker's maximum packet size, then nil", results)
-	}
-}
-
-// TestMQTT5RefusedCredentials: a CONNACK refusing the password is a
-// configuration error, and shows no password.
-func TestMQTT5RefusedCredentials(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	passwords := filepath.Join(dir, "passwords")
-	bin := systool.Need(t, systool.Tool{Program: "mosquitto_passwd", Package: "mosquitto"})
-	if out, err := exec.Command(bin, "-b", "-c", passwords, "relay", "right-password").CombinedOutput(); err != nil {
-		t.Fatalf("mosquitto_passwd: %v\n%s", err, out)
-	}
-	if err := os.Chmod(passwords, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	server := startMosquitto(t, "allow_anonymous false", "password_file "+passwords)
-	p, err := mqtt.New("mqtt://relay@"+server.addr, mqtt.Config{Version: mqtt.MQTT5, ClientID: unique("pub"), Password: "wrong-password"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	err = p.Ping(t.Context())
-	if !broker.IsMisconfigured(err) || strings.Contains(err.Error(), "wrong-password") {
-		t.Errorf("wrong password: %v, want misconfigured without the password", err)
 	}
 }
 

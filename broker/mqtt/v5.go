@@ -159,15 +159,11 @@ func (p *Publisher) send5(ctx context.Context, m *broker.Message, topic string) 
 	}()
 	return func(ctx context.Context) error {
 		defer cancel()
-		var timeout <-chan time.Time
-		if p.cfg.AckTimeout > 0 {
-			t := time.NewTimer(p.cfg.AckTimeout)
-			defer t.Stop()
-			timeout = t.C
-		}
+		timeout, stop := p.ackTimer()
+		defer stop()
 		select {
 		case <-timeout:
-			return broker.Unavailable(fmt.Errorf("mqtt: event %s: no acknowledgement within %s", m.EventID, p.cfg.AckTimeout))
+			return p.noAck(m)
 		case r := <-res:
 			return p.publishError5(m, r.resp, r.err)
 		case <-cli.Done():
