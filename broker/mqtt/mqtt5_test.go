@@ -2,16 +2,21 @@ package mqtt_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/mqtt"
+	"github.com/pgoutbox/pgoutbox/internal/logtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
@@ -288,4 +293,55 @@ func FuzzParseReceived5(f *testing.F) {
 			t.Fatalf("round trip of %q %q: %v", payload, user, err)
 		}
 	})
+}
+
+// TestMQTT5ResumesSession: a Publisher's first connection starts clean, and
+// after the connection is lost the next publish reconnects resuming the
+// session (CleanStart false), which the broker still holds.
+func TestMQTT5ResumesSession(t *testing.T) {
+	t.Parallel()
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	var logs logtest.Buffer
+	p, sub := open(t, sharedAddr, mqtt.Config{Version: mqtt.MQTT5, Logger: logs.Logger(),
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err == nil {
+				mu.Lock()
+				conns = append(conns, c)
+				mu.Unlock()
+			}
+			return c, err
+		}})
+	if err := brokertest.Publish(t, p, brokertest.Message("order", "o1", 1))[0]; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	_ = conns[0].Close() // the connection is lost
+	mu.Unlock()
+	second := brokertest.Message("order", "o1", 2)
+	wait.For(t, deadline, "a publish after the lost connection", func() bool {
+		err := brokertest.Publish(t, p, second)[0]
+		if err != nil && !broker.IsUnavailable(err) {
+			t.Fatalf("after the lost connection: %v, want unavailable until reconnected", err)
+		}
+		return err == nil
+	})
+	got, err := sub.read(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, s := range got {
+		ids[s.Headers[wire.HeaderEventID]] = true
+	}
+	if !ids[second.EventID.String()] || len(ids) != 2 {
+		t.Errorf("received events %v, want both", ids)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "session_present=false") || !strings.Contains(out, "session_present=true") {
+		t.Errorf("want a clean first connection, then the session resumed; log:\n%s", out)
+	}
 }
