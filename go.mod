@@ -3,6 +3,7 @@ module github.com/pgoutbox/pgoutbox
 go 1.26.8
 
 require (
+	github.com/eclipse/paho.golang v0.23.0
 	github.com/eclipse/paho.mqtt.golang v1.5.1
 	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1
 	github.com/jackc/pgx/v5 v5.12.0

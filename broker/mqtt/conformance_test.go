@@ -17,7 +17,12 @@ import (
 func open(t *testing.T, addr string, cfg mqtt.Config) (*mqtt.Publisher, *subscriber) {
 	t.Helper()
 	prefix := unique("pgoutbox-test")
-	sub := subscribe(t, addr, prefix)
+	var sub *subscriber
+	if cfg.Version == mqtt.MQTT5 {
+		sub = subscribe5(t, addr, prefix)
+	} else {
+		sub = subscribe(t, addr, prefix)
+	}
 	if cfg.ClientID == "" {
 		cfg.ClientID = unique("pub")
 	}
@@ -35,7 +40,7 @@ func open(t *testing.T, addr string, cfg mqtt.Config) (*mqtt.Publisher, *subscri
 	return p, sub
 }
 
-func harness(enc wire.Encoding) brokertest.Harness {
+func harness(version mqtt.Version, enc wire.Encoding) brokertest.Harness {
 	return brokertest.Harness{
 		Open: func(t *testing.T, opts brokertest.Options) *brokertest.Instance {
 			// The shared Mosquitto keeps at most 1000 QoS 1 messages queued
@@ -43,7 +48,7 @@ func harness(enc wire.Encoding) brokertest.Harness {
 			// in flight: PerKeyOrder's 1000 fit, a larger batch would not.
 			addr := sharedAddr
 			var server *mosquitto
-			cfg := mqtt.Config{Encoding: enc}
+			cfg := mqtt.Config{Version: version, Encoding: enc}
 			if opts.WrapConn != nil {
 				server = startMosquitto(t)
 				addr = server.addr
@@ -69,5 +74,10 @@ func harness(enc wire.Encoding) brokertest.Harness {
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	brokertest.Run(t, harness(wire.Encoding{}))
+	brokertest.Run(t, harness(mqtt.MQTT311, wire.Encoding{}))
+}
+
+func TestConformanceMQTT5(t *testing.T) {
+	t.Parallel()
+	brokertest.Run(t, harness(mqtt.MQTT5, wire.Encoding{}))
 }

@@ -148,11 +148,19 @@ func (d *Decoded) Get(name string) string { return d.Headers[name] }
 // Names returns the header names.
 func (d *Decoded) Names() []string { return slices.Collect(maps.Keys(d.Headers)) }
 
-// Decode takes apart a payload written by a Publisher in either format,
-// without checking the outbox fields ([ParseReceived] does). At most
-// pgoutbox's hard payload maximum plus the envelope is accepted by a
-// subscriber that bounds its reads; Decode itself reads what it is given.
-func Decode(payload []byte) (Decoded, error) {
+// Decode takes apart a message written by a Publisher in either format and
+// either protocol version, without checking the outbox fields
+// ([ParseReceived] does): props are the MQTT 5 properties the message came
+// with, nil for MQTT 3.1.1. A message with user properties is read as MQTT 5
+// carries an event (headers or CloudEvents attributes as user properties, the
+// payload as it is); one without, as the JSON layout in the payload. A
+// subscriber bounds what it reads (the broker's maximum packet size); Decode
+// itself reads what it is given, refusing repeated or too many user
+// properties.
+func Decode(payload []byte, props *Properties) (Decoded, error) {
+	if props != nil && len(props.User) > 0 {
+		return decode5(payload, props)
+	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(payload, &obj); err != nil {
 		return Decoded{}, fmt.Errorf("%w: %w", ErrNotEnvelope, err)
@@ -231,13 +239,15 @@ func Decode(payload []byte) (Decoded, error) {
 	return d, nil
 }
 
-// ParseReceived rebuilds a Message from the payload of an MQTT message a
-// Publisher sent, in either format, as wire.ParseReceived does for transports
-// with headers: every Outbox-* header (or CloudEvents attribute) must be
-// present and well-formed, and the payload must be JSON. An inbox subscriber
-// calls it on each message it receives.
-func ParseReceived(payload []byte) (wire.Message, error) {
-	d, err := Decode(payload)
+// ParseReceived rebuilds a Message from an MQTT message a Publisher sent, in
+// either format and either protocol version, as wire.ParseReceived does for
+// transports with headers: every Outbox-* header (or CloudEvents attribute)
+// must be present and well-formed, and the payload must be JSON. props are
+// the message's MQTT 5 properties (Content Type and user properties), nil for
+// MQTT 3.1.1 (see [Decode]). An inbox subscriber calls it on each message it
+// receives.
+func ParseReceived(payload []byte, props *Properties) (wire.Message, error) {
+	d, err := Decode(payload, props)
 	if err != nil {
 		return wire.Message{}, err
 	}

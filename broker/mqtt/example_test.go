@@ -40,7 +40,7 @@ func Example() {
 	fmt.Println("result:", results[0])
 	_ = pub.Close()
 
-	m, err := mqtt.ParseReceived(<-received)
+	m, err := mqtt.ParseReceived(<-received, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

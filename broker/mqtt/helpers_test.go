@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -15,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	paho5 "github.com/eclipse/paho.golang/paho"
+	"github.com/eclipse/paho.golang/paho/session/state"
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
@@ -51,40 +54,148 @@ func forgetSession(t testing.TB, addr, clientID string) {
 type received struct {
 	topic   string
 	payload []byte
+	props   *mqtt.Properties // MQTT 5's, nil for 3.1.1
 }
 
 // subscriber collects every message under prefix/# (QoS 1, persistent
 // session, reconnecting), from before the first publish to the end of the
 // test.
 type subscriber struct {
-	client paho.Client
-	prefix string
-	mu     sync.Mutex
-	got    []received
+	publish func(topic, payload string) error // QoS 1, for the fence
+	prefix  string
+	mu      sync.Mutex
+	got     []received
 }
 
 func subscribe(t testing.TB, addr, prefix string) *subscriber {
 	t.Helper()
 	s := &subscriber{prefix: prefix}
 	id := unique("sub")
+	var client paho.Client
 	opts := paho.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(id).
 		SetCleanSession(false).SetProtocolVersion(4).SetAutoReconnect(true).
 		SetMaxReconnectInterval(time.Second).SetOrderMatters(true).
 		SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {
 			s.mu.Lock()
-			s.got = append(s.got, received{m.Topic(), append([]byte(nil), m.Payload()...)})
+			s.got = append(s.got, received{topic: m.Topic(), payload: append([]byte(nil), m.Payload()...)})
 			s.mu.Unlock()
 		})
-	s.client = paho.NewClient(opts)
-	if tok := s.client.Connect(); !tok.WaitTimeout(deadline) || tok.Error() != nil {
+	client = paho.NewClient(opts)
+	if tok := client.Connect(); !tok.WaitTimeout(deadline) || tok.Error() != nil {
 		t.Fatalf("subscriber connect to %s: %v", addr, tok.Error())
 	}
-	if tok := s.client.Subscribe(prefix+"/#", 1, nil); !tok.WaitTimeout(deadline) || tok.Error() != nil {
+	if tok := client.Subscribe(prefix+"/#", 1, nil); !tok.WaitTimeout(deadline) || tok.Error() != nil {
 		t.Fatalf("subscribe %s/#: %v", prefix, tok.Error())
 	}
+	s.publish = func(topic, payload string) error {
+		tok := client.Publish(topic, 1, false, payload)
+		if !tok.WaitTimeout(5 * time.Second) {
+			return errors.New("no PUBACK")
+		}
+		return tok.Error()
+	}
 	t.Cleanup(func() {
-		s.client.Disconnect(250)
+		client.Disconnect(250)
 		forgetSession(t, addr, id)
+	})
+	return s
+}
+
+// subscribe5 is subscribe speaking MQTT 5 (with paho.golang), so that it
+// sees the properties; it reconnects after a broker restart, resuming its
+// session.
+func subscribe5(t testing.TB, addr, prefix string) *subscriber {
+	t.Helper()
+	s := &subscriber{prefix: prefix}
+	id := unique("sub5")
+	session := state.NewInMemory()
+	onPublish := func(r paho5.PublishReceived) (bool, error) {
+		got := received{topic: r.Packet.Topic, payload: append([]byte(nil), r.Packet.Payload...), props: &mqtt.Properties{}}
+		if pp := r.Packet.Properties; pp != nil {
+			got.props.ContentType = pp.ContentType
+			for _, u := range pp.User {
+				got.props.User = append(got.props.User, mqtt.UserProperty{Key: u.Key, Value: u.Value})
+			}
+		}
+		s.mu.Lock()
+		s.got = append(s.got, got)
+		s.mu.Unlock()
+		return true, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var (
+		mu  sync.Mutex
+		cur *paho5.Client
+	)
+	connect := func(clean bool) error {
+		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+		defer ccancel()
+		nc, err := (&net.Dialer{}).DialContext(cctx, "tcp", addr)
+		if err != nil {
+			return err
+		}
+		c := paho5.NewClient(paho5.ClientConfig{ClientID: id, Conn: nc, Session: session,
+			OnPublishReceived: []func(paho5.PublishReceived) (bool, error){onPublish}})
+		expiry := uint32(3600)
+		if _, err := c.Connect(cctx, &paho5.Connect{ClientID: id, CleanStart: clean, KeepAlive: 30,
+			Properties: &paho5.ConnectProperties{SessionExpiryInterval: &expiry}}); err != nil {
+			return err
+		}
+		mu.Lock()
+		cur = c // the session is on this connection now
+		mu.Unlock()
+		if _, err := c.Subscribe(cctx, &paho5.Subscribe{Subscriptions: []paho5.SubscribeOptions{{Topic: prefix + "/#", QoS: 1}}}); err != nil {
+			_ = c.Disconnect(&paho5.Disconnect{})
+			return err
+		}
+		return nil
+	}
+	if err := connect(true); err != nil {
+		cancel()
+		t.Fatalf("subscriber connect to %s: %v", addr, err)
+	}
+	done := make(chan struct{})
+	go func() { // reconnecting
+		defer close(done)
+		for {
+			mu.Lock()
+			c := cur
+			mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-c.Done():
+			}
+			for connect(false) != nil {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}
+	}()
+	s.publish = func(topic, payload string) error {
+		mu.Lock()
+		c := cur
+		mu.Unlock()
+		select {
+		case <-c.Done():
+			return errors.New("reconnecting")
+		default:
+		}
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer pcancel()
+		_, err := c.Publish(pctx, &paho5.Publish{Topic: topic, QoS: 1, Payload: []byte(payload)})
+		return err
+	}
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		mu.Lock()
+		zero := uint32(0) // ends the session
+		_ = cur.Disconnect(&paho5.Disconnect{Properties: &paho5.DisconnectProperties{SessionExpiryInterval: &zero}})
+		mu.Unlock()
 	})
 	return s
 }
@@ -96,8 +207,7 @@ func (s *subscriber) fence(ctx context.Context) error {
 	marker := unique("fence")
 	topic := s.prefix + "/fence/" + marker
 	for {
-		tok := s.client.Publish(topic, 1, false, marker)
-		if tok.WaitTimeout(5*time.Second) && tok.Error() == nil {
+		if s.publish(topic, marker) == nil {
 			break
 		}
 		select { // reconnecting after a broker restart
@@ -145,13 +255,28 @@ func (s *subscriber) read(ctx context.Context) ([]brokertest.Stored, error) {
 	}
 	var out []brokertest.Stored
 	for _, r := range s.messages() {
-		d, err := mqtt.Decode(r.payload)
+		d, err := mqtt.Decode(r.payload, r.props)
 		if err != nil {
 			return nil, fmt.Errorf("message on %s: %w", r.topic, err)
 		}
 		out = append(out, brokertest.Stored{Destination: r.topic, Headers: d.Headers, Body: d.Body})
 	}
 	return out, nil
+}
+
+// passwordFile writes a Mosquitto password file with one user, and returns
+// its path.
+func passwordFile(t testing.TB, user, password string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "passwords")
+	bin := systool.Need(t, systool.Tool{Program: "mosquitto_passwd", Package: "mosquitto"})
+	if out, err := exec.Command(bin, "-b", "-c", path, user, password).CombinedOutput(); err != nil {
+		t.Fatalf("mosquitto_passwd: %v\n%s", err, out)
+	}
+	if err := os.Chmod(path, 0o644); err != nil { // read by Mosquitto's user
+		t.Fatal(err)
+	}
+	return path
 }
 
 // mosquitto is a Mosquitto of the test's own, with persistence, for tests that
@@ -165,7 +290,8 @@ type mosquitto struct {
 	exit chan struct{}
 }
 
-// startMosquitto starts one; extra lines replace allow_anonymous true.
+// startMosquitto starts one; extra lines replace allow_anonymous true, and
+// come last, so that they override the settings before them.
 func startMosquitto(t testing.TB, extra ...string) *mosquitto {
 	t.Helper()
 	bin := systool.Need(t, systool.Tool{Program: "mosquitto", Package: "mosquitto"})
@@ -176,8 +302,8 @@ func startMosquitto(t testing.TB, extra ...string) *mosquitto {
 	if len(extra) > 0 {
 		access = strings.Join(extra, "\n") + "\n"
 	}
-	text := fmt.Sprintf("listener %d 127.0.0.1\n%spersistence true\npersistence_location %s/\n"+
-		"max_queued_messages 0\nmax_inflight_messages 0\nlog_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\nlog_type information\nlog_type subscribe\n", port, access, dir)
+	text := fmt.Sprintf("listener %d 127.0.0.1\npersistence true\npersistence_location %s/\n"+
+		"max_queued_messages 0\nmax_inflight_messages 0\nlog_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\nlog_type information\nlog_type subscribe\n%s", port, dir, access)
 	if os.Geteuid() == 0 {
 		text += "user root\n" // else it drops to user mosquitto, who cannot write dir
 	}

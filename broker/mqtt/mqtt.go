@@ -1,20 +1,26 @@
-// Package mqtt publishes outbox events to an MQTT 3.1.1 broker (Mosquitto,
-// EMQX, HiveMQ, VerneMQ, …).
+// Package mqtt publishes outbox events to an MQTT broker (Mosquitto, EMQX,
+// HiveMQ, VerneMQ, …) over MQTT 3.1.1, the default, or MQTT 5
+// ([Config.Version], --mqtt-version 5).
 //
 // Each event is one PUBLISH with QoS 1 (at least once) unless [Config.QoS]
 // asks for QoS 2, retain off, to a topic expanded from [Config.Topic]
 // ("outbox/{aggregate_type}/{event_type}"). An event counts as acknowledged
 // only once its PUBACK (QoS 1) or PUBCOMP (QoS 2) arrived. QoS 0 is not
 // offered: the broker does not acknowledge it, so an event could be lost
-// without anyone knowing. The session is persistent (CleanSession false) under
-// the required, stable [Config.ClientID], so the broker keeps the session
-// across reconnects and relay restarts.
+// without anyone knowing. The session is persistent under the required,
+// stable [Config.ClientID]: on MQTT 3.1.1 (CleanSession false) the broker
+// keeps it across reconnects and relay restarts; on MQTT 5 the first
+// connection of a Publisher starts clean (the session state it would resume
+// lives in the process that left it, and without it a half-finished QoS 2
+// flow's packet identifier would make the broker drop a new message as a
+// repeat), and every reconnect resumes it (CleanStart false), the broker
+// keeping it for [Config.SessionExpiry] (1h) after a connection is lost;
+// Close ends it.
 //
-// # Payload layout
+// # Payload layout on MQTT 3.1.1
 //
-// MQTT 3.1.1 has no message headers (user properties came with MQTT 5, which
-// this package does not speak), so the outbox fields travel in the payload, a
-// JSON object, in one of two layouts chosen by [Config.Encoding]:
+// MQTT 3.1.1 has no message headers, so the outbox fields travel in the
+// payload, a JSON object, in one of two layouts chosen by [Config.Encoding]:
 //
 //   - wire.FormatOutbox, the default: the envelope
 //     {"headers":{...},"datacontenttype":"application/json","data":<payload>},
@@ -29,8 +35,31 @@
 //     headers as a JSON object in the string extension "pgoutboxheaders", and
 //     the payload in "data" (or "data_base64").
 //
-// [ParseReceived] reads either layout back into a wire.Message, as
-// wire.ParseReceived does for transports with headers; an inbox calls it.
+// # Properties on MQTT 5
+//
+// On MQTT 5 the payload is the event's payload, its exact bytes, and the
+// Content Type property its media type; the rest travels as user properties
+// ([Encode5]):
+//
+//   - wire.FormatOutbox: one user property per header, the Outbox-* headers
+//     and the producer's (traceparent, …), under their names.
+//   - wire.FormatCloudEvents: binary content mode, as the CloudEvents MQTT
+//     binding prescribes for MQTT 5: each attribute (specversion, id, source,
+//     type, subject, time and the pgoutbox* extensions) a user property under
+//     its own name, datacontenttype the Content Type property, traceparent and
+//     tracestate as user properties, the producer's other headers as a JSON
+//     object in the user property "pgoutboxheaders" (so that none can pose as
+//     an attribute).
+//
+// A user property's name and value are at most 65535 bytes each
+// ([MaxPropertyBytes]), UTF-8 without NUL; a header beyond that is refused
+// permanently before publishing, never cut. [Config.MaxPayloadBytes] bounds
+// the payload and the properties together, and a PUBLISH above the Maximum
+// Packet Size the broker announced is refused before it is sent.
+//
+// [ParseReceived] reads any of these forms back into a wire.Message, as
+// wire.ParseReceived does for transports with headers; an inbox calls it with
+// the message's payload and, on MQTT 5, its properties.
 //
 // # Order and duplicates
 //
@@ -50,14 +79,27 @@
 // authorisation, the client id or the protocol version fails as
 // broker.Misconfigured. A topic that MQTT forbids ([CheckTopic]) and a payload
 // above [Config.MaxPayloadBytes] are refused as broker.Permanent before
-// anything is sent. MQTT 3.1.1's PUBACK and PUBCOMP carry no failure code: a
-// broker that denies a publish by its ACL still acknowledges it (Mosquitto
-// does) and drops the message, which no publisher can detect. Grant the
-// relay's user write access to every topic the template can produce.
+// anything is sent.
+//
+// MQTT 3.1.1's PUBACK and PUBCOMP carry no failure code: a broker that denies
+// a publish by its ACL still acknowledges it (Mosquitto does) and drops the
+// message, which no publisher can detect. Grant the relay's user write access
+// to every topic the template can produce.
+//
+// MQTT 5's PUBACK and PUBREC do carry one, and a code of 0x80 or above fails
+// the publish, the broker's reason string quoted in the error: "not
+// authorized" (0x87, an ACL denial, now detected), "QoS not supported" or
+// "retain not supported" as broker.Misconfigured (retried, readiness failing
+// until the grant is fixed); "topic name invalid" (0x90), "packet too large"
+// (0x95) and "payload format invalid" (0x99) as broker.Permanent (the event
+// is quarantined); the others ("unspecified error", "quota exceeded", "server
+// busy", …) as broker.Unavailable. QoS 2 asked of a broker whose CONNACK
+// offers at most QoS 1 is broker.Misconfigured.
 //
 // Outside the standard library it pulls in paho.mqtt.golang (Eclipse Paho's
-// MQTT 3.1.1 client), besides the root package's pgx and OpenTelemetry trace
-// API.
+// MQTT 3.1.1 client) and paho.golang (Eclipse Paho's MQTT 5 client, its paho
+// package only, which imports nothing outside the standard library),
+// besides the root package's pgx and OpenTelemetry trace API.
 package mqtt
 
 import (
@@ -78,6 +120,42 @@ import (
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
+
+// Version is an MQTT protocol version a Publisher speaks.
+type Version byte
+
+// The protocol versions a Publisher speaks, by their CONNECT protocol level.
+const (
+	// MQTT311 is MQTT 3.1.1, the default: the event in a JSON layout in the
+	// payload.
+	MQTT311 Version = 4
+	// MQTT5 is MQTT 5.0: the headers as user properties, the payload as it
+	// is, and failure reason codes in the acknowledgements.
+	MQTT5 Version = 5
+)
+
+// ParseVersion reads a protocol version as a command line gives it: "3.1.1"
+// or "5".
+func ParseVersion(s string) (Version, error) {
+	switch s {
+	case "3.1.1":
+		return MQTT311, nil
+	case "5":
+		return MQTT5, nil
+	}
+	return 0, fmt.Errorf("mqtt: protocol version %.20q: want 3.1.1 or 5", s)
+}
+
+// String returns "3.1.1" or "5".
+func (v Version) String() string {
+	switch v {
+	case MQTT311:
+		return "3.1.1"
+	case MQTT5:
+		return "5"
+	}
+	return fmt.Sprintf("Version(%d)", byte(v))
+}
 
 // QoS is an MQTT quality of service the publisher offers.
 type QoS byte
@@ -106,10 +184,21 @@ const (
 	DefaultConnectTimeout = 10 * time.Second
 	// DefaultKeepAlive is the MQTT keep-alive when Config.KeepAlive is zero.
 	DefaultKeepAlive = 30 * time.Second
+	// DefaultSessionExpiry is the MQTT 5 session expiry interval when
+	// Config.SessionExpiry is zero: how long the broker keeps the session
+	// after a connection is lost, for the reconnect to resume it.
+	DefaultSessionExpiry = time.Hour
+	// maxSessionExpiry is the longest MQTT 5 session expiry interval short
+	// of "never" (0xFFFFFFFF seconds), which this package does not ask for.
+	maxSessionExpiry = 0xFFFFFFFE * time.Second
 )
 
 // Config configures a Publisher.
 type Config struct {
+	// Version is the MQTT protocol version: MQTT311 (the default, for zero)
+	// or MQTT5.
+	Version Version
+
 	// ClientID is the MQTT client id, required and stable across restarts:
 	// the broker keeps the persistent session under it. Two relays must not
 	// share one (the broker disconnects the older). At most 65535 bytes; many
@@ -126,8 +215,10 @@ type Config struct {
 	// Topic is the topic template. Unset means DefaultTopic.
 	Topic broker.Template
 
-	// MaxPayloadBytes bounds the MQTT payload (the envelope with the event's
-	// payload); a larger event is refused permanently before publishing. Zero
+	// MaxPayloadBytes bounds the MQTT payload (MQTT 3.1.1: the envelope
+	// with the event's payload; MQTT 5: the payload with the properties,
+	// user properties and content type); a larger event is refused
+	// permanently before publishing. Zero
 	// means DefaultMaxPayloadBytes (256 KiB); at most HardMaxPayloadBytes.
 	MaxPayloadBytes int
 
@@ -145,9 +236,15 @@ type Config struct {
 	// DefaultConnectTimeout (10s).
 	ConnectTimeout time.Duration
 
-	// KeepAlive is the MQTT keep-alive interval. Zero means DefaultKeepAlive
-	// (30s).
+	// KeepAlive is the MQTT keep-alive interval, at most 65535s. Zero means
+	// DefaultKeepAlive (30s).
 	KeepAlive time.Duration
+
+	// SessionExpiry is MQTT 5's session expiry interval, whole seconds: how
+	// long the broker keeps the session after the connection is lost. Zero
+	// means DefaultSessionExpiry (1h). MQTT 3.1.1 has none: its persistent
+	// session lasts until the broker drops it.
+	SessionExpiry time.Duration
 
 	// TLSConfig is the TLS configuration for mqtts:// URLs. Nil means the
 	// system's roots, TLS 1.2 at least, the URL's host as server name.
@@ -173,7 +270,8 @@ type Publisher struct {
 	cfg    Config
 	server *server
 	topic  broker.Template
-	client paho.Client
+	client paho.Client // MQTT 3.1.1's, or nil
+	v5     *client5    // MQTT 5's, or nil
 	log    *slog.Logger
 
 	mu      sync.Mutex // serialises connecting
@@ -227,12 +325,22 @@ func New(rawURL string, cfg Config) (*Publisher, error) {
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = DefaultKeepAlive
 	}
+	if cfg.SessionExpiry == 0 {
+		cfg.SessionExpiry = DefaultSessionExpiry
+	}
+	if cfg.Version == 0 {
+		cfg.Version = MQTT311
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	p := &Publisher{cfg: cfg, server: srv, topic: cfg.Topic, log: cfg.Logger.With("broker", srv.display)}
 	if p.topic.String() == "" {
 		p.topic = broker.MustParseTemplate(DefaultTopic)
+	}
+	if cfg.Version == MQTT5 {
+		p.v5 = newClient5()
+		return p, nil
 	}
 	opts := paho.NewClientOptions().
 		AddBroker(srv.paho).
@@ -268,9 +376,15 @@ func (c *Config) check(srv *server) error {
 		return fmt.Errorf("mqtt: MaxPayloadBytes %d: want 1 to %d", c.MaxPayloadBytes, HardMaxPayloadBytes)
 	case c.MaxInFlight < 0 || c.MaxInFlight > 65535:
 		return fmt.Errorf("mqtt: MaxInFlight %d: want 1 to 65535", c.MaxInFlight)
-	case c.ConnectTimeout < 0 || c.KeepAlive < 0 || c.AckTimeout < 0:
-		return errors.New("mqtt: negative ConnectTimeout, KeepAlive or AckTimeout")
-	case c.Password != "" && srv.username == "":
+	case c.ConnectTimeout < 0 || c.KeepAlive < 0 || c.AckTimeout < 0 || c.SessionExpiry < 0:
+		return errors.New("mqtt: negative ConnectTimeout, KeepAlive, AckTimeout or SessionExpiry")
+	case c.KeepAlive > 65535*time.Second:
+		return fmt.Errorf("mqtt: KeepAlive %s, above MQTT's 65535s", c.KeepAlive)
+	case c.SessionExpiry > maxSessionExpiry:
+		return fmt.Errorf("mqtt: SessionExpiry %s, above MQTT's %s", c.SessionExpiry, maxSessionExpiry)
+	case c.Version != 0 && c.Version != MQTT311 && c.Version != MQTT5:
+		return fmt.Errorf("mqtt: protocol version %d: want MQTT311 or MQTT5 (--mqtt-version 3.1.1 or 5)", c.Version)
+	case c.Password != "" && srv.username == "" && c.Version != MQTT5:
 		return errors.New("mqtt: a password is set but the broker URL names no user (mqtt://user@host): MQTT 3.1.1 sends a password only with a user name")
 	}
 	if err := checkClientID(c.ClientID); err != nil {
@@ -285,14 +399,29 @@ func (c *Config) check(srv *server) error {
 // dial is paho's OpenConnectionFunc: it dials with Config.DialContext, adds
 // TLS for mqtts, and watches the connection, so that the messages awaiting
 // their acknowledgement on it fail as soon as it ends.
-func (p *Publisher) dial(uri *url.URL, _ paho.ClientOptions) (net.Conn, error) {
+func (p *Publisher) dial(_ *url.URL, _ paho.ClientOptions) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConnectTimeout)
 	defer cancel()
+	nc, err := p.dialConn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c := p.next.Load()
+	if c == nil {
+		nc.Close()
+		return nil, errors.New("mqtt: connection opened outside Publish") // never: paho reconnects only when asked
+	}
+	return watchedConn{nc, c}, nil
+}
+
+// dialConn opens a connection to the broker with Config.DialContext, and
+// adds TLS for mqtts.
+func (p *Publisher) dialConn(ctx context.Context) (net.Conn, error) {
 	dial := p.cfg.DialContext
 	if dial == nil {
 		dial = (&net.Dialer{}).DialContext
 	}
-	nc, err := dial(ctx, "tcp", uri.Host)
+	nc, err := dial(ctx, "tcp", p.server.addr)
 	if err != nil {
 		return nil, err
 	}
@@ -311,12 +440,7 @@ func (p *Publisher) dial(uri *url.URL, _ paho.ClientOptions) (net.Conn, error) {
 		}
 		nc = tc
 	}
-	c := p.next.Load()
-	if c == nil {
-		nc.Close()
-		return nil, errors.New("mqtt: connection opened outside Publish") // never: paho reconnects only when asked
-	}
-	return watchedConn{nc, c}, nil
+	return nc, nil
 }
 
 // watchedConn ends its connection at the first read error or Close.
@@ -406,6 +530,9 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 	if err := CheckTopic(topic); err != nil {
 		return nil, fmt.Errorf("mqtt: event %s: %w", m.EventID, err)
 	}
+	if p.v5 != nil {
+		return p.send5(ctx, m, topic)
+	}
 	payload, err := Encode(p.cfg.Encoding, m)
 	if err != nil {
 		return nil, err
@@ -420,15 +547,11 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 	}
 	tok := p.client.Publish(topic, byte(p.cfg.QoS), false, payload)
 	return func(ctx context.Context) error {
-		var timeout <-chan time.Time
-		if p.cfg.AckTimeout > 0 {
-			t := time.NewTimer(p.cfg.AckTimeout)
-			defer t.Stop()
-			timeout = t.C
-		}
+		timeout, stop := p.ackTimer()
+		defer stop()
 		select {
 		case <-timeout:
-			return broker.Unavailable(fmt.Errorf("mqtt: event %s: no acknowledgement within %s", m.EventID, p.cfg.AckTimeout))
+			return p.noAck(m)
 		case <-tok.Done():
 			if err := tok.Error(); err != nil {
 				return broker.Unavailable(fmt.Errorf("mqtt: publish event %s: %w", m.EventID, err))
@@ -442,9 +565,28 @@ func (p *Publisher) send(ctx context.Context, m *broker.Message) (broker.AckFunc
 	}, nil
 }
 
+// ackTimer returns a channel that fires after Config.AckTimeout (nil, never
+// firing, when there is none) and the function that stops it.
+func (p *Publisher) ackTimer() (<-chan time.Time, func() bool) {
+	if p.cfg.AckTimeout <= 0 {
+		return nil, func() bool { return false }
+	}
+	t := time.NewTimer(p.cfg.AckTimeout)
+	return t.C, t.Stop
+}
+
+// noAck is the error of a message whose acknowledgement ackTimer gave up on.
+func (p *Publisher) noAck(m *broker.Message) error {
+	return broker.Unavailable(fmt.Errorf("mqtt: event %s: no acknowledgement within %s", m.EventID, p.cfg.AckTimeout))
+}
+
 // Ping connects if needed and reports whether the broker accepted the
 // connection.
 func (p *Publisher) Ping(ctx context.Context) error {
+	if p.v5 != nil {
+		_, _, err := p.connect5(ctx)
+		return err
+	}
 	_, err := p.connect(ctx)
 	return err
 }
@@ -458,6 +600,10 @@ func (p *Publisher) Close() error {
 		return nil
 	}
 	p.closed = true
+	if p.v5 != nil {
+		p.close5()
+		return nil
+	}
 	if p.pending != nil {
 		p.pending.tok.WaitTimeout(p.cfg.ConnectTimeout) // so that it does not outlive Close
 		p.pending = nil

@@ -4,16 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/mqtt"
-	"github.com/pgoutbox/pgoutbox/internal/systool"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
@@ -87,36 +83,46 @@ func TestUnreachable(t *testing.T) {
 // maximum are refused permanently, and stop their aggregate's lane.
 func TestRefusedBeforePublishing(t *testing.T) {
 	t.Parallel()
-	p, sub := open(t, sharedAddr, mqtt.Config{MaxPayloadBytes: 2048})
-	big := brokertest.Message("order", "big", 1)
-	big.Payload = []byte(`"` + strings.Repeat("x", 4096) + `"`)
-	dollar := brokertest.Message("order", "d", 1)
-	p2, _ := open(t, sharedAddr, mqtt.Config{Topic: broker.MustParseTemplate("{aggregate_type}/{event_type}")})
-	dollar.AggregateType = "$SYS"
-	if err := brokertest.Publish(t, p2, dollar)[0]; !broker.IsPermanent(err) {
-		t.Errorf("topic $SYS/...: %v, want a permanent refusal", err)
-	}
-	results := brokertest.Publish(t, p, big, brokertest.Message("order", "big", 2), brokertest.Message("order", "ok", 1))
-	if !broker.IsPermanent(results[0]) || !errors.Is(results[1], broker.ErrPredecessorFailed) || results[2] != nil {
-		t.Errorf("results %v, want permanent, ErrPredecessorFailed, nil", results)
-	}
-	got, err := sub.read(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 1 || got[0].Headers[wire.HeaderAggregateID] != "ok" {
-		t.Errorf("stored %d messages (%v), want only aggregate ok's", len(got), got)
+	for _, version := range []mqtt.Version{mqtt.MQTT311, mqtt.MQTT5} {
+		t.Run(version.String(), func(t *testing.T) {
+			t.Parallel()
+			p, sub := open(t, sharedAddr, mqtt.Config{Version: version, MaxPayloadBytes: 2048})
+			big := brokertest.Message("order", "big", 1)
+			big.Payload = []byte(`"` + strings.Repeat("x", 4096) + `"`)
+			dollar := brokertest.Message("order", "d", 1)
+			p2, _ := open(t, sharedAddr, mqtt.Config{Version: version, Topic: broker.MustParseTemplate("{aggregate_type}/{event_type}")})
+			dollar.AggregateType = "$SYS"
+			if err := brokertest.Publish(t, p2, dollar)[0]; !broker.IsPermanent(err) {
+				t.Errorf("topic $SYS/...: %v, want a permanent refusal", err)
+			}
+			results := brokertest.Publish(t, p, big, brokertest.Message("order", "big", 2), brokertest.Message("order", "ok", 1))
+			if !broker.IsPermanent(results[0]) || !errors.Is(results[1], broker.ErrPredecessorFailed) || results[2] != nil {
+				t.Errorf("results %v, want permanent, ErrPredecessorFailed, nil", results)
+			}
+			got, err := sub.read(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 || got[0].Headers[wire.HeaderAggregateID] != "ok" {
+				t.Errorf("stored %d messages (%v), want only aggregate ok's", len(got), got)
+			}
+		})
 	}
 }
 
-// TestEnvelope publishes in both layouts, with a JSON and a binary payload,
-// and reads each back with ParseReceived.
+// TestEnvelope publishes in both layouts of MQTT 3.1.1 and as MQTT 5 user
+// properties, with a JSON and a binary payload, and reads each back with
+// ParseReceived.
 func TestEnvelope(t *testing.T) {
 	t.Parallel()
-	for _, enc := range []wire.Encoding{{}, {Format: wire.FormatCloudEvents, CloudEventsSource: "/pgoutbox/app"}} {
-		t.Run(enc.Format.String(), func(t *testing.T) {
+	ce := wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: "/pgoutbox/app"}
+	for _, c := range []struct {
+		version mqtt.Version
+		enc     wire.Encoding
+	}{{mqtt.MQTT311, wire.Encoding{}}, {mqtt.MQTT311, ce}, {mqtt.MQTT5, wire.Encoding{}}} {
+		t.Run(c.version.String()+"/"+c.enc.Format.String(), func(t *testing.T) {
 			t.Parallel()
-			p, sub := open(t, sharedAddr, mqtt.Config{Encoding: enc, QoS: mqtt.ExactlyOnce})
+			p, sub := open(t, sharedAddr, mqtt.Config{Version: c.version, Encoding: c.enc, QoS: mqtt.ExactlyOnce})
 			jsonMsg := brokertest.Message("order", "o1", 1)
 			jsonMsg.Payload = []byte(`{ "spaced" : "caf\u00e9 <&>" }`)
 			binMsg := brokertest.Message("order", "o1", 2)
@@ -134,14 +140,18 @@ func TestEnvelope(t *testing.T) {
 			if len(got) != 2 {
 				t.Fatalf("received %d messages, want 2", len(got))
 			}
-			var obj map[string]json.RawMessage
-			if err := json.Unmarshal(got[0].payload, &obj); err != nil {
-				t.Fatalf("payload is not a JSON object: %v", err)
+			if c.version == mqtt.MQTT5 {
+				checkProperties(t, got, jsonMsg, binMsg)
+			} else {
+				var obj map[string]json.RawMessage
+				if err := json.Unmarshal(got[0].payload, &obj); err != nil {
+					t.Fatalf("payload is not a JSON object: %v", err)
+				}
+				if _, ce := obj["specversion"]; ce != (c.enc.Format == wire.FormatCloudEvents) {
+					t.Errorf("specversion member present: %v, want it only in structured mode", ce)
+				}
 			}
-			if _, ce := obj["specversion"]; ce != (enc.Format == wire.FormatCloudEvents) {
-				t.Errorf("specversion member present: %v, want it only in structured mode", ce)
-			}
-			m, err := mqtt.ParseReceived(got[0].payload)
+			m, err := mqtt.ParseReceived(got[0].payload, got[0].props)
 			if err != nil {
 				t.Fatalf("ParseReceived: %v", err)
 			}
@@ -150,13 +160,14 @@ func TestEnvelope(t *testing.T) {
 				m.Headers["Tenant"] != "acme corp" || m.Headers[wire.HeaderTraceParent] != jsonMsg.Headers[wire.HeaderTraceParent] {
 				t.Errorf("parsed %+v, want %+v", m, jsonMsg)
 			}
-			// A binary payload travels base64-encoded and comes back exactly;
-			// ParseReceived, like the inbox, accepts JSON only.
-			d, err := mqtt.Decode(got[1].payload)
+			// A binary payload travels base64-encoded in 3.1.1's envelope, as
+			// it is on 5, and comes back exactly; ParseReceived, like the
+			// inbox, accepts JSON only.
+			d, err := mqtt.Decode(got[1].payload, got[1].props)
 			if err != nil || !bytes.Equal(d.Body, binMsg.Payload) {
 				t.Errorf("binary payload: %v %q", err, d.Body)
 			}
-			if _, err := mqtt.ParseReceived(got[1].payload); err == nil && enc.Format == wire.FormatCloudEvents {
+			if _, err := mqtt.ParseReceived(got[1].payload, got[1].props); err == nil && c.enc.Format == wire.FormatCloudEvents {
 				t.Error("ParseReceived accepted a CloudEvent whose datacontenttype is not JSON")
 			}
 		})
@@ -167,32 +178,28 @@ func TestParseReceivedRefusesGarbage(t *testing.T) {
 	t.Parallel()
 	for _, p := range []string{``, `[]`, `{"data":1}`, `{"headers":{"Outbox-Event-Id":"x"},"data":1}`, `{"headers":1}`,
 		`{"specversion":"1.0","id":"x"}`, `{"headers":{},"data_base64":"!"}`} {
-		if _, err := mqtt.ParseReceived([]byte(p)); err == nil {
+		if _, err := mqtt.ParseReceived([]byte(p), nil); err == nil {
 			t.Errorf("ParseReceived(%q) = nil error", p)
 		}
 	}
 }
 
 // TestRefusedCredentials: a CONNACK refusing the user name and password is a
-// configuration error (retried, never quarantined), and shows no password.
+// configuration error (retried, never quarantined), and shows no password, on
+// either protocol version.
 func TestRefusedCredentials(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	passwords := filepath.Join(dir, "passwords")
-	bin := systool.Need(t, systool.Tool{Program: "mosquitto_passwd", Package: "mosquitto"})
-	if out, err := exec.Command(bin, "-b", "-c", passwords, "relay", "right-password").CombinedOutput(); err != nil {
-		t.Fatalf("mosquitto_passwd: %v\n%s", err, out)
-	}
-	if err := os.Chmod(passwords, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	server := startMosquitto(t, "allow_anonymous false", "password_file "+passwords)
+	server := startMosquitto(t, "allow_anonymous false", "password_file "+passwordFile(t, "relay", "right-password"))
 	for _, c := range []struct {
+		version        mqtt.Version
 		user, password string
 		ok             bool
-	}{{"relay", "wrong-password", false}, {"relay", "right-password", true}} {
+	}{
+		{mqtt.MQTT311, "relay", "wrong-password", false}, {mqtt.MQTT311, "relay", "right-password", true},
+		{mqtt.MQTT5, "relay", "wrong-password", false}, {mqtt.MQTT5, "relay", "right-password", true},
+	} {
 		id := unique("pub")
-		p, err := mqtt.New("mqtt://"+c.user+"@"+server.addr, mqtt.Config{ClientID: id, Password: c.password})
+		p, err := mqtt.New("mqtt://"+c.user+"@"+server.addr, mqtt.Config{Version: c.version, ClientID: id, Password: c.password})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -201,9 +208,9 @@ func TestRefusedCredentials(t *testing.T) {
 		_ = p.Close()
 		switch {
 		case c.ok && (err != nil || results[0] != nil):
-			t.Errorf("right password: ping %v, publish %v", err, results[0])
+			t.Errorf("MQTT %s, right password: ping %v, publish %v", c.version, err, results[0])
 		case !c.ok && (!broker.IsMisconfigured(err) || !broker.IsMisconfigured(results[0])):
-			t.Errorf("wrong password: ping %v, publish %v, want misconfigured", err, results[0])
+			t.Errorf("MQTT %s, wrong password: ping %v, publish %v, want misconfigured", c.version, err, results[0])
 		case !c.ok && strings.Contains(err.Error(), c.password):
 			t.Errorf("the error %q shows the password", err)
 		}
@@ -223,7 +230,7 @@ func FuzzParseReceived(f *testing.F) {
 	}
 	f.Add([]byte(`{"headers":{},"data_base64":"AA=="}`))
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		got, err := mqtt.ParseReceived(payload)
+		got, err := mqtt.ParseReceived(payload, nil)
 		if err != nil {
 			return
 		}
@@ -231,7 +238,7 @@ func FuzzParseReceived(f *testing.F) {
 		if err != nil {
 			return // producer headers the codec refuses to send
 		}
-		back, err := mqtt.ParseReceived(again)
+		back, err := mqtt.ParseReceived(again, nil)
 		if err != nil || back.EventID != got.EventID || !bytes.Equal(back.Payload, got.Payload) {
 			t.Fatalf("round trip of %q: %v", payload, err)
 		}

@@ -13,6 +13,7 @@ type server struct {
 	paho     string // tcp://host:port or ssl://host:port, for paho
 	display  string // mqtt[s]://[user@]host:port, for logs and errors
 	host     string
+	addr     string // host:port, to dial
 	username string
 	tls      bool
 }
@@ -43,6 +44,7 @@ func parseURL(raw string) (*server, error) {
 	if s.tls {
 		scheme = "ssl"
 	}
+	s.addr = hostport
 	s.paho = scheme + "://" + hostport
 	user := ""
 	if s.username != "" {

@@ -1,7 +1,8 @@
 // Package cetest checks, with the official CloudEvents Go SDK, what an adapter
 // published in the CloudEvents format (wire.FormatCloudEvents): a
 // binding.Message over received headers for the bindings whose SDK protocol
-// packages target other client libraries (Kafka, AMQP), and a check of every
+// packages target other client libraries or are not at hand (Kafka, AMQP,
+// MQTT 5's user properties, with an empty prefix), and a check of every
 // attribute of the decoded event against the outbox message.
 package cetest
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/broker/mqtt"
+	"github.com/pgoutbox/pgoutbox/internal/cetest"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
@@ -40,4 +41,33 @@ func TestSDKDecodesMQTTStructuredMode(t *testing.T) {
 	if !bytes.Equal(e.Data(), m.Payload) {
 		t.Errorf("data %q, want %q", e.Data(), m.Payload)
 	}
+}
+
+// TestSDKDecodesMQTT5BinaryMode: on MQTT 5 broker/mqtt writes binary mode as
+// the CloudEvents MQTT binding prescribes (the attributes as user properties
+// under their own names, datacontenttype as the Content Type); read as the
+// SDK's MQTT binding reads user properties (no prefix: each one an attribute
+// or an extension), the event is valid and the outbox message's.
+func TestSDKDecodesMQTT5BinaryMode(t *testing.T) {
+	t.Parallel()
+	enc := wire.Encoding{Format: wire.FormatCloudEvents, CloudEventsSource: "/pgoutbox/app"}
+	m := brokertest.Message("order", "order-42", 7)
+	props, err := mqtt.Encode5(enc, &m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	headers := map[string]string{}
+	for _, u := range props.User {
+		headers[u.Key] = u.Value
+	}
+	ev := cetest.Decode(t, &cetest.HeaderMessage{Headers: headers, ContentType: props.ContentType, Body: m.Payload})
+	// Beside the attributes: the tracing extension, and the producer's
+	// other headers.
+	ext := ev.Extensions()
+	if ext[wire.HeaderTraceParent] != m.Headers[wire.HeaderTraceParent] || ext["pgoutboxheaders"] != `{"Tenant":"acme corp"}` {
+		t.Errorf("extensions %v, want traceparent and pgoutboxheaders", ext)
+	}
+	ev.SetExtension(wire.HeaderTraceParent, nil)
+	ev.SetExtension("pgoutboxheaders", nil)
+	t.Log(cetest.Check(t, ev, &m, "/pgoutbox/app"))
 }

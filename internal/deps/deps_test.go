@@ -40,6 +40,7 @@ var moduleNames = []struct{ prefix, name string }{
 	{"golang.org/x/sync", "x/sync"},
 	{"golang.org/x/sys", "x/sys"},
 	{"github.com/eclipse/paho.mqtt.golang", "paho.mqtt.golang"},
+	{"github.com/eclipse/paho.golang", "paho.golang"},
 }
 
 type pkg struct {

@@ -25,13 +25,14 @@ import (
 func TestBenchRelayEnv(t *testing.T) {
 	t.Setenv("PGOUTBOX_MQTT_PASSWORD", "Zmqtt-pw")
 	t.Setenv("PGOUTBOX_MQTT_QOS", "2")
+	t.Setenv("PGOUTBOX_MQTT_VERSION", "5")
 	t.Setenv("PGOUTBOX_REDIS_PASSWORD", "Zredis-pw")
 	t.Setenv("PGOUTBOX_REDIS_DEDUP_WINDOW", "1m")
 	t.Setenv("PGOUTBOX_SCHEMA", "not-the-kinds")
 	t.Setenv("PGOUTBOX_MQTT_CLIENT_ID", "")
 
 	mqttEnv := benchRelayEnv("mqtt://app@127.0.0.1:1883", "bench-ab-1")
-	for _, want := range []string{"PGOUTBOX_MQTT_PASSWORD=Zmqtt-pw", "PGOUTBOX_MQTT_QOS=2", "PGOUTBOX_MQTT_CLIENT_ID=bench-ab-1"} {
+	for _, want := range []string{"PGOUTBOX_MQTT_PASSWORD=Zmqtt-pw", "PGOUTBOX_MQTT_QOS=2", "PGOUTBOX_MQTT_VERSION=5", "PGOUTBOX_MQTT_CLIENT_ID=bench-ab-1"} {
 		if !slices.Contains(mqttEnv, want) {
 			t.Errorf("mqtt: %q lacks %s", mqttEnv, want)
 		}

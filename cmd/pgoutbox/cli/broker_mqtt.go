@@ -30,14 +30,17 @@ func mqttClientIDPerRelay(id string) []string {
 type mqttFlags struct {
 	clientID     string
 	qos          int
+	version      string
 	passwordFile string
-	password     string // read by parse
+	password     string       // read by parse
+	protocol     mqtt.Version // version, parsed
 }
 
 func registerMQTTFlags(fs *pflag.FlagSet) any {
 	o := &mqttFlags{}
 	fs.StringVar(&o.clientID, "mqtt-client-id", "", "MQTT client id, required and stable: the broker keeps the relay's persistent session under it; one per relay process (env PGOUTBOX_MQTT_CLIENT_ID)")
 	fs.IntVar(&o.qos, "mqtt-qos", 1, "MQTT QoS of the events: 1 (at least once) or 2 (exactly once between relay and broker); 0 is refused, as it can lose events (env PGOUTBOX_MQTT_QOS)")
+	fs.StringVar(&o.version, "mqtt-version", "3.1.1", "MQTT protocol version: 3.1.1 (the outbox fields in a JSON envelope in the payload) or 5 (the headers as user properties, the payload as it is, a broker's refusal such as an ACL denial detected) (env PGOUTBOX_MQTT_VERSION)")
 	fs.StringVar(&o.passwordFile, "mqtt-password-file", "", "file holding the MQTT password; else "+mqttPasswordEnv+" is used (env PGOUTBOX_MQTT_PASSWORD_FILE)")
 	return o
 }
@@ -48,6 +51,11 @@ func parseMQTT(t *brokerTarget, o *mqttFlags) error {
 	if o.qos != 1 && o.qos != 2 {
 		return usagef("--mqtt-qos %d: want 1 or 2 (QoS 0 is not acknowledged, so an event could be lost)", o.qos)
 	}
+	v, err := mqtt.ParseVersion(o.version)
+	if err != nil {
+		return usagef("--mqtt-version: %v", err)
+	}
+	o.protocol = v
 	switch {
 	case o.passwordFile != "":
 		var err error
@@ -64,7 +72,7 @@ func parseMQTT(t *brokerTarget, o *mqttFlags) error {
 }
 
 func mqttConfig(t *brokerTarget, o *mqttFlags, log *slog.Logger) mqtt.Config {
-	cfg := mqtt.Config{ClientID: o.clientID, Password: o.password, QoS: mqtt.QoS(o.qos),
+	cfg := mqtt.Config{Version: o.protocol, ClientID: o.clientID, Password: o.password, QoS: mqtt.QoS(o.qos),
 		AckTimeout: t.flags.ackTimeout, Logger: log, Encoding: t.encoding}
 	if t.template != nil {
 		cfg.Topic = *t.template

@@ -233,12 +233,14 @@ var brokerKinds = []*brokerKind{
 	},
 	{
 		name: "mqtt", schemes: []string{"mqtt", "mqtts"}, choices: []string{"mqtt://[user@]host:1883", "mqtts://…"},
-		help: `  mqtt://[user@]host:1883   MQTT 3.1.1 (mqtts:// for TLS): QoS 1 (--mqtt-qos 2 for QoS 2),
-                      persistent session under --mqtt-client-id (required), topic
-                      --topic-template (default outbox/{aggregate_type}/{event_type}); the
-                      outbox fields travel in a JSON envelope (no headers in 3.1.1). The
-                      password comes from PGOUTBOX_MQTT_PASSWORD or --mqtt-password-file`,
-		cloudEvents: "structured-mode JSON", display: "MQTT",
+		help: `  mqtt://[user@]host:1883   MQTT 3.1.1, or 5 with --mqtt-version 5 (mqtts:// for TLS): QoS 1
+                      (--mqtt-qos 2 for QoS 2), persistent session under --mqtt-client-id
+                      (required), topic --topic-template (default
+                      outbox/{aggregate_type}/{event_type}); on 3.1.1 the outbox fields
+                      travel in a JSON envelope (no headers), on 5 as user properties
+                      beside the payload as it is. The password comes from
+                      PGOUTBOX_MQTT_PASSWORD or --mqtt-password-file`,
+		cloudEvents: "structured-mode JSON (3.1.1) or user properties (5)", display: "MQTT",
 		destination: mqtt.DefaultTopic, tenantDestination: "outbox/{tenant}/{aggregate_type}/{event_type}",
 		flags: registerMQTTFlags,
 		parse: func(t *brokerTarget) error { return parseMQTT(t, kindFlags[mqttFlags](t.flags, "mqtt")) },

@@ -1,8 +1,11 @@
 package cli
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	paho5 "github.com/eclipse/paho.golang/paho"
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/pgoutbox/pgoutbox"
@@ -30,6 +34,50 @@ type mqttSubscriber struct {
 	mu  sync.Mutex
 	got []broker.Message
 	bad []error
+}
+
+// add parses and keeps one message: its payload and, on MQTT 5, its
+// properties.
+func (s *mqttSubscriber) add(payload []byte, props *mqtt.Properties) {
+	m, err := mqtt.ParseReceived(payload, props)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.bad = append(s.bad, err)
+		return
+	}
+	s.got = append(s.got, m)
+}
+
+// mqtt5Subscribe subscribes to filter over MQTT 5 (paho.golang) as id, with
+// a clean session, until the test ends, handing each message to add.
+func mqtt5Subscribe(t *testing.T, id, filter string, add func([]byte, *mqtt.Properties)) {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", mqttAddr, time.Minute)
+	if err != nil {
+		t.Fatalf("dial Mosquitto on %s: %v", mqttAddr, err)
+	}
+	c := paho5.NewClient(paho5.ClientConfig{ClientID: id, Conn: nc, OnPublishReceived: []func(paho5.PublishReceived) (bool, error){
+		func(r paho5.PublishReceived) (bool, error) {
+			props := &mqtt.Properties{}
+			if pp := r.Packet.Properties; pp != nil {
+				props.ContentType = pp.ContentType
+				for _, u := range pp.User {
+					props.User = append(props.User, mqtt.UserProperty{Key: u.Key, Value: u.Value})
+				}
+			}
+			add(r.Packet.Payload, props)
+			return true, nil
+		}}})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if _, err := c.Connect(ctx, &paho5.Connect{ClientID: id, CleanStart: true, KeepAlive: 30}); err != nil {
+		t.Fatalf("connect to Mosquitto on %s as %s: %v", mqttAddr, id, err)
+	}
+	t.Cleanup(func() { _ = c.Disconnect(&paho5.Disconnect{}) })
+	if _, err := c.Subscribe(ctx, &paho5.Subscribe{Subscriptions: []paho5.SubscribeOptions{{Topic: filter, QoS: 1}}}); err != nil {
+		t.Fatalf("subscribe %s: %v", filter, err)
+	}
 }
 
 func (s *mqttSubscriber) messages() ([]broker.Message, []error) {
@@ -83,24 +131,36 @@ func uniqueMQTT(prefix string) string {
 // aggregate's first appearances in order.
 func TestRelayMQTTSIGKILL(t *testing.T) {
 	t.Parallel()
+	for _, version := range []string{"3.1.1", "5"} {
+		t.Run("MQTT "+version, func(t *testing.T) {
+			t.Parallel()
+			relayMQTTSIGKILL(t, version)
+		})
+	}
+}
+
+func relayMQTTSIGKILL(t *testing.T, version string) {
 	pool, schema := pgtest.Migrated(t, 8)
 	e := &relayEnv{t: t, pool: pool, dbURL: pgtest.URL(), schema: schema}
 	prefix, clientID, subID := uniqueMQTT("pgoutbox-relay-test"), uniqueMQTT("relay"), uniqueMQTT("sub")
 	forgetMQTTSessions(t, clientID, subID)
 
 	sub := &mqttSubscriber{}
-	c := mqttClient(t, subID, false, func(_ paho.Client, msg paho.Message) {
-		m, err := mqtt.ParseReceived(msg.Payload())
-		sub.mu.Lock()
-		defer sub.mu.Unlock()
-		if err != nil {
-			sub.bad = append(sub.bad, err)
-			return
+	if version == "5" {
+		mqtt5Subscribe(t, subID, prefix+"/#", func(payload []byte, props *mqtt.Properties) {
+			if len(props.User) == 0 { // sent as MQTT 3.1.1 sends it
+				sub.mu.Lock()
+				sub.bad = append(sub.bad, fmt.Errorf("a message without user properties: %.100q", payload))
+				sub.mu.Unlock()
+				return
+			}
+			sub.add(payload, props)
+		})
+	} else {
+		c := mqttClient(t, subID, false, func(_ paho.Client, msg paho.Message) { sub.add(msg.Payload(), nil) })
+		if tok := c.Subscribe(prefix+"/#", 1, nil); !tok.WaitTimeout(time.Minute) || tok.Error() != nil {
+			t.Fatalf("subscribe: %v", tok.Error())
 		}
-		sub.got = append(sub.got, m)
-	})
-	if tok := c.Subscribe(prefix+"/#", 1, nil); !tok.WaitTimeout(time.Minute) || tok.Error() != nil {
-		t.Fatalf("subscribe: %v", tok.Error())
 	}
 
 	// Fewer events than the shared Mosquitto queues for one client (its
@@ -109,7 +169,7 @@ func TestRelayMQTTSIGKILL(t *testing.T) {
 	ids := e.enqueue(40, 20)
 	start := func(id string) *relayProc {
 		return startRelayProc(t, "relay "+id, nil, []string{"relay", "--database-url", e.dbURL, "--schema", schema, "--id", id,
-			"--broker", "mqtt://" + mqttAddr, "--mqtt-client-id", clientID, "--batch-size", "50",
+			"--broker", "mqtt://" + mqttAddr, "--mqtt-client-id", clientID, "--mqtt-version", version, "--batch-size", "50",
 			"--topic-template", prefix + "/{aggregate_type}/{aggregate_id}", "--lease", "2s", "--publish-timeout", "1500ms"})
 	}
 	victim := start("victim")
@@ -148,6 +208,7 @@ func TestRelayMQTTFlagErrors(t *testing.T) {
 	}{
 		{[]string{"--broker", "mqtt://127.0.0.1:1883"}, "--mqtt-client-id"},
 		{[]string{"--broker", "mqtt://127.0.0.1:1883", "--mqtt-client-id", "r", "--mqtt-qos", "0"}, "--mqtt-qos 0: want 1 or 2"},
+		{[]string{"--broker", "mqtt://127.0.0.1:1883", "--mqtt-client-id", "r", "--mqtt-version", "4"}, "--mqtt-version: mqtt: protocol version \"4\": want 3.1.1 or 5"},
 		{[]string{"--broker", "mqtt://u:hunter2@127.0.0.1:1883", "--mqtt-client-id", "r"}, "carries a password"},
 		{[]string{"--broker", "mqtt://127.0.0.1:1883", "--mqtt-client-id", "r", "--mqtt-password-file", secret}, "names no user"},
 		{[]string{"--broker", "mqtt://u@127.0.0.1:1883", "--mqtt-client-id", "r", "--mqtt-password-file", dir + "/none"}, "--mqtt-password-file"},
