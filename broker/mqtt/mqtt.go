@@ -8,14 +8,17 @@
 // only once its PUBACK (QoS 1) or PUBCOMP (QoS 2) arrived. QoS 0 is not
 // offered: the broker does not acknowledge it, so an event could be lost
 // without anyone knowing. The session is persistent under the required,
-// stable [Config.ClientID]: on MQTT 3.1.1 (CleanSession false) the broker
-// keeps it across reconnects and relay restarts; on MQTT 5 the first
-// connection of a Publisher starts clean (the session state it would resume
-// lives in the process that left it, and without it a half-finished QoS 2
-// flow's packet identifier would make the broker drop a new message as a
-// repeat), and every reconnect resumes it (CleanStart false), the broker
-// keeping it for [Config.SessionExpiry] (1h) after a connection is lost;
-// Close ends it.
+// stable [Config.ClientID], and a Publisher's first connection ends the one a
+// previous process left there: that session's state lives in the process that
+// left it, and resumed without it a half-finished QoS 2 flow's packet
+// identifier would make the broker drop a new message as a repeat while
+// acknowledging it (the relay publishes again whatever it saw no
+// acknowledgement for, so nothing is lost). On MQTT 3.1.1 a connection asking
+// for a clean session comes first and ends it, then every connection resumes
+// (CleanSession false), the broker keeping the session across reconnects; on
+// MQTT 5 the first connection starts clean (CleanStart true) and every
+// reconnect resumes it (CleanStart false), the broker keeping it for
+// [Config.SessionExpiry] (1h) after a connection is lost; Close ends it.
 //
 // # Payload layout on MQTT 3.1.1
 //
@@ -271,6 +274,7 @@ type Publisher struct {
 	server *server
 	topic  broker.Template
 	client paho.Client // MQTT 3.1.1's, or nil
+	clean  paho.Client // MQTT 3.1.1's clean-session client, until the first connect
 	v5     *client5    // MQTT 5's, or nil
 	log    *slog.Logger
 
@@ -361,6 +365,8 @@ func New(rawURL string, cfg Config) (*Publisher, error) {
 		opts.SetPassword(cfg.Password)
 	}
 	p.client = paho.NewClient(opts)
+	clean := *opts
+	p.clean = paho.NewClient(clean.SetCleanSession(true))
 	return p, nil
 }
 
@@ -474,6 +480,11 @@ func (p *Publisher) connect(ctx context.Context) (*connection, error) {
 	if c := p.conn; c != nil && !c.isLost() && p.client.IsConnectionOpen() {
 		return c, nil
 	}
+	if p.clean != nil {
+		if err := p.discardSession(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if p.pending == nil {
 		if p.conn != nil {
 			// Lost: let paho finish with the old connection before the next.
@@ -499,6 +510,38 @@ func (p *Publisher) connect(ctx context.Context) (*connection, error) {
 	p.conn = a.c
 	p.log.Info("mqtt: connected", "client_id", p.cfg.ClientID, "session_present", a.tok.SessionPresent())
 	return a.c, nil
+}
+
+// discardSession ends the session a previous process may have left under
+// the client id, with a connection that asks for a clean session, before the
+// first persistent one. That session's state lives in the process that left
+// it: resumed without it, a half-finished QoS 2 flow's packet identifier
+// would make the broker drop a new message that reuses it as a repeat while
+// acknowledging it. Nothing is lost by ending it: the relay publishes again
+// every event whose acknowledgement it did not see.
+func (p *Publisher) discardSession(ctx context.Context) error {
+	c := &connection{lost: make(chan struct{})}
+	p.next.Store(c)
+	tok := p.clean.Connect().(*paho.ConnectToken)
+	select {
+	case <-tok.Done(): // bounded by ConnectTimeout
+	case <-ctx.Done():
+		// Let the attempt finish, so that it cannot take the client id over
+		// from the persistent connection that comes next.
+		<-tok.Done()
+		p.clean.Disconnect(0)
+		c.end()
+		return broker.Unavailable(fmt.Errorf("mqtt: connect to %s: %w", p.server.display, ctx.Err()))
+	}
+	if err := tok.Error(); err != nil {
+		c.end()
+		return p.connectError(tok.ReturnCode(), err)
+	}
+	p.clean.Disconnect(0)
+	c.end()
+	p.clean = nil
+	p.log.Info("mqtt: ended the session left under the client id", "client_id", p.cfg.ClientID, "session_present", tok.SessionPresent())
+	return nil
 }
 
 // attempt is a connect under way.

@@ -11,6 +11,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
@@ -343,5 +346,68 @@ func TestMQTT5ResumesSession(t *testing.T) {
 	out := logs.String()
 	if !strings.Contains(out, "session_present=false") || !strings.Contains(out, "session_present=true") {
 		t.Errorf("want a clean first connection, then the session resumed; log:\n%s", out)
+	}
+}
+
+// TestMQTT311EndsLeftSession: a session a previous process left under the
+// client id (CleanSession false) is ended before the Publisher's first
+// persistent connection, which therefore finds none; a reconnect after a
+// lost connection resumes the Publisher's own.
+func TestMQTT311EndsLeftSession(t *testing.T) {
+	t.Parallel()
+	id := unique("pub")
+	opts := paho.NewClientOptions().AddBroker("tcp://" + sharedAddr).SetClientID(id).
+		SetCleanSession(false).SetProtocolVersion(4).SetConnectTimeout(10 * time.Second)
+	left := paho.NewClient(opts)
+	if tok := left.Connect(); !tok.WaitTimeout(deadline) || tok.Error() != nil {
+		t.Fatalf("connect the previous process: %v", tok.Error())
+	}
+	left.Disconnect(250) // its session stays on the broker
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	var logs logtest.Buffer
+	p, sub := open(t, sharedAddr, mqtt.Config{ClientID: id, QoS: mqtt.ExactlyOnce, Logger: logs.Logger(),
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err == nil {
+				mu.Lock()
+				conns = append(conns, c)
+				mu.Unlock()
+			}
+			return c, err
+		}})
+	if err := brokertest.Publish(t, p, brokertest.Message("order", "o1", 1))[0]; err != nil {
+		t.Fatal(err)
+	}
+	if out := logs.String(); !strings.Contains(out, "ended the session left under the client id") ||
+		!strings.Contains(out, "session_present=false") || strings.Contains(out, "session_present=true") {
+		t.Fatalf("want the left session ended, then a persistent connection without it; log:\n%s", out)
+	}
+	mu.Lock()
+	_ = conns[len(conns)-1].Close() // the persistent connection is lost
+	mu.Unlock()
+	second := brokertest.Message("order", "o1", 2)
+	wait.For(t, deadline, "a publish after the lost connection", func() bool {
+		err := brokertest.Publish(t, p, second)[0]
+		if err != nil && !broker.IsUnavailable(err) {
+			t.Fatalf("after the lost connection: %v, want unavailable until reconnected", err)
+		}
+		return err == nil
+	})
+	if out := logs.String(); !strings.Contains(out, "session_present=true") {
+		t.Errorf("want the Publisher's own session resumed after the lost connection; log:\n%s", out)
+	}
+	got, err := sub.read(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, s := range got {
+		ids[s.Headers[wire.HeaderEventID]] = true
+	}
+	if !ids[second.EventID.String()] || len(ids) != 2 { // a retried publish may arrive twice: MQTT keeps no ids
+		t.Errorf("received events %v, want both", ids)
 	}
 }
