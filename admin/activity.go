@@ -95,16 +95,23 @@ SELECT date_bin($2::bigint * interval '1 second', e.quarantined_at, $1), count(*
  WHERE e.published_at IS NULL AND e.quarantined_at >= $1
  GROUP BY 1`
 
-// activityPublishedSQL counts the window's publishes by bucket ($2 seconds,
-// from $1), type and relay through the BRIN index on published_at: at most
-// buckets × types × relays rows. Skipped events are published_at too; the
-// (small) skip table tells them apart.
+// activityPublishedSQL counts the window's publishes in one pass through the
+// BRIN index on published_at, grouped by bucket ($2 seconds, from $1), type
+// and relay; it returns those groups summed by bucket (type and relay NULL),
+// then by type and relay (bucket NULL): buckets + types × relays rows, not
+// their product. Skipped events are published_at too; the (small) skip table
+// tells them apart.
 const activityPublishedSQL = `
-SELECT date_bin($2::bigint * interval '1 second', e.published_at, $1), e.aggregate_type, coalesce(e.claimed_by, ''), count(*), max(e.published_at)
-  FROM %s e
- WHERE e.published_at >= $1
-   AND NOT EXISTS (SELECT 1 FROM %s s WHERE s.event_id = e.event_id)
- GROUP BY 1, 2, 3`
+WITH g AS (
+  SELECT date_bin($2::bigint * interval '1 second', e.published_at, $1) AS bucket, e.aggregate_type,
+         coalesce(e.claimed_by, '') AS relay, count(*) AS n, max(e.published_at) AS last
+    FROM %s e
+   WHERE e.published_at >= $1
+     AND NOT EXISTS (SELECT 1 FROM %s s WHERE s.event_id = e.event_id)
+   GROUP BY 1, 2, 3)
+SELECT bucket, NULL::text, NULL::text, sum(n)::bigint, max(last) FROM g GROUP BY bucket
+UNION ALL
+SELECT NULL, aggregate_type, relay, sum(n)::bigint, max(last) FROM g GROUP BY aggregate_type, relay`
 
 // Activity reads the outbox's activity over the last window, minute by
 // minute (a minute to a day).
@@ -195,15 +202,22 @@ func (a *Admin) ActivityOver(ctx context.Context, window, bucket time.Duration) 
 	}
 	relays := map[string]*RelaySeen{}
 	var (
-		last  time.Time
-		relay string
+		last          time.Time
+		startAt       *time.Time
+		aggType, rely *string
 	)
-	_, err = pgx.ForEachRow(rows, []any{&at, &name, &relay, &count, &last}, func() error {
-		if m := minute(at); m != nil {
-			m.Published += count
+	_, err = pgx.ForEachRow(rows, []any{&startAt, &aggType, &rely, &count, &last}, func() error {
+		if startAt != nil { // a bucket's row
+			if m := minute(*startAt); m != nil {
+				m.Published += count
+			}
+			return nil
 		}
-		typ(name).Published += count
-		if relay != "" {
+		if aggType == nil || rely == nil {
+			return fmt.Errorf("a row of neither grouping set")
+		}
+		typ(*aggType).Published += count
+		if relay := *rely; relay != "" {
 			r := relays[relay]
 			if r == nil {
 				r = &RelaySeen{RelayID: relay}

@@ -1,9 +1,15 @@
 package adminhttp_test
 
 import (
+	"context"
 	"net/http"
+	"os"
 	"regexp"
+	"slices"
 	"testing"
+	"time"
+
+	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
 
 // overviewBudget is the most the overview may weigh, page and assets: it is
@@ -35,5 +41,62 @@ func TestOverviewPageWeight(t *testing.T) {
 	t.Logf("overview page weight: %d bytes (HTML %d, assets %d)", total, len(page.body), total-len(page.body))
 	if total > overviewBudget {
 		t.Errorf("the overview weighs %d bytes, over its budget of %d", total, overviewBudget)
+	}
+}
+
+// The overview's server time by range with a million events published over
+// the last week, and the rows its bucketed reads return. A one-off
+// measurement (docs/console.md, "Time ranges"), not a CI test:
+// PGOUTBOX_CONSOLE_BIG=1 runs it.
+func TestOverviewRangeServerTime(t *testing.T) {
+	if os.Getenv("PGOUTBOX_CONSOLE_BIG") != "1" {
+		t.Skip("a one-off measurement: set PGOUTBOX_CONSOLE_BIG=1 to run it")
+	}
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	start := time.Now()
+	// A week of history in insertion order (published_at grows with the rows,
+	// as a relay writes them): 1,000,000 events over 100,000 aggregates of 20
+	// types and 4 relays; the last 1,000 (10 minutes) still pending, 10 of them quarantined.
+	_, err := e.pool.Exec(ctx, `INSERT INTO `+e.table("outbox_events")+`
+  (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at, available_at,
+   published_at, claimed_by, attempt_count, last_error, quarantined_at)
+SELECT gen_random_uuid(), 'type' || (i / 10 % 20), 'agg' || (i / 10), i % 10 + 1, 'changed',
+       jsonb_build_object('n', i, 'note', 'some payload text of an ordinary size'),
+       now() - (1000000 - i) * interval '604 milliseconds', now(),
+       CASE WHEN i < 999000 THEN now() - (1000000 - i) * interval '604 milliseconds' + interval '20 milliseconds' END,
+       CASE WHEN i < 999000 THEN 'relay-' || (i % 4) END,
+       CASE WHEN i >= 999000 AND i % 100 = 0 THEN 10 ELSE 0 END,
+       CASE WHEN i >= 999000 AND i % 100 = 0 THEN 'broker said no' END,
+       CASE WHEN i >= 999000 AND i % 100 = 0 THEN now() - (1000000 - i) * interval '604 milliseconds' END
+  FROM generate_series(0, 999999) i`)
+	pgtest.Must(t, err, "generate")
+	_, err = e.pool.Exec(ctx, "VACUUM ANALYZE "+e.table("outbox_events"))
+	pgtest.Must(t, err, "vacuum")
+	t.Logf("generated 1,000,000 events over a week in %s", time.Since(start).Round(time.Millisecond))
+
+	for _, rng := range []string{"1h", "24h", "7d"} {
+		for _, p := range []string{"/?schema=" + e.schema + "&range=" + rng, "/api/v1/overview?schema=" + e.schema + "&range=" + rng} {
+			var times []time.Duration
+			var size int
+			for range 5 {
+				t0 := time.Now()
+				r := e.get(p)
+				times = append(times, time.Since(t0))
+				if r.status != http.StatusOK {
+					t.Fatalf("%s: %d %.300s", p, r.status, r.body)
+				}
+				size = len(r.body)
+			}
+			slices.Sort(times)
+			t.Logf("%s: median of 5 %s (min %s, max %s), %d bytes", p, times[2].Round(time.Millisecond),
+				times[0].Round(time.Millisecond), times[4].Round(time.Millisecond), size)
+		}
+		var rows int
+		pgtest.Must(t, e.pool.QueryRow(ctx, `SELECT count(DISTINCT date_bin($2::interval, e.published_at, now() - $1::interval)) +
+       count(DISTINCT (e.aggregate_type, e.claimed_by)) FROM `+e.table("outbox_events")+` e WHERE e.published_at >= now() - $1::interval`,
+			map[string]string{"1h": "1 hour", "24h": "24 hours", "7d": "7 days"}[rng],
+			map[string]string{"1h": "1 minute", "24h": "15 minutes", "7d": "1 hour"}[rng]).Scan(&rows), "rows")
+		t.Logf("range %s: the publishes' read returns %d rows (buckets + types × relays)", rng, rows)
 	}
 }
