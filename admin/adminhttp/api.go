@@ -182,7 +182,7 @@ func (h *Handler) apiOverviewV1(r *http.Request, a *admin.Admin, schema string) 
 	if err != nil {
 		return nil, err
 	}
-	act, err := activityOf(r.Context(), a, tr)
+	act, err := h.activityOf(r.Context(), schema, a, tr)
 	if err != nil {
 		return nil, err
 	}

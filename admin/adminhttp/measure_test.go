@@ -45,7 +45,8 @@ func TestOverviewPageWeight(t *testing.T) {
 }
 
 // The overview's server time by range with a million events published over
-// the last week, and the rows its bucketed reads return. A one-off
+// the last week, and the rows its bucketed reads return: the page's first
+// load reads the range (the API's loads then share it, for a day or a week). A one-off
 // measurement (docs/console.md, "Time ranges"), not a CI test:
 // PGOUTBOX_CONSOLE_BIG=1 runs it.
 func TestOverviewRangeServerTime(t *testing.T) {
@@ -88,9 +89,12 @@ SELECT gen_random_uuid(), 'type' || (i / 10 % 20), 'agg' || (i / 10), i % 10 + 1
 				}
 				size = len(r.body)
 			}
-			slices.Sort(times)
-			t.Logf("%s: median of 5 %s (min %s, max %s), %d bytes", p, times[2].Round(time.Millisecond),
-				times[0].Round(time.Millisecond), times[4].Round(time.Millisecond), size)
+			// The first load of a day or a week reads; the next ones share it
+			// (within a minute). The page after the API: the same read.
+			cold := times[0]
+			slices.Sort(times[1:])
+			t.Logf("%s: first load %s, then median of 4 %s (min %s, max %s), %d bytes", p, cold.Round(time.Millisecond),
+				times[2].Round(time.Millisecond), times[1].Round(time.Millisecond), times[4].Round(time.Millisecond), size)
 		}
 		var rows int
 		pgtest.Must(t, e.pool.QueryRow(ctx, `SELECT count(DISTINCT date_bin($2::interval, e.published_at, now() - $1::interval)) +

@@ -131,17 +131,12 @@ type overviewBody struct {
 	Range *timeRange
 }
 
-// activityOf reads the schema's activity over the range, in its buckets.
-func activityOf(ctx context.Context, a *admin.Admin, tr *timeRange) (*admin.Activity, error) {
-	return a.ActivityOver(ctx, tr.Window, tr.Bucket)
-}
-
-func (h *Handler) overviewData(ctx context.Context, all []string, a *admin.Admin, tr *timeRange) (*overviewBody, error) {
+func (h *Handler) overviewData(ctx context.Context, schema string, all []string, a *admin.Admin, tr *timeRange) (*overviewBody, error) {
 	st, err := a.Status(ctx)
 	if err != nil {
 		return nil, err
 	}
-	act, err := activityOf(ctx, a, tr)
+	act, err := h.activityOf(ctx, schema, a, tr)
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +195,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		}
 		v.Live = h.link("/", v.Schema, "partial", "1", "range", tr.Param)
 		v.Ranges = h.rangeLinks("/", v.Schema, tr, false)
-		b, err := h.overviewData(r.Context(), v.Schemas, a, tr)
+		b, err := h.overviewData(r.Context(), v.Schema, v.Schemas, a, tr)
 		if err == nil {
 			v.Now = b.Status.At
 		}
@@ -210,7 +205,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 
 // apiOverview is the overview's figures as JSON, for scripts and dashboards.
 func (h *Handler) apiOverview(w http.ResponseWriter, r *http.Request) {
-	_, _, a, err := h.schemaOf(r)
+	schema, _, a, err := h.schemaOf(r)
 	var tr *timeRange
 	if err == nil {
 		tr, err = rangeOf(r, false)
@@ -219,7 +214,7 @@ func (h *Handler) apiOverview(w http.ResponseWriter, r *http.Request) {
 		var st *admin.Status
 		var act *admin.Activity
 		if st, err = a.Status(r.Context()); err == nil {
-			if act, err = activityOf(r.Context(), a, tr); err == nil {
+			if act, err = h.activityOf(r.Context(), schema, a, tr); err == nil {
 				writeJSON(w, map[string]any{"status": st, "activity": act})
 				return
 			}
@@ -725,7 +720,7 @@ func (h *Handler) relays(w http.ResponseWriter, r *http.Request) {
 					}
 				}
 			}
-			if b.Activity, err = activityOf(r.Context(), a, tr); err == nil {
+			if b.Activity, err = h.activityOf(r.Context(), v.Schema, a, tr); err == nil {
 				b.Slots, err = a.ReplicationSlots(r.Context())
 			}
 		}

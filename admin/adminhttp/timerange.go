@@ -1,9 +1,13 @@
 package adminhttp
 
 import (
+	"context"
 	"html/template"
 	"net/http"
+	"sync"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 
 	"github.com/pgoutbox/pgoutbox/admin"
 )
@@ -114,4 +118,75 @@ func timeOf(at any) time.Time {
 		}
 	}
 	return time.Time{}
+}
+
+// activityCache shares the activity of the ranges longer than an hour
+// between requests (every open tab, the live refreshes, the API): a week's
+// hourly bars count up to a week of events, so they are read at most once
+// per chartsTTL for each schema and range, by one request at a time. The last
+// hour is read on every request: it is cheap, and live.
+type activityCache struct {
+	mu      sync.Mutex
+	entries map[string]cachedActivity
+	flight  singleflight.Group
+}
+
+type cachedActivity struct {
+	at  time.Time
+	act *admin.Activity
+}
+
+// chartsTTL is how long a day's or a week's activity is shared; its bars are
+// 15 minutes or an hour wide.
+const chartsTTL = time.Minute
+
+// maxCachedActivities bounds the cache: past it the expired entries go, and if
+// none had, all of them.
+const maxCachedActivities = 256
+
+// activityOf reads the schema's activity over the range, in its buckets;
+// over a day or a week through the shared cache.
+func (h *Handler) activityOf(ctx context.Context, schema string, a *admin.Admin, tr *timeRange) (*admin.Activity, error) {
+	if tr.Window <= time.Hour {
+		return a.ActivityOver(ctx, tr.Window, tr.Bucket)
+	}
+	c := &h.charts
+	key := schema + "\x00" + tr.Param
+	c.mu.Lock()
+	if e, ok := c.entries[key]; ok && time.Since(e.at) < chartsTTL {
+		c.mu.Unlock()
+		return e.act, nil
+	}
+	c.mu.Unlock()
+	v, err, _ := c.flight.Do(key, func() (any, error) {
+		// Shared by the requests waiting on it: none's cancellation ends it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.QueryTimeout)
+		defer cancel()
+		act, err := a.ActivityOver(rctx, tr.Window, tr.Bucket)
+		if err != nil {
+			return nil, err
+		}
+		now := time.Now()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.entries == nil {
+			c.entries = map[string]cachedActivity{}
+		}
+		if len(c.entries) >= maxCachedActivities {
+			for k, e := range c.entries {
+				if now.Sub(e.at) >= chartsTTL {
+					delete(c.entries, k)
+				}
+			}
+			if len(c.entries) >= maxCachedActivities {
+				clear(c.entries)
+			}
+		}
+		c.entries[key] = cachedActivity{at: now, act: act}
+		return act, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*admin.Activity), nil
 }

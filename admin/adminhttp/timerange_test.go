@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 )
@@ -33,6 +34,7 @@ func TestTimeRanges(t *testing.T) {
 	pgtest.Must(t, err, "age the audit row")
 
 	s := "?schema=" + e.schema
+	first := time.Now() // before the first read of the week
 	bars := regexp.MustCompile(`<rect class="bar"`)
 	for _, c := range []struct {
 		path, rng, want string
@@ -72,6 +74,14 @@ func TestTimeRanges(t *testing.T) {
 		if c.path == "/audit" && c.shown && !regexp.MustCompile(`<td class="when">4[78]h\d+m\d+s ago · <span class="muted">20\d\d-`).MatchString(r.body) {
 			t.Errorf("%s: the audit row's time is not relative and absolute:\n%s", p, r.body)
 		}
+	}
+	// A week's figures are read once a minute for every tab: an event published
+	// since the first read of the week shows only after that minute.
+	later := e.enqueue("laterweek", "l1", 1, map[string]int{"n": 1})
+	_, err = e.pool.Exec(ctx, "UPDATE "+e.table("outbox_events")+" SET published_at = now() - interval '3 days' WHERE event_id = $1", later[0])
+	pgtest.Must(t, err, "publish three days ago")
+	if r := e.get("/" + s + "&range=7d"); strings.Contains(r.body, "<td>laterweek</td>") && time.Since(first) < time.Minute {
+		t.Errorf("the week's figures were read again within the minute")
 	}
 	// The live refresh keeps the range.
 	if r := e.get("/" + s + "&range=7d"); !strings.Contains(r.body, "partial=1&amp;range=7d") {
