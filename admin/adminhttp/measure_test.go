@@ -59,21 +59,7 @@ func TestOverviewRangeServerTime(t *testing.T) {
 	// A week of history in insertion order (published_at grows with the rows,
 	// as a relay writes them): 1,000,000 events over 100,000 aggregates of 20
 	// types and 4 relays; the last 1,000 (10 minutes) still pending, 10 of them quarantined.
-	_, err := e.pool.Exec(ctx, `INSERT INTO `+e.table("outbox_events")+`
-  (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at, available_at,
-   published_at, claimed_by, attempt_count, last_error, quarantined_at)
-SELECT gen_random_uuid(), 'type' || (i / 10 % 20), 'agg' || (i / 10), i % 10 + 1, 'changed',
-       jsonb_build_object('n', i, 'note', 'some payload text of an ordinary size'),
-       now() - (1000000 - i) * interval '604 milliseconds', now(),
-       CASE WHEN i < 999000 THEN now() - (1000000 - i) * interval '604 milliseconds' + interval '20 milliseconds' END,
-       CASE WHEN i < 999000 THEN 'relay-' || (i % 4) END,
-       CASE WHEN i >= 999000 AND i % 100 = 0 THEN 10 ELSE 0 END,
-       CASE WHEN i >= 999000 AND i % 100 = 0 THEN 'broker said no' END,
-       CASE WHEN i >= 999000 AND i % 100 = 0 THEN now() - (1000000 - i) * interval '604 milliseconds' END
-  FROM generate_series(0, 999999) i`)
-	pgtest.Must(t, err, "generate")
-	_, err = e.pool.Exec(ctx, "VACUUM ANALYZE "+e.table("outbox_events"))
-	pgtest.Must(t, err, "vacuum")
+	e.console.History(1000000, 1000, 604*time.Millisecond, false)
 	t.Logf("generated 1,000,000 events over a week in %s", time.Since(start).Round(time.Millisecond))
 
 	for _, rng := range []string{"1h", "24h", "7d"} {
