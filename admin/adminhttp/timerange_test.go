@@ -21,16 +21,14 @@ func TestTimeRanges(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
 	ids := e.enqueue("twodays", "d1", 2, map[string]int{"n": 1})
-	_, err := e.pool.Exec(ctx, "UPDATE "+e.table("outbox_events")+
-		" SET published_at = now() - interval '2 days', claimed_by = 'relay-of-tuesday' WHERE event_id = $1", ids[0])
-	pgtest.Must(t, err, "publish two days ago")
+	e.console.Published(ids[0], 48*time.Hour, "relay-of-tuesday")
 	e.quarantine(ids[1], "boom")
 	form := url.Values{"csrf": {e.csrfOf("alice", e.aliceKey)}, "once": {e.onceOf("/dlq?schema=" + e.schema)},
 		"schema": {e.schema}, "id": {ids[1].String()}, "reason": {"the audit row of two days ago"}}
 	if r := e.do("POST", "/dlq/skip", "alice", e.aliceKey, form, nil); r.status != http.StatusSeeOther {
 		t.Fatalf("skip: %d %s", r.status, r.body)
 	}
-	_, err = e.pool.Exec(ctx, "UPDATE "+e.table("outbox_operator_audit")+" SET at = now() - interval '2 days'")
+	_, err := e.pool.Exec(ctx, "UPDATE "+e.table("outbox_operator_audit")+" SET at = now() - interval '2 days'")
 	pgtest.Must(t, err, "age the audit row")
 
 	s := "?schema=" + e.schema
@@ -78,8 +76,7 @@ func TestTimeRanges(t *testing.T) {
 	// A week's figures are read once a minute for every tab: an event published
 	// since the first read of the week shows only after that minute.
 	later := e.enqueue("laterweek", "l1", 1, map[string]int{"n": 1})
-	_, err = e.pool.Exec(ctx, "UPDATE "+e.table("outbox_events")+" SET published_at = now() - interval '3 days' WHERE event_id = $1", later[0])
-	pgtest.Must(t, err, "publish three days ago")
+	e.console.Published(later[0], 72*time.Hour, "")
 	if r := e.get("/" + s + "&range=7d"); strings.Contains(r.body, "<td>laterweek</td>") && time.Since(first) < time.Minute {
 		t.Errorf("the week's figures were read again within the minute")
 	}

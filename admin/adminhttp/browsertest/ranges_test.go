@@ -24,9 +24,7 @@ func TestBrowserTimeRanges(t *testing.T) {
 	e := consoletest.New(t, nil)
 	ctx := context.Background()
 	ids := e.Enqueue("twodays", "d-1", 2, map[string]int{"n": 1})
-	_, err := e.Pool.Exec(ctx, "UPDATE "+e.Table("outbox_events")+
-		" SET published_at = now() - interval '2 days', claimed_by = 'relay-tuesday' WHERE event_id = $1", ids[0])
-	pgtest.Must(t, err, "publish two days ago")
+	e.Published(ids[0], 48*time.Hour, "relay-tuesday")
 	e.Quarantine(ids[1], "boom")
 	a, err := admin.New(e.Pool, &admin.Config{Schema: e.Schema})
 	pgtest.Must(t, err, "admin")

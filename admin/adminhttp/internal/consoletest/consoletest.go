@@ -144,6 +144,15 @@ SELECT gen_random_uuid(), 'type' || (i / 10 % 20), 'agg' || (i / 10), i % 10 + 1
 	pgtest.Must(e.T, err, "analyze")
 }
 
+// Published marks the event id published by relay ago, by the database's
+// clock: history for the console's ranges.
+func (e *Env) Published(id pgoutbox.UUID, ago time.Duration, relay string) {
+	e.T.Helper()
+	_, err := e.Pool.Exec(context.Background(), "UPDATE "+e.Table("outbox_events")+
+		" SET published_at = now() - $2::interval, claimed_by = nullif($3, '') WHERE event_id = $1", id, ago, relay)
+	pgtest.Must(e.T, err, "publish %s ago", ago)
+}
+
 // State is the event id's state as admin reports it.
 func (e *Env) State(id pgoutbox.UUID) string {
 	e.T.Helper()
