@@ -132,7 +132,8 @@ func (a *Admin) ActivityOver(ctx context.Context, window, bucket time.Duration) 
 			bucket, MaxActivityBuckets, window)
 	}
 	act := &Activity{Bucket: Duration(bucket)}
-	if err := queryRow(ctx, a.db, "SELECT now()", nil, &act.At); err != nil {
+	var err error
+	if act.At, err = a.Now(ctx); err != nil {
 		return nil, fmt.Errorf("admin: activity: %w", err)
 	}
 	act.Since = act.At.Add(-window).Truncate(bucket)

@@ -179,6 +179,11 @@ func (h *Handler) page(w http.ResponseWriter, r *http.Request, name string, v *v
 	if err == nil {
 		v.Body, err = body(a)
 	}
+	if err == nil && v.Now.IsZero() {
+		// The page's times are written relative to the database's clock,
+		// which wrote them, not the console's.
+		v.Now, err = a.Now(r.Context())
+	}
 	if err != nil {
 		h.fail(w, r, v, err)
 		return

@@ -38,8 +38,8 @@ type view struct {
 	Live    string
 	Notice  string
 	Body    any
-	// Now is the clock relative times are written from: the database's when
-	// the page read it, else the console's (set by render).
+	// Now is the clock relative times are written from: the database's (a
+	// page's body, or page, reads it), else the console's (set by render).
 	Now time.Time
 	// Ranges is the page's range selector (none: the page has no range).
 	Ranges []rangeLink
