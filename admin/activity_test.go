@@ -121,3 +121,87 @@ func TestBlockedLanesAndLane(t *testing.T) {
 }
 
 func sprintf(q, table string) string { return strings.Replace(q, "%s", table, 1) }
+
+// A week is read in hourly buckets counted by the database: an event
+// published two days ago is in the week's series and its type's figures, not
+// in the hour's; a skip is not a publish; the bounds on the window and the
+// bucket hold; the audit's window by the database's clock.
+func TestActivityOverAWeekAndAuditWithin(t *testing.T) {
+	t.Parallel()
+	e := newDLQEnv(t)
+	ctx := context.Background()
+	e.enqueue("recent", 1, "r1")
+	e.enqueue("twodays", 1, "d1")
+	e.enqueue("tendays", 1, "t1")
+	for _, q := range []string{
+		"UPDATE %s SET published_at = now(), claimed_by = 'relay-a' WHERE aggregate_type = 'recent'",
+		"UPDATE %s SET published_at = now() - interval '2 days', claimed_by = 'relay-old' WHERE aggregate_type = 'twodays'",
+		"UPDATE %s SET published_at = now() - interval '10 days' WHERE aggregate_type = 'tendays'",
+	} {
+		_, err := e.pool.Exec(ctx, sprintf(q, e.table("outbox_events")))
+		pgtest.Must(t, err, "seed")
+	}
+	week, err := e.admin.ActivityOver(ctx, 7*24*time.Hour, time.Hour)
+	pgtest.Must(t, err, "a week")
+	if n := len(week.Minutes); n != 169 && n != 170 || time.Duration(week.Bucket) != time.Hour {
+		t.Errorf("%d buckets of %s, want 169 or 170 of 1h", n, week.Bucket)
+	}
+	var total int64
+	for i, m := range week.Minutes {
+		total += m.Published
+		if !m.At.Equal(week.Since.Add(time.Duration(i)*time.Hour)) || m.At.Truncate(time.Hour) != m.At {
+			t.Fatalf("bucket %d starts %s", i, m.At)
+		}
+	}
+	types := map[string]int64{}
+	for _, ta := range week.ByAggregateType {
+		types[ta.AggregateType] = ta.Published
+	}
+	if total != 2 || types["recent"] != 1 || types["twodays"] != 1 || types["tendays"] != 0 || len(week.Relays) != 2 {
+		t.Errorf("week: %d published, types %v, relays %+v", total, types, week.Relays)
+	}
+	if two := week.Minutes[len(week.Minutes)-49]; two.Published+week.Minutes[len(week.Minutes)-48].Published+week.Minutes[len(week.Minutes)-50].Published != 1 {
+		t.Errorf("the event of two days ago is not in its hour: %+v", week.Minutes[len(week.Minutes)-51:len(week.Minutes)-46])
+	}
+	hour, err := e.admin.ActivityOver(ctx, time.Hour, time.Minute)
+	pgtest.Must(t, err, "an hour")
+	for _, ta := range hour.ByAggregateType {
+		if ta.AggregateType == "twodays" {
+			t.Errorf("the hour has the event of two days ago: %+v", ta)
+		}
+	}
+	for _, c := range []struct{ window, bucket time.Duration }{
+		{7 * 24 * time.Hour, time.Minute}, // 10080 buckets
+		{8 * 24 * time.Hour, time.Hour},   // past the week
+		{time.Hour, 30 * time.Second},     // under a minute
+		{time.Hour, time.Minute + time.Millisecond},
+		{time.Hour, 0},
+	} {
+		if _, err := e.admin.ActivityOver(ctx, c.window, c.bucket); err == nil {
+			t.Errorf("window %s in buckets of %s accepted", c.window, c.bucket)
+		}
+	}
+
+	// The audit within a window, by the database's clock.
+	ids := e.enqueue("audited", 2, "a1")["a1"]
+	for _, id := range ids {
+		e.quarantine(id, "boom")
+		_, err := e.admin.RetryEvents(ctx, admin.RetryRequest{IDs: []pgoutbox.UUID{id}, Reason: "r", Actor: "t"})
+		pgtest.Must(t, err, "retry")
+	}
+	_, err = e.pool.Exec(ctx, "UPDATE "+e.table("outbox_operator_audit")+" SET at = now() - interval '2 days' WHERE audit_id = (SELECT min(audit_id) FROM "+e.table("outbox_operator_audit")+")")
+	pgtest.Must(t, err, "age an audit row")
+	for _, c := range []struct {
+		window time.Duration
+		want   int
+	}{{0, 2}, {time.Hour, 1}, {24 * time.Hour, 1}, {7 * 24 * time.Hour, 2}} {
+		got, err := e.admin.AuditWithin(ctx, c.window, 10)
+		pgtest.Must(t, err, "audit within")
+		if len(got) != c.want {
+			t.Errorf("audit within %s: %d rows, want %d", c.window, len(got), c.want)
+		}
+	}
+	if _, err := e.admin.AuditWithin(ctx, -time.Hour, 10); err == nil {
+		t.Error("a negative window accepted")
+	}
+}

@@ -9,6 +9,8 @@ package admin
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -100,4 +102,15 @@ func (a *Admin) Retry(ctx context.Context, ids ...pgoutbox.UUID) ([]pgoutbox.UUI
 		return nil, ErrNoEvents
 	}
 	return a.RetryEvents(ctx, RetryRequest{IDs: ids})
+}
+
+// Now is the database's clock: what the ages of Status, Activity and the
+// lists are measured against, and what a reader of their times should
+// measure against too (the reader's own clock may be skewed).
+func (a *Admin) Now(ctx context.Context) (time.Time, error) {
+	var now time.Time
+	if err := queryRow(ctx, a.db, "SELECT now()", nil, &now); err != nil {
+		return time.Time{}, fmt.Errorf("admin: clock: %w", err)
+	}
+	return now, nil
 }

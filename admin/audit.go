@@ -106,11 +106,26 @@ VALUES ($1, $2, $3, $4::jsonb, $5::uuid[], $6) RETURNING audit_id`,
 // Audit returns the most recent operator actions (retry, skip, replay), newest
 // first; limit caps how many (0: 50).
 func (a *Admin) Audit(ctx context.Context, limit int) ([]AuditEntry, error) {
+	return a.AuditWithin(ctx, 0, limit)
+}
+
+// AuditWithin is Audit restricted to the actions recorded in the last window
+// by the database's clock (0: all of them).
+func (a *Admin) AuditWithin(ctx context.Context, window time.Duration, limit int) ([]AuditEntry, error) {
 	if limit <= 0 {
 		limit = 50
 	}
+	if window < 0 {
+		return nil, fmt.Errorf("admin: audit: window %s is negative", window)
+	}
+	var secs any // NULL: no lower bound
+	if window > 0 {
+		secs = window.Seconds()
+	}
 	rows, err := a.db.Query(ctx, `SELECT audit_id, action, actor, db_user, reason, selection, event_ids, event_count, outcome, at
-  FROM `+auditTable(a.schema)+` ORDER BY audit_id DESC LIMIT $1`, limit)
+  FROM `+auditTable(a.schema)+`
+ WHERE $2::float8 IS NULL OR at >= now() - $2::float8 * interval '1 second'
+ ORDER BY audit_id DESC LIMIT $1`, limit, secs)
 	if err != nil {
 		return nil, fmt.Errorf("admin: audit: %w", err)
 	}

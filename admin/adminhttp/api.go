@@ -117,7 +117,11 @@ func (h *Handler) apiRoutes() {
 		return map[string]any{"destinations": orEmpty(ds)}, err
 	})
 	get("audit", func(r *http.Request, a *admin.Admin, _ string) (any, error) {
-		entries, err := a.Audit(r.Context(), 100)
+		tr, err := rangeOf(r, true)
+		if err != nil {
+			return nil, err
+		}
+		entries, err := auditOf(r, a, tr)
 		return map[string]any{"entries": orEmpty(entries)}, err
 	})
 	h.mux.HandleFunc("GET /api/v1/session", h.apiSession)
@@ -166,15 +170,19 @@ func orEmpty[T any](xs []T) []T {
 	return xs
 }
 
-// apiOverviewV1 is the overview's figures: the schema's status and last
-// hour, and with several tenants their rows, worst first (all of them, up to
+// apiOverviewV1 is the overview's figures: the schema's status and its
+// activity over the range (range=1h, 24h or 7d; the last hour by default), and with several tenants their rows, worst first (all of them, up to
 // 10000, from the cache the overview pages share).
 func (h *Handler) apiOverviewV1(r *http.Request, a *admin.Admin, schema string) (any, error) {
+	tr, err := rangeOf(r, false)
+	if err != nil {
+		return nil, err
+	}
 	st, err := a.Status(r.Context())
 	if err != nil {
 		return nil, err
 	}
-	act, err := a.Activity(r.Context(), activityWin)
+	act, err := h.activityOf(r.Context(), schema, a, tr)
 	if err != nil {
 		return nil, err
 	}

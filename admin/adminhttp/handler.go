@@ -61,6 +61,9 @@ type Handler struct {
 	root  http.Handler
 	log   *slog.Logger
 	board tenantBoard
+	// charts shares the activity of the long ranges (a day, a week) between
+	// requests.
+	charts activityCache
 }
 
 // New returns the console serving the outboxes of pool that cfg selects. cfg

@@ -23,7 +23,6 @@ const (
 	defaultLimit = 100
 	maxLimit     = 1000
 	maxIDs       = 1000
-	activityWin  = time.Hour
 )
 
 // field returns the request's value of name, checked: valid UTF-8, no NUL or
@@ -128,26 +127,33 @@ type overviewBody struct {
 	NotShown    int
 	NotRead     int
 	MultiTenant bool
+	// Range is the span of the charts and the per-type publishes.
+	Range *timeRange
 }
 
-func (h *Handler) overviewData(ctx context.Context, schema string, all []string, a *admin.Admin) (*overviewBody, error) {
+func (h *Handler) overviewData(ctx context.Context, schema string, all []string, a *admin.Admin, tr *timeRange) (*overviewBody, error) {
 	st, err := a.Status(ctx)
 	if err != nil {
 		return nil, err
 	}
-	act, err := a.Activity(ctx, activityWin)
+	act, err := h.activityOf(ctx, schema, a, tr)
 	if err != nil {
 		return nil, err
 	}
-	b := &overviewBody{Status: st, Activity: act, MultiTenant: len(all) > 1}
+	b := &overviewBody{Status: st, Activity: act, MultiTenant: len(all) > 1, Range: tr}
 	at := make([]time.Time, len(act.Minutes))
 	pub := make([]float64, len(act.Minutes))
 	quar := make([]float64, len(act.Minutes))
+	secs := tr.Bucket.Seconds()
 	for i, m := range act.Minutes {
-		at[i], pub[i], quar[i] = m.At, float64(m.Published)/60, float64(m.Quarantined)/60
+		at[i], pub[i], quar[i] = m.At, float64(m.Published)/secs, float64(m.Quarantined)/secs
 	}
-	b.Published = chart("Published per second (per-minute average), last hour", "/s", at, pub)
-	b.Failures = chart("Quarantined per second (per-minute average), last hour", "/s", at, quar)
+	layout := "15:04"
+	if tr.Window > time.Hour {
+		layout = "Jan 2 15:04"
+	}
+	b.Published = chart(fmt.Sprintf("Published per second (%s average), %s", tr.Per, tr.Label), "/s", layout, at, pub)
+	b.Failures = chart(fmt.Sprintf("Quarantined per second (%s average), %s", tr.Per, tr.Label), "/s", layout, at, quar)
 	if len(all) > 1 {
 		b.NotRead = max(0, len(all)-maxTenantsRead)
 		rows, err := h.tenantRowsAll(ctx, all)
@@ -173,6 +179,11 @@ func (h *Handler) page(w http.ResponseWriter, r *http.Request, name string, v *v
 	if err == nil {
 		v.Body, err = body(a)
 	}
+	if err == nil && v.Now.IsZero() {
+		// The page's times are written relative to the database's clock,
+		// which wrote them, not the console's.
+		v.Now, err = a.Now(r.Context())
+	}
 	if err != nil {
 		h.fail(w, r, v, err)
 		return
@@ -183,19 +194,32 @@ func (h *Handler) page(w http.ResponseWriter, r *http.Request, name string, v *v
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	v := &view{Title: "Overview", Nav: "overview"}
 	h.page(w, r, "overview", v, func(a *admin.Admin) (any, error) {
-		v.Live = h.link("/", v.Schema, "partial", "1")
-		return h.overviewData(r.Context(), v.Schema, v.Schemas, a)
+		tr, err := rangeOf(r, false)
+		if err != nil {
+			return nil, err
+		}
+		v.Live = h.link("/", v.Schema, "partial", "1", "range", tr.Param)
+		v.Ranges = h.rangeLinks("/", v.Schema, tr, false)
+		b, err := h.overviewData(r.Context(), v.Schema, v.Schemas, a, tr)
+		if err == nil {
+			v.Now = b.Status.At
+		}
+		return b, err
 	})
 }
 
 // apiOverview is the overview's figures as JSON, for scripts and dashboards.
 func (h *Handler) apiOverview(w http.ResponseWriter, r *http.Request) {
-	_, _, a, err := h.schemaOf(r)
+	schema, _, a, err := h.schemaOf(r)
+	var tr *timeRange
+	if err == nil {
+		tr, err = rangeOf(r, false)
+	}
 	if err == nil {
 		var st *admin.Status
 		var act *admin.Activity
 		if st, err = a.Status(r.Context()); err == nil {
-			if act, err = a.Activity(r.Context(), activityWin); err == nil {
+			if act, err = h.activityOf(r.Context(), schema, a, tr); err == nil {
 				writeJSON(w, map[string]any{"status": st, "activity": act})
 				return
 			}
@@ -677,15 +701,22 @@ type relaysBody struct {
 	// Running and Busy count the relays alive, and those of them at work:
 	// "no relay running" and "relays idle" must not look alike.
 	Running, Busy int
+	// Range is the span of Activity's relays (those that published).
+	Range *timeRange
 }
 
 func (h *Handler) relays(w http.ResponseWriter, r *http.Request) {
 	v := &view{Title: "Relays and CDC", Nav: "relays"}
 	h.page(w, r, "relays", v, func(a *admin.Admin) (any, error) {
-		v.Live = h.link("/relays", v.Schema, "partial", "1")
-		b := &relaysBody{}
-		var err error
+		tr, err := rangeOf(r, false)
+		if err != nil {
+			return nil, err
+		}
+		v.Live = h.link("/relays", v.Schema, "partial", "1", "range", tr.Param)
+		v.Ranges = h.rangeLinks("/relays", v.Schema, tr, false)
+		b := &relaysBody{Range: tr}
 		if b.Status, err = a.Status(r.Context()); err == nil {
+			v.Now = b.Status.At
 			for _, rh := range b.Status.Relays {
 				if rh.Running() {
 					b.Running++
@@ -694,7 +725,7 @@ func (h *Handler) relays(w http.ResponseWriter, r *http.Request) {
 					}
 				}
 			}
-			if b.Activity, err = a.Activity(r.Context(), activityWin); err == nil {
+			if b.Activity, err = h.activityOf(r.Context(), v.Schema, a, tr); err == nil {
 				b.Slots, err = a.ReplicationSlots(r.Context())
 			}
 		}
@@ -702,10 +733,27 @@ func (h *Handler) relays(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// auditLimit is how many audit rows a page or the API shows, newest first.
+const auditLimit = 100
+
+// auditOf reads the newest audit rows within the range (nil: any time).
+func auditOf(r *http.Request, a *admin.Admin, tr *timeRange) ([]admin.AuditEntry, error) {
+	var window time.Duration
+	if tr != nil {
+		window = tr.Window
+	}
+	return a.AuditWithin(r.Context(), window, auditLimit)
+}
+
 func (h *Handler) audit(w http.ResponseWriter, r *http.Request) {
 	v := &view{Title: "Audit", Nav: "audit"}
 	h.page(w, r, "audit", v, func(a *admin.Admin) (any, error) {
-		v.Live = h.link("/audit", v.Schema, "partial", "1")
-		return a.Audit(r.Context(), 100)
+		tr, err := rangeOf(r, true)
+		if err != nil {
+			return nil, err
+		}
+		v.Live = h.link("/audit", v.Schema, "partial", "1", "range", tr.param())
+		v.Ranges = h.rangeLinks("/audit", v.Schema, tr, true)
+		return auditOf(r, a, tr)
 	})
 }

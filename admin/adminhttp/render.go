@@ -38,23 +38,24 @@ type view struct {
 	Live    string
 	Notice  string
 	Body    any
+	// Now is the clock relative times are written from: the database's (a
+	// page's body, or page, reads it), else the console's (set by render).
+	Now time.Time
+	// Ranges is the page's range selector (none: the page has no range).
+	Ranges []rangeLink
 }
 
 var funcs = template.FuncMap{
 	"age":   fmtAge,
 	"ts":    fmtTime,
+	"when":  when,
+	"ago":   ago,
 	"bytes": fmtBytes,
 	"short": func(s string, n int) string {
 		if utf8.RuneCountInString(s) <= n {
 			return s
 		}
 		return string([]rune(s)[:n]) + "…"
-	},
-	"ptrts": func(t *time.Time) string {
-		if t == nil {
-			return "—"
-		}
-		return fmtTime(*t)
 	},
 	"i64": func(p *int64) string {
 		if p == nil {
@@ -114,6 +115,9 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name string, st
 		v.User, v.Role, v.CanAct, v.CSRF = p.name, p.role.String(), p.role == RoleOperator, p.csrf
 	}
 	v.Refresh = h.cfg.Refresh.Milliseconds()
+	if v.Now.IsZero() {
+		v.Now = time.Now()
+	}
 	t := h.pages[name]
 	tmpl := "layout.html"
 	if r.URL.Query().Get("partial") == "1" && t.Lookup("live") != nil {
@@ -240,9 +244,10 @@ func fmtBytes(n int64) string {
 	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
 }
 
-// chart draws one series per minute as an SVG bar chart. Only numbers and
-// times go into it, each escaped by template.HTMLEscapeString anyway.
-func chart(title, unit string, at []time.Time, values []float64) template.HTML {
+// chart draws one series, a bar a bucket, as an SVG bar chart; its times are
+// written as layout. Only numbers and times go into it, each escaped by
+// template.HTMLEscapeString anyway.
+func chart(title, unit, layout string, at []time.Time, values []float64) template.HTML {
 	const w, hgt, left, bottom, top = 640.0, 140.0, 48.0, 18.0, 8.0
 	peak := 0.0
 	for _, v := range values {
@@ -266,13 +271,13 @@ func chart(title, unit string, at []time.Time, values []float64) template.HTML {
 			}
 			x := left + float64(i)*bw
 			fmt.Fprintf(&b, `<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f"><title>%s: %s%s</title></rect>`,
-				x+0.5, top+plotH-bh, math.Max(bw-1, 0.5), bh, esc(at[i].UTC().Format("15:04")), esc(fmtRate(v)), esc(unit))
+				x+0.5, top+plotH-bh, math.Max(bw-1, 0.5), bh, esc(at[i].UTC().Format(layout)), esc(fmtRate(v)), esc(unit))
 		}
 		for k, i := range []int{0, n / 2, n - 1} {
 			anchor := [...]string{"start", "middle", "end"}[k]
 			x := left + float64(i)*bw + [...]float64{0, bw / 2, bw}[k]
 			fmt.Fprintf(&b, `<text class="tick" x="%.1f" y="%.0f" text-anchor="%s">%s UTC</text>`,
-				x, hgt-4, anchor, esc(at[i].UTC().Format("15:04")))
+				x, hgt-4, anchor, esc(at[i].UTC().Format(layout)))
 		}
 	}
 	b.WriteString(`</svg>`)

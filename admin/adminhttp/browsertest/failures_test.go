@@ -43,7 +43,7 @@ func TestBrowserRetryingView(t *testing.T) {
 		t.Fatalf("%d rows, want 3", rows)
 	}
 	if a, errText, next := text(t, ctx, "#retrying td.attempts"), text(t, ctx, "#retrying td.err"), text(t, ctx, "#retrying td.next"); a != "4" ||
-		!strings.Contains(errText, "500 Internal Server Error") || !strings.HasPrefix(next, "20") {
+		!strings.Contains(errText, "500 Internal Server Error") || !strings.HasPrefix(next, "in ") || !strings.Contains(next, " · 20") {
 		t.Fatalf("first row: attempts %q, error %q, next attempt %q", a, errText, next)
 	}
 	screenshot(t, ctx, "retrying")

@@ -24,21 +24,7 @@ func TestBrowserFirstRenderMillionEvents(t *testing.T) {
 	// A day of history in insertion order (published_at grows with the rows, as
 	// a relay writes them): 1,000,000 events over 100,000 aggregates of 20
 	// types; the last 1% still pending, 100 of them quarantined.
-	_, err := big.Pool.Exec(context.Background(), `INSERT INTO `+big.Table("outbox_events")+`
-  (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at, available_at,
-   published_at, claimed_by, attempt_count, last_error, quarantined_at)
-SELECT gen_random_uuid(), 'type' || (i / 10 % 20), 'agg' || (i / 10), i % 10 + 1, 'changed',
-       jsonb_build_object('n', i, 'note', 'some payload text of an ordinary size'),
-       now() - (1000000 - i) * interval '86 milliseconds', now(),
-       CASE WHEN i < 990000 THEN now() - (1000000 - i) * interval '86 milliseconds' + interval '20 milliseconds' END,
-       CASE WHEN i < 990000 THEN 'relay-' || (i % 4) END,
-       CASE WHEN i >= 990000 AND i % 100 = 0 THEN 10 ELSE 0 END,
-       CASE WHEN i >= 990000 AND i % 100 = 0 THEN 'broker said no' END,
-       CASE WHEN i >= 990000 AND i % 100 = 0 THEN now() END
-  FROM generate_series(0, 999999) i`)
-	pgtest.Must(t, err, "generate")
-	_, err = big.Pool.Exec(context.Background(), "ANALYZE "+big.Table("outbox_events"))
-	pgtest.Must(t, err, "analyze")
+	big.History(1000000, 10000, 86*time.Millisecond, true)
 	t.Logf("generated 1,000,000 events in %s", time.Since(start).Round(time.Millisecond))
 
 	measure := func(e *consoletest.Env) (server, paint time.Duration) {
@@ -68,7 +54,7 @@ SELECT gen_random_uuid(), 'type' || (i / 10 % 20), 'agg' || (i / 10), i % 10 + 1
 	// publishes are counted by reading the whole table.
 	bs, bp := measure(big)
 	// Once (auto)vacuum has run, as it does after a bulk insert.
-	_, err = big.Pool.Exec(context.Background(), "VACUUM ANALYZE "+big.Table("outbox_events"))
+	_, err := big.Pool.Exec(context.Background(), "VACUUM ANALYZE "+big.Table("outbox_events"))
 	pgtest.Must(t, err, "vacuum")
 	vs, vp := measure(big)
 	_, page := big.Get("/?schema=" + big.Schema)

@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -111,6 +112,45 @@ func (e *Env) Quarantine(id pgoutbox.UUID, lastErr string) {
 	_, err := e.Pool.Exec(context.Background(), "UPDATE "+e.Table("outbox_events")+
 		" SET quarantined_at = now(), attempt_count = 10, last_error = $2 WHERE event_id = $1", id, lastErr)
 	pgtest.Must(e.T, err, "quarantine")
+}
+
+// History writes n events in insertion order over n/10 aggregates of 20
+// types, one every spacing back from now, published as they go (published_at
+// grows with the rows, as a relay writes them) by 4 relays; the last pending
+// of them still pending, one in a hundred of those quarantined now. Then
+// VACUUM ANALYZE unless fresh (a table just bulk-loaded, its BRIN index not
+// summarised yet). For the console's measurements.
+func (e *Env) History(n, pending int, spacing time.Duration, fresh bool) {
+	e.T.Helper()
+	ctx := context.Background()
+	_, err := e.Pool.Exec(ctx, `INSERT INTO `+e.Table("outbox_events")+`
+  (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, occurred_at, available_at,
+   published_at, claimed_by, attempt_count, last_error, quarantined_at)
+SELECT gen_random_uuid(), 'type' || (i / 10 % 20), 'agg' || (i / 10), i % 10 + 1, 'changed',
+       jsonb_build_object('n', i, 'note', 'some payload text of an ordinary size'),
+       now() - ($1 - i) * $3::interval, now(),
+       CASE WHEN i < $1 - $2 THEN now() - ($1 - i) * $3::interval + interval '20 milliseconds' END,
+       CASE WHEN i < $1 - $2 THEN 'relay-' || (i % 4) END,
+       CASE WHEN i >= $1 - $2 AND i % 100 = 0 THEN 10 ELSE 0 END,
+       CASE WHEN i >= $1 - $2 AND i % 100 = 0 THEN 'broker said no' END,
+       CASE WHEN i >= $1 - $2 AND i % 100 = 0 THEN now() END
+  FROM generate_series(0, $1 - 1) i`, n, pending, spacing)
+	pgtest.Must(e.T, err, "generate")
+	q := "VACUUM ANALYZE "
+	if fresh {
+		q = "ANALYZE "
+	}
+	_, err = e.Pool.Exec(ctx, q+e.Table("outbox_events"))
+	pgtest.Must(e.T, err, "analyze")
+}
+
+// Published marks the event id published by relay ago, by the database's
+// clock: history for the console's ranges.
+func (e *Env) Published(id pgoutbox.UUID, ago time.Duration, relay string) {
+	e.T.Helper()
+	_, err := e.Pool.Exec(context.Background(), "UPDATE "+e.Table("outbox_events")+
+		" SET published_at = now() - $2::interval, claimed_by = nullif($3, '') WHERE event_id = $1", id, ago, relay)
+	pgtest.Must(e.T, err, "publish %s ago", ago)
 }
 
 // State is the event id's state as admin reports it.
