@@ -45,19 +45,7 @@ func rabbitConnectionKilledMidRun(t *testing.T, queueArgs amqp.Table) {
 	ctl := rabbittest.NewCtl(t)
 	o := newOutbox(t, 8)
 	name := pgtest.Name("pgoutbox_relay_test")
-	conn, err := amqp.Dial(rabbitURL)
-	pgtest.Must(t, err, "connect to RabbitMQ")
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	pgtest.Must(t, err, "channel")
-	pgtest.Must(t, ch.ExchangeDeclare(name, "topic", true, false, false, false, nil), "declare exchange")
-	_, err = ch.QueueDeclare(name, true, false, false, false, queueArgs)
-	pgtest.Must(t, err, "declare queue")
-	pgtest.Must(t, ch.QueueBind(name, "#", name, false, nil), "bind")
-	t.Cleanup(func() {
-		_, _ = ch.QueueDelete(name, false, false, false)
-		_ = ch.ExchangeDelete(name, false, false)
-	})
+	ch := rabbittest.Queue(t, rabbitURL, name, queueArgs)
 
 	pub, err := rabbitmq.Dial(context.Background(), rabbitURL, &rabbitmq.Config{Exchange: name, ConnectionName: name, Logger: quietLogger()})
 	pgtest.Must(t, err, "dial")
@@ -77,12 +65,7 @@ func rabbitConnectionKilledMidRun(t *testing.T, queueArgs amqp.Table) {
 	})
 
 	var got []broker.Message
-	for {
-		d, ok, err := ch.Get(name, true)
-		pgtest.Must(t, err, "get")
-		if !ok {
-			break
-		}
+	for _, d := range rabbittest.Drain(t, ch, name) {
 		got = append(got, fromAMQP(t, d))
 	}
 	dups := brokertest.CheckStream(t, got, ids)
