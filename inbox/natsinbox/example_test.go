@@ -4,12 +4,10 @@ import (
 	"context"
 	"log"
 	"os"
-	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pgoutbox/pgoutbox/broker"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/exampletest"
@@ -39,9 +37,7 @@ func Example() {
 	}
 	defer pub.Close()
 	paid := exampletest.Paid()
-	if err := pub.Publish(ctx, []broker.Message{paid})[0]; err != nil {
-		log.Fatal(err)
-	}
+	exampletest.Publish(ctx, pub, paid)
 
 	// The consumer service: a Consumer "shipping" that records each paid order
 	// once (built as in the inbox package's example).
@@ -74,14 +70,9 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	shop.Await()
-	// Stop lets the deliveries in progress commit and ack.
-	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := sub.Stop(stopCtx); err != nil {
-		log.Fatal(err)
-	}
-	shop.Report(ctx, sub.Stats().Acked)
+	// Finish waits for the two deliveries, then stops sub: Stop lets the
+	// deliveries in progress commit and ack.
+	shop.Finish(ctx, sub, func() int64 { return sub.Stats().Acked })
 	// Output:
 	// applied
 	// duplicate
