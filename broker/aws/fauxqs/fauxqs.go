@@ -10,14 +10,12 @@
 //
 // Outside the standard library it pulls in aws-sdk-go-v2 (the SQS client and
 // static credentials, which the emulator accepts whatever they are), besides
-// the root module's internal/systool.
+// the root package (event ids for fresh names) and internal/systool.
 package fauxqs
 
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -36,6 +34,7 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/internal/systool"
 )
 
@@ -231,13 +230,9 @@ func Main(m *testing.M, s **Server, check func() error) {
 	os.Exit(code)
 }
 
-// Unique returns prefix and a random suffix: the name of a queue or topic of
+// Unique returns prefix and a fresh event id: the name of a queue or topic of
 // the test's own on the shared emulator.
-func Unique(prefix string) string {
-	var r [6]byte
-	_, _ = rand.Read(r[:])
-	return prefix + "-" + hex.EncodeToString(r[:])
-}
+func Unique(prefix string) string { return prefix + "-" + pgoutbox.NewEventID().String() }
 
 // Queue creates a queue of the test's own, named Unique(prefix) (with the
 // ".fifo" suffix when fifo), and deletes it at the end of the test; it
