@@ -3,7 +3,6 @@ package natsinbox_test
 import (
 	"context"
 	"log"
-	"os"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,12 +20,8 @@ func Example() {
 	ctx := context.Background()
 
 	// The broker, with one event on it, published twice (a relay re-publish).
-	dir, err := os.MkdirTemp("", "natsinbox-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	srv, err := natsembed.New(&natsembed.Config{StoreDir: dir, Port: -1})
+	// The streams live in a temporary directory that Shutdown removes.
+	srv, err := natsembed.New(&natsembed.Config{Port: natsembed.RandomPort})
 	if err != nil {
 		log.Fatal(err)
 	}
