@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -189,10 +190,7 @@ func TestWireHeadersRoundTrip(t *testing.T) {
 			t.Fatalf("break after %d headers: %d yielded", stop, n)
 		}
 	}
-	names := make([]string, 0, len(h))
-	for k := range h {
-		names = append(names, k)
-	}
+	names := slices.Collect(maps.Keys(h))
 	back, err := wire.ParseOutboxHeaders(m.Payload, names, func(n string) string { return h[n] })
 	if err != nil {
 		t.Fatal(err)

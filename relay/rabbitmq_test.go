@@ -3,6 +3,8 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -94,10 +96,7 @@ func (g *gatedPublisher) Publish(ctx context.Context, msgs []broker.Message) []e
 
 func fromAMQP(t *testing.T, d amqp.Delivery) broker.Message {
 	t.Helper()
-	names := make([]string, 0, len(d.Headers))
-	for k := range d.Headers {
-		names = append(names, k)
-	}
+	names := slices.Collect(maps.Keys(d.Headers))
 	m, err := wire.ParseOutboxHeaders(d.Body, names, func(n string) string {
 		if v, ok := d.Headers[n]; ok {
 			return fmt.Sprint(v)

@@ -2,7 +2,9 @@ package brokertest
 
 import (
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -35,10 +37,7 @@ func (h *HookReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	names := make([]string, 0, len(r.Header))
-	for k := range r.Header {
-		names = append(names, k)
-	}
+	names := slices.Collect(maps.Keys(r.Header))
 	m, err := wire.ParseReceived(body, names, r.Header.Get)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)

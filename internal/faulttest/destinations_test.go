@@ -3,9 +3,11 @@ package faulttest
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -232,10 +234,7 @@ func newRabbitQueue(t *testing.T) *rabbitQueue {
 func (r *rabbitQueue) read(t *testing.T) []checker.Message {
 	t.Helper()
 	for _, d := range rabbittest.Drain(t, r.ch, r.name) {
-		names := make([]string, 0, len(d.Headers))
-		for k := range d.Headers {
-			names = append(names, k)
-		}
+		names := slices.Collect(maps.Keys(d.Headers))
 		m, err := wire.ParseReceived(d.Body, names, func(n string) string {
 			if v, ok := d.Headers[n]; ok {
 				return fmt.Sprint(v)
