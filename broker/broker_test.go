@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -190,7 +189,10 @@ func TestWireHeadersRoundTrip(t *testing.T) {
 			t.Fatalf("break after %d headers: %d yielded", stop, n)
 		}
 	}
-	names := slices.Collect(maps.Keys(h))
+	names := make([]string, 0, len(h))
+	for k := range h {
+		names = append(names, k)
+	}
 	back, err := wire.ParseOutboxHeaders(m.Payload, names, func(n string) string { return h[n] })
 	if err != nil {
 		t.Fatal(err)
