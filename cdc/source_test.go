@@ -16,10 +16,8 @@ import (
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
-	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/cdc"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
-	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -32,12 +30,7 @@ import (
 func TestStreamsTwentyThousandEventsInOrderToNATS(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	target := natstest.New(t, natstest.URL())
-	pub, err := natsbroker.Dial(context.Background(), natstest.URL(), &natsbroker.Config{
-		Stream: target.Stream, StreamSubjects: target.Subjects(), Subject: broker.MustParseTemplate(target.Template),
-		AckTimeout: 5 * time.Second, Logger: quietLogger()})
-	pgtest.Must(t, err, "dial NATS")
-	t.Cleanup(func() { _ = pub.Close() })
+	target, pub := natsTarget(t)
 	src := e.start(t, pub, e.cfg)
 
 	start := time.Now()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -131,10 +133,7 @@ func ReadJetStream(ctx context.Context, js jetstream.JetStream, stream string) (
 				return nil, fmt.Errorf("checker: stream %s: %w", stream, err)
 			}
 			h := msg.Headers()
-			names := make([]string, 0, len(h))
-			for k := range h {
-				names = append(names, k)
-			}
+			names := slices.Collect(maps.Keys(h))
 			m, err := wire.ParseReceived(msg.Data(), names, h.Get) // either wire format
 			if err != nil {
 				return nil, fmt.Errorf("checker: stream %s, sequence %d (%s): %w", stream, md.Sequence.Stream, msg.Subject(), err)

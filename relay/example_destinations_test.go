@@ -6,11 +6,8 @@ import (
 	"log"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
-	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrate"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
@@ -20,17 +17,8 @@ import (
 // own. An event no rule takes would be a dead letter.
 func ExampleConfig_destinations() {
 	ctx := context.Background()
-	// A database of the example's own; real code has its pool.
-	url, drop, err := pgtest.CreateDatabase("example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer func() { _ = drop() }()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
+	pool, drop := exampleDatabase(ctx) // real code has its pool
+	defer drop()
 	if _, err := migrate.Up(ctx, pool, &migrate.Config{Lines: []migrate.Line{migrate.LineOutbox}}); err != nil {
 		log.Fatal(err)
 	}

@@ -20,17 +20,8 @@ import (
 // outbox.{tenant}.{aggregate_type}.{event_type}.
 func ExampleNewGroup() {
 	ctx := context.Background()
-	// A database of the example's own; real code has its pool.
-	url, drop, err := pgtest.CreateDatabase("example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer func() { _ = drop() }()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
+	pool, drop := exampleDatabase(ctx) // real code has its pool
+	defer drop()
 	for _, schema := range []string{"tenant_a", "tenant_b"} {
 		if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema, Lines: []migrate.Line{migrate.LineOutbox}}); err != nil {
 			log.Fatal(err)
@@ -75,4 +66,22 @@ func ExampleNewGroup() {
 	// Output:
 	// tenant_a serving: true published: 1
 	// tenant_b serving: true published: 1
+}
+
+// exampleDatabase gives an example a database of its own on the test server,
+// and a function that closes the pool and drops the database.
+func exampleDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
+	url, drop, err := pgtest.CreateDatabase("example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		_ = drop()
+		log.Fatal(err)
+	}
+	return pool, func() {
+		pool.Close()
+		_ = drop()
+	}
 }

@@ -59,11 +59,24 @@ type relayUnderTest struct {
 // a publish is held turns hard, and the held events' leases are released.
 func TestRelayLifecycle(t *testing.T) {
 	t.Parallel()
+	heldLifecycle(t, func(o *outbox, pub *gatePublisher) (*relay.Relay, error) {
+		return relay.New(o.pool, pub, &relay.Config{Schema: o.schema, Logger: quietLogger(), PollInterval: 50 * time.Millisecond})
+	}, "the held event's lease released", func(t *testing.T, o *outbox) bool {
+		// Stopped hard: the held event was released, not failed.
+		return o.count(t, "claim_until IS NULL AND attempt_count = 0") == 1
+	})
+}
+
+// heldLifecycle runs the lifecycle table on relays that newRelay builds over a
+// fresh outbox and a gatePublisher, busy with one event whose publish is held.
+// After the hard stop, released (waited for, and described by what) says the
+// held work was given back.
+func heldLifecycle(t *testing.T, newRelay func(*outbox, *gatePublisher) (*relay.Relay, error), what string, released func(*testing.T, *outbox) bool) {
 	lifecycletest.Run(t, lifecycletest.Harness{
 		New: func(t *testing.T) lifecycletest.Service {
 			o := newOutbox(t, 8)
 			pub := newGatePublisher()
-			r, err := relay.New(o.pool, pub, &relay.Config{Schema: o.schema, Logger: quietLogger(), PollInterval: 50 * time.Millisecond})
+			r, err := newRelay(o, pub)
 			pgtest.Must(t, err, "relay.New")
 			t.Cleanup(func() {
 				pub.open()
@@ -84,10 +97,7 @@ func TestRelayLifecycle(t *testing.T) {
 				t.Fatal("the relay never published the event")
 			}
 			t.Cleanup(func() {
-				// Stopped hard: the held event was released, not failed.
-				wait.For(t, 10*time.Second, "the held event's lease released", func() bool {
-					return r.o.count(t, "claim_until IS NULL AND attempt_count = 0") == 1
-				})
+				wait.For(t, 10*time.Second, what, func() bool { return released(t, r.o) })
 			})
 			return r.pub.open
 		},

@@ -3,6 +3,8 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,19 +47,7 @@ func rabbitConnectionKilledMidRun(t *testing.T, queueArgs amqp.Table) {
 	ctl := rabbittest.NewCtl(t)
 	o := newOutbox(t, 8)
 	name := pgtest.Name("pgoutbox_relay_test")
-	conn, err := amqp.Dial(rabbitURL)
-	pgtest.Must(t, err, "connect to RabbitMQ")
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	pgtest.Must(t, err, "channel")
-	pgtest.Must(t, ch.ExchangeDeclare(name, "topic", true, false, false, false, nil), "declare exchange")
-	_, err = ch.QueueDeclare(name, true, false, false, false, queueArgs)
-	pgtest.Must(t, err, "declare queue")
-	pgtest.Must(t, ch.QueueBind(name, "#", name, false, nil), "bind")
-	t.Cleanup(func() {
-		_, _ = ch.QueueDelete(name, false, false, false)
-		_ = ch.ExchangeDelete(name, false, false)
-	})
+	ch := rabbittest.Queue(t, rabbitURL, name, queueArgs)
 
 	pub, err := rabbitmq.Dial(context.Background(), rabbitURL, &rabbitmq.Config{Exchange: name, ConnectionName: name, Logger: quietLogger()})
 	pgtest.Must(t, err, "dial")
@@ -77,12 +67,7 @@ func rabbitConnectionKilledMidRun(t *testing.T, queueArgs amqp.Table) {
 	})
 
 	var got []broker.Message
-	for {
-		d, ok, err := ch.Get(name, true)
-		pgtest.Must(t, err, "get")
-		if !ok {
-			break
-		}
+	for _, d := range rabbittest.Drain(t, ch, name) {
 		got = append(got, fromAMQP(t, d))
 	}
 	dups := brokertest.CheckStream(t, got, ids)
@@ -111,10 +96,7 @@ func (g *gatedPublisher) Publish(ctx context.Context, msgs []broker.Message) []e
 
 func fromAMQP(t *testing.T, d amqp.Delivery) broker.Message {
 	t.Helper()
-	names := make([]string, 0, len(d.Headers))
-	for k := range d.Headers {
-		names = append(names, k)
-	}
+	names := slices.Collect(maps.Keys(d.Headers))
 	m, err := wire.ParseOutboxHeaders(d.Body, names, func(n string) string {
 		if v, ok := d.Headers[n]; ok {
 			return fmt.Sprint(v)

@@ -15,7 +15,6 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/brokertest"
-	"github.com/pgoutbox/pgoutbox/internal/lifecycle/lifecycletest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/migrate"
@@ -575,55 +574,20 @@ func TestDestinationsConfig(t *testing.T) {
 	}
 }
 
-// routedUnderTest is a relay with destinations, its outbox and the publisher
-// of its one destination.
-type routedUnderTest struct {
-	*relay.Relay
-	o   *outbox
-	pub *gatePublisher
-}
-
 // A relay with destinations follows the one lifecycle rule; a stop whose
 // deadline passes while a publish is held turns hard, and the held lane's
 // lease is released without counting an attempt or moving the cursor.
 func TestRoutedRelayLifecycle(t *testing.T) {
 	t.Parallel()
-	lifecycletest.Run(t, lifecycletest.Harness{
-		New: func(t *testing.T) lifecycletest.Service {
-			o := newOutbox(t, 8)
-			pub := newGatePublisher()
-			r, err := relay.New(o.pool, nil, &relay.Config{Schema: o.schema, Logger: quietLogger(), PollInterval: 50 * time.Millisecond,
-				Destinations: []relay.Destination{{Name: "held", Publisher: pub, Rules: []relay.Rule{{All: true}}, Start: relay.StartNow}}})
-			pgtest.Must(t, err, "relay.New")
-			t.Cleanup(func() {
-				pub.open()
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				if err := r.Stop(ctx); err != nil {
-					t.Errorf("stop: %v", err)
-				}
-			})
-			return &routedUnderTest{Relay: r, o: o, pub: pub}
-		},
-		Busy: func(t *testing.T, s lifecycletest.Service) func() {
-			r := s.(*routedUnderTest)
-			r.o.enqueue(t, 1, 1)
-			select {
-			case <-r.pub.inFlight:
-			case <-time.After(30 * time.Second):
-				t.Fatal("the relay never published the event")
-			}
-			t.Cleanup(func() {
-				wait.For(t, 10*time.Second, "the held lane's lease released", func() bool {
-					var n int
-					pgtest.Must(t, r.o.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+
-						pgx.Identifier{r.o.schema, "outbox_destination_lanes"}.Sanitize()+
-						" WHERE claimed_by IS NULL AND attempt_count = 0 AND delivered_sequence = 0").Scan(&n), "count")
-					return n == 1
-				})
-			})
-			return r.pub.open
-		},
+	heldLifecycle(t, func(o *outbox, pub *gatePublisher) (*relay.Relay, error) {
+		return relay.New(o.pool, nil, &relay.Config{Schema: o.schema, Logger: quietLogger(), PollInterval: 50 * time.Millisecond,
+			Destinations: []relay.Destination{{Name: "held", Publisher: pub, Rules: []relay.Rule{{All: true}}, Start: relay.StartNow}}})
+	}, "the held lane's lease released", func(t *testing.T, o *outbox) bool {
+		var n int
+		pgtest.Must(t, o.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+
+			pgx.Identifier{o.schema, "outbox_destination_lanes"}.Sanitize()+
+			" WHERE claimed_by IS NULL AND attempt_count = 0 AND delivered_sequence = 0").Scan(&n), "count")
+		return n == 1
 	})
 }
 

@@ -2,6 +2,7 @@ package wire_test
 
 import (
 	"maps"
+	"slices"
 	"testing"
 
 	"github.com/pgoutbox/pgoutbox/broker"
@@ -95,10 +96,7 @@ func TestParseReceivedEitherFormat(t *testing.T) {
 			t.Fatal(err)
 		}
 		h := maps.Collect(e.Headers)
-		names := make([]string, 0, len(h))
-		for k := range h {
-			names = append(names, k)
-		}
+		names := slices.Collect(maps.Keys(h))
 		got, err := wire.ParseReceived(e.Body, names, func(n string) string { return h[n] })
 		if err != nil {
 			t.Fatalf("format %s: %v", enc.Format, err)

@@ -2,6 +2,8 @@ package kinesis_test
 
 import (
 	"bytes"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -86,10 +88,7 @@ func TestRecord(t *testing.T) {
 	if s.Key != "order/3" {
 		t.Errorf("partition key %q, want the lane order/3", s.Key)
 	}
-	names := make([]string, 0, len(s.Headers))
-	for k := range s.Headers {
-		names = append(names, k)
-	}
+	names := slices.Collect(maps.Keys(s.Headers))
 	back, err := wire.ParseReceived(s.Body, names, func(n string) string { return s.Headers[n] })
 	if err != nil {
 		t.Fatalf("CloudEvents record: %v (headers %v)", err, s.Headers)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"os"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,13 +19,8 @@ import (
 // it back from the OUTBOX stream.
 func Example() {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "pgoutbox-nats-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-
-	srv, err := natsembed.New(&natsembed.Config{StoreDir: dir, Port: -1})
+	// The streams live in a temporary directory that Shutdown removes.
+	srv, err := natsembed.New(&natsembed.Config{Port: natsembed.RandomPort})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -2,6 +2,8 @@ package pubsub
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/pgoutbox/pgoutbox/wire"
@@ -20,10 +22,7 @@ func ParseMessage(data []byte, attrs map[string]string) (wire.Message, error) {
 	if len(attrs) > MaxAttributes {
 		return wire.Message{}, fmt.Errorf("pubsub: message with %d attributes, above %d", len(attrs), MaxAttributes)
 	}
-	names := make([]string, 0, len(attrs))
-	for k := range attrs {
-		names = append(names, k)
-	}
+	names := slices.Collect(maps.Keys(attrs))
 	m, err := wire.ParseReceived(data, names, func(name string) string { return Attribute(attrs, name) })
 	if err != nil {
 		return wire.Message{}, fmt.Errorf("pubsub: %w", err)

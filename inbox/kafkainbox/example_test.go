@@ -5,11 +5,9 @@ import (
 	"log"
 	"log/slog"
 	"strings"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/kafka"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/exampletest"
 	"github.com/pgoutbox/pgoutbox/inbox/kafkainbox"
@@ -34,11 +32,7 @@ func Example() {
 	}
 	defer pub.Close()
 	paid := exampletest.Paid()
-	for range 2 {
-		if err := pub.Publish(ctx, []broker.Message{paid})[0]; err != nil {
-			log.Fatal(err)
-		}
-	}
+	exampletest.Publish(ctx, pub, paid, paid)
 
 	// The consumer service: a Consumer "shipping" that records each paid order
 	// once (built as in the inbox package's example).
@@ -54,15 +48,9 @@ func Example() {
 	if err := sub.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	shop.Await()
-	// Stop lets the records in progress commit, commits their offsets and
-	// leaves the group.
-	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := sub.Stop(stopCtx); err != nil {
-		log.Fatal(err)
-	}
-	shop.Report(ctx, sub.Stats().Acked)
+	// Finish waits for the two deliveries, then stops sub: Stop lets the
+	// records in progress commit, commits their offsets and leaves the group.
+	shop.Finish(ctx, sub, func() int64 { return sub.Stats().Acked })
 	// Output:
 	// applied
 	// duplicate

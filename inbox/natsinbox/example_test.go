@@ -3,13 +3,10 @@ package natsinbox_test
 import (
 	"context"
 	"log"
-	"os"
-	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/pgoutbox/pgoutbox/broker"
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/broker/nats/natsembed"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/exampletest"
@@ -23,12 +20,8 @@ func Example() {
 	ctx := context.Background()
 
 	// The broker, with one event on it, published twice (a relay re-publish).
-	dir, err := os.MkdirTemp("", "natsinbox-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	srv, err := natsembed.New(&natsembed.Config{StoreDir: dir, Port: -1})
+	// The streams live in a temporary directory that Shutdown removes.
+	srv, err := natsembed.New(&natsembed.Config{Port: natsembed.RandomPort})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -39,9 +32,7 @@ func Example() {
 	}
 	defer pub.Close()
 	paid := exampletest.Paid()
-	if err := pub.Publish(ctx, []broker.Message{paid})[0]; err != nil {
-		log.Fatal(err)
-	}
+	exampletest.Publish(ctx, pub, paid)
 
 	// The consumer service: a Consumer "shipping" that records each paid order
 	// once (built as in the inbox package's example).
@@ -74,14 +65,9 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	shop.Await()
-	// Stop lets the deliveries in progress commit and ack.
-	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := sub.Stop(stopCtx); err != nil {
-		log.Fatal(err)
-	}
-	shop.Report(ctx, sub.Stats().Acked)
+	// Finish waits for the two deliveries, then stops sub: Stop lets the
+	// deliveries in progress commit and ack.
+	shop.Finish(ctx, sub, func() int64 { return sub.Stats().Acked })
 	// Output:
 	// applied
 	// duplicate

@@ -3,12 +3,10 @@ package pubsubinbox_test
 import (
 	"context"
 	"log"
-	"time"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
 
-	"github.com/pgoutbox/pgoutbox/broker"
 	pubsubbroker "github.com/pgoutbox/pgoutbox/broker/pubsub"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/exampletest"
 	"github.com/pgoutbox/pgoutbox/inbox/pubsubinbox"
@@ -49,11 +47,7 @@ func Example() {
 	}
 	defer pub.Close()
 	paid := exampletest.Paid()
-	for range 2 {
-		if err := pub.Publish(ctx, []broker.Message{paid})[0]; err != nil {
-			log.Fatal(err)
-		}
-	}
+	exampletest.Publish(ctx, pub, paid, paid)
 
 	// The consumer service: a Consumer "shipping" that records each paid order
 	// once (built as in the inbox package's example), on the subscription of
@@ -68,14 +62,9 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	shop.Await()
-	// Stop lets the deliveries in progress commit and ack.
-	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := sub.Stop(stopCtx); err != nil {
-		log.Fatal(err)
-	}
-	shop.Report(ctx, sub.Stats().Acked)
+	// Finish waits for the two deliveries, then stops sub: Stop lets the
+	// deliveries in progress commit and ack.
+	shop.Finish(ctx, sub, func() int64 { return sub.Stats().Acked })
 	// Output:
 	// applied
 	// duplicate

@@ -3,11 +3,9 @@ package rabbitinbox_test
 import (
 	"context"
 	"log"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/pgoutbox/pgoutbox/broker"
 	"github.com/pgoutbox/pgoutbox/broker/rabbitmq"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/exampletest"
 	"github.com/pgoutbox/pgoutbox/inbox/rabbitinbox"
@@ -48,20 +46,11 @@ func Example() {
 	}
 	defer pub.Close()
 	paid := exampletest.Paid()
-	for range 2 {
-		if err := pub.Publish(ctx, []broker.Message{paid})[0]; err != nil {
-			log.Fatal(err)
-		}
-	}
+	exampletest.Publish(ctx, pub, paid, paid)
 
-	shop.Await()
-	// Stop lets the deliveries in progress commit and ack.
-	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := sub.Stop(stopCtx); err != nil {
-		log.Fatal(err)
-	}
-	shop.Report(ctx, sub.Stats().Acked)
+	// Finish waits for the two deliveries, then stops sub: Stop lets the
+	// deliveries in progress commit and ack.
+	shop.Finish(ctx, sub, func() int64 { return sub.Stats().Acked })
 	// Output:
 	// applied
 	// duplicate

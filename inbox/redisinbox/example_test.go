@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"log"
 	"log/slog"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -39,11 +38,7 @@ func Example() {
 	paid := exampletest.Paid()
 	again := paid
 	again.DedupID = paid.EventID.String() + "-again"
-	for _, err := range pub.Publish(ctx, []broker.Message{paid, again}) {
-		if err != nil {
-			log.Fatal(err)
-		}
-	}
+	exampletest.Publish(ctx, pub, paid, again)
 
 	// The consumer service: a Consumer "shipping" that records each paid order
 	// once; its group "shipping" is shared by every instance.
@@ -56,14 +51,9 @@ func Example() {
 	if err := sub.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	shop.Await()
-	// Stop lets the deliveries in progress commit and XACK.
-	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := sub.Stop(stopCtx); err != nil {
-		log.Fatal(err)
-	}
-	shop.Report(ctx, sub.Stats().Acked)
+	// Finish waits for the two deliveries, then stops sub: Stop lets the
+	// deliveries in progress commit and XACK.
+	shop.Finish(ctx, sub, func() int64 { return sub.Stats().Acked })
 	// Output:
 	// applied
 	// duplicate

@@ -2,18 +2,14 @@ package sqsinbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
-	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"go.uber.org/goleak"
 
 	"github.com/pgoutbox/pgoutbox/broker"
@@ -29,52 +25,18 @@ import (
 // queues of its own on it.
 var emulator *fauxqs.Server
 
-func TestMain(m *testing.M) {
-	s, err := fauxqs.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err) // fail, never skip: the message has the install command
-		os.Exit(1)
-	}
-	emulator = s
-	code := m.Run()
-	s.Close()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { fauxqs.Main(m, &emulator, func() error { return goleak.Find() }) }
 
 var quiet = slog.New(slog.DiscardHandler)
 
 func sqsClient() *awssqs.Client { return awssqs.NewFromConfig(emulator.Config()) }
 
-func unique(prefix string) string {
-	var r [6]byte
-	_, _ = rand.Read(r[:])
-	return prefix + "-" + hex.EncodeToString(r[:])
-}
+func unique(prefix string) string { return fauxqs.Unique(prefix) }
 
 // newQueue creates a queue of the test's own, FIFO unless standard, deleted
 // at the end; it returns its URL.
 func newQueue(t *testing.T, standard bool) string {
-	t.Helper()
-	name, attrs := unique("inbox"), map[string]string{}
-	if !standard {
-		name += ".fifo"
-		attrs[string(sqstypes.QueueAttributeNameFifoQueue)] = "true"
-	}
-	c := sqsClient()
-	out, err := c.CreateQueue(t.Context(), &awssqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
-	pgtest.Must(t, err, "CreateQueue")
-	url := aws.ToString(out.QueueUrl)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = c.DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: aws.String(url)})
-	})
+	_, url := emulator.Queue(t, "inbox", !standard)
 	return url
 }
 

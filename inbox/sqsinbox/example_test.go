@@ -41,11 +41,7 @@ func Example() {
 	paid := exampletest.Paid()
 	again := paid
 	again.DedupID = paid.EventID.String() + "-again"
-	for _, m := range []broker.Message{paid, again} {
-		if err := pub.Publish(ctx, []broker.Message{m})[0]; err != nil {
-			log.Fatal(err)
-		}
-	}
+	exampletest.Publish(ctx, pub, paid, again)
 
 	// The consumer service: a Consumer "shipping" that records each paid
 	// order once, on the queue every instance shares.
@@ -58,14 +54,9 @@ func Example() {
 	if err := sub.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	shop.Await()
-	// Stop lets the deliveries in progress commit and delete.
-	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := sub.Stop(stopCtx); err != nil {
-		log.Fatal(err)
-	}
-	shop.Report(ctx, sub.Stats().Deleted)
+	// Finish waits for the two deliveries, then stops sub: Stop lets the
+	// deliveries in progress commit and delete.
+	shop.Finish(ctx, sub, func() int64 { return sub.Stats().Deleted })
 	// Output:
 	// applied
 	// duplicate

@@ -3,24 +3,25 @@ package faulttest
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
+	"maps"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/pgoutbox"
+	"github.com/pgoutbox/pgoutbox/broker"
+	"github.com/pgoutbox/pgoutbox/broker/brokertest"
 	"github.com/pgoutbox/pgoutbox/checker"
 	"github.com/pgoutbox/pgoutbox/internal/failpoint"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/rabbittest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
@@ -42,8 +43,8 @@ func TestDestinationsCrashAtFailpoints(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envConfig{})
 	queue := newRabbitQueue(t)
-	hook := &hookRecorder{}
-	hook.blocked.Store(true)
+	hook := &brokertest.HookReceiver{}
+	hook.Down.Store(true)
 	srv := httptest.NewServer(hook)
 	t.Cleanup(srv.Close)
 
@@ -129,13 +130,13 @@ func TestDestinationsCrashAtFailpoints(t *testing.T) {
 	if n := e.pendingLanes("hook", "event_type = 'paid'"); n == 0 {
 		t.Fatal("the blocked webhook has no pending lane: it did not hold anything back")
 	}
-	if n := len(hook.messages()); n != 0 {
+	if n := len(hook.Messages()); n != 0 {
 		t.Fatalf("the blocked webhook accepted %d messages", n)
 	}
 	t.Logf("the stream and the queue had every event while the webhook waited with %d pending lanes, %d events not done",
 		e.pendingLanes("hook", "event_type = 'paid'"), e.count("outbox_events", "published_at IS NULL"))
 
-	hook.blocked.Store(false)
+	hook.Down.Store(false)
 	wait.For(t, 60*time.Second, "every event done once the webhook is healed", func() bool {
 		e.failOnCrash()
 		return e.count("outbox_events", "published_at IS NULL") == 0
@@ -149,7 +150,7 @@ func TestDestinationsCrashAtFailpoints(t *testing.T) {
 		in.Destinations = []checker.Destination{
 			{Name: "stream", Expected: expected["stream"], Received: in.Broker},
 			{Name: "queue", Expected: expected["queue"], Received: queue.read(t)},
-			{Name: "hook", Expected: expected["hook"], Received: hook.messages()},
+			{Name: "hook", Expected: expected["hook"], Received: checkerMessages(hook.Messages())},
 		}
 		in.Broker = nil
 	})
@@ -227,34 +228,13 @@ type rabbitQueue struct {
 func newRabbitQueue(t *testing.T) *rabbitQueue {
 	t.Helper()
 	name := pgtest.Name("pgoutbox_faulttest")
-	conn, err := amqp.Dial(rabbitURL)
-	pgtest.Must(t, err, "connect to RabbitMQ")
-	ch, err := conn.Channel()
-	pgtest.Must(t, err, "open a channel")
-	pgtest.Must(t, ch.ExchangeDeclare(name, "topic", true, false, false, false, nil), "declare the exchange")
-	_, err = ch.QueueDeclare(name, true, false, false, false, nil)
-	pgtest.Must(t, err, "declare the queue")
-	pgtest.Must(t, ch.QueueBind(name, "#", name, false, nil), "bind the queue")
-	t.Cleanup(func() {
-		_, _ = ch.QueueDelete(name, false, false, false)
-		_ = ch.ExchangeDelete(name, false, false)
-		_ = conn.Close()
-	})
-	return &rabbitQueue{name: name, ch: ch}
+	return &rabbitQueue{name: name, ch: rabbittest.Queue(t, rabbitURL, name, nil)}
 }
 
 func (r *rabbitQueue) read(t *testing.T) []checker.Message {
 	t.Helper()
-	for {
-		d, ok, err := r.ch.Get(r.name, true)
-		pgtest.Must(t, err, "get from the queue")
-		if !ok {
-			return r.got
-		}
-		names := make([]string, 0, len(d.Headers))
-		for k := range d.Headers {
-			names = append(names, k)
-		}
+	for _, d := range rabbittest.Drain(t, r.ch, r.name) {
+		names := slices.Collect(maps.Keys(d.Headers))
 		m, err := wire.ParseReceived(d.Body, names, func(n string) string {
 			if v, ok := d.Headers[n]; ok {
 				return fmt.Sprint(v)
@@ -264,44 +244,14 @@ func (r *rabbitQueue) read(t *testing.T) []checker.Message {
 		pgtest.Must(t, err, "decode message %s", d.MessageId)
 		r.got = append(r.got, checker.Message{EventID: m.EventID, AggregateType: m.AggregateType, AggregateID: m.AggregateID, Sequence: m.AggregateSequence})
 	}
+	return r.got
 }
 
-// hookRecorder is a webhook receiver that answers 503 while blocked and
-// records the events it accepted, in order of acceptance.
-type hookRecorder struct {
-	blocked atomic.Bool
-	mu      sync.Mutex
-	got     []checker.Message
-}
-
-func (h *hookRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if h.blocked.Load() {
-		http.Error(w, "blocked by the test", http.StatusServiceUnavailable)
-		return
+// checkerMessages is what checker needs of msgs.
+func checkerMessages(msgs []broker.Message) []checker.Message {
+	out := make([]checker.Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = checker.Message{EventID: m.EventID, AggregateType: m.AggregateType, AggregateID: m.AggregateID, Sequence: m.AggregateSequence}
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	names := make([]string, 0, len(r.Header))
-	for k := range r.Header {
-		names = append(names, k)
-	}
-	m, err := wire.ParseReceived(body, names, r.Header.Get)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	// Recorded before the answer: an event the relay sees accepted is here.
-	h.mu.Lock()
-	h.got = append(h.got, checker.Message{EventID: m.EventID, AggregateType: m.AggregateType, AggregateID: m.AggregateID, Sequence: m.AggregateSequence})
-	h.mu.Unlock()
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (h *hookRecorder) messages() []checker.Message {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]checker.Message(nil), h.got...)
+	return out
 }

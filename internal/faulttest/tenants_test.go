@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -254,10 +256,7 @@ func readSubject(ctx context.Context, js jetstream.JetStream, stream, filter str
 				return nil, fmt.Errorf("stream %s: %w", stream, err)
 			}
 			h := msg.Headers()
-			names := make([]string, 0, len(h))
-			for k := range h {
-				names = append(names, k)
-			}
+			names := slices.Collect(maps.Keys(h))
 			m, err := wire.ParseReceived(msg.Data(), names, h.Get)
 			if err != nil {
 				return nil, fmt.Errorf("stream %s, sequence %d (%s): %w", stream, md.Sequence.Stream, msg.Subject(), err)

@@ -8,7 +8,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,10 +120,7 @@ func (t Target) Read(tb testing.TB) []broker.Message {
 		for msg := range batch.Messages() {
 			n++
 			h := msg.Headers()
-			names := make([]string, 0, len(h))
-			for k := range h {
-				names = append(names, k)
-			}
+			names := slices.Collect(maps.Keys(h))
 			m, err := wire.ParseReceived(msg.Data(), names, h.Get)
 			if err != nil {
 				tb.Fatalf("natstest: message %d of %s: %v", len(out)+1, msg.Subject(), err)

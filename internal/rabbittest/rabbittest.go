@@ -1,4 +1,5 @@
-// Package rabbittest drives the test RabbitMQ server's administration tool,
+// Package rabbittest gives a test an exchange and a queue of its own on the
+// test RabbitMQ server (Queue, Drain), and drives the server's administration tool,
 // rabbitmqctl, as an operator would, for tests of what a client does when the
 // server acts on its connection.
 package rabbittest

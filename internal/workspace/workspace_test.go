@@ -78,19 +78,31 @@ func TestEveryGoModIsInTheWorkspace(t *testing.T) {
 	}
 }
 
-// TestEveryModule runs go test ./... in each module of go.work beside the library,
-// one module and one package at a time: the root's own packages run beside this
-// one (go test's -p), and the suite must stay within the database's default 100
-// connections and the machine's cores. The race detector is on for them when it
-// is on for this test.
+// moduleRuns is how many modules' go test run at once, each one package at a
+// time (-p=1). The root's own packages run beside them, go test's -p (the
+// cores, 2 here) at a time, this one among them: at most moduleRuns+1 test
+// binaries busy at once, which keeps the suite within the database's default
+// 100 connections and the machine's cores (CONTRIBUTING.md, "Modules", has the
+// figures).
+const moduleRuns = 2
+
+// TestEveryModule runs go test ./... in each module of go.work beside the
+// library, moduleRuns modules at a time and one package at a time in each.
+// Each module is a subtest of its own, with its own output: a failure shows
+// that module's log alone. The race detector is on for them when it is on for
+// this test.
 func TestEveryModule(t *testing.T) {
 	dir := root(t)
+	slots := make(chan struct{}, moduleRuns)
 	for _, m := range modules(t, dir) {
 		rel, err := filepath.Rel(dir, m)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Run(filepath.ToSlash(rel), func(t *testing.T) {
+			t.Parallel()
+			slots <- struct{}{}
+			defer func() { <-slots }()
 			args := append([]string{"test", "-count=1", "-p=1"}, raceFlag...)
 			if deadline, ok := t.Deadline(); ok {
 				// The modules' test binaries end before this one's deadline, so a
@@ -102,8 +114,7 @@ func TestEveryModule(t *testing.T) {
 				args = append(args, "-timeout="+left.Round(time.Second).String())
 			}
 			args = append(args, "./...")
-			ctx := context.Background()
-			cmd := exec.CommandContext(ctx, "go", args...)
+			cmd := exec.CommandContext(context.Background(), "go", args...)
 			cmd.Dir = m
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out

@@ -1,5 +1,7 @@
 // Package fauxqs runs the SQS and SNS emulator fauxqs (an npm package) on a
-// port of its own, for the tests of package sqs and of the CLI.
+// port of its own, for the tests of package sqs, of package inbox/sqsinbox and
+// of the CLI: one emulator a test package shares (Main), queues of a test's
+// own on it (Queue), what a queue holds (Drain).
 //
 // The emulator and the Node.js it needs (22.5 or later, for node:sqlite, which
 // the Debian nodejs package is too old for) are npm packages installed pinned
@@ -8,7 +10,7 @@
 //
 // Outside the standard library it pulls in aws-sdk-go-v2 (the SQS client and
 // static credentials, which the emulator accepts whatever they are), besides
-// the root module's internal/systool.
+// the root package (event ids for fresh names) and internal/systool.
 package fauxqs
 
 import (

@@ -2,16 +2,11 @@ package sqs_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssns "github.com/aws/aws-sdk-go-v2/service/sns"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
-	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/pgoutbox/pgoutbox/broker/aws/fauxqs"
 	"github.com/pgoutbox/pgoutbox/broker/aws/sqs"
@@ -21,17 +16,7 @@ import (
 // emulator is the package's one fauxqs, started by TestMain.
 var emulator *fauxqs.Server
 
-func TestMain(m *testing.M) {
-	s, err := fauxqs.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err) // fail, never skip: the message has the install command
-		os.Exit(1)
-	}
-	emulator = s
-	code := m.Run()
-	s.Close()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { fauxqs.Main(m, &emulator, nil) }
 
 // awsConfig is a client configuration for the emulator.
 func awsConfig() aws.Config { return emulator.Config() }
@@ -39,31 +24,12 @@ func awsConfig() aws.Config { return emulator.Config() }
 func sqsClient() *awssqs.Client { return awssqs.NewFromConfig(awsConfig()) }
 func snsClient() *awssns.Client { return awssns.NewFromConfig(awsConfig()) }
 
-func unique(prefix string) string {
-	var r [5]byte
-	_, _ = rand.Read(r[:])
-	return prefix + "-" + hex.EncodeToString(r[:])
-}
+func unique(prefix string) string { return fauxqs.Unique(prefix) }
 
 // newQueue creates a queue of the test's own, FIFO unless standard, deleted
 // at the end; it returns its name and URL.
 func newQueue(t *testing.T, standard bool) (name, url string) {
-	t.Helper()
-	name, attrs := unique("q"), map[string]string{}
-	if !standard {
-		name += ".fifo"
-		attrs[string(sqstypes.QueueAttributeNameFifoQueue)] = "true"
-	}
-	c := sqsClient()
-	out, err := c.CreateQueue(t.Context(), &awssqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
-	if err != nil {
-		t.Fatalf("CreateQueue: %v", err)
-	}
-	url = aws.ToString(out.QueueUrl)
-	t.Cleanup(func() {
-		_, _ = c.DeleteQueue(context.Background(), &awssqs.DeleteQueueInput{QueueUrl: aws.String(url)})
-	})
-	return name, url
+	return emulator.Queue(t, "q", !standard)
 }
 
 // reader receives a queue's messages, deleting each, and keeps them all:

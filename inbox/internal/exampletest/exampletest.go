@@ -1,5 +1,5 @@
 // Package exampletest holds what the subscriber examples (kafkainbox, natsinbox,
-// rabbitinbox) share, as River's common_test.go does for its examples: the
+// pubsubinbox, rabbitinbox, redisinbox, sqsinbox) share, as River's common_test.go does for its examples: the
 // event they publish and the consumer service they feed, so that each example
 // shows only its broker's part. Errors end the example with log.Fatal.
 //
@@ -29,6 +29,20 @@ func Paid() broker.Message {
 	return broker.Message{EventID: pgoutbox.NewEventID(), AggregateType: "order", AggregateID: "42",
 		AggregateSequence: 1, EventType: "paid", SchemaVersion: 1, OccurredAt: time.Now(),
 		Payload: []byte(`{"cents":1250}`)}
+}
+
+// Publish sends msgs with pub, each in a Publish call of its own, in order.
+func Publish(ctx context.Context, pub broker.Publisher, msgs ...broker.Message) {
+	for _, m := range msgs {
+		if err := pub.Publish(ctx, []broker.Message{m})[0]; err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+// Subscriber is what Finish needs of an example's subscriber.
+type Subscriber interface {
+	Stop(ctx context.Context) error
 }
 
 // Shop is the consumer service of the examples: a Consumer named "shipping"
@@ -100,6 +114,19 @@ func (s *Shop) Await() {
 			log.Fatal("no delivery within 30s")
 		}
 	}
+}
+
+// Finish awaits the deliveries (Await), stops sub (a subscriber's Stop lets
+// the deliveries in progress commit and acknowledge them), and prints the
+// report (Report) with the acknowledgements acked counts once sub stopped.
+func (s *Shop) Finish(ctx context.Context, sub Subscriber, acked func() int64) {
+	s.Await()
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := sub.Stop(stopCtx); err != nil {
+		log.Fatal(err)
+	}
+	s.Report(ctx, acked())
 }
 
 // Report prints the subscriber's acks, the consumer's counts and the paid

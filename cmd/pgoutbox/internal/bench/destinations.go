@@ -142,27 +142,13 @@ func (r *Runner) destinationDrain(ctx context.Context, dir string, k int) (*Dest
 	if err != nil {
 		return nil, err
 	}
-	start := time.Now()
-	deadline := start.Add(max(5*time.Minute, time.Duration(k*c.Events/200)*time.Second))
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if err := sampleOnTick(ctx, tick.C, procs); err != nil {
-			return nil, err
-		}
-		// An event is done once every destination passed it.
-		var done bool
-		if err := r.admin.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+s.events+" WHERE published_at IS NULL)").Scan(&done); err != nil {
-			return nil, fmt.Errorf("check unpublished: %w", err)
-		}
-		if done {
-			break
-		}
-		if time.Now().After(deadline) {
-			left, _ := s.count(ctx, r.admin, "published_at IS NULL")
-			return nil, fmt.Errorf("%d events not done after %s; the relay's last lines: %s", left, time.Since(start).Round(time.Second), p.tail())
-		}
-		r.prog.update("destinations: %d destination(s): draining, %s", k, time.Since(start).Round(time.Second))
+	// An event is done once every destination passed it.
+	err = r.waitPublished(ctx, s, procs, max(5*time.Minute, time.Duration(k*c.Events/200)*time.Second), func(el time.Duration) error {
+		r.prog.update("destinations: %d destination(s): draining, %s", k, el.Round(time.Second))
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if err := stopRelays(procs); err != nil {
 		return nil, err

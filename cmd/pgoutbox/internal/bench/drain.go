@@ -284,40 +284,25 @@ func (r *Runner) drainOnce(ctx context.Context, s *outboxSchema, b *brokerEnv, n
 	if err != nil {
 		return nil, err
 	}
-	start := time.Now()
-	deadline := start.Add(max(5*time.Minute, time.Duration(c.Events/200)*time.Second))
-	// The harness must not load the database it measures: completion is a NOT
-	// EXISTS probe of the partial index, the published count (a scan of it) is
-	// read only for the progress display, every 2s, and the throughput series is
-	// computed from published_at after the run.
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
+	// The published count (a scan of the partial index) is read only for the
+	// progress display, every 2s; the throughput series is computed from
+	// published_at after the run.
 	var shown time.Time
-	for {
-		if err := sampleOnTick(ctx, tick.C, procs); err != nil {
-			return nil, err
+	err = r.waitPublished(ctx, s, procs, max(5*time.Minute, time.Duration(c.Events/200)*time.Second), func(el time.Duration) error {
+		if time.Since(shown) < 2*time.Second {
+			return nil
 		}
-		var done bool
-		if err := r.admin.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+s.events+" WHERE published_at IS NULL)").Scan(&done); err != nil {
-			return nil, fmt.Errorf("check unpublished: %w", err)
+		shown = time.Now()
+		left, err := s.count(ctx, r.admin, "published_at IS NULL")
+		if err != nil {
+			return fmt.Errorf("count unpublished: %w", err)
 		}
-		if done {
-			break
-		}
-		el := time.Since(start)
-		if time.Since(shown) >= 2*time.Second {
-			shown = time.Now()
-			left, err := s.count(ctx, r.admin, "published_at IS NULL")
-			if err != nil {
-				return nil, fmt.Errorf("count unpublished: %w", err)
-			}
-			r.prog.update("drain: %s → %s: %d/%d published, %.0f events/s", label, b.name,
-				int64(c.Events)-left, c.Events, float64(int64(c.Events)-left)/el.Seconds())
-		}
-		if time.Now().After(deadline) {
-			left, _ := s.count(ctx, r.admin, "published_at IS NULL")
-			return nil, fmt.Errorf("%d events still unpublished after %s; the relays' last lines: %s", left, el.Round(time.Second), tails(procs))
-		}
+		r.prog.update("drain: %s → %s: %d/%d published, %.0f events/s", label, b.name,
+			int64(c.Events)-left, c.Events, float64(int64(c.Events)-left)/el.Seconds())
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if err := stopRelays(procs); err != nil {
 		return nil, err
@@ -404,4 +389,37 @@ SELECT b, sum(n) OVER (ORDER BY b)::bigint
 		return nil, fmt.Errorf("throughput series: %w", err)
 	}
 	return out, nil
+}
+
+// waitPublished samples procs every 100ms until no event of s is left
+// unpublished, and fails once limit has passed, naming what is left and the
+// relays' last lines. Completion is a NOT EXISTS probe of the partial index:
+// the harness must not load the database it measures. progress, when set,
+// runs after each probe that found events left, with the time waited so far.
+func (r *Runner) waitPublished(ctx context.Context, s *outboxSchema, procs []*relayProc, limit time.Duration, progress func(elapsed time.Duration) error) error {
+	start := time.Now()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if err := sampleOnTick(ctx, tick.C, procs); err != nil {
+			return err
+		}
+		var done bool
+		if err := r.admin.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+s.events+" WHERE published_at IS NULL)").Scan(&done); err != nil {
+			return fmt.Errorf("check unpublished: %w", err)
+		}
+		if done {
+			return nil
+		}
+		el := time.Since(start)
+		if progress != nil {
+			if err := progress(el); err != nil {
+				return err
+			}
+		}
+		if el > limit {
+			left, _ := s.count(ctx, r.admin, "published_at IS NULL")
+			return fmt.Errorf("%d events still unpublished after %s; the relays' last lines: %s", left, el.Round(time.Second), tails(procs))
+		}
+	}
 }
