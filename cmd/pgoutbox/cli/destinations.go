@@ -188,9 +188,13 @@ what was committed before, "backfill" sends every retained event again.`,
 // environment variable.
 type destinationFlag struct{ name string }
 
-func (d *destinationFlag) register(fs *pflag.FlagSet) {
-	fs.StringVar(&d.name, "destination", "", "the dead letters of this destination (pgoutbox destinations list) instead of the outbox's")
+// register adds --destination, usage saying what it does for the verb.
+func (d *destinationFlag) register(fs *pflag.FlagSet, usage string) {
+	fs.StringVar(&d.name, "destination", "", usage)
 }
+
+// dlqDestinationUsage is --destination's usage in the dlq verbs.
+const dlqDestinationUsage = "the dead letters of this destination (pgoutbox destinations list) instead of the outbox's"
 
 // parse checks --destination: relay.Destination's name rule, before any
 // SQL, and not together with --tenants. It reports whether it was given.

@@ -182,6 +182,7 @@ func TestDestinationFlagHostile(t *testing.T) {
 			{"dlq", "retry", "--all", "--destination", name},
 			{"dlq", "skip", id, "--reason", "r", "--destination", name},
 			{"destinations", "drop", name, "--reason", "r"},
+			{"replay", "--all", "--dry-run", "--destination", name},
 		} {
 			_, errOut, code := run(t, e.args(args...)...)
 			if args[0] == "destinations" && strings.HasPrefix(name, "-") {
@@ -219,6 +220,7 @@ func TestDestinationVerbsAsOperator(t *testing.T) {
 		{"dlq", "list", "--destination", "d1"},
 		{"dlq", "show", ids[0].String(), "--destination", "d1"},
 		{"dlq", "retry", ids[0].String(), "--destination", "d1"},
+		{"replay", "--destination", "d1", "--all", "--dry-run"},
 	} {
 		if out, errOut, code := e.as(migrate.RoleOperator, args...); code != 0 {
 			t.Fatalf("%v as the operator: code %d\n%s%s", args, code, out, errOut)

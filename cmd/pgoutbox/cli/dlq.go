@@ -234,7 +234,7 @@ func newDLQListCmd() *cobra.Command {
 	cmd.Flags().IntVar(&filter.f.Limit, "limit", 100, "most events listed, 0 for all (env PGOUTBOX_DLQ_LIMIT)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array instead of a table (env PGOUTBOX_JSON)")
 	tenants.register(cmd.Flags(), "lists their dead letters together with a tenant column")
-	dest.register(cmd.Flags())
+	dest.register(cmd.Flags(), dlqDestinationUsage)
 	return cmd
 }
 
@@ -388,7 +388,7 @@ func newDLQShowCmd() *cobra.Command {
 	db.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of text (env PGOUTBOX_JSON)")
 	tenants.register(cmd.Flags(), "finds the one that holds the event")
-	dest.register(cmd.Flags())
+	dest.register(cmd.Flags(), dlqDestinationUsage)
 	return cmd
 }
 
@@ -515,7 +515,7 @@ the time.`,
 	cmd.Flags().BoolVar(&all, "all", false, "retry every quarantined event")
 	op.register(cmd.Flags(), "retrying")
 	tenants.register(cmd.Flags(), "with event ids, each id is retried in the one tenant holding it; with a filter or --all, it must match one tenant")
-	dest.register(cmd.Flags())
+	dest.register(cmd.Flags(), dlqDestinationUsage)
 	return cmd
 }
 
@@ -647,7 +647,7 @@ Only quarantined events can be skipped; if any id is not, nothing is skipped.`,
 	cmd.Flags().StringVar(&reason, "reason", "", "why the events may be dropped; required, recorded in outbox_skipped_events")
 	cmd.Flags().StringVar(&actor, "actor", "", "who is skipping, recorded with the reason (env PGOUTBOX_ACTOR) (default <os user>@<hostname>)")
 	tenants.register(cmd.Flags(), "each id is skipped in the one tenant holding it, audited there")
-	dest.register(cmd.Flags())
+	dest.register(cmd.Flags(), dlqDestinationUsage)
 	return cmd
 }
 
