@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -97,25 +96,12 @@ func TestReplayDestinationCommand(t *testing.T) {
   ('services', '[{"aggregate_types": ["acct"]}]', 'backfill'), ('warehouse', '[{"all": true}]', 'backfill')`)
 	ops.exec(`INSERT INTO ` + ops.table("outbox_destination_lanes") + ` (destination, aggregate_type, aggregate_id, delivered_sequence)
 SELECT d, aggregate_type, aggregate_id, max(aggregate_sequence) FROM ` + e.table() + `, unnest(ARRAY['services', 'warehouse']) d GROUP BY 1, 2, 3`)
-	path := filepath.Join(t.TempDir(), "destinations.yaml")
-	pgtest.Must(t, os.WriteFile(path, fmt.Appendf(nil, `destinations:
-  - name: services
-    broker: nats://127.0.0.1:4222
-    start: backfill
-    nats_stream: %s
-    topic_template: '%s'
-    rules: [{aggregate_types: [acct]}]
-  - name: warehouse
-    broker: nats://127.0.0.1:4222
-    start: backfill
-    nats_stream: %s
-    topic_template: '%s'
-    rules: [{all: true}]
-  - name: archive
+	path := writeDestinationsFile(t, natsDestinationYAML("services", e.target, "[{aggregate_types: [acct]}]"),
+		natsDestinationYAML("warehouse", warehouse, "[{all: true}]"), `  - name: archive
     broker: nats://127.0.0.1:4222
     start: now
     rules: [{all: true}]
-`, e.target.Stream, e.target.Template, warehouse.Stream, warehouse.Template), 0o600), "write")
+`)
 	base := []string{"replay", "--database-url", pgtest.URL(), "--schema", e.schema, "--log-level", "error"}
 
 	out, errOut, code := run(t, append(base, "--destination", "services", "--dry-run", "--all")...)
