@@ -63,7 +63,9 @@ type ReplayRequest struct {
 	// only the selected events that destination has passed (its lane's cursor,
 	// outbox_destination_lanes.delivered_sequence, is at or past them) and that
 	// its rules, as a relay last registered them, route to it; never those it
-	// skipped (dlq skip --destination) nor the outbox's dead letters. pub must
+	// skipped (dlq skip --destination) nor those skipped in the outbox (dlq
+	// skip). An event the outbox quarantined as routed to no destination is
+	// replayed once the destination's rules take it. pub must
 	// then be that destination's publisher; the other destinations and every
 	// cursor are left alone. A name relay.Destination would refuse is an error
 	// wrapping relay.ErrInvalidDestination, before any SQL; an unregistered one
@@ -348,9 +350,12 @@ var ErrNoDestinations = fmt.Errorf("%w: no destination is registered (a relay wi
 
 // destinationWhere adds to c the clauses choosing the events destination dest
 // has: its lane's cursor passed them, its registered rules route them there,
-// they are not the outbox's dead letters, and it did not skip them (a dlq skip
-// --destination moves the cursor past an event without sending it; the audit
-// keeps which). The rules' values go in as parameters, never into the text.
+// and it did not skip them (a dlq skip --destination moves the cursor past an
+// event without sending it; the audit keeps which). An event the outbox
+// quarantined as routed to no destination is passed by every cursor: once the
+// rules take it, it is replayed, which is how an operator sends it where it
+// should have gone (docs/operations.md, "Destinations"). The rules' values go
+// in as parameters, never into the text.
 func destinationWhere(ctx context.Context, db DB, schema, dest string, c *sqlConds) error {
 	table := pgx.Identifier{schema, "outbox_destinations"}.Sanitize()
 	var exists bool
@@ -377,7 +382,7 @@ func destinationWhere(ctx context.Context, db DB, schema, dest string, c *sqlCon
 		return fmt.Errorf("admin: replay: the rules of destination %s: %w", dest, err)
 	}
 	name := c.param(dest)
-	c.conds = append(c.conds, "e.quarantined_at IS NULL",
+	c.conds = append(c.conds,
 		"EXISTS (SELECT 1 FROM "+pgx.Identifier{schema, "outbox_destination_lanes"}.Sanitize()+" l WHERE l.destination = "+name+
 			" AND l.aggregate_type = e.aggregate_type AND l.aggregate_id = e.aggregate_id AND l.delivered_sequence >= e.aggregate_sequence)",
 		"NOT EXISTS (SELECT 1 FROM "+auditTable(schema)+" a WHERE a.action = '"+ActionSkip+"' AND a.selection->>'destination' = "+name+

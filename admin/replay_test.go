@@ -374,13 +374,26 @@ func TestReplayDestinationSelectionAndRefusals(t *testing.T) {
 		t.Errorf("replay = %+v, want 4", res)
 	}
 
+	// An outbox dead letter the cursors passed (routed to no destination, as
+	// the relay quarantines it) is replayed once the rules take it; skipped in
+	// the outbox, it is not.
+	e.quarantine(e.ids["a1"][0], "routed to no destination: no rule matches it")
+	if n := count("analytics"); n != 4 {
+		t.Errorf("with a1 #1 an outbox dead letter: %d events, want 4", n)
+	}
+	_, err = e.admin.Skip(ctx, admin.SkipRequest{IDs: []pgoutbox.UUID{e.ids["a1"][0]}, Reason: "sent by hand"})
+	pgtest.Must(t, err, "skip in the outbox")
+	if n := count("analytics"); n != 3 {
+		t.Errorf("with a1 #1 skipped in the outbox: %d events, want 3", n)
+	}
+
 	// The rules as registered decide: by event type, by header.
 	for rules, want := range map[string]int64{
-		`[{"event_types": ["order.changed"]}]`:                              4,
+		`[{"event_types": ["order.changed"]}]`:                              3,
 		`[{"event_types": ["other"]}]`:                                      0,
-		`[{"headers": {"origin": "test"}}]`:                                 4,
+		`[{"headers": {"origin": "test"}}]`:                                 3,
 		`[{"headers": {"origin": "x' OR true --"}}]`:                        0,
-		`[{"aggregate_types": ["user"]}, {"headers": {"origin": "test"}}]`:  4,
+		`[{"aggregate_types": ["user"]}, {"headers": {"origin": "test"}}]`:  3,
 		`[{"aggregate_types": ["user"], "event_types": ["order.changed"]}]`: 0,
 	} {
 		e.exec(`UPDATE `+e.table("outbox_destinations")+` SET rules = $1::jsonb WHERE name = 'analytics'`, rules)
