@@ -31,7 +31,10 @@ so adding it back resumes where it was; drop forgets it.
           dead letters (pgoutbox dlq list --destination NAME), oldest pending age
   drop    forget a destination: its progress and its row, audited with --reason.
           A relay that names it again starts it over by its start: "now" skips
-          what was committed before, "backfill" sends every retained event again.`,
+          what was committed before, "backfill" sends every retained event again.
+
+Per destination: pgoutbox dlq list|show|retry|skip --destination NAME (its dead
+letters) and pgoutbox replay --destination NAME (re-publish to it alone).`,
 		Example: `  pgoutbox destinations list
   pgoutbox destinations drop analytics --reason "analytics moved to the new cluster, TICKET-42"`,
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() },
