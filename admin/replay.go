@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -394,11 +395,12 @@ func destinationWhere(ctx context.Context, db DB, schema, dest string, c *sqlCon
 // rulesWhere is the condition of relay.Destination.Match on the row e: any
 // rule matches, each rule's lists and headers all match.
 func rulesWhere(rules []relay.Rule, c *sqlConds) string {
+	// Before any parameter is added: one the text does not use would have no type.
+	if slices.ContainsFunc(rules, func(r relay.Rule) bool { return r.All }) {
+		return "true"
+	}
 	var ors []string
 	for _, r := range rules {
-		if r.All {
-			return "true"
-		}
 		var all []string
 		if len(r.AggregateTypes) > 0 {
 			all = append(all, "e.aggregate_type = ANY("+c.param(r.AggregateTypes)+"::text[])")

@@ -395,6 +395,7 @@ func TestReplayDestinationSelectionAndRefusals(t *testing.T) {
 		`[{"headers": {"origin": "x' OR true --"}}]`:                        0,
 		`[{"aggregate_types": ["user"]}, {"headers": {"origin": "test"}}]`:  3,
 		`[{"aggregate_types": ["user"], "event_types": ["order.changed"]}]`: 0,
+		`[{"aggregate_types": ["user"]}, {"all": true}]`:                    3,
 	} {
 		e.exec(`UPDATE `+e.table("outbox_destinations")+` SET rules = $1::jsonb WHERE name = 'analytics'`, rules)
 		if n := count("analytics"); n != want {

@@ -59,12 +59,12 @@ destination has already passed (its progress per aggregate lane) and that its
 rules, as the relay last registered them, route to it; never the events skipped
 for it (dlq skip --destination) or in the outbox (dlq skip). An event the outbox
 quarantined as routed to no destination is replayed once the destination's rules
-take it. Events it has not reached yet are left to the relay. It publishes through that destination's broker
-and settings, read from the relay's --destinations-file (no --broker or broker
-flag then; --dry-run needs no file). Progress is not changed: neither that
-destination's nor the others'. The audit records the destination's name and its
-broker. An unknown name is an error naming it; with no destination registered, it
-says so. Not with --tenants.
+take it. Events it has not reached yet are left to the relay. It publishes
+through that destination's broker and settings, read from the relay's
+--destinations-file (no --broker or broker flag then; --dry-run needs no file).
+Progress is not changed: neither that destination's nor the others'. The audit
+records the destination's name and its broker. An unknown name is an error
+naming it; with no destination registered, it says so. Not with --tenants.
 
 --tenants: a replay works on one outbox. The selector must match exactly one
 tenant; with --event-id as the only selection, the ids are looked up in the
