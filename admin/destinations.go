@@ -233,19 +233,60 @@ SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_sequence, e.eve
 // event it stopped at, with the lane's attempt count, last error and
 // quarantine time. Event.Destination names the destination.
 func (a *Admin) ListDestinationQuarantined(ctx context.Context, destination string, f Filter) ([]Event, error) {
+	cond, args := f.where([]any{destination})
+	order := `
+ ORDER BY e.quarantined_at, e.aggregate_type, e.aggregate_id, e.aggregate_sequence`
+	if f.Limit > 0 {
+		order += " LIMIT " + strconv.Itoa(f.Limit)
+	}
+	return a.destQuarantined(ctx, destination, cond+order, args)
+}
+
+// ListDestinationQuarantinedPage returns one page of the dead letters of one
+// destination matching f (its Limit is ignored: p's counts, 1..MaxPage), as
+// ListDestinationQuarantined, oldest quarantine first, then by event id;
+// Cursor.At is the lane's quarantine time.
+func (a *Admin) ListDestinationQuarantinedPage(ctx context.Context, destination string, f Filter, p Page) ([]Event, error) {
+	if err := p.check("list quarantined"); err != nil {
+		return nil, err
+	}
+	cond, args := f.where([]any{destination})
+	after, args := p.where("e.quarantined_at", args)
+	args = append(args, p.Limit)
+	return a.destQuarantined(ctx, destination, cond+after+`
+ ORDER BY e.quarantined_at, e.event_id LIMIT $`+strconv.Itoa(len(args)), args)
+}
+
+// CountDestinationQuarantined counts the dead letters of one destination that
+// f selects (its Limit ignored), as CountBulk counts the outbox's: more than
+// MaxBulk is ErrTooMany.
+func (a *Admin) CountDestinationQuarantined(ctx context.Context, destination string, f Filter) (int, error) {
+	if err := checkDestinationName(destination); err != nil {
+		return 0, err
+	}
+	cond, args := f.where([]any{destination})
+	var n int
+	err := queryRow(ctx, a.db, `SELECT count(*) FROM (`+fmt.Sprintf(destQuarantinedSQL, a.lanes(), a.events)+cond+
+		` LIMIT `+strconv.Itoa(MaxBulk+1)+`) c`, args, &n)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("admin: count quarantined of %s: %w", destination, err)
+	case n > MaxBulk:
+		return 0, fmt.Errorf("admin: count quarantined of %s: %w", destination, ErrTooMany)
+	}
+	return n, nil
+}
+
+// destQuarantined returns the dead letters of destination (args[0]) that
+// clause, the conditions and order after destQuarantinedSQL, selects.
+func (a *Admin) destQuarantined(ctx context.Context, destination, clause string, args []any) ([]Event, error) {
 	if err := checkDestinationName(destination); err != nil {
 		return nil, err
 	}
 	if err := a.knownDestination(ctx, a.db, destination); err != nil {
 		return nil, fmt.Errorf("admin: list quarantined: %w", err)
 	}
-	cond, args := f.where([]any{destination})
-	q := fmt.Sprintf(destQuarantinedSQL, a.lanes(), a.events) + cond + `
- ORDER BY e.quarantined_at, e.aggregate_type, e.aggregate_id, e.aggregate_sequence`
-	if f.Limit > 0 {
-		q += " LIMIT " + strconv.Itoa(f.Limit)
-	}
-	rows, err := a.db.Query(ctx, q, args...)
+	rows, err := a.db.Query(ctx, fmt.Sprintf(destQuarantinedSQL, a.lanes(), a.events)+clause, args...)
 	if err != nil {
 		return nil, fmt.Errorf("admin: list quarantined of %s: %w", destination, err)
 	}

@@ -266,6 +266,11 @@ func TestDestinationHostileNames(t *testing.T) {
 		_, checks["retry"] = e.admin.RetryDestination(ctx, admin.DestinationRetryRequest{Destination: name, All: true})
 		_, checks["skip"] = e.admin.SkipDestination(ctx, admin.DestinationSkipRequest{Destination: name, IDs: e.ids["a1"], Reason: "x"})
 		_, checks["drop"] = e.admin.DropDestination(ctx, admin.DropRequest{Name: name, Reason: "x"})
+		_, checks["page"] = e.admin.ListDestinationQuarantinedPage(ctx, name, admin.Filter{}, admin.Page{Limit: 10})
+		_, checks["count"] = e.admin.CountDestinationQuarantined(ctx, name, admin.Filter{})
+		if name != "" { // no name: the outbox's replay
+			_, checks["replay"] = admin.Replay(ctx, e.pool, nil, admin.ReplayRequest{Schema: e.schema, ToDestination: name, DryRun: true})
+		}
 		for what, err := range checks {
 			if !errors.Is(err, relay.ErrInvalidDestination) {
 				t.Errorf("%s of %q: %v, want relay.ErrInvalidDestination", what, name, err)
@@ -280,6 +285,65 @@ func TestDestinationHostileNames(t *testing.T) {
 	}
 	if n := countRows(t, e.pool, e.table("outbox_destinations"), "true"); n != 2 {
 		t.Errorf("the destinations changed")
+	}
+}
+
+// A destination's dead letters page by (quarantine, event id): each page
+// goes on exactly after the last, whatever ties the quarantine times have;
+// a page is bounded (1..MaxPage) and counted with the filter.
+func TestDestinationDeadLettersPaged(t *testing.T) {
+	t.Parallel()
+	e := newDestEnv(t)
+	ctx := context.Background()
+	more := e.enqueue("order", 1, "a3", "a4", "a5")
+	for _, agg := range []string{"a1", "a2", "a3", "a4", "a5"} {
+		e.lane("analytics", agg, 0, seq(1)) // one statement each, some in the same microsecond maybe: ties are paged by id
+	}
+	e.exec(`UPDATE ` + e.table("outbox_destination_lanes") + ` SET quarantined_at = date_trunc('second', now()) WHERE aggregate_id IN ('a2', 'a3', 'a4')`)
+	var got []pgoutbox.UUID
+	p := admin.Page{Limit: 2}
+	for range 4 {
+		evs, err := e.admin.ListDestinationQuarantinedPage(ctx, "analytics", admin.Filter{}, p)
+		pgtest.Must(t, err, "page after %v", p.After)
+		if len(evs) == 0 {
+			break
+		}
+		if len(evs) > 2 {
+			t.Fatalf("a page of %d events, want at most 2", len(evs))
+		}
+		for _, ev := range evs {
+			if ev.Destination != "analytics" || ev.State != admin.StateQuarantined {
+				t.Errorf("event %+v is not a dead letter of analytics", ev)
+			}
+			got = append(got, ev.ID)
+		}
+		last := evs[len(evs)-1]
+		p.After = admin.Cursor{At: *last.QuarantinedAt, ID: last.ID}
+	}
+	want := []pgoutbox.UUID{e.ids["a1"][0], e.ids["a2"][0], more["a3"][0], more["a4"][0], more["a5"][0]}
+	if len(got) != 5 || !sameIDs(got, want) {
+		t.Fatalf("pages gave %v, want each of %v once", got, want)
+	}
+	all, err := e.admin.ListDestinationQuarantined(ctx, "analytics", admin.Filter{})
+	pgtest.Must(t, err, "list")
+	if len(all) != 5 {
+		t.Errorf("the whole list has %d, want 5", len(all))
+	}
+	for f, want := range map[admin.Filter]int{{}: 5, {AggregateID: "a3"}: 1, {ErrorContains: "REFUSED"}: 5, {EventType: "other"}: 0} {
+		if n, err := e.admin.CountDestinationQuarantined(ctx, "analytics", f); err != nil || n != want {
+			t.Errorf("count %+v: %d, %v; want %d", f, n, err, want)
+		}
+	}
+	if n, err := e.admin.CountDestinationQuarantined(ctx, "partners", admin.Filter{}); err != nil || n != 0 {
+		t.Errorf("count of partners: %d, %v", n, err)
+	}
+	for _, limit := range []int{0, -1, admin.MaxPage + 1} {
+		if _, err := e.admin.ListDestinationQuarantinedPage(ctx, "analytics", admin.Filter{}, admin.Page{Limit: limit}); err == nil {
+			t.Errorf("a page of %d was accepted", limit)
+		}
+	}
+	if _, err := e.admin.ListDestinationQuarantinedPage(ctx, "nowhere", admin.Filter{}, admin.Page{Limit: 10}); !errors.Is(err, admin.ErrDestinationNotFound) {
+		t.Errorf("page of an unknown destination: %v", err)
 	}
 }
 

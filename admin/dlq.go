@@ -88,6 +88,12 @@ func (c *sqlConds) add(cond string, arg any) {
 	c.conds = append(c.conds, fmt.Sprintf(cond, len(c.args)))
 }
 
+// param adds arg and returns its placeholder, for a condition of several.
+func (c *sqlConds) param(arg any) string {
+	c.args = append(c.args, arg)
+	return fmt.Sprintf("$%d", len(c.args))
+}
+
 // exact adds the exact matches the operators' filters share: on the aggregate
 // type, the aggregate id and the event type, each where set.
 func (c *sqlConds) exact(aggregateType, aggregateID, eventType string) {

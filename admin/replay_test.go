@@ -16,6 +16,8 @@ import (
 	natsbroker "github.com/pgoutbox/pgoutbox/broker/nats"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/wait"
+	"github.com/pgoutbox/pgoutbox/relay"
 )
 
 // rowState is every row's relay-owned state, to prove a replay changed none.
@@ -226,5 +228,202 @@ func TestReplayRetriesAndStops(t *testing.T) {
 	_, err = admin.Replay(ctx, pool, rec, admin.ReplayRequest{Schema: schema, MaxAttempts: 2})
 	if !errors.As(err, &re) || re.Published != 0 || rec.Calls() != 2 {
 		t.Fatalf("plain errors: %v after %d calls", err, rec.Calls())
+	}
+}
+
+// lanesState is every destination's progress, to prove a replay changed none.
+func lanesState(t *testing.T, pool *pgxpool.Pool, schema string) string {
+	t.Helper()
+	var s string
+	pgtest.Must(t, pool.QueryRow(context.Background(), `SELECT coalesce(string_agg(concat_ws('/', destination, aggregate_type,
+       aggregate_id, delivered_sequence, attempt_count, quarantined_sequence), ',' ORDER BY destination, aggregate_type, aggregate_id), '')
+  FROM `+quoted(schema, "outbox_destination_lanes")).Scan(&s), "lanes state")
+	return s
+}
+
+// natsDestination is a publisher on a NATS stream of the test's own.
+func natsDestination(t *testing.T) (natstest.Target, broker.Publisher) {
+	t.Helper()
+	target := natstest.New(t, natstest.URL())
+	pub, err := natsbroker.New(context.Background(), target.JS, &natsbroker.Config{Stream: target.Stream,
+		StreamSubjects: target.Subjects(), Subject: broker.MustParseTemplate(target.Template)})
+	pgtest.Must(t, err, "nats publisher")
+	t.Cleanup(func() { _ = pub.Close() })
+	return target, pub
+}
+
+// Acceptance: a relay with two destinations on real NATS streams, services
+// (acct events) and warehouse (every event), delivers everything; a replay to
+// warehouse reaches warehouse only, in order per aggregate, with the original
+// ids; a replay to services takes only the events its rules route there; no
+// progress row changes, and the audit names the destination and its broker.
+func TestReplayToOneDestination(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Migrated(t, 12)
+	ctx := context.Background()
+	acct := opsEnqueue(t, pool, schema, "acct", 4, 5)
+	users := opsEnqueue(t, pool, schema, "user", 2, 3)
+	services, servicesPub := natsDestination(t)
+	warehouse, warehousePub := natsDestination(t)
+
+	r, err := relay.New(pool, nil, &relay.Config{Schema: schema, Logger: quietLog, PollInterval: 100 * time.Millisecond,
+		Destinations: []relay.Destination{
+			{Name: "services", Publisher: servicesPub, Start: relay.StartBackfill, Rules: []relay.Rule{{AggregateTypes: []string{"acct"}}}},
+			{Name: "warehouse", Publisher: warehousePub, Start: relay.StartBackfill, Rules: []relay.Rule{{All: true}}},
+		}})
+	pgtest.Must(t, err, "relay")
+	pgtest.Must(t, r.Start(ctx), "start relay")
+	t.Cleanup(func() {
+		stop, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := r.Stop(stop); err != nil {
+			t.Errorf("stop relay: %v", err)
+		}
+	})
+	events := quoted(schema, "outbox_events")
+	wait.For(t, 60*time.Second, "every event done", func() bool { return countRows(t, pool, events, "published_at IS NULL") == 0 })
+	wait.For(t, 60*time.Second, "each stream to hold its events", func() bool {
+		return len(services.Read(t)) == 20 && len(warehouse.Read(t)) == 26
+	})
+	lanes := lanesState(t, pool, schema)
+
+	res, err := admin.Replay(ctx, pool, warehousePub, admin.ReplayRequest{Schema: schema, ToDestination: "warehouse",
+		Filter: admin.ReplayFilter{AggregateType: "user"}, Actor: "ops", Reason: "warehouse lost the users", Destination: "nats test stream"})
+	pgtest.Must(t, err, "replay to warehouse")
+	if res.Total != 6 || res.Published != 6 {
+		t.Fatalf("replay to warehouse = %+v, want 6 user events", res)
+	}
+	got := warehouse.Read(t)
+	if len(got) != 32 {
+		t.Fatalf("warehouse holds %d messages, want 26 + 6 replayed", len(got))
+	}
+	want := map[pgoutbox.UUID]bool{}
+	for _, id := range users {
+		want[id] = true
+	}
+	checkReplayed(t, got[26:], want)
+	if n := len(services.Read(t)); n != 20 {
+		t.Fatalf("services holds %d messages after a replay to warehouse, want its 20", n)
+	}
+
+	// services' rules take acct events only: the users are not its to replay.
+	dry, err := admin.Replay(ctx, pool, nil, admin.ReplayRequest{Schema: schema, ToDestination: "services", DryRun: true,
+		Filter: admin.ReplayFilter{AggregateType: "user"}})
+	if err != nil || dry.Total != 0 {
+		t.Fatalf("users to services: %+v, %v; want none", dry, err)
+	}
+	res, err = admin.Replay(ctx, pool, servicesPub, admin.ReplayRequest{Schema: schema, ToDestination: "services", Reason: "services asked"})
+	pgtest.Must(t, err, "replay to services")
+	if res.Total != 20 || res.ByAggregateType["acct"] != 20 || res.Published != 20 {
+		t.Fatalf("replay to services = %+v, want its 20 acct events", res)
+	}
+	want = map[pgoutbox.UUID]bool{}
+	for _, id := range acct {
+		want[id] = true
+	}
+	checkReplayed(t, services.Read(t)[20:], want)
+	if n := len(warehouse.Read(t)); n != 32 {
+		t.Fatalf("warehouse holds %d messages after a replay to services, want 32", n)
+	}
+	if after := lanesState(t, pool, schema); after != lanes {
+		t.Fatalf("a replay changed the destinations' progress:\n%s\nwas\n%s", after, lanes)
+	}
+
+	a, err := admin.New(pool, &admin.Config{Schema: schema})
+	pgtest.Must(t, err, "admin")
+	audit, err := a.Audit(ctx, 10)
+	pgtest.Must(t, err, "audit")
+	if len(audit) != 2 || audit[1].Action != admin.ActionReplay || audit[1].Selection["destination"] != "warehouse" ||
+		audit[1].Selection["broker"] != "nats test stream" || audit[1].Actor != "ops" || audit[1].EventCount != 6 ||
+		audit[0].Selection["destination"] != "services" || audit[0].Selection["all"] != true {
+		t.Fatalf("audit = %+v", audit)
+	}
+}
+
+// A replay to a destination takes what its progress passed and its rules
+// route there, never what was skipped for it; a hostile or unknown name is
+// refused with a typed error, before anything is selected or audited.
+func TestReplayDestinationSelectionAndRefusals(t *testing.T) {
+	t.Parallel()
+	e := newDestEnv(t) // analytics and partners, every event; o/a1 and o/a2, 3 events each
+	ctx := context.Background()
+	e.lane("analytics", "a1", 3, nil)
+	e.lane("analytics", "a2", 1, seq(2))
+	count := func(dest string) int64 {
+		t.Helper()
+		res, err := admin.Replay(ctx, e.pool, nil, admin.ReplayRequest{Schema: e.schema, ToDestination: dest, DryRun: true})
+		pgtest.Must(t, err, "dry run to %s", dest)
+		return res.Total
+	}
+	if n := count("analytics"); n != 4 {
+		t.Errorf("analytics has %d events to replay, want a1's 3 and a2's first", n)
+	}
+	if n := count("partners"); n != 0 {
+		t.Errorf("partners has %d events to replay, want none: it passed nothing", n)
+	}
+
+	// A skip moves analytics past a2 #2 without sending it: never replayed.
+	_, err := e.admin.SkipDestination(ctx, admin.DestinationSkipRequest{Destination: "analytics", IDs: []pgoutbox.UUID{e.ids["a2"][1]},
+		Reason: "not for analytics"})
+	pgtest.Must(t, err, "skip")
+	rec := &brokertest.Recorder{}
+	res, err := admin.Replay(ctx, e.pool, rec, admin.ReplayRequest{Schema: e.schema, ToDestination: "analytics"})
+	pgtest.Must(t, err, "replay")
+	checkReplayed(t, rec.Messages(), map[pgoutbox.UUID]bool{e.ids["a1"][0]: true, e.ids["a1"][1]: true, e.ids["a1"][2]: true, e.ids["a2"][0]: true})
+	if res.Total != 4 {
+		t.Errorf("replay = %+v, want 4", res)
+	}
+
+	// An outbox dead letter the cursors passed (routed to no destination, as
+	// the relay quarantines it) is replayed once the rules take it; skipped in
+	// the outbox, it is not.
+	e.quarantine(e.ids["a1"][0], "routed to no destination: no rule matches it")
+	if n := count("analytics"); n != 4 {
+		t.Errorf("with a1 #1 an outbox dead letter: %d events, want 4", n)
+	}
+	_, err = e.admin.Skip(ctx, admin.SkipRequest{IDs: []pgoutbox.UUID{e.ids["a1"][0]}, Reason: "sent by hand"})
+	pgtest.Must(t, err, "skip in the outbox")
+	if n := count("analytics"); n != 3 {
+		t.Errorf("with a1 #1 skipped in the outbox: %d events, want 3", n)
+	}
+
+	// The rules as registered decide: by event type, by header.
+	for rules, want := range map[string]int64{
+		`[{"event_types": ["order.changed"]}]`:                              3,
+		`[{"event_types": ["other"]}]`:                                      0,
+		`[{"headers": {"origin": "test"}}]`:                                 3,
+		`[{"headers": {"origin": "x' OR true --"}}]`:                        0,
+		`[{"aggregate_types": ["user"]}, {"headers": {"origin": "test"}}]`:  3,
+		`[{"aggregate_types": ["user"], "event_types": ["order.changed"]}]`: 0,
+		`[{"aggregate_types": ["user"]}, {"all": true}]`:                    3,
+	} {
+		e.exec(`UPDATE `+e.table("outbox_destinations")+` SET rules = $1::jsonb WHERE name = 'analytics'`, rules)
+		if n := count("analytics"); n != want {
+			t.Errorf("rules %s: %d events, want %d", rules, n, want)
+		}
+	}
+
+	audits := e.count("outbox_operator_audit", "action = 'replay'")
+	long := strings.Repeat("x", 5000)
+	for _, name := range []string{"Analytics", "a'; DROP TABLE outbox_destinations; --", "a\x1b[31mred", "../etc", long, "a b", "名前", "a\x00b"} {
+		_, err := admin.Replay(ctx, e.pool, rec, admin.ReplayRequest{Schema: e.schema, ToDestination: name, Reason: "r"})
+		if !errors.Is(err, relay.ErrInvalidDestination) || strings.Contains(err.Error(), long) || strings.ContainsAny(err.Error(), "\x1b\x00") {
+			t.Errorf("name %.40q: %v, want ErrInvalidDestination, the name quoted and cut", name, err)
+		}
+	}
+	_, err = admin.Replay(ctx, e.pool, rec, admin.ReplayRequest{Schema: e.schema, ToDestination: "nowhere", Reason: "r"})
+	if !errors.Is(err, admin.ErrDestinationNotFound) || errors.Is(err, admin.ErrNoDestinations) || !strings.Contains(err.Error(), "nowhere") {
+		t.Errorf("unknown destination: %v", err)
+	}
+	plain, schema := pgtest.Migrated(t, 2)
+	_, err = admin.Replay(ctx, plain, rec, admin.ReplayRequest{Schema: schema, ToDestination: "analytics", Reason: "r"})
+	if !errors.Is(err, admin.ErrNoDestinations) || !errors.Is(err, admin.ErrDestinationNotFound) || !strings.Contains(err.Error(), "no destination is registered") {
+		t.Errorf("an outbox without destinations: %v", err)
+	}
+	if n := e.count("outbox_operator_audit", "action = 'replay'"); n != audits {
+		t.Errorf("refused replays were audited: %d rows, want %d", n, audits)
+	}
+	if len(rec.Messages()) != 4 {
+		t.Errorf("refused replays published: %d messages", len(rec.Messages()))
 	}
 }

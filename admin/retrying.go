@@ -40,6 +40,17 @@ func (p Page) check(what string) error {
 	return nil
 }
 
+// where is the condition (" AND ...") of the rows after p.After in a list
+// ordered by the column at (of alias e), then the event id, numbering its
+// parameters after args; empty at the start of the list.
+func (p Page) where(at string, args []any) (string, []any) {
+	if p.After.IsZero() {
+		return "", args
+	}
+	args = append(args, p.After.At, p.After.ID)
+	return fmt.Sprintf(" AND (%s, e.event_id) > ($%d, $%d)", at, len(args)-1, len(args)), args
+}
+
 // ListRetrying returns the events that failed and will be tried again: not
 // published, not quarantined, attempt_count above zero — those backing off
 // (Status.BackingOff) and those whose next attempt (AvailableAt) is due. Each
@@ -50,12 +61,7 @@ func (a *Admin) ListRetrying(ctx context.Context, p Page) ([]Event, error) {
 	if err := p.check("list retrying"); err != nil {
 		return nil, err
 	}
-	args := []any{p.Limit}
-	after := ""
-	if !p.After.IsZero() {
-		args = append(args, p.After.At, p.After.ID)
-		after = ` AND (e.occurred_at, e.event_id) > ($2, $3)`
-	}
+	after, args := p.where("e.occurred_at", []any{p.Limit})
 	return a.queryEvents(ctx, "list retrying", `
  WHERE e.published_at IS NULL AND e.quarantined_at IS NULL AND e.attempt_count > 0`+after+`
  ORDER BY e.occurred_at, e.event_id LIMIT $1`, args...)
@@ -84,10 +90,8 @@ func (a *Admin) ListQuarantinedPage(ctx context.Context, f Filter, p Page) ([]Ev
 		return nil, err
 	}
 	cond, args := f.where(nil)
-	if !p.After.IsZero() {
-		args = append(args, p.After.At, p.After.ID)
-		cond += fmt.Sprintf(` AND (e.quarantined_at, e.event_id) > ($%d, $%d)`, len(args)-1, len(args))
-	}
+	after, args := p.where("e.quarantined_at", args)
+	cond += after
 	args = append(args, p.Limit)
 	return a.queryEvents(ctx, "list quarantined", `
  WHERE e.published_at IS NULL AND e.quarantined_at IS NOT NULL`+cond+`

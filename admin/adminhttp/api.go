@@ -70,19 +70,10 @@ func (h *Handler) apiRoutes() {
 		if err != nil {
 			return nil, err
 		}
-		if dest != "" { // one destination's dead letters: up to limit, no next page
-			evs, err := a.ListDestinationQuarantined(r.Context(), dest, f)
-			if err != nil {
-				return nil, err
-			}
-			n := len(evs)
-			return &apiList{Events: orEmpty(evs), Matching: &n}, nil
-		}
-		n, err := a.CountBulk(r.Context(), f, "")
+		n, evs, err := dlqPage(r, a, dest, f, p)
 		if err != nil {
 			return nil, err
 		}
-		evs, err := a.ListQuarantinedPage(r.Context(), f, p)
 		page, err := apiPage(evs, p, err, func(e admin.Event) admin.Cursor { return admin.Cursor{At: *e.QuarantinedAt, ID: e.ID} })
 		if err != nil {
 			return nil, err

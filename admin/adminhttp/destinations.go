@@ -96,24 +96,6 @@ func rulesText(raw json.RawMessage) string {
 	return strings.Join(out, "; ")
 }
 
-// destinationDLQ is the dead-letter list of one destination: the events its
-// quarantined lanes stopped at, oldest quarantine first, up to the filter's
-// limit. Retry and skip post the destination with the ids, through the same
-// submit-once, anti-forgery, role and audit path as the outbox's.
-func (h *Handler) destinationDLQ(r *http.Request, v *view, a *admin.Admin, dest string, f admin.Filter) (any, error) {
-	evs, err := a.ListDestinationQuarantined(r.Context(), dest, f)
-	if err != nil {
-		return nil, err
-	}
-	v.Title = "Dead letters of destination " + dest
-	b := &dlqBody{Filter: f, Destination: dest, Matching: len(evs)}
-	for _, e := range evs {
-		b.Events = append(b.Events, eventRow{Event: e, Link: h.link("/event", v.Schema, "id", e.ID.String())})
-	}
-	v.Notice = h.notice(r)
-	return b, nil
-}
-
 // eventDestination is an event's state at one destination, as its page
 // shows it.
 type eventDestination struct {

@@ -121,6 +121,23 @@ func TestConsoleDestinations(t *testing.T) {
 	if len(dl.Events) != 1 || dl.Events[0].ID != e.ids[0] || dl.Events[0].Destination != "analytics" || dl.Matching != 1 {
 		t.Errorf("API analytics dead letters: %+v", dl)
 	}
+	// Paged as the outbox's: a full page gives the next one's position.
+	var page struct {
+		Events []admin.Event `json:"events"`
+		Next   *struct {
+			AfterAt string `json:"after_at"`
+			After   string `json:"after"`
+		} `json:"next"`
+	}
+	e.apiGet("/api/v1/dlq"+q+"&destination=analytics&limit=1", "victor", e.victorKey, &page)
+	if len(page.Events) != 1 || page.Next == nil || page.Next.After != e.ids[0].String() {
+		t.Fatalf("API analytics page of 1: %+v", page)
+	}
+	e.apiGet("/api/v1/dlq"+q+"&destination=analytics&limit=1&after_at="+url.QueryEscape(page.Next.AfterAt)+"&after="+page.Next.After,
+		"victor", e.victorKey, &page)
+	if len(page.Events) != 0 || page.Next != nil {
+		t.Errorf("API analytics page after the last: %+v", page)
+	}
 
 	// A viewer cannot retry; an operator without a reason cannot either.
 	retry := url.Values{"csrf": {e.csrfOf("victor", e.victorKey)}, "schema": {e.schema}, "destination": {"analytics"},

@@ -303,6 +303,24 @@ func filterOf(r *http.Request) (admin.Filter, error) {
 	return f, err
 }
 
+// dlqPage is one page of dead letters, the outbox's or destination dest's
+// (when not empty), and how many f selects in all: the page is read even
+// when there are too many to count (ErrTooMany, with the count 0).
+func dlqPage(r *http.Request, a *admin.Admin, dest string, f admin.Filter, p admin.Page) (int, []admin.Event, error) {
+	count := func() (int, error) { return a.CountBulk(r.Context(), f, "") }
+	list := func() ([]admin.Event, error) { return a.ListQuarantinedPage(r.Context(), f, p) }
+	if dest != "" {
+		count = func() (int, error) { return a.CountDestinationQuarantined(r.Context(), dest, f) }
+		list = func() ([]admin.Event, error) { return a.ListDestinationQuarantinedPage(r.Context(), dest, f, p) }
+	}
+	evs, err := list()
+	if err != nil {
+		return 0, nil, err
+	}
+	n, err := count()
+	return n, evs, err
+}
+
 func (h *Handler) dlq(w http.ResponseWriter, r *http.Request) {
 	v := &view{Title: "Dead letters", Nav: "dlq"}
 	h.page(w, r, "dlq", v, func(a *admin.Admin) (any, error) {
@@ -314,27 +332,26 @@ func (h *Handler) dlq(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return nil, err
 		}
+		matching, evs, err := dlqPage(r, a, dest, f, p)
+		if err != nil && !errors.Is(err, admin.ErrTooMany) {
+			return nil, err
+		}
+		b := &dlqBody{Filter: f, Matching: matching, Destination: dest}
+		params := filterParams(f)
 		if dest != "" {
-			return h.destinationDLQ(r, v, a, dest, f)
-		}
-		evs, err := a.ListQuarantinedPage(r.Context(), f, p)
-		if err != nil {
-			return nil, err
-		}
-		b := &dlqBody{Filter: f}
-		if b.Matching, err = a.CountBulk(r.Context(), f, ""); err != nil && !errors.Is(err, admin.ErrTooMany) {
-			return nil, err
+			v.Title = "Dead letters of destination " + dest
+			params = append(params, "destination", dest)
 		}
 		for _, e := range evs {
 			b.Events = append(b.Events, eventRow{Event: e, Link: h.link("/event", v.Schema, "id", e.ID.String())})
 		}
 		if len(evs) > 0 && evs[len(evs)-1].QuarantinedAt != nil {
 			if next := nextPage(len(evs), p.Limit, *evs[len(evs)-1].QuarantinedAt, evs[len(evs)-1].ID); next != nil {
-				b.Next = h.link("/dlq", v.Schema, append(filterParams(f), next...)...)
+				b.Next = h.link("/dlq", v.Schema, append(params, next...)...)
 			}
 		}
 		if !p.After.IsZero() {
-			b.First = h.link("/dlq", v.Schema, append(filterParams(f), "limit", strconv.Itoa(p.Limit))...)
+			b.First = h.link("/dlq", v.Schema, append(params, "limit", strconv.Itoa(p.Limit))...)
 		}
 		v.Notice = h.notice(r)
 		return b, nil

@@ -1,9 +1,9 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/pgoutbox/admin"
-	"github.com/pgoutbox/pgoutbox/internal/visible"
 	"github.com/pgoutbox/pgoutbox/relay"
 )
 
@@ -32,7 +31,10 @@ so adding it back resumes where it was; drop forgets it.
           dead letters (pgoutbox dlq list --destination NAME), oldest pending age
   drop    forget a destination: its progress and its row, audited with --reason.
           A relay that names it again starts it over by its start: "now" skips
-          what was committed before, "backfill" sends every retained event again.`,
+          what was committed before, "backfill" sends every retained event again.
+
+Per destination: pgoutbox dlq list|show|retry|skip --destination NAME (its dead
+letters) and pgoutbox replay --destination NAME (re-publish to it alone).`,
 		Example: `  pgoutbox destinations list
   pgoutbox destinations drop analytics --reason "analytics moved to the new cluster, TICKET-42"`,
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() },
@@ -49,31 +51,28 @@ func newDestinationsListCmd() *cobra.Command {
 		Short: "List the destinations with their backlog and dead letters",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
-			if err != nil {
-				return err
-			}
-			defer closeDB()
-			ds, err := a.Destinations(cmd.Context())
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				return dlqWriteJSON(out, ds)
-			}
-			if len(ds) == 0 {
-				_, err := fmt.Fprintln(out, "no destinations (a relay registers them with --destinations-file)")
-				return err
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "DESTINATION\tSTART\tREGISTERED\tRULES UPDATED\tPENDING LANES\tPENDING EVENTS\tDEAD LETTERS\tOLDEST PENDING\tRULES")
-			for _, d := range ds {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", d.Name, d.Start, d.RegisteredAt.UTC().Format(time.RFC3339),
-					d.UpdatedAt.UTC().Format(time.RFC3339), d.PendingLanes, d.PendingEvents, d.DeadLetters, destinationAge(d),
-					dlqShorten(string(d.Rules), 80))
-			}
-			return tw.Flush()
+			return withAdmin(cmd, &db, func(ctx context.Context, a *admin.Admin) error {
+				ds, err := a.Destinations(ctx)
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				if asJSON {
+					return dlqWriteJSON(out, ds)
+				}
+				if len(ds) == 0 {
+					_, err := fmt.Fprintln(out, "no destinations (a relay registers them with --destinations-file)")
+					return err
+				}
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "DESTINATION\tSTART\tREGISTERED\tRULES UPDATED\tPENDING LANES\tPENDING EVENTS\tDEAD LETTERS\tOLDEST PENDING\tRULES")
+				for _, d := range ds {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", d.Name, d.Start, d.RegisteredAt.UTC().Format(time.RFC3339),
+						d.UpdatedAt.UTC().Format(time.RFC3339), d.PendingLanes, d.PendingEvents, d.DeadLetters, destinationAge(d),
+						dlqShorten(string(d.Rules), 80))
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	db.register(cmd.Flags())
@@ -131,50 +130,47 @@ what was committed before, "backfill" sends every retained event again.`,
 			if strings.TrimSpace(op.reason) == "" {
 				return usagef("destinations drop needs --reason: say why the destination's progress may be forgotten (it is recorded)")
 			}
-			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
-			if err != nil {
-				return err
-			}
-			defer closeDB()
-			d, err := a.DropDestination(cmd.Context(), admin.DropRequest{Name: args[0], Reason: op.reason, Actor: op.actor, Force: force})
-			switch {
-			case errors.Is(err, admin.ErrInvalidAuditText):
-				return usageError{err}
-			case errors.Is(err, admin.ErrDestinationServed):
-				return fmt.Errorf("%w (--force drops it anyway)", err)
-			case err != nil:
-				return err
-			}
-			out := cmd.OutOrStdout()
-			_, err = fmt.Fprintf(out, "dropped destination %s: %s deleted, %d dead letters and %d pending events forgotten (audit %d)\n",
-				d.Destination.Name, dlqPlural(int(d.Lanes), "progress row"), d.Destination.DeadLetters, d.Destination.PendingEvents, d.AuditID)
-			if err != nil {
-				return err
-			}
-			if force && d.Destination.LiveLeases > 0 {
-				fmt.Fprintf(cmd.ErrOrStderr(), "pgoutbox: warning: a relay held %d leases on its lanes: it registers %s again, starting over (%s)\n",
-					d.Destination.LiveLeases, d.Destination.Name, d.Destination.Start)
+			return withAdmin(cmd, &db, func(ctx context.Context, a *admin.Admin) error {
+				d, err := a.DropDestination(ctx, admin.DropRequest{Name: args[0], Reason: op.reason, Actor: op.actor, Force: force})
+				switch {
+				case errors.Is(err, admin.ErrInvalidAuditText):
+					return usageError{err}
+				case errors.Is(err, admin.ErrDestinationServed):
+					return fmt.Errorf("%w (--force drops it anyway)", err)
+				case err != nil:
+					return err
+				}
+				out := cmd.OutOrStdout()
+				_, err = fmt.Fprintf(out, "dropped destination %s: %s deleted, %d dead letters and %d pending events forgotten (audit %d)\n",
+					d.Destination.Name, dlqPlural(int(d.Lanes), "progress row"), d.Destination.DeadLetters, d.Destination.PendingEvents, d.AuditID)
+				if err != nil {
+					return err
+				}
+				if force && d.Destination.LiveLeases > 0 {
+					fmt.Fprintf(cmd.ErrOrStderr(), "pgoutbox: warning: a relay held %d leases on its lanes: it registers %s again, starting over (%s)\n",
+						d.Destination.LiveLeases, d.Destination.Name, d.Destination.Start)
+					return nil
+				}
+				// No lease now, but a running relay whose file still names it
+				// would serve it again: say so.
+				if relays, rerr := a.Relays(ctx); rerr == nil {
+					running := 0
+					for _, r := range relays {
+						if r.Running() {
+							running++
+						}
+					}
+					if running > 0 {
+						are := dlqPlural(running, "relay") + " are"
+						if running == 1 {
+							are = "1 relay is"
+						}
+						fmt.Fprintf(cmd.ErrOrStderr(), "pgoutbox: warning: %s running on this outbox: restart any whose --destinations-file still names %s without it, or it serves %s again from the start\n",
+							are, d.Destination.Name, d.Destination.Name)
+					}
+				}
 				return nil
-			}
-			// No lease now, but a running relay whose file still names it
-			// would serve it again: say so.
-			if relays, rerr := a.Relays(cmd.Context()); rerr == nil {
-				running := 0
-				for _, r := range relays {
-					if r.Running() {
-						running++
-					}
-				}
-				if running > 0 {
-					are := dlqPlural(running, "relay") + " are"
-					if running == 1 {
-						are = "1 relay is"
-					}
-					fmt.Fprintf(cmd.ErrOrStderr(), "pgoutbox: warning: %s running on this outbox: restart any whose --destinations-file still names %s without it, or it serves %s again from the start\n",
-						are, d.Destination.Name, d.Destination.Name)
-				}
-			}
-			return nil
+			})
 		},
 	}
 	db.register(cmd.Flags())
@@ -188,9 +184,13 @@ what was committed before, "backfill" sends every retained event again.`,
 // environment variable.
 type destinationFlag struct{ name string }
 
-func (d *destinationFlag) register(fs *pflag.FlagSet) {
-	fs.StringVar(&d.name, "destination", "", "the dead letters of this destination (pgoutbox destinations list) instead of the outbox's")
+// register adds --destination, usage saying what it does for the verb.
+func (d *destinationFlag) register(fs *pflag.FlagSet, usage string) {
+	fs.StringVar(&d.name, "destination", "", usage)
 }
+
+// dlqDestinationUsage is --destination's usage in the dlq verbs.
+const dlqDestinationUsage = "the dead letters of this destination (pgoutbox destinations list) instead of the outbox's"
 
 // parse checks --destination: relay.Destination's name rule, before any
 // SQL, and not together with --tenants. It reports whether it was given.
@@ -211,23 +211,4 @@ func checkDestinationFlag(verb, name string) error {
 		return usagef("%s: %v", verb, err)
 	}
 	return nil
-}
-
-// writeDestinationEvents is dlq list --destination's table.
-func writeDestinationEvents(out io.Writer, asJSON bool, dest string, evs []admin.Event, limit int) error {
-	table, err := printList(out, asJSON, evs, "no dead letters of destination "+dest,
-		"EVENT ID\tAGGREGATE\tSEQ\tEVENT TYPE\tATTEMPTS\tQUARANTINED AT\tLAST ERROR",
-		func(w io.Writer, e admin.Event) {
-			fmt.Fprintf(w, "%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", e.ID, visible.Line(e.AggregateType), visible.Line(e.AggregateID),
-				e.AggregateSequence, visible.Line(e.EventType), e.AttemptCount, dlqTime(e.QuarantinedAt), dlqShorten(e.LastError, 80))
-		})
-	if err != nil || !table {
-		return err
-	}
-	summary := dlqPlural(len(evs), "dead letter") + " of destination " + dest
-	if limit > 0 && len(evs) == limit {
-		summary += fmt.Sprintf(" (the first %d; raise --limit for more)", limit)
-	}
-	_, err = fmt.Fprintln(out, summary)
-	return err
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
+	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
@@ -288,20 +289,12 @@ func TestRelayDestinationDeadLettersEndToEnd(t *testing.T) {
 		_, _ = ch.QueueDelete(name, false, false, false)
 		_ = ch.ExchangeDelete(name, false, false)
 	})
-	path := filepath.Join(t.TempDir(), "destinations.yaml")
-	pgtest.Must(t, os.WriteFile(path, fmt.Appendf(nil, `destinations:
-  - name: services
-    broker: nats://127.0.0.1:4222
-    start: backfill
-    nats_stream: %s
-    topic_template: '%s'
-    rules: [{all: true}]
-  - name: warehouse
+	path := writeDestinationsFile(t, natsDestinationYAML("services", e.target, "[{all: true}]"), fmt.Sprintf(`  - name: warehouse
     broker_env: WAREHOUSE_BROKER_URL
     start: backfill
     amqp_exchange: %s
     rules: [{all: true}]
-`, e.target.Stream, e.target.Template, name), 0o600), "write")
+`, name))
 	ids := e.enqueue(2, 3) // a0000 and a0001, 3 events each, interleaved
 	proc := startRelayProc(t, "relay with destinations", []string{"WAREHOUSE_BROKER_URL=amqp://guest:guest@127.0.0.1:5672/"},
 		[]string{"relay", "--database-url", pgtest.URL(), "--schema", e.schema, "--id", "dlq-relay", "--destinations-file", path,
@@ -363,6 +356,27 @@ func TestRelayDestinationDeadLettersEndToEnd(t *testing.T) {
 	if code := proc.stop(t, syscall.SIGTERM); code != 0 {
 		t.Errorf("relay exit status %d:\n%s", code, proc.stderr.String())
 	}
+}
+
+// natsDestinationYAML is a destinations file's entry for a NATS stream of the
+// test's own, starting with a backfill.
+func natsDestinationYAML(name string, target natstest.Target, rules string) string {
+	return fmt.Sprintf(`  - name: %s
+    broker: nats://127.0.0.1:4222
+    start: backfill
+    nats_stream: %s
+    topic_template: '%s'
+    rules: %s
+`, name, target.Stream, target.Template, rules)
+}
+
+// writeDestinationsFile writes a destinations file of these entries in the
+// test's temporary directory and returns its path.
+func writeDestinationsFile(t *testing.T, entries ...string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "destinations.yaml")
+	pgtest.Must(t, os.WriteFile(path, []byte("destinations:\n"+strings.Join(entries, "")), 0o600), "write")
+	return path
 }
 
 func sameSet(a, b []string) bool {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -182,6 +183,7 @@ func TestDestinationFlagHostile(t *testing.T) {
 			{"dlq", "retry", "--all", "--destination", name},
 			{"dlq", "skip", id, "--reason", "r", "--destination", name},
 			{"destinations", "drop", name, "--reason", "r"},
+			{"replay", "--all", "--dry-run", "--destination", name},
 		} {
 			_, errOut, code := run(t, e.args(args...)...)
 			if args[0] == "destinations" && strings.HasPrefix(name, "-") {
@@ -219,6 +221,7 @@ func TestDestinationVerbsAsOperator(t *testing.T) {
 		{"dlq", "list", "--destination", "d1"},
 		{"dlq", "show", ids[0].String(), "--destination", "d1"},
 		{"dlq", "retry", ids[0].String(), "--destination", "d1"},
+		{"replay", "--destination", "d1", "--all", "--dry-run"},
 	} {
 		if out, errOut, code := e.as(migrate.RoleOperator, args...); code != 0 {
 			t.Fatalf("%v as the operator: code %d\n%s%s", args, code, out, errOut)
@@ -235,5 +238,70 @@ func TestDestinationVerbsAsOperator(t *testing.T) {
 	}
 	if n := e.count("outbox_destinations", "true"); n != 0 {
 		t.Errorf("the drop as the operator left the destination")
+	}
+}
+
+// dlq list pages with --limit and --after, a destination's dead letters always
+// (bounded), the outbox's while --limit is in 1..MaxPage: each full page's
+// summary says where the next starts, and the pages hold every dead letter once.
+func TestDLQListPaged(t *testing.T) {
+	t.Parallel()
+	e := newDestOpsEnv(t) // analytics: o2 stopped at #2
+	more := e.enqueue(1, "o3", "o4")
+	e.exec(`INSERT INTO ` + e.table("outbox_destination_lanes") + ` (destination, aggregate_type, aggregate_id, delivered_sequence,
+    attempt_count, last_error, quarantined_at, quarantined_sequence) VALUES
+  ('analytics', 'order', 'o3', 0, 10, 'boom', now(), 1), ('analytics', 'order', 'o4', 0, 10, 'boom', now(), 1)`)
+	next := regexp.MustCompile(`the next: --after (\S+)\)`)
+	pages := func(args ...string) (ids []string) {
+		t.Helper()
+		after := ""
+		for range 5 {
+			cmd := e.args(append([]string{"dlq", "list", "--limit", "2"}, args...)...)
+			if after != "" {
+				cmd = append(cmd, "--after", after)
+			}
+			out, errOut, code := run(t, cmd...)
+			if code != 0 {
+				t.Fatalf("%v: code %d, stderr %q", cmd, code, errOut)
+			}
+			for _, l := range strings.Split(out, "\n") {
+				if f := strings.Fields(l); len(f) > 1 && len(f[0]) == 36 {
+					ids = append(ids, f[0])
+				}
+			}
+			m := next.FindStringSubmatch(out)
+			if m == nil {
+				return ids
+			}
+			after = m[1]
+		}
+		t.Fatalf("more pages than dead letters")
+		return nil
+	}
+	got := pages("--destination", "analytics")
+	if want := []string{e.ids["o2"][1].String(), more["o3"][0].String(), more["o4"][0].String()}; !sameSet(got, want) {
+		t.Errorf("the pages of analytics gave %v, want each of %v once", got, want)
+	}
+	for _, id := range []pgoutbox.UUID{e.ids["o1"][0], e.ids["o1"][1], e.ids["o2"][0]} {
+		e.quarantine(id, "refused")
+	}
+	if got := pages(); len(got) != 3 || !sameSet(got, []string{e.ids["o1"][0].String(), e.ids["o1"][1].String(), e.ids["o2"][0].String()}) {
+		t.Errorf("the pages of the outbox gave %v", got)
+	}
+	if out, _, code := run(t, e.args("dlq", "list", "--limit", "0")...); code != 0 || !strings.HasSuffix(out, "\n3 quarantined events\n") {
+		t.Errorf("dlq list --limit 0: %d\n%s", code, out)
+	}
+	for _, bad := range [][]string{
+		{"--destination", "analytics", "--limit", "0"},
+		{"--destination", "analytics", "--limit", "1001"},
+		{"--limit", "0", "--after", "2026-01-01T00:00:00Z," + e.ids["o1"][0].String()},
+		{"--after", "yesterday"},
+		{"--after", "2026-01-01T00:00:00Z,\x1b[31m"},
+		{"--after", "2026-01-01T00:00:00Z," + e.ids["o1"][0].String(), "--tenants", "*"},
+	} {
+		_, errOut, code := run(t, e.args(append([]string{"dlq", "list"}, bad...)...)...)
+		if code != 2 || strings.Contains(errOut, "\x1b") {
+			t.Errorf("%q: code %d, stderr %q; want a usage error", bad, code, errOut)
+		}
 	}
 }

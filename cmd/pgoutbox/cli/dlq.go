@@ -10,6 +10,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -173,69 +174,122 @@ func newDLQListCmd() *cobra.Command {
 	var asJSON bool
 	var tenants tenantFlags
 	var dest destinationFlag
+	var after string
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List quarantined events, oldest quarantine first",
-		Args:  noArgs,
+		Long: `List the dead letters, oldest quarantine first, a page of --limit at a time: when
+a page is full, its summary line gives the --after that lists the next one (with
+--json, the last event's quarantined_at and event_id, joined by a comma).
+--limit 0 lists all of the outbox's at once; a destination's are always paged
+(--limit 1..` + strconv.Itoa(admin.MaxPage) + `).`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := dlqLimit(filter.f.Limit); err != nil {
 				return err
 			}
-			if on, err := dest.parse("dlq list", cmd.Flags()); err != nil || on {
-				if err != nil {
-					return err
-				}
-				a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
-				if err != nil {
-					return err
-				}
-				defer closeDB()
-				evs, err := a.ListDestinationQuarantined(cmd.Context(), dest.name, filter.f)
-				if err != nil {
-					return err
-				}
-				return writeDestinationEvents(cmd.OutOrStdout(), asJSON, dest.name, evs, filter.f.Limit)
+			on, err := dest.parse("dlq list", cmd.Flags())
+			if err != nil {
+				return err
+			}
+			page, paged, err := dlqListPage(filter.f.Limit, after, on)
+			if err != nil {
+				return err
 			}
 			if many, err := tenants.parse(cmd.Flags()); err != nil || many {
+				if err == nil && after != "" {
+					err = usagef("dlq list: --after and --tenants cannot be combined: pages go through one outbox (--schema)")
+				}
 				if err != nil {
 					return err
 				}
 				return runDLQListTenants(cmd, &db, &tenants, filter.f, asJSON)
 			}
-			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
-			if err != nil {
-				return err
-			}
-			defer closeDB()
-			evs, err := a.ListQuarantined(cmd.Context(), filter.f)
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			table, err := printList(out, asJSON, evs, "no quarantined events",
-				"EVENT ID\tAGGREGATE\tSEQ\tEVENT TYPE\tATTEMPTS\tQUARANTINED AT\tLAST ERROR",
-				func(w io.Writer, e admin.Event) {
-					fmt.Fprintf(w, "%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", e.ID, visible.Line(e.AggregateType), visible.Line(e.AggregateID),
-						e.AggregateSequence, visible.Line(e.EventType), e.AttemptCount, dlqTime(e.QuarantinedAt), dlqShorten(e.LastError, 80))
-				})
-			if err != nil || !table {
-				return err
-			}
-			summary := dlqPlural(len(evs), "quarantined event")
-			if filter.f.Limit > 0 && len(evs) == filter.f.Limit {
-				summary += fmt.Sprintf(" (the first %d; raise --limit for more)", filter.f.Limit)
-			}
-			_, err = fmt.Fprintln(out, summary)
-			return err
+			return withAdmin(cmd, &db, func(ctx context.Context, a *admin.Admin) error {
+				var evs []admin.Event
+				var err error
+				summary, empty := "quarantined event", "no quarantined events"
+				switch {
+				case on:
+					summary, empty = "dead letter", "no dead letters of destination "+dest.name
+					evs, err = a.ListDestinationQuarantinedPage(ctx, dest.name, filter.f, page)
+				case paged:
+					evs, err = a.ListQuarantinedPage(ctx, filter.f, page)
+				default:
+					evs, err = a.ListQuarantined(ctx, filter.f)
+				}
+				if err != nil {
+					return err
+				}
+				summary = dlqPlural(len(evs), summary)
+				if on {
+					summary += " of destination " + dest.name
+				}
+				return writeDLQList(cmd.OutOrStdout(), asJSON, evs, empty, summary, filter.f.Limit, paged)
+			})
 		},
 	}
 	db.register(cmd.Flags())
 	filter.register(cmd.Flags())
 	cmd.Flags().IntVar(&filter.f.Limit, "limit", 100, "most events listed, 0 for all (env PGOUTBOX_DLQ_LIMIT)")
+	cmd.Flags().StringVar(&after, "after", "", "list the page after this position, as a full page's summary line gives it: <quarantined at>,<event id>")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array instead of a table (env PGOUTBOX_JSON)")
 	tenants.register(cmd.Flags(), "lists their dead letters together with a tenant column")
-	dest.register(cmd.Flags())
+	dest.register(cmd.Flags(), dlqDestinationUsage)
 	return cmd
+}
+
+// dlqListPage reads dlq list's --limit and --after: a page of 1..admin.MaxPage
+// events after a position. Paged lists (a destination's always, the outbox's
+// while --limit is in that range) are in (quarantine, event id) order, so that
+// --after goes on exactly where a page ended; --limit 0 (all), or above the
+// range, lists the outbox's at once. It reports whether the list is paged.
+func dlqListPage(limit int, after string, dest bool) (admin.Page, bool, error) {
+	p := admin.Page{Limit: limit}
+	inRange := limit >= 1 && limit <= admin.MaxPage
+	switch {
+	case !inRange && dest:
+		return p, false, usagef("dlq list --destination: --limit must be in 1..%d (go on with --after), got %d", admin.MaxPage, limit)
+	case !inRange && after != "":
+		return p, false, usagef("dlq list: --after needs --limit in 1..%d, got %d", admin.MaxPage, limit)
+	case !inRange:
+		return p, false, nil
+	case after == "":
+		return p, true, nil
+	}
+	at, id, _ := strings.Cut(after, ",")
+	var err error
+	if p.After.At, err = time.Parse(time.RFC3339Nano, at); err == nil {
+		p.After.ID, err = pgoutbox.ParseUUID(id)
+	}
+	if err != nil {
+		return p, false, usagef("--after %.80q: want <quarantined at, RFC 3339>,<event id>, as a full page's summary line gives it", after)
+	}
+	return p, true, nil
+}
+
+// writeDLQList prints dead letters as dlq list does, then (as a table) the
+// summary line, with where the next page starts when a paged list filled
+// its page of limit.
+func writeDLQList(out io.Writer, asJSON bool, evs []admin.Event, empty, summary string, limit int, paged bool) error {
+	table, err := printList(out, asJSON, evs, empty,
+		"EVENT ID\tAGGREGATE\tSEQ\tEVENT TYPE\tATTEMPTS\tQUARANTINED AT\tLAST ERROR",
+		func(w io.Writer, e admin.Event) {
+			fmt.Fprintf(w, "%s\t%s/%s\t%d\t%s\t%d\t%s\t%s\n", e.ID, visible.Line(e.AggregateType), visible.Line(e.AggregateID),
+				e.AggregateSequence, visible.Line(e.EventType), e.AttemptCount, dlqTime(e.QuarantinedAt), dlqShorten(e.LastError, 80))
+		})
+	if err != nil || !table {
+		return err
+	}
+	if last := evs[len(evs)-1]; limit > 0 && len(evs) == limit {
+		if paged && last.QuarantinedAt != nil {
+			summary += fmt.Sprintf(" (a page of %d; the next: --after %s,%s)", limit, last.QuarantinedAt.UTC().Format(time.RFC3339Nano), last.ID)
+		} else {
+			summary += fmt.Sprintf(" (the first %d; raise --limit for more)", limit)
+		}
+	}
+	_, err = fmt.Fprintln(out, summary)
+	return err
 }
 
 // tenantEvent is an event and the tenant (outbox schema) that holds it.
@@ -339,20 +393,17 @@ func newDLQShowCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
-				if err != nil {
-					return err
-				}
-				defer closeDB()
-				e, err := a.GetForDestination(cmd.Context(), dest.name, ids[0])
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return dlqWriteJSON(cmd.OutOrStdout(), e)
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "destination  %s\n", e.Destination)
-				return dlqWriteEvent(cmd.OutOrStdout(), e)
+				return withAdmin(cmd, &db, func(ctx context.Context, a *admin.Admin) error {
+					e, err := a.GetForDestination(ctx, dest.name, ids[0])
+					if err != nil {
+						return err
+					}
+					if asJSON {
+						return dlqWriteJSON(cmd.OutOrStdout(), e)
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "destination  %s\n", e.Destination)
+					return dlqWriteEvent(cmd.OutOrStdout(), e)
+				})
 			}
 			many, err := tenants.parse(cmd.Flags())
 			if err != nil {
@@ -365,30 +416,27 @@ func newDLQShowCmd() *cobra.Command {
 				}
 				db.schema = found[0].Tenant
 			}
-			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
-			if err != nil {
-				return err
-			}
-			defer closeDB()
-			e, err := a.Get(cmd.Context(), ids[0])
-			if err != nil {
-				return err
-			}
-			switch {
-			case asJSON && many:
-				return dlqWriteJSON(cmd.OutOrStdout(), tenantEvent{Tenant: db.schema, Event: *e})
-			case asJSON:
-				return dlqWriteJSON(cmd.OutOrStdout(), e)
-			case many:
-				fmt.Fprintf(cmd.OutOrStdout(), "tenant  %s\n", tenantName(db.schema))
-			}
-			return dlqWriteEvent(cmd.OutOrStdout(), e)
+			return withAdmin(cmd, &db, func(ctx context.Context, a *admin.Admin) error {
+				e, err := a.Get(ctx, ids[0])
+				if err != nil {
+					return err
+				}
+				switch {
+				case asJSON && many:
+					return dlqWriteJSON(cmd.OutOrStdout(), tenantEvent{Tenant: db.schema, Event: *e})
+				case asJSON:
+					return dlqWriteJSON(cmd.OutOrStdout(), e)
+				case many:
+					fmt.Fprintf(cmd.OutOrStdout(), "tenant  %s\n", tenantName(db.schema))
+				}
+				return dlqWriteEvent(cmd.OutOrStdout(), e)
+			})
 		},
 	}
 	db.register(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of text (env PGOUTBOX_JSON)")
 	tenants.register(cmd.Flags(), "finds the one that holds the event")
-	dest.register(cmd.Flags())
+	dest.register(cmd.Flags(), dlqDestinationUsage)
 	return cmd
 }
 
@@ -515,7 +563,7 @@ the time.`,
 	cmd.Flags().BoolVar(&all, "all", false, "retry every quarantined event")
 	op.register(cmd.Flags(), "retrying")
 	tenants.register(cmd.Flags(), "with event ids, each id is retried in the one tenant holding it; with a filter or --all, it must match one tenant")
-	dest.register(cmd.Flags())
+	dest.register(cmd.Flags(), dlqDestinationUsage)
 	return cmd
 }
 
@@ -647,7 +695,7 @@ Only quarantined events can be skipped; if any id is not, nothing is skipped.`,
 	cmd.Flags().StringVar(&reason, "reason", "", "why the events may be dropped; required, recorded in outbox_skipped_events")
 	cmd.Flags().StringVar(&actor, "actor", "", "who is skipping, recorded with the reason (env PGOUTBOX_ACTOR) (default <os user>@<hostname>)")
 	tenants.register(cmd.Flags(), "each id is skipped in the one tenant holding it, audited there")
-	dest.register(cmd.Flags())
+	dest.register(cmd.Flags(), dlqDestinationUsage)
 	return cmd
 }
 
@@ -742,23 +790,20 @@ what (the selection, the events and their count).`,
 			if limit < 1 {
 				return usagef("--limit must be positive, got %d", limit)
 			}
-			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
-			if err != nil {
+			return withAdmin(cmd, &db, func(ctx context.Context, a *admin.Admin) error {
+				entries, err := a.Audit(ctx, limit)
+				if err != nil {
+					return err
+				}
+				_, err = printList(cmd.OutOrStdout(), asJSON, entries, "no operator actions recorded",
+					"AT\tACTION\tACTOR\tDB USER\tEVENTS\tSELECTION\tREASON",
+					func(w io.Writer, e admin.AuditEntry) {
+						sel, _ := json.Marshal(e.Selection)
+						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.At.UTC().Format(time.RFC3339), e.Action, visible.Line(e.Actor), visible.Line(e.DBUser),
+							e.EventCount, dlqShorten(string(sel), 60), dlqShorten(e.Reason, 60))
+					})
 				return err
-			}
-			defer closeDB()
-			entries, err := a.Audit(cmd.Context(), limit)
-			if err != nil {
-				return err
-			}
-			_, err = printList(cmd.OutOrStdout(), asJSON, entries, "no operator actions recorded",
-				"AT\tACTION\tACTOR\tDB USER\tEVENTS\tSELECTION\tREASON",
-				func(w io.Writer, e admin.AuditEntry) {
-					sel, _ := json.Marshal(e.Selection)
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.At.UTC().Format(time.RFC3339), e.Action, visible.Line(e.Actor), visible.Line(e.DBUser),
-						e.EventCount, dlqShorten(string(sel), 60), dlqShorten(e.Reason, 60))
-				})
-			return err
+			})
 		},
 	}
 	db.register(cmd.Flags())

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"time"
@@ -42,22 +43,19 @@ with their attempts, next attempt and last error, oldest first. The console's
 			if limit < 1 || limit > admin.MaxPage {
 				return usagef("--limit must be in 1..%d, got %d", admin.MaxPage, limit)
 			}
-			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
-			if err != nil {
+			return withAdmin(cmd, &db, func(ctx context.Context, a *admin.Admin) error {
+				evs, err := a.ListRetrying(ctx, admin.Page{Limit: limit})
+				if err != nil {
+					return err
+				}
+				_, err = printList(cmd.OutOrStdout(), asJSON, evs, "no event is retrying",
+					"EVENT\tAGGREGATE\tSEQ\tATTEMPTS\tNEXT ATTEMPT\tLAST ERROR",
+					func(w io.Writer, e admin.Event) {
+						fmt.Fprintf(w, "%s\t%s/%s\t%d\t%d\t%s\t%s\n", e.ID, visible.Line(e.AggregateType), visible.Line(e.AggregateID),
+							e.AggregateSequence, e.AttemptCount, e.AvailableAt.UTC().Format(time.RFC3339), dlqShorten(e.LastError, 80))
+					})
 				return err
-			}
-			defer closeDB()
-			evs, err := a.ListRetrying(cmd.Context(), admin.Page{Limit: limit})
-			if err != nil {
-				return err
-			}
-			_, err = printList(cmd.OutOrStdout(), asJSON, evs, "no event is retrying",
-				"EVENT\tAGGREGATE\tSEQ\tATTEMPTS\tNEXT ATTEMPT\tLAST ERROR",
-				func(w io.Writer, e admin.Event) {
-					fmt.Fprintf(w, "%s\t%s/%s\t%d\t%d\t%s\t%s\n", e.ID, visible.Line(e.AggregateType), visible.Line(e.AggregateID),
-						e.AggregateSequence, e.AttemptCount, e.AvailableAt.UTC().Format(time.RFC3339), dlqShorten(e.LastError, 80))
-				})
-			return err
+			})
 		},
 	}
 	db.register(cmd.Flags())
@@ -79,28 +77,25 @@ cause" page; --json prints the same as its /api/v1/errors. Retry or skip a
 group from the console (or dlq retry --error-contains).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			a, closeDB, err := statusOpenAdmin(cmd.Context(), &db, "")
-			if err != nil {
+			return withAdmin(cmd, &db, func(ctx context.Context, a *admin.Admin) error {
+				gs, err := a.ErrorGroups(ctx)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return dlqWriteJSON(cmd.OutOrStdout(), gs)
+				}
+				table, err := printList(cmd.OutOrStdout(), false, gs.Groups, "no failing event",
+					"GROUP\tDEAD\tRETRYING\tAGGREGATES\tFIRST SEEN\tLAST SEEN\tCAUSE",
+					func(w io.Writer, g admin.ErrorGroup) {
+						fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", g.ID, g.DeadLetters, g.Retrying, g.Aggregates,
+							g.FirstSeen.UTC().Format(time.RFC3339), g.LastSeen.UTC().Format(time.RFC3339), dlqShorten(g.Signature.String(), 100))
+					})
+				if err == nil && table && gs.Truncated {
+					_, err = fmt.Fprintf(cmd.OutOrStdout(), "only the oldest %d failed events were grouped\n", gs.Events)
+				}
 				return err
-			}
-			defer closeDB()
-			gs, err := a.ErrorGroups(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return dlqWriteJSON(cmd.OutOrStdout(), gs)
-			}
-			table, err := printList(cmd.OutOrStdout(), false, gs.Groups, "no failing event",
-				"GROUP\tDEAD\tRETRYING\tAGGREGATES\tFIRST SEEN\tLAST SEEN\tCAUSE",
-				func(w io.Writer, g admin.ErrorGroup) {
-					fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", g.ID, g.DeadLetters, g.Retrying, g.Aggregates,
-						g.FirstSeen.UTC().Format(time.RFC3339), g.LastSeen.UTC().Format(time.RFC3339), dlqShorten(g.Signature.String(), 100))
-				})
-			if err == nil && table && gs.Truncated {
-				_, err = fmt.Fprintf(cmd.OutOrStdout(), "only the oldest %d failed events were grouped\n", gs.Events)
-			}
-			return err
+			})
 		},
 	}
 	db.register(cmd.Flags())

@@ -27,6 +27,8 @@ func newReplayCmd() *cobra.Command {
 		all          bool
 		op           operatorFlags
 		tenants      tenantFlags
+		dest         destinationFlag
+		destFile     string
 	)
 	cmd := &cobra.Command{
 		Use:   "replay",
@@ -51,6 +53,19 @@ Each replay is recorded in the operator audit (pgoutbox dlq audit) before it
 publishes anything: --actor, --reason, the database user, the selection, the
 destination and the count, then its outcome.
 
+--destination NAME: replay to one destination of a relay with destinations
+(pgoutbox destinations list) and to no other: of the selected events, those that
+destination has already passed (its progress per aggregate lane) and that its
+rules, as the relay last registered them, route to it; never the events skipped
+for it (dlq skip --destination) or in the outbox (dlq skip). An event the outbox
+quarantined as routed to no destination is replayed once the destination's rules
+take it. Events it has not reached yet are left to the relay. It publishes
+through that destination's broker and settings, read from the relay's
+--destinations-file (no --broker or broker flag then; --dry-run needs no file).
+Progress is not changed: neither that destination's nor the others'. The audit
+records the destination's name and its broker. An unknown name is an error
+naming it; with no destination registered, it says so. Not with --tenants.
+
 --tenants: a replay works on one outbox. The selector must match exactly one
 tenant; with --event-id as the only selection, the ids are looked up in the
 selected tenants and must all be in the same one.
@@ -60,7 +75,9 @@ selected tenants and must all be in the same one.
   pgoutbox replay --aggregate-type order --aggregate-id 42 --broker nats://nats:4222
   pgoutbox replay --event-id 0190f1c2-... --event-id 0190f1c3-... --broker nats://nats:4222 \
       --topic-template 'replay.{aggregate_type}.{event_type}' --nats-stream REPLAY
-  pgoutbox replay --since 2024-05-01T00:00:00Z --until 2024-05-02T00:00:00Z --broker kafka://kafka:9092`,
+  pgoutbox replay --since 2024-05-01T00:00:00Z --until 2024-05-02T00:00:00Z --broker kafka://kafka:9092
+  pgoutbox replay --destination analytics --destinations-file /etc/pgoutbox/destinations.yaml \
+      --aggregate-type order --since 24h --reason "analytics lost a day, TICKET-7"`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := db.validate(); err != nil {
 				return err
@@ -96,6 +113,20 @@ selected tenants and must all be in the same one.
 				return usagef("replay: give a selection or --all, not both")
 			}
 			req.Actor, req.Reason = op.actor, op.reason
+			target := bf.parse
+			on, err := dest.parse("replay", cmd.Flags())
+			switch {
+			case err != nil:
+				return err
+			case on:
+				req.ToDestination = dest.name
+				target = func() (*brokerTarget, error) { return destinationTarget(cmd.Context(), dest.name, destFile) }
+				if err := checkDestinationsAlone(cmd.Flags(), false, false); err != nil && destFile != "" {
+					return err
+				}
+			case destFile != "":
+				return usagef("replay: --destinations-file goes with --destination NAME (the destination whose broker it names)")
+			}
 			many, err := tenants.parse(cmd.Flags())
 			if err != nil {
 				return err
@@ -105,7 +136,7 @@ selected tenants and must all be in the same one.
 					return err
 				}
 			}
-			return runReplay(cmd.Context(), &db, &bf, &lf, req, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return runReplay(cmd.Context(), &db, target, &lf, req, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	fs := cmd.Flags()
@@ -123,7 +154,30 @@ selected tenants and must all be in the same one.
 	fs.BoolVar(&all, "all", false, "replay every published event still in the outbox (needed when no other selection is given)")
 	fs.IntVar(&req.BatchSize, "batch-size", 500, "events read and published at once (env PGOUTBOX_REPLAY_BATCH_SIZE)")
 	tenants.register(fs, "a replay works on one outbox: the selector must match one tenant, or with --event-id alone the ids must all be in one of them")
+	dest.register(fs, "replay to this destination of a relay with destinations only: the selected events it has passed and its rules route to it (pgoutbox destinations list)")
+	// No environment variable: a file left named in a shell must not turn a
+	// replay into a destination's.
+	fs.StringVar(&destFile, "destinations-file", "", "with --destination: the relay's destinations file, for that destination's broker and settings")
 	return cmd
+}
+
+// destinationTarget is the broker of destination name as the relay's
+// destinations file sets it: its URL (or broker_env) and settings, checked and
+// not connected. A file without it is a usage error naming both.
+func destinationTarget(ctx context.Context, name, path string) (*brokerTarget, error) {
+	if path == "" {
+		return nil, usagef("replay --destination %s needs --destinations-file: the relay's file names the destination's broker and settings", name)
+	}
+	df, err := readDestinationsFile(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range df.destinations {
+		if d.name == name {
+			return d.target, nil
+		}
+	}
+	return nil, usagef("replay: --destinations-file %s has no destination %s (it has %s)", path, name, df.names())
 }
 
 // replayTenant resolves --tenants to the one outbox a replay works on: the
@@ -169,7 +223,9 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%q is not a time (2024-05-01T12:00:00Z, 2024-05-01) or a positive duration ago (24h)", s)
 }
 
-func runReplay(ctx context.Context, db *dbFlags, bf *brokerFlags, lf *logFlags, req admin.ReplayRequest,
+// runReplay runs the replay req, to the broker parseTarget returns (called
+// unless it is a dry run, before connecting to anything).
+func runReplay(ctx context.Context, db *dbFlags, parseTarget func() (*brokerTarget, error), lf *logFlags, req admin.ReplayRequest,
 	stdout, stderr io.Writer) error {
 	logger, err := lf.logger(stderr)
 	if err != nil {
@@ -177,7 +233,7 @@ func runReplay(ctx context.Context, db *dbFlags, bf *brokerFlags, lf *logFlags, 
 	}
 	var target *brokerTarget
 	if !req.DryRun {
-		if target, err = bf.parse(); err != nil {
+		if target, err = parseTarget(); err != nil {
 			return err
 		}
 	}
@@ -196,7 +252,11 @@ func runReplay(ctx context.Context, db *dbFlags, bf *brokerFlags, lf *logFlags, 
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%d events selected%s\n", count.Total, byType(count.ByAggregateType))
+	to := ""
+	if req.ToDestination != "" {
+		to = " for destination " + req.ToDestination
+	}
+	fmt.Fprintf(stdout, "%d events selected%s%s\n", count.Total, to, byType(count.ByAggregateType))
 	if req.DryRun || count.Total == 0 {
 		if req.DryRun {
 			fmt.Fprintln(stdout, "dry run: nothing published")

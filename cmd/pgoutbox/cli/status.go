@@ -129,6 +129,17 @@ func statusOpenAdmin(ctx context.Context, db *dbFlags, inboxSchema string) (*adm
 	return a, pool.Close, nil
 }
 
+// withAdmin runs fn with an Admin on db's outbox (statusOpenAdmin), closed
+// after, and the command's context.
+func withAdmin(cmd *cobra.Command, db *dbFlags, fn func(context.Context, *admin.Admin) error) error {
+	a, closeDB, err := statusOpenAdmin(cmd.Context(), db, "")
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	return fn(cmd.Context(), a)
+}
+
 // tenantOpenAdmin is statusOpenAdmin for a verb acting on a tenant of
 // --tenants (many): every statement and transaction then waits for a lock
 // another session holds on the tenant's tables at most
