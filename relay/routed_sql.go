@@ -114,7 +114,11 @@ const deadLetterPrefix = "routed to no destination: "
 //     statement's done mark publishes it, or quarantines it again if it is a
 //     dead letter an operator retried). The done marks of two destinations
 //     settling one lane at once each read the other's cursor as it was
-//     before: both may leave events unmarked, which this finds again.
+//     before: both may leave events unmarked, which this finds again. The
+//     row is looked up lane by lane (LATERAL; its LIMIT 1, harmless under
+//     the primary key, keeps the planner from turning it into a join that
+//     hashes every row the destination has): a claim reads the rows of the
+//     lanes it scans, however many lanes the destination has ever had.
 //   - lease: the upsert of the lane rows. ON CONFLICT DO UPDATE locks the row
 //     and checks its latest version: of two relays claiming one lane, the
 //     second waits for the first's short transaction and then finds the
@@ -141,8 +145,10 @@ WITH RECURSIVE lanes (aggregate_type, aggregate_id) AS (
 cand AS MATERIALIZED (
     SELECT l.aggregate_type, l.aggregate_id, d.claimed_by AS prev
       FROM lanes l
-      LEFT JOIN %[2]s d
-        ON d.destination = $5 AND d.aggregate_type = l.aggregate_type AND d.aggregate_id = l.aggregate_id
+      LEFT JOIN LATERAL (
+        SELECT * FROM %[2]s x
+         WHERE x.destination = $5 AND x.aggregate_type = l.aggregate_type AND x.aggregate_id = l.aggregate_id
+         LIMIT 1) d ON true
      WHERE (d.destination IS NULL
             OR (d.quarantined_at IS NULL AND d.available_at <= now()
                 AND (d.claim_until IS NULL OR d.claim_until < now())))
