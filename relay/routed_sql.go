@@ -122,7 +122,11 @@ const deadLetterPrefix = "routed to no destination: "
 //   - lease: the upsert of the lane rows. ON CONFLICT DO UPDATE locks the row
 //     and checks its latest version: of two relays claiming one lane, the
 //     second waits for the first's short transaction and then finds the
-//     lease taken. RETURNING gives the cursor of that latest version.
+//     lease taken. RETURNING gives the cursor of that latest version. The
+//     rows are locked in ascending lane order whatever the scan's direction,
+//     as relays before the downward scan locked them: two relays of one
+//     destination (a rolling upgrade's old and new) never wait on each other
+//     in a cycle.
 //   - the run: the lane's events past the cursor, ascending, at most $4; the
 //     caller keeps those contiguous from the first one (sequences are gapless
 //     in commit order, so a visible higher one means every lower one is
@@ -173,6 +177,7 @@ cand AS MATERIALIZED (
 lease AS (
     INSERT INTO %[2]s AS d (destination, aggregate_type, aggregate_id, claimed_by, claim_until)
     SELECT $5, aggregate_type, aggregate_id, $1, now() + $2 * interval '1 millisecond' FROM cand
+     ORDER BY aggregate_type, aggregate_id
     ON CONFLICT (destination, aggregate_type, aggregate_id) DO UPDATE
        SET claimed_by = excluded.claimed_by, claim_until = excluded.claim_until
      WHERE d.quarantined_at IS NULL AND d.available_at <= now()
