@@ -68,7 +68,7 @@ type dest struct {
 	stream *stream
 
 	claimMu sync.Mutex
-	cur     pgoutbox.Lane // where the next claim's lane scan starts, as Relay.cur
+	cur     pgoutbox.Lane // the next claim scans the lanes before it (none: from the last lane)
 
 	mu     sync.Mutex
 	leased map[pgoutbox.Lane]struct{} // lanes leased and not yet settled
@@ -217,8 +217,9 @@ func (ro *routed) lanesPerClaim() int {
 }
 
 // claim leases the destination's next lanes, continuing its lane scan from
-// its cursor as Relay.claim does. full reports a claim that leased as many
-// lanes as it may.
+// its cursor as Relay.claim does, but downwards (routedClaimSQL): the next
+// claim scans the lanes before the lowest one leased. full reports a claim
+// that leased as many lanes as it may.
 func (d *dest) claim() ([]run, bool, error) {
 	r := d.ro.r
 	d.claimMu.Lock()
@@ -250,9 +251,10 @@ func (d *dest) claim() ([]run, bool, error) {
 	if len(runs) < limit {
 		return runs, false, nil
 	}
-	for i := range runs {
-		if runs[i].lane.Compare(d.cur) > 0 {
-			d.cur = runs[i].lane
+	d.cur = runs[0].lane
+	for i := range runs[1:] {
+		if runs[i+1].lane.Compare(d.cur) < 0 {
+			d.cur = runs[i+1].lane
 		}
 	}
 	return runs, true, nil
@@ -263,8 +265,12 @@ func (d *dest) claimFrom(ctx context.Context, from pgoutbox.Lane, limit int) ([]
 	var runs []run
 	takenOver := 0
 	b := &pgx.Batch{}
-	b.Queue(d.ro.q.claim, r.cfg.ID, r.cfg.Lease.Milliseconds(), from.AggregateType, from.AggregateID, limit,
-		r.cfg.RunLength, d.Name, d.ro.names)
+	args := []any{r.cfg.ID, r.cfg.Lease.Milliseconds(), limit, r.cfg.RunLength, d.Name, d.ro.names}
+	if from == (pgoutbox.Lane{}) {
+		b.Queue(d.ro.q.claimTop, args...)
+	} else {
+		b.Queue(d.ro.q.claim, append(args, from.AggregateType, from.AggregateID)...)
+	}
 	err := pgbound.Send(ctx, r.pool, r.bounds, b, func(br pgx.BatchResults) error {
 		rows, err := br.Query()
 		if err != nil {

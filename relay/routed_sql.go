@@ -13,7 +13,9 @@ import (
 // rules they enforce.
 type routedQueries struct {
 	register, seedNow, reopen, rules, audit string
-	claim, settle, deadLetter, release      string
+	// claim starts the lane scan before a cursor, claimTop at the last lane.
+	claim, claimTop             string
+	settle, deadLetter, release string
 }
 
 func newRoutedQueries(schema string) routedQueries {
@@ -29,7 +31,8 @@ func newRoutedQueries(schema string) routedQueries {
 		reopen:     fmt.Sprintf(reopenSQL, ev),
 		rules:      fmt.Sprintf(rulesSQL, ds),
 		audit:      fmt.Sprintf(auditRulesSQL, audit),
-		claim:      fmt.Sprintf(routedClaimSQL, ev, dl),
+		claim:      fmt.Sprintf(routedClaimSQL, ev, dl, routedClaimFrom),
+		claimTop:   fmt.Sprintf(routedClaimSQL, ev, dl, ""),
 		settle:     fmt.Sprintf(routedSettleSQL, ev, dl, attempts, pipeline.AttemptsKept-1),
 		deadLetter: fmt.Sprintf(deadLetterSQL, ev),
 		release:    fmt.Sprintf(routedReleaseSQL, dl),
@@ -83,52 +86,73 @@ VALUES ('destination_rules', $1, $2, $3::jsonb, 0)`
 // settle statement tells them apart from delivered events by it.
 const deadLetterPrefix = "routed to no destination: "
 
-// routedClaimSQL leases up to $5 lanes of destination $7, in one statement,
-// in a short transaction of its own under the relay's bounds.
+// routedClaimSQL leases up to $3 lanes of destination $5, in one statement,
+// in a short transaction of its own under the relay's bounds. %[3]s is the
+// lane scan's start: routedClaimFrom (lanes strictly before the cursor $7/$8)
+// or nothing (from the last lane: routedClaimFromTop, which has no $7/$8).
 //
-// Parameters: $1 relay id, $2 lease in milliseconds, $3/$4 the lane cursor
-// (lanes strictly after it are scanned), $5 the most lanes, $6 run length,
-// $7 the destination, $8 every destination of the relay (text[]).
+// Parameters: $1 relay id, $2 lease in milliseconds, $3 the most lanes, $4 run
+// length, $5 the destination, $6 every destination of the relay (text[]),
+// $7/$8 the lane cursor.
 //
 //   - lanes: the loose index scan of the lanes with an unpublished event
-//     (outbox_events_unpublished_idx), from the cursor, as the single-broker
-//     claim's.
-//   - cand: those whose row for $7 (none: the cursor is 0) is not leased, not
+//     (outbox_events_unpublished_idx), as the single-broker claim's, but
+//     walking the lanes downwards from the cursor and reaching each lane at
+//     its newest event. A lane's unpublished events are its newest (the done
+//     mark publishes a prefix), so the first entry the scan meets in a lane
+//     with work is a live one, whichever index the planner takes. Walking
+//     upwards met each lane at its oldest entry, and had to step over every
+//     event already done but not yet vacuumed (dead entries of the partial
+//     index, or published rows of the unique one), one heap fetch each: with
+//     several destinations a lane stays pending until the slowest has passed
+//     it, so that prefix, and the cost of every claim, grew with the backlog
+//     (docs/performance.md, "destinations").
+//   - cand: those whose row for $5 (none: the cursor is 0) is not leased, not
 //     backing off, not quarantined, with an unpublished event past the
 //     cursor, or with an unpublished, unquarantined event that every
 //     destination has passed (the run is then empty, and the settle
 //     statement's done mark publishes it, or quarantines it again if it is a
 //     dead letter an operator retried). The done marks of two destinations
 //     settling one lane at once each read the other's cursor as it was
-//     before: both may leave events unmarked, which this finds again.
+//     before: both may leave events unmarked, which this finds again. The
+//     row is looked up lane by lane (LATERAL; its LIMIT 1, harmless under
+//     the primary key, keeps the planner from turning it into a join that
+//     hashes every row the destination has): a claim reads the rows of the
+//     lanes it scans, however many lanes the destination has ever had.
 //   - lease: the upsert of the lane rows. ON CONFLICT DO UPDATE locks the row
 //     and checks its latest version: of two relays claiming one lane, the
 //     second waits for the first's short transaction and then finds the
-//     lease taken. RETURNING gives the cursor of that latest version.
-//   - the run: the lane's events past the cursor, ascending, at most $6; the
+//     lease taken. RETURNING gives the cursor of that latest version. The
+//     rows are locked in ascending lane order whatever the scan's direction,
+//     as relays before the downward scan locked them: two relays of one
+//     destination (a rolling upgrade's old and new) never wait on each other
+//     in a cycle.
+//   - the run: the lane's events past the cursor, ascending, at most $4; the
 //     caller keeps those contiguous from the first one (sequences are gapless
 //     in commit order, so a visible higher one means every lower one is
 //     committed).
 const routedClaimSQL = `
 WITH RECURSIVE lanes (aggregate_type, aggregate_id) AS (
     (SELECT aggregate_type, aggregate_id FROM %[1]s
-      WHERE published_at IS NULL AND (aggregate_type, aggregate_id) > ($3::text, $4::text)
-      ORDER BY aggregate_type, aggregate_id, aggregate_sequence
+      WHERE published_at IS NULL%[3]s
+      ORDER BY aggregate_type DESC, aggregate_id DESC, aggregate_sequence DESC
       LIMIT 1)
     UNION ALL
     SELECT nxt.aggregate_type, nxt.aggregate_id
       FROM lanes l
       CROSS JOIN LATERAL (
         SELECT aggregate_type, aggregate_id FROM %[1]s
-         WHERE published_at IS NULL AND (aggregate_type, aggregate_id) > (l.aggregate_type, l.aggregate_id)
-         ORDER BY aggregate_type, aggregate_id, aggregate_sequence
+         WHERE published_at IS NULL AND (aggregate_type, aggregate_id) < (l.aggregate_type, l.aggregate_id)
+         ORDER BY aggregate_type DESC, aggregate_id DESC, aggregate_sequence DESC
          LIMIT 1) nxt
 ),
 cand AS MATERIALIZED (
     SELECT l.aggregate_type, l.aggregate_id, d.claimed_by AS prev
       FROM lanes l
-      LEFT JOIN %[2]s d
-        ON d.destination = $7 AND d.aggregate_type = l.aggregate_type AND d.aggregate_id = l.aggregate_id
+      LEFT JOIN LATERAL (
+        SELECT * FROM %[2]s x
+         WHERE x.destination = $5 AND x.aggregate_type = l.aggregate_type AND x.aggregate_id = l.aggregate_id
+         LIMIT 1) d ON true
      WHERE (d.destination IS NULL
             OR (d.quarantined_at IS NULL AND d.available_at <= now()
                 AND (d.claim_until IS NULL OR d.claim_until < now())))
@@ -143,16 +167,17 @@ cand AS MATERIALIZED (
                      AND e.published_at IS NULL AND e.quarantined_at IS NULL
                      AND e.aggregate_sequence <= (
                        SELECT min(coalesce(x.delivered_sequence, 0))
-                         FROM unnest($8::text[]) AS n (name)
+                         FROM unnest($6::text[]) AS n (name)
                          LEFT JOIN %[2]s x
                            ON x.destination = n.name AND x.aggregate_type = l.aggregate_type
                           AND x.aggregate_id = l.aggregate_id))
            END
-     LIMIT $5
+     LIMIT $3
 ),
 lease AS (
     INSERT INTO %[2]s AS d (destination, aggregate_type, aggregate_id, claimed_by, claim_until)
-    SELECT $7, aggregate_type, aggregate_id, $1, now() + $2 * interval '1 millisecond' FROM cand
+    SELECT $5, aggregate_type, aggregate_id, $1, now() + $2 * interval '1 millisecond' FROM cand
+     ORDER BY aggregate_type, aggregate_id
     ON CONFLICT (destination, aggregate_type, aggregate_id) DO UPDATE
        SET claimed_by = excluded.claimed_by, claim_until = excluded.claim_until
      WHERE d.quarantined_at IS NULL AND d.available_at <= now()
@@ -169,8 +194,12 @@ SELECT l.aggregate_type, l.aggregate_id, l.delivered_sequence, l.attempt_count, 
      WHERE e.aggregate_type = l.aggregate_type AND e.aggregate_id = l.aggregate_id
        AND e.aggregate_sequence > l.delivered_sequence
      ORDER BY e.aggregate_sequence
-     LIMIT $6) r ON true
+     LIMIT $4) r ON true
  ORDER BY l.aggregate_type, l.aggregate_id, r.aggregate_sequence`
+
+// routedClaimFrom is routedClaimSQL's start at the cursor ($7/$8): the lanes
+// strictly before it.
+const routedClaimFrom = ` AND (aggregate_type, aggregate_id) < ($7::text, $8::text)`
 
 // deadLetterSQL quarantines in outbox_events the events no destination
 // takes ($1 ids, $2 errors): routed to none, or refused by every one. The
