@@ -83,6 +83,18 @@ var destinationName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 // ErrInvalidDestination is wrapped by the errors of Destination.Validate.
 var ErrInvalidDestination = errors.New("relay: invalid destination")
 
+// ErrUnservedDestination is reported by Healthy while a destination is
+// registered in the outbox (by another relay, or by this one's earlier
+// configuration) that this relay does not serve. Until every registered
+// destination is among its own, the relay leases nothing, and marks nothing
+// done and quarantines nothing as routed to no destination: both judgements
+// need every registered destination, and a relay with an older or partial
+// destinations file would mark done events another destination still owes,
+// or quarantine events only another takes. Give every relay of the outbox
+// the same destinations, or drop one removed on purpose (admin.DropDestination,
+// pgoutbox destinations drop).
+var ErrUnservedDestination = errors.New("relay: a destination registered in the outbox is not served by this relay")
+
 // Validate reports what a relay would refuse in d, naming the destination and
 // the field. Values are not quoted when they may be long; names are.
 func (d *Destination) Validate() error {

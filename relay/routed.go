@@ -55,7 +55,15 @@ type routed struct {
 	// registerBounds bound the registration's statements: a StartBackfill
 	// destination's reopenSQL updates every retained event.
 	registerBounds pgbound.Bounds
+
+	unservedMu      sync.Mutex
+	unserved        []string  // registered destinations the relay does not serve, as last checked
+	unservedChecked time.Time // when; checked again after unservedCheckEvery while claims lease nothing
 }
+
+// unservedCheckEvery is how often a relay whose claims lease nothing looks
+// for registered destinations it does not serve (unservedSQL), to say why.
+const unservedCheckEvery = 10 * time.Second
 
 // dest is one destination's stream.
 type dest struct {
@@ -136,6 +144,9 @@ func (ro *routed) registerOne(ctx context.Context, d *dest) error {
 			return err
 		}
 		if created {
+			if _, err := tx.Exec(ctx, ro.q.lockLanes); err != nil {
+				return err
+			}
 			switch d.Start {
 			case StartNow:
 				_, err = tx.Exec(ctx, ro.q.seedNow, d.Name)
@@ -169,10 +180,57 @@ func (ro *routed) registerOne(ctx context.Context, d *dest) error {
 	})
 }
 
+// checkUnserved looks, at most every unservedCheckEvery, for registered
+// destinations the relay does not serve, which make its claims lease nothing
+// (unservedSQL), and says so in the log and in Healthy.
+func (ro *routed) checkUnserved(ctx context.Context) {
+	ro.unservedMu.Lock()
+	defer ro.unservedMu.Unlock()
+	if time.Since(ro.unservedChecked) < unservedCheckEvery {
+		return
+	}
+	rows, err := ro.r.pool.Query(ctx, ro.q.unserved, ro.names)
+	if err != nil {
+		return // the next claim's error says what is wrong with the database
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	ro.unservedChecked = time.Now()
+	if len(names) > 0 && !slices.Equal(names, ro.unserved) {
+		ro.r.log.Warn("destinations registered in the outbox are not served by this relay: it delivers nothing until its destinations file has them, or they are dropped (pgoutbox destinations drop)",
+			slog.Any("unserved", quoteAll(names)), slog.Any("served", quoteAll(ro.names)))
+	}
+	ro.unserved = names
+}
+
+// servedAll forgets the unserved destinations last seen, once a claim leased
+// lanes again.
+func (ro *routed) servedAll() {
+	ro.unservedMu.Lock()
+	ro.unserved = nil
+	ro.unservedMu.Unlock()
+}
+
+// quoteAll quotes names (each cut to 80 bytes) for a log line.
+func quoteAll(names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = fmt.Sprintf("%q", truncate(n, 80))
+	}
+	return out
+}
+
 // brokerErrors are the destinations' broker states, for Healthy, each naming
-// its destination.
+// its destination, and the registered destinations the relay does not serve.
 func (ro *routed) brokerErrors() []error {
 	var errs []error
+	ro.unservedMu.Lock()
+	if len(ro.unserved) > 0 {
+		errs = append(errs, fmt.Errorf("%w: %s", ErrUnservedDestination, strings.Join(quoteAll(ro.unserved), ", ")))
+	}
+	ro.unservedMu.Unlock()
 	for _, d := range ro.dests {
 		for _, err := range d.broker.Errors(ErrBrokerUnreachable, ErrBrokerMisconfigured) {
 			errs = append(errs, fmt.Errorf("destination %q: %w", d.Name, err))
@@ -246,6 +304,11 @@ func (d *dest) claim() ([]run, bool, error) {
 	}
 	if obs := r.cfg.Observer; obs != nil && len(runs) > 0 {
 		obs.BatchClaimed(ClaimedBatch{Tenant: r.cfg.Tenant, Destination: d.Name, Events: events, TakenOver: takenOver, Duration: time.Since(start)})
+	}
+	if len(runs) == 0 {
+		d.ro.checkUnserved(ctx)
+	} else {
+		d.ro.servedAll() // a claim leases only while the relay serves every registered destination
 	}
 	d.cur = pgoutbox.Lane{}
 	if len(runs) < limit {
@@ -481,7 +544,7 @@ func (d *dest) settleStatements(runs []run, j *pipeline.Judged) *pgx.Batch {
 	out, deadIDs, deadErrs := outcomes(runs, j)
 	b := &pgx.Batch{}
 	if len(deadIDs) > 0 {
-		b.Queue(d.ro.q.deadLetter, uuids(deadIDs), deadErrs)
+		b.Queue(d.ro.q.deadLetter, uuids(deadIDs), deadErrs, d.ro.names)
 	}
 	n := len(runs)
 	types, ids := make([]string, n), make([]string, n)

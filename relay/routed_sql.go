@@ -13,6 +13,9 @@ import (
 // rules they enforce.
 type routedQueries struct {
 	register, seedNow, reopen, rules, audit string
+	// lockLanes makes a registration wait for the settles under way;
+	// unserved lists the registered destinations the relay does not serve.
+	lockLanes, unserved string
 	// claim starts the lane scan before a cursor, claimTop at the last lane.
 	claim, claimTop             string
 	settle, deadLetter, release string
@@ -31,10 +34,12 @@ func newRoutedQueries(schema string) routedQueries {
 		reopen:     fmt.Sprintf(reopenSQL, ev),
 		rules:      fmt.Sprintf(rulesSQL, ds),
 		audit:      fmt.Sprintf(auditRulesSQL, audit),
-		claim:      fmt.Sprintf(routedClaimSQL, ev, dl, routedClaimFrom),
-		claimTop:   fmt.Sprintf(routedClaimSQL, ev, dl, ""),
-		settle:     fmt.Sprintf(routedSettleSQL, ev, dl, attempts, pipeline.AttemptsKept-1),
-		deadLetter: fmt.Sprintf(deadLetterSQL, ev),
+		lockLanes:  fmt.Sprintf(lockLanesSQL, dl),
+		unserved:   fmt.Sprintf(unservedSQL, ds),
+		claim:      fmt.Sprintf(routedClaimSQL, ev, dl, routedClaimFrom, ds),
+		claimTop:   fmt.Sprintf(routedClaimSQL, ev, dl, "", ds),
+		settle:     fmt.Sprintf(routedSettleSQL, ev, dl, attempts, pipeline.AttemptsKept-1, ds),
+		deadLetter: fmt.Sprintf(deadLetterSQL, ev, ds),
 		release:    fmt.Sprintf(routedReleaseSQL, dl),
 	}
 }
@@ -46,6 +51,27 @@ const registerSQL = `
 INSERT INTO %[1]s (name, rules, start) VALUES ($1, $2::jsonb, $3)
 ON CONFLICT (name) DO NOTHING
 RETURNING name`
+
+// lockLanesSQL, in the transaction that registers a new destination, waits
+// for the claims and settles under way (each one statement that writes lane
+// rows) and holds off new ones until it commits. A settle's done mark and a
+// dead letter are judged against the registered destinations as its
+// statement's snapshot saw them: without the lock, one that started before
+// the registration committed could mark done, after the backfill's reopen, an
+// event the new destination has not passed. The mode conflicts with itself, so two
+// relays registering destinations at once take turns instead of deadlocking
+// on each other's seeding.
+const lockLanesSQL = `LOCK TABLE %[1]s IN SHARE ROW EXCLUSIVE MODE`
+
+// unservedSQL lists the registered destinations that are not among the
+// relay's ($1), in name order. While there is one, the relay's claims lease
+// nothing, and its settles neither mark events done nor quarantine events as
+// routed to no destination: both need every registered destination's view
+// (an event is done when every one has passed it, a dead letter when none
+// takes it), and a relay started with an older or partial destinations file
+// would judge them wrongly, marking done what the others still owe, or
+// quarantining what only they take.
+const unservedSQL = `SELECT name FROM %[1]s WHERE name <> ALL($1::text[]) ORDER BY name LIMIT 10`
 
 // seedNowSQL starts a new StartNow destination ($1) after every event
 // committed so far: its cursor on each lane is the lane's counter. An event
@@ -119,6 +145,7 @@ const deadLetterPrefix = "routed to no destination: "
 //     the primary key, keeps the planner from turning it into a join that
 //     hashes every row the destination has): a claim reads the rows of the
 //     lanes it scans, however many lanes the destination has ever had.
+//     None while a registered destination is not among $6 (unservedSQL).
 //   - lease: the upsert of the lane rows. ON CONFLICT DO UPDATE locks the row
 //     and checks its latest version: of two relays claiming one lane, the
 //     second waits for the first's short transaction and then finds the
@@ -172,6 +199,7 @@ cand AS MATERIALIZED (
                            ON x.destination = n.name AND x.aggregate_type = l.aggregate_type
                           AND x.aggregate_id = l.aggregate_id))
            END
+       AND NOT EXISTS (SELECT 1 FROM %[4]s o WHERE o.name <> ALL($6::text[]))
      LIMIT $3
 ),
 lease AS (
@@ -203,12 +231,15 @@ const routedClaimFrom = ` AND (aggregate_type, aggregate_id) < ($7::text, $8::te
 
 // deadLetterSQL quarantines in outbox_events the events no destination
 // takes ($1 ids, $2 errors): routed to none, or refused by every one. The
-// cursors pass them; dlq list shows them.
+// cursors pass them; dlq list shows them. None while a registered
+// destination is not among the relay's ($3; unservedSQL): only a relay that
+// serves them all can tell that none takes an event.
 const deadLetterSQL = `
 UPDATE %[1]s e
    SET quarantined_at = now(), last_error = f.error
   FROM unnest($1::uuid[], $2::text[]) AS f (event_id, error)
- WHERE e.event_id = f.event_id AND e.published_at IS NULL AND e.quarantined_at IS NULL`
+ WHERE e.event_id = f.event_id AND e.published_at IS NULL AND e.quarantined_at IS NULL
+   AND NOT EXISTS (SELECT 1 FROM %[2]s o WHERE o.name <> ALL($3::text[]))`
 
 // routedSettleSQL records a destination's outcome on the lanes of a batch,
 // only on lanes still leased by this relay ($2), and marks done what every
@@ -221,7 +252,10 @@ UPDATE %[1]s e
 // attempt number, $12 the text of a dead letter retried after every
 // destination passed it.
 //
-//   - upd: the lane rows. The cursor only moves forward. A failure counts an
+//   - upd: the lane rows, none while a registered destination is not
+//     among $3 (unservedSQL: the relay's view of the destinations is partial,
+//     so it must not judge what is done; its leases run out and a relay that
+//     serves them all delivers the lanes again). The cursor only moves forward. A failure counts an
 //     attempt (the run's first undelivered event's, as Judge numbered it),
 //     backs off, records the error and maybe the quarantine; an advance
 //     without failure clears them. The lease is released.
@@ -258,6 +292,7 @@ upd AS (
       FROM s
      WHERE d.destination = $1 AND d.aggregate_type = s.aggregate_type AND d.aggregate_id = s.aggregate_id
        AND d.claimed_by = $2
+       AND NOT EXISTS (SELECT 1 FROM %[5]s o WHERE o.name <> ALL($3::text[]))
     RETURNING d.aggregate_type, d.aggregate_id, d.delivered_sequence
 ),
 recorded AS (

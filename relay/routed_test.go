@@ -724,3 +724,57 @@ func TestDestinationsKeepUpUnderSteadyFlow(t *testing.T) {
 		return len(a.Messages()) >= 300 && len(b.Messages()) >= 300
 	})
 }
+
+// A relay whose destinations are fewer than those registered in the outbox
+// (an older file during a rolling change, or a partial one) must not judge
+// what is done or routed nowhere: it leases nothing, marks nothing done,
+// quarantines nothing, and says why in Healthy, until the missing
+// destination is dropped; then it delivers everything.
+func TestRelayWithPartialDestinationsWaits(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 16)
+	// A relay with all three registers them, then stops.
+	r1 := startRouted(t, o, relay.Config{ID: "full", PollInterval: 50 * time.Millisecond,
+		Destinations: routedDests(relay.StartBackfill, &brokertest.Recorder{}, &brokertest.Recorder{}, &brokertest.Recorder{})})
+	pgtest.Must(t, r1.Stop(context.Background()), "stop the full relay")
+
+	evs := o.enqueueRouted(t, 6) // misc events region=eu: only eu takes them; other misc events: none
+	orders, users := &brokertest.Recorder{}, &brokertest.Recorder{}
+	r := startRouted(t, o, relay.Config{ID: "partial", PollInterval: 50 * time.Millisecond, Destinations: []relay.Destination{
+		{Name: "orders", Publisher: orders, Rules: routedRules["orders"], Start: relay.StartBackfill},
+		{Name: "users", Publisher: users, Rules: routedRules["users"], Start: relay.StartBackfill}}})
+	wait.For(t, 60*time.Second, "Healthy to name the destination the relay does not serve", func() bool {
+		err := r.Healthy()
+		return errors.Is(err, relay.ErrUnservedDestination) && strings.Contains(err.Error(), `"eu"`)
+	})
+	if n := len(orders.Messages()) + len(users.Messages()); n != 0 {
+		t.Fatalf("the partial relay delivered %d messages", n)
+	}
+	if n := o.count(t, "published_at IS NOT NULL OR quarantined_at IS NOT NULL"); n != 0 {
+		t.Fatalf("the partial relay marked %d events done or dead", n)
+	}
+
+	// The operator drops eu on purpose (what admin.DropDestination does).
+	ctx := context.Background()
+	_, err := o.pool.Exec(ctx, "DELETE FROM "+pgx.Identifier{o.schema, "outbox_destination_lanes"}.Sanitize()+" WHERE destination = 'eu'")
+	pgtest.Must(t, err, "drop eu's progress")
+	_, err = o.pool.Exec(ctx, "DELETE FROM "+pgx.Identifier{o.schema, "outbox_destinations"}.Sanitize()+" WHERE name = 'eu'")
+	pgtest.Must(t, err, "drop eu")
+	wait.For(t, 60*time.Second, "every event done or dead once eu is dropped", func() bool {
+		return o.count(t, "published_at IS NULL AND quarantined_at IS NULL") == 0
+	})
+	checkRouted(t, "orders", orders.Messages(), wantFor("orders", evs))
+	checkRouted(t, "users", users.Messages(), wantFor("users", evs))
+	// Without eu, the misc events (and only they) are routed nowhere.
+	dead := o.count(t, "quarantined_at IS NOT NULL AND last_error = 'routed to no destination: no rule of orders, users matches it'")
+	misc := 0
+	for _, e := range evs {
+		if e.aggregateType == "misc" {
+			misc++
+		}
+	}
+	if dead != misc {
+		t.Fatalf("%d dead letters, want the %d misc events", dead, misc)
+	}
+	wait.For(t, 30*time.Second, "Healthy once every registered destination is served", func() bool { return r.Healthy() == nil })
+}
