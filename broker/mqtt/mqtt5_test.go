@@ -303,46 +303,10 @@ func FuzzParseReceived5(f *testing.F) {
 // session (CleanStart false), which the broker still holds.
 func TestMQTT5ResumesSession(t *testing.T) {
 	t.Parallel()
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-	)
+	var d dialRecorder
 	var logs logtest.Buffer
-	p, sub := open(t, sharedAddr, mqtt.Config{Version: mqtt.MQTT5, Logger: logs.Logger(),
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-			if err == nil {
-				mu.Lock()
-				conns = append(conns, c)
-				mu.Unlock()
-			}
-			return c, err
-		}})
-	if err := brokertest.Publish(t, p, brokertest.Message("order", "o1", 1))[0]; err != nil {
-		t.Fatal(err)
-	}
-	mu.Lock()
-	_ = conns[0].Close() // the connection is lost
-	mu.Unlock()
-	second := brokertest.Message("order", "o1", 2)
-	wait.For(t, deadline, "a publish after the lost connection", func() bool {
-		err := brokertest.Publish(t, p, second)[0]
-		if err != nil && !broker.IsUnavailable(err) {
-			t.Fatalf("after the lost connection: %v, want unavailable until reconnected", err)
-		}
-		return err == nil
-	})
-	got, err := sub.read(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := map[string]bool{}
-	for _, s := range got {
-		ids[s.Headers[wire.HeaderEventID]] = true
-	}
-	if !ids[second.EventID.String()] || len(ids) != 2 {
-		t.Errorf("received events %v, want both", ids)
-	}
+	p, sub := open(t, sharedAddr, mqtt.Config{Version: mqtt.MQTT5, Logger: logs.Logger(), DialContext: d.dial})
+	publishAcrossLostConnection(t, p, &d, sub, func() {})
 	out := logs.String()
 	if !strings.Contains(out, "session_present=false") || !strings.Contains(out, "session_present=true") {
 		t.Errorf("want a clean first connection, then the session resumed; log:\n%s", out)
@@ -363,31 +327,50 @@ func TestMQTT311EndsLeftSession(t *testing.T) {
 		t.Fatalf("connect the previous process: %v", tok.Error())
 	}
 	left.Disconnect(250) // its session stays on the broker
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-	)
+	var d dialRecorder
 	var logs logtest.Buffer
-	p, sub := open(t, sharedAddr, mqtt.Config{ClientID: id, QoS: mqtt.ExactlyOnce, Logger: logs.Logger(),
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-			if err == nil {
-				mu.Lock()
-				conns = append(conns, c)
-				mu.Unlock()
-			}
-			return c, err
-		}})
+	p, sub := open(t, sharedAddr, mqtt.Config{ClientID: id, QoS: mqtt.ExactlyOnce, Logger: logs.Logger(), DialContext: d.dial})
+	publishAcrossLostConnection(t, p, &d, sub, func() {
+		if out := logs.String(); !strings.Contains(out, "ended the session left under the client id") ||
+			!strings.Contains(out, "session_present=false") || strings.Contains(out, "session_present=true") {
+			t.Fatalf("want the left session ended, then a persistent connection without it; log:\n%s", out)
+		}
+	})
+	if out := logs.String(); !strings.Contains(out, "session_present=true") {
+		t.Errorf("want the Publisher's own session resumed after the lost connection; log:\n%s", out)
+	}
+}
+
+// dialRecorder dials as the Publisher would and keeps every connection, so
+// that a test can lose one.
+type dialRecorder struct {
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (d *dialRecorder) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err == nil {
+		d.mu.Lock()
+		d.conns = append(d.conns, c)
+		d.mu.Unlock()
+	}
+	return c, err
+}
+
+// publishAcrossLostConnection publishes an event, calls connected, closes
+// the newest connection, publishes a second event until the reconnect takes
+// it, and checks that sub received both (a retried publish may arrive twice:
+// MQTT keeps no ids).
+func publishAcrossLostConnection(t *testing.T, p *mqtt.Publisher, d *dialRecorder, sub *subscriber, connected func()) {
+	t.Helper()
 	if err := brokertest.Publish(t, p, brokertest.Message("order", "o1", 1))[0]; err != nil {
 		t.Fatal(err)
 	}
-	if out := logs.String(); !strings.Contains(out, "ended the session left under the client id") ||
-		!strings.Contains(out, "session_present=false") || strings.Contains(out, "session_present=true") {
-		t.Fatalf("want the left session ended, then a persistent connection without it; log:\n%s", out)
-	}
-	mu.Lock()
-	_ = conns[len(conns)-1].Close() // the persistent connection is lost
-	mu.Unlock()
+	connected()
+	d.mu.Lock()
+	_ = d.conns[len(d.conns)-1].Close() // the connection is lost
+	d.mu.Unlock()
 	second := brokertest.Message("order", "o1", 2)
 	wait.For(t, deadline, "a publish after the lost connection", func() bool {
 		err := brokertest.Publish(t, p, second)[0]
@@ -396,9 +379,6 @@ func TestMQTT311EndsLeftSession(t *testing.T) {
 		}
 		return err == nil
 	})
-	if out := logs.String(); !strings.Contains(out, "session_present=true") {
-		t.Errorf("want the Publisher's own session resumed after the lost connection; log:\n%s", out)
-	}
 	got, err := sub.read(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -407,7 +387,7 @@ func TestMQTT311EndsLeftSession(t *testing.T) {
 	for _, s := range got {
 		ids[s.Headers[wire.HeaderEventID]] = true
 	}
-	if !ids[second.EventID.String()] || len(ids) != 2 { // a retried publish may arrive twice: MQTT keeps no ids
+	if !ids[second.EventID.String()] || len(ids) != 2 {
 		t.Errorf("received events %v, want both", ids)
 	}
 }
