@@ -84,15 +84,16 @@ var destinationName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 var ErrInvalidDestination = errors.New("relay: invalid destination")
 
 // ErrUnservedDestination is reported by Healthy while a destination is
-// registered in the outbox (by another relay, or by this one's earlier
-// configuration) that this relay does not serve. Until every registered
-// destination is among its own, the relay leases nothing, and marks nothing
-// done and quarantines nothing as routed to no destination: both judgements
-// need every registered destination, and a relay with an older or partial
-// destinations file would mark done events another destination still owes,
-// or quarantine events only another takes. Give every relay of the outbox
-// the same destinations, or drop one removed on purpose (admin.DropDestination,
-// pgoutbox destinations drop).
+// registered in the outbox that was not when this relay started (another
+// relay added it: a rolling change under way) and that it does not serve.
+// Until then the relay leases nothing, and marks nothing done and
+// quarantines nothing as routed to no destination: both judgements need
+// every destination, and a relay with an older destinations file would mark
+// done events the new destination still owes, or quarantine events only it
+// takes. Restart the relay with the destination in its file, or drop it
+// (admin.DropDestination, pgoutbox destinations drop). A destination that was
+// registered when the relay started and is not in its configuration counts
+// as removed: events are done without it, its progress kept until dropped.
 var ErrUnservedDestination = errors.New("relay: a destination registered in the outbox is not served by this relay")
 
 // Validate reports what a relay would refuse in d, naming the destination and

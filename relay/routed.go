@@ -52,6 +52,11 @@ type routed struct {
 	q     routedQueries
 	dests []*dest
 	names []string // every destination's name, for the done mark
+	// known are the destinations registered in the outbox when the relay
+	// registered its own, whether it serves them or not (one left out of its
+	// configuration counts as removed); one registered since makes it wait
+	// (unservedSQL).
+	known []string
 	// registerBounds bound the registration's statements: a StartBackfill
 	// destination's reopenSQL updates every retained event.
 	registerBounds pgbound.Bounds
@@ -124,6 +129,25 @@ func (ro *routed) register(ctx context.Context) error {
 			return fmt.Errorf("relay: register destination %q: %w", d.Name, err)
 		}
 	}
+	rows, err := ro.r.pool.Query(ctx, ro.q.registered)
+	if err != nil {
+		return fmt.Errorf("relay: read the registered destinations: %w", err)
+	}
+	known, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("relay: read the registered destinations: %w", err)
+	}
+	var removed []string
+	for _, n := range known {
+		if !slices.Contains(ro.names, n) {
+			removed = append(removed, n)
+		}
+	}
+	if len(removed) > 0 {
+		ro.r.log.Warn("destinations registered in the outbox but not configured for this relay count as removed: events are done without them; their progress is kept until pgoutbox destinations drop",
+			slog.Any("removed", quoteAll(removed)))
+	}
+	ro.known = known
 	return nil
 }
 
@@ -189,7 +213,7 @@ func (ro *routed) checkUnserved(ctx context.Context) {
 	if time.Since(ro.unservedChecked) < unservedCheckEvery {
 		return
 	}
-	rows, err := ro.r.pool.Query(ctx, ro.q.unserved, ro.names)
+	rows, err := ro.r.pool.Query(ctx, ro.q.unserved, ro.known)
 	if err != nil {
 		return // the next claim's error says what is wrong with the database
 	}
@@ -199,7 +223,7 @@ func (ro *routed) checkUnserved(ctx context.Context) {
 	}
 	ro.unservedChecked = time.Now()
 	if len(names) > 0 && !slices.Equal(names, ro.unserved) {
-		ro.r.log.Warn("destinations registered in the outbox are not served by this relay: it delivers nothing until its destinations file has them, or they are dropped (pgoutbox destinations drop)",
+		ro.r.log.Warn("destinations registered in the outbox since this relay started are not served by it: it delivers nothing until it is restarted with them in its destinations file, or they are dropped (pgoutbox destinations drop)",
 			slog.Any("unserved", quoteAll(names)), slog.Any("served", quoteAll(ro.names)))
 	}
 	ro.unserved = names
@@ -330,9 +354,9 @@ func (d *dest) claimFrom(ctx context.Context, from pgoutbox.Lane, limit int) ([]
 	b := &pgx.Batch{}
 	args := []any{r.cfg.ID, r.cfg.Lease.Milliseconds(), limit, r.cfg.RunLength, d.Name, d.ro.names}
 	if from == (pgoutbox.Lane{}) {
-		b.Queue(d.ro.q.claimTop, args...)
+		b.Queue(d.ro.q.claimTop, append(args, d.ro.known)...)
 	} else {
-		b.Queue(d.ro.q.claim, append(args, from.AggregateType, from.AggregateID)...)
+		b.Queue(d.ro.q.claim, append(args, from.AggregateType, from.AggregateID, d.ro.known)...)
 	}
 	err := pgbound.Send(ctx, r.pool, r.bounds, b, func(br pgx.BatchResults) error {
 		rows, err := br.Query()
@@ -544,7 +568,7 @@ func (d *dest) settleStatements(runs []run, j *pipeline.Judged) *pgx.Batch {
 	out, deadIDs, deadErrs := outcomes(runs, j)
 	b := &pgx.Batch{}
 	if len(deadIDs) > 0 {
-		b.Queue(d.ro.q.deadLetter, uuids(deadIDs), deadErrs, d.ro.names)
+		b.Queue(d.ro.q.deadLetter, uuids(deadIDs), deadErrs, d.ro.known)
 	}
 	n := len(runs)
 	types, ids := make([]string, n), make([]string, n)
@@ -557,7 +581,7 @@ func (d *dest) settleStatements(runs []run, j *pipeline.Judged) *pgx.Batch {
 		o := out[i]
 		advance[i], errs[i], delays[i], quarantine[i], failedSeq[i], attempts[i] = o.advance, o.err, o.delayMs, o.quarantine, o.failedSeq, int32(o.attempt)
 	}
-	b.Queue(d.ro.q.settle, d.Name, r.cfg.ID, d.ro.names, types, ids, advance, errs, delays, quarantine, failedSeq, attempts, retriedDeadLetter)
+	b.Queue(d.ro.q.settle, d.Name, r.cfg.ID, d.ro.names, types, ids, advance, errs, delays, quarantine, failedSeq, attempts, retriedDeadLetter, d.ro.known)
 	return b
 }
 

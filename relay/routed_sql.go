@@ -15,7 +15,7 @@ type routedQueries struct {
 	register, seedNow, reopen, rules, audit string
 	// lockLanes makes a registration wait for the settles under way;
 	// unserved lists the registered destinations the relay does not serve.
-	lockLanes, unserved string
+	lockLanes, unserved, registered string
 	// claim starts the lane scan before a cursor, claimTop at the last lane.
 	claim, claimTop             string
 	settle, deadLetter, release string
@@ -36,8 +36,9 @@ func newRoutedQueries(schema string) routedQueries {
 		audit:      fmt.Sprintf(auditRulesSQL, audit),
 		lockLanes:  fmt.Sprintf(lockLanesSQL, dl),
 		unserved:   fmt.Sprintf(unservedSQL, ds),
-		claim:      fmt.Sprintf(routedClaimSQL, ev, dl, routedClaimFrom, ds),
-		claimTop:   fmt.Sprintf(routedClaimSQL, ev, dl, "", ds),
+		registered: fmt.Sprintf(registeredSQL, ds),
+		claim:      fmt.Sprintf(routedClaimSQL, ev, dl, routedClaimFrom, ds, "$9"),
+		claimTop:   fmt.Sprintf(routedClaimSQL, ev, dl, "", ds, "$7"),
 		settle:     fmt.Sprintf(routedSettleSQL, ev, dl, attempts, pipeline.AttemptsKept-1, ds),
 		deadLetter: fmt.Sprintf(deadLetterSQL, ev, ds),
 		release:    fmt.Sprintf(routedReleaseSQL, dl),
@@ -63,15 +64,23 @@ RETURNING name`
 // on each other's seeding.
 const lockLanesSQL = `LOCK TABLE %[1]s IN SHARE ROW EXCLUSIVE MODE`
 
-// unservedSQL lists the registered destinations that are not among the
-// relay's ($1), in name order. While there is one, the relay's claims lease
-// nothing, and its settles neither mark events done nor quarantine events as
-// routed to no destination: both need every registered destination's view
-// (an event is done when every one has passed it, a dead letter when none
-// takes it), and a relay started with an older or partial destinations file
-// would judge them wrongly, marking done what the others still owe, or
-// quarantining what only they take.
+// unservedSQL lists the registered destinations the relay does not know
+// ($1: routed.known, those registered when it started, served or not), in
+// name order: destinations another relay registered since, as when a rolling
+// change adds one. While there is one, the relay's claims lease nothing, and
+// its settles neither mark events done nor quarantine events as routed to no
+// destination: both need every destination's view (an event is done when
+// every one has passed it, a dead letter when none takes it), and a relay
+// with an older destinations file would judge them wrongly, marking done
+// what the new destination still owes (its claim, which walks the lanes with
+// an unpublished event, would never find them), or quarantining what only it
+// takes. A destination registered before the relay started and not in its
+// configuration counts as removed by the operator (its progress kept until
+// destinations drop), as before.
 const unservedSQL = `SELECT name FROM %[1]s WHERE name <> ALL($1::text[]) ORDER BY name LIMIT 10`
+
+// registeredSQL lists every registered destination.
+const registeredSQL = `SELECT name FROM %[1]s ORDER BY name`
 
 // seedNowSQL starts a new StartNow destination ($1) after every event
 // committed so far: its cursor on each lane is the lane's counter. An event
@@ -119,7 +128,8 @@ const deadLetterPrefix = "routed to no destination: "
 //
 // Parameters: $1 relay id, $2 lease in milliseconds, $3 the most lanes, $4 run
 // length, $5 the destination, $6 every destination of the relay (text[]),
-// $7/$8 the lane cursor.
+// $7/$8 the lane cursor, then (%[5]s: $9, or $7 without the cursor) the
+// destinations the relay knows (routed.known, text[]).
 //
 //   - lanes: the loose index scan of the lanes with an unpublished event
 //     (outbox_events_unpublished_idx), as the single-broker claim's, but
@@ -145,7 +155,8 @@ const deadLetterPrefix = "routed to no destination: "
 //     the primary key, keeps the planner from turning it into a join that
 //     hashes every row the destination has): a claim reads the rows of the
 //     lanes it scans, however many lanes the destination has ever had.
-//     None while a registered destination is not among $6 (unservedSQL).
+//     None while a destination registered after the relay's start is not
+//     among those it knows (unservedSQL).
 //   - lease: the upsert of the lane rows. ON CONFLICT DO UPDATE locks the row
 //     and checks its latest version: of two relays claiming one lane, the
 //     second waits for the first's short transaction and then finds the
@@ -199,7 +210,7 @@ cand AS MATERIALIZED (
                            ON x.destination = n.name AND x.aggregate_type = l.aggregate_type
                           AND x.aggregate_id = l.aggregate_id))
            END
-       AND NOT EXISTS (SELECT 1 FROM %[4]s o WHERE o.name <> ALL($6::text[]))
+       AND NOT EXISTS (SELECT 1 FROM %[4]s o WHERE o.name <> ALL(%[5]s::text[]))
      LIMIT $3
 ),
 lease AS (
@@ -231,9 +242,10 @@ const routedClaimFrom = ` AND (aggregate_type, aggregate_id) < ($7::text, $8::te
 
 // deadLetterSQL quarantines in outbox_events the events no destination
 // takes ($1 ids, $2 errors): routed to none, or refused by every one. The
-// cursors pass them; dlq list shows them. None while a registered
-// destination is not among the relay's ($3; unservedSQL): only a relay that
-// serves them all can tell that none takes an event.
+// cursors pass them; dlq list shows them. None while a destination
+// registered after the relay's start is not among those it knows ($3;
+// unservedSQL): only a relay that serves them all can tell that none takes
+// an event.
 const deadLetterSQL = `
 UPDATE %[1]s e
    SET quarantined_at = now(), last_error = f.error
@@ -250,12 +262,13 @@ UPDATE %[1]s e
 // advances to (0: none), $7 the error (NULL: no failure), $8 the backoff in
 // milliseconds, $9 quarantine, $10 the failed event's sequence, $11 its
 // attempt number, $12 the text of a dead letter retried after every
-// destination passed it.
+// destination passed it. $13 the destinations the relay knows (routed.known).
 //
-//   - upd: the lane rows, none while a registered destination is not
-//     among $3 (unservedSQL: the relay's view of the destinations is partial,
-//     so it must not judge what is done; its leases run out and a relay that
-//     serves them all delivers the lanes again). The cursor only moves forward. A failure counts an
+//   - upd: the lane rows, none while a destination registered after the
+//     relay's start is not among those it knows, $13 (unservedSQL: its view
+//     of the destinations is out of date, so it must not judge what is done;
+//     its leases run out and a relay that serves them all delivers the lanes
+//     again). The cursor only moves forward. A failure counts an
 //     attempt (the run's first undelivered event's, as Judge numbered it),
 //     backs off, records the error and maybe the quarantine; an advance
 //     without failure clears them. The lease is released.
@@ -292,7 +305,7 @@ upd AS (
       FROM s
      WHERE d.destination = $1 AND d.aggregate_type = s.aggregate_type AND d.aggregate_id = s.aggregate_id
        AND d.claimed_by = $2
-       AND NOT EXISTS (SELECT 1 FROM %[5]s o WHERE o.name <> ALL($3::text[]))
+       AND NOT EXISTS (SELECT 1 FROM %[5]s o WHERE o.name <> ALL($13::text[]))
     RETURNING d.aggregate_type, d.aggregate_id, d.delivered_sequence
 ),
 recorded AS (

@@ -725,36 +725,36 @@ func TestDestinationsKeepUpUnderSteadyFlow(t *testing.T) {
 	})
 }
 
-// A relay whose destinations are fewer than those registered in the outbox
-// (an older file during a rolling change, or a partial one) must not judge
-// what is done or routed nowhere: it leases nothing, marks nothing done,
-// quarantines nothing, and says why in Healthy, until the missing
-// destination is dropped; then it delivers everything.
-func TestRelayWithPartialDestinationsWaits(t *testing.T) {
+// A relay that finds a destination registered since it started (another
+// relay, with a newer file, added it) must not judge what is done or routed
+// nowhere: it leases nothing, marks nothing done, quarantines nothing, and
+// says why in Healthy, until the destination is dropped (or it restarts with
+// it); then it delivers everything.
+func TestRelayWaitsForADestinationAddedSince(t *testing.T) {
 	t.Parallel()
 	o := newOutbox(t, 16)
-	// A relay with all three registers them, then stops.
-	r1 := startRouted(t, o, relay.Config{ID: "full", PollInterval: 50 * time.Millisecond,
-		Destinations: routedDests(relay.StartBackfill, &brokertest.Recorder{}, &brokertest.Recorder{}, &brokertest.Recorder{})})
-	pgtest.Must(t, r1.Stop(context.Background()), "stop the full relay")
-
-	evs := o.enqueueRouted(t, 6) // misc events region=eu: only eu takes them; other misc events: none
 	orders, users := &brokertest.Recorder{}, &brokertest.Recorder{}
-	r := startRouted(t, o, relay.Config{ID: "partial", PollInterval: 50 * time.Millisecond, Destinations: []relay.Destination{
+	r := startRouted(t, o, relay.Config{ID: "older", PollInterval: 50 * time.Millisecond, Destinations: []relay.Destination{
 		{Name: "orders", Publisher: orders, Rules: routedRules["orders"], Start: relay.StartBackfill},
 		{Name: "users", Publisher: users, Rules: routedRules["users"], Start: relay.StartBackfill}}})
-	wait.For(t, 60*time.Second, "Healthy to name the destination the relay does not serve", func() bool {
+	// A relay with a newer file adds eu, then stops before any event exists.
+	newer := startRouted(t, o, relay.Config{ID: "newer", PollInterval: 50 * time.Millisecond,
+		Destinations: routedDests(relay.StartBackfill, &brokertest.Recorder{}, &brokertest.Recorder{}, &brokertest.Recorder{})})
+	pgtest.Must(t, newer.Stop(context.Background()), "stop the newer relay")
+
+	evs := o.enqueueRouted(t, 6) // misc events with region=eu: only eu takes them; other misc events: none
+	wait.For(t, 60*time.Second, "Healthy to name the destination added since", func() bool {
 		err := r.Healthy()
 		return errors.Is(err, relay.ErrUnservedDestination) && strings.Contains(err.Error(), `"eu"`)
 	})
 	if n := len(orders.Messages()) + len(users.Messages()); n != 0 {
-		t.Fatalf("the partial relay delivered %d messages", n)
+		t.Fatalf("the older relay delivered %d messages", n)
 	}
 	if n := o.count(t, "published_at IS NOT NULL OR quarantined_at IS NOT NULL"); n != 0 {
-		t.Fatalf("the partial relay marked %d events done or dead", n)
+		t.Fatalf("the older relay marked %d events done or dead", n)
 	}
 
-	// The operator drops eu on purpose (what admin.DropDestination does).
+	// The operator drops eu after all (what admin.DropDestination does).
 	ctx := context.Background()
 	_, err := o.pool.Exec(ctx, "DELETE FROM "+pgx.Identifier{o.schema, "outbox_destination_lanes"}.Sanitize()+" WHERE destination = 'eu'")
 	pgtest.Must(t, err, "drop eu's progress")
@@ -765,8 +765,47 @@ func TestRelayWithPartialDestinationsWaits(t *testing.T) {
 	})
 	checkRouted(t, "orders", orders.Messages(), wantFor("orders", evs))
 	checkRouted(t, "users", users.Messages(), wantFor("users", evs))
-	// Without eu, the misc events (and only they) are routed nowhere.
-	dead := o.count(t, "quarantined_at IS NOT NULL AND last_error = 'routed to no destination: no rule of orders, users matches it'")
+	checkMiscDead(t, o, evs, "orders, users")
+	wait.For(t, 30*time.Second, "Healthy once no destination is unknown", func() bool { return r.Healthy() == nil })
+}
+
+// A destination registered before a relay starts and left out of its
+// configuration counts as removed: the relay delivers to its own, marks
+// events done without it, routes nowhere what only it took, and keeps its
+// progress.
+func TestDestinationLeftOutCountsAsRemoved(t *testing.T) {
+	t.Parallel()
+	o := newOutbox(t, 16)
+	all := startRouted(t, o, relay.Config{ID: "all", PollInterval: 50 * time.Millisecond,
+		Destinations: routedDests(relay.StartBackfill, &brokertest.Recorder{}, &brokertest.Recorder{}, &brokertest.Recorder{})})
+	pgtest.Must(t, all.Stop(context.Background()), "stop the relay with every destination")
+	pgtest.Must(t, o.pool.QueryRow(context.Background(), "INSERT INTO "+pgx.Identifier{o.schema, "outbox_destination_lanes"}.Sanitize()+
+		" (destination, aggregate_type, aggregate_id, delivered_sequence) VALUES ('eu', 'order', 'o0', 0) RETURNING 1").Scan(new(int)), "eu's progress")
+
+	evs := o.enqueueRouted(t, 6)
+	orders, users := &brokertest.Recorder{}, &brokertest.Recorder{}
+	r := startRouted(t, o, relay.Config{ID: "fewer", PollInterval: 50 * time.Millisecond, Destinations: []relay.Destination{
+		{Name: "orders", Publisher: orders, Rules: routedRules["orders"], Start: relay.StartBackfill},
+		{Name: "users", Publisher: users, Rules: routedRules["users"], Start: relay.StartBackfill}}})
+	wait.For(t, 60*time.Second, "every event done or dead without eu", func() bool {
+		return o.count(t, "published_at IS NULL AND quarantined_at IS NULL") == 0
+	})
+	checkRouted(t, "orders", orders.Messages(), wantFor("orders", evs))
+	checkRouted(t, "users", users.Messages(), wantFor("users", evs))
+	checkMiscDead(t, o, evs, "orders, users")
+	if _, ok := o.lanes(t, "eu")["order/o0"]; !ok {
+		t.Fatal("eu's progress was not kept")
+	}
+	if err := r.Healthy(); err != nil {
+		t.Fatalf("Healthy: %v", err)
+	}
+}
+
+// checkMiscDead asserts that exactly the misc events of evs are dead letters
+// routed to none of names.
+func checkMiscDead(t *testing.T, o *outbox, evs []routedEvent, names string) {
+	t.Helper()
+	dead := o.count(t, "quarantined_at IS NOT NULL AND last_error = 'routed to no destination: no rule of "+names+" matches it'")
 	misc := 0
 	for _, e := range evs {
 		if e.aggregateType == "misc" {
@@ -776,5 +815,4 @@ func TestRelayWithPartialDestinationsWaits(t *testing.T) {
 	if dead != misc {
 		t.Fatalf("%d dead letters, want the %d misc events", dead, misc)
 	}
-	wait.For(t, 30*time.Second, "Healthy once every registered destination is served", func() bool { return r.Healthy() == nil })
 }
