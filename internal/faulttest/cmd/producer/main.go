@@ -62,6 +62,9 @@ func run(ctx context.Context) error {
 	// As an application does at start (docs/design.md, "Version skew"): a
 	// database outside this binary's compatibility window is refused.
 	if err := migrate.CheckCompatible(ctx, pool, *schema, migrate.LineOutbox); err != nil {
+		if ctx.Err() != nil {
+			return nil // SIGTERM during the check: a clean stop before any transaction
+		}
 		return err
 	}
 	j, err := checker.OpenJournal(*journal)
