@@ -65,15 +65,15 @@ func TestKafkaClusterLeadersMoveDuringDrain(t *testing.T) {
 	}
 	published := func() int { return o.count(t, "published_at IS NOT NULL") }
 	for i, step := range steps {
-		wait.For(t, time.Minute, "publishing before the change", func() bool { return published() >= (i+1)*len(ids)/(len(steps)+1) })
+		wait.For(t, 3*time.Minute, "publishing before the change", func() bool { return published() >= (i+1)*len(ids)/(len(steps)+1) })
 		before, failed := published(), r.Stats().Failed
 		changed := time.Now()
 		step.do()
-		wait.For(t, time.Minute, "publishing after the change", func() bool { return published() > before+50 })
+		wait.For(t, 3*time.Minute, "publishing after the change", func() bool { return published() > before+50 })
 		t.Logf("%s: 50 more events published %s later (%d failed attempts)", step.what,
 			time.Since(changed).Round(time.Millisecond), r.Stats().Failed-failed)
 	}
-	wait.For(t, time.Minute, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
+	wait.For(t, 3*time.Minute, "the backlog to drain", func() bool { return o.count(t, "published_at IS NULL") == 0 })
 	if n := o.count(t, "quarantined_at IS NOT NULL"); n != 0 {
 		t.Fatalf("%d events quarantined: %s", n, o.quarantineReason(t))
 	}
