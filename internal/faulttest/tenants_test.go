@@ -72,7 +72,9 @@ const tenantsWithin = 90 * time.Second
 // discover.
 func newTenantWorld(t *testing.T, discover time.Duration, names ...string) *tenantWorld {
 	t.Helper()
-	cluster, err := pgtest.StartCluster(&pgtest.ClusterConfig{MaxConnections: 200})
+	cluster, err := pgtest.StartCluster(&pgtest.ClusterConfig{MaxConnections: 200,
+		// LOG names the process a DROP DATABASE waits for (dropDatabase).
+		Settings: map[string]string{"log_min_messages": "log"}})
 	pgtest.Must(t, err, "start PostgreSQL")
 	t.Cleanup(func() { _ = cluster.Stop() })
 	target := natstest.New(t, natstest.URL())
@@ -431,8 +433,7 @@ func TestTenantsDatabaseDroppedMidRun(t *testing.T) {
 	pgtest.Must(t, a.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&dropped), "read the clock")
 	_, err := a.pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{goneSchema.schema}.Sanitize()+" CASCADE")
 	pgtest.Must(t, err, "drop schema %s", goneSchema.schema)
-	_, err = w.admin.Exec(ctx, "DROP DATABASE "+pgx.Identifier{b.name}.Sanitize()+" WITH (FORCE)")
-	pgtest.Must(t, err, "drop database %s", b.name)
+	w.dropDatabase(b)
 	droppedAt := time.Now()
 	t.Logf("dropped schema %s of %s and database %s", goneSchema.schema, a.name, b.name)
 
@@ -507,6 +508,126 @@ func TestTenantsDatabaseDroppedMidRun(t *testing.T) {
 		e.stopAll()
 	}
 	w.verdicts(kept...)
+}
+
+// barrierKick is how long dropDatabase lets DROP DATABASE wait on its
+// ProcSignalBarrier before it emits another: every process absorbs a barrier
+// at its next interrupt check, in milliseconds, unless the server's race
+// (dropDatabase) skipped it.
+const barrierKick = 10 * time.Second
+
+// dropDatabase drops d WITH (FORCE) while the relays run, failing the test with
+// the server's sessions when it has not ended within tenantsWithin.
+//
+// DROP DATABASE ends by waiting until every process of the server has absorbed
+// a ProcSignalBarrier, and PostgreSQL (15 and later) has a race there: a
+// process starting as the barrier is emitted can be skipped, never signalled,
+// and the drop waits for it until it exits. Processes start then here: the
+// relays reconnect at once to the database whose sessions the drop ended (such
+// a session then waits for the drop's lock, and so never exits) and to the
+// other database, where they react to the schema dropped a moment before. On
+// a busy CPU the window is wide: the drop once waited more than 6 minutes, and
+// under ci-repeat's load it waited on the barrier for a relay's idle-lock
+// session in the other database, opened as the drop began, idle and never
+// signalled. Any later barrier signals every process there is, the skipped one
+// included, and absorbing it releases the drop's: so while the drop waits on
+// its barrier past barrierKick, another is emitted, by dropping a scratch
+// database — as an operator would unstick such a drop.
+func (w *tenantWorld) dropDatabase(d *tenantDB) {
+	t := w.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), tenantsWithin)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, w.cluster.URL)
+	pgtest.Must(t, err, "connect to drop database %s", d.name)
+	defer conn.Close(context.Background())
+	pid := conn.PgConn().PID()
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(ctx, "DROP DATABASE "+pgx.Identifier{d.name}.Sanitize()+" WITH (FORCE)")
+		done <- err
+	}()
+	waiting := time.Time{} // since when the drop waits on its barrier
+	for kicks := 0; ; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("drop database %s: %v\n%s", d.name, err, w.sessions())
+			}
+			if kicks > 0 {
+				t.Logf("drop database %s ended after %d more barrier(s)", d.name, kicks)
+			}
+			return
+		case <-time.After(time.Second):
+		}
+		var event *string
+		err := w.admin.QueryRow(ctx, "SELECT wait_event FROM pg_stat_activity WHERE pid = $1", pid).Scan(&event)
+		switch {
+		case err != nil || event == nil || *event != "ProcSignalBarrier":
+			waiting = time.Time{}
+		case waiting.IsZero():
+			waiting = time.Now()
+		case time.Since(waiting) > barrierKick:
+			t.Logf("drop database %s waits on its ProcSignalBarrier for %s: emitting another\n%s",
+				d.name, time.Since(waiting).Round(time.Second), w.sessions())
+			w.emitBarrier(ctx)
+			kicks++
+			waiting = time.Time{}
+		}
+	}
+}
+
+// emitBarrier makes the server emit a ProcSignalBarrier, by creating and
+// dropping an empty database.
+func (w *tenantWorld) emitBarrier(ctx context.Context) {
+	w.t.Helper()
+	name := pgx.Identifier{pgtest.Name("faulttest_barrier")}.Sanitize()
+	_, err := w.admin.Exec(ctx, "CREATE DATABASE "+name)
+	pgtest.Must(w.t, err, "create a database to drop")
+	_, err = w.admin.Exec(ctx, "DROP DATABASE "+name)
+	pgtest.Must(w.t, err, "drop a database (emit a barrier)")
+}
+
+// sessions describes the server's processes, the locks they wait for, and what
+// the server last logged about a ProcSignalBarrier (the process a DROP
+// DATABASE waits for).
+func (w *tenantWorld) sessions() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, w.cluster.URL)
+	if err != nil {
+		return "sessions: " + err.Error()
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT format('pid %s %s db=%s app=%s state=%s wait=%s/%s xact=%s: %s',
+			pid, backend_type, datname, application_name, state, wait_event_type, wait_event,
+			now() - xact_start, left(query, 120))
+		FROM pg_stat_activity ORDER BY pid`)
+	if err != nil {
+		return "sessions: " + err.Error()
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "sessions: " + err.Error()
+	}
+	rows, err = conn.Query(ctx, `SELECT format('pid %s waits for a %s lock: %s db=%s rel=%s obj=%s/%s', pid, mode, locktype,
+			database, relation::regclass, classid, objid) FROM pg_locks WHERE NOT granted ORDER BY pid`)
+	if err != nil {
+		return strings.Join(lines, "\n") + "\nsessions: " + err.Error()
+	}
+	locks, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return strings.Join(lines, "\n") + "\nsessions: " + err.Error()
+	}
+	lines = append(lines, locks...)
+	log, _ := os.ReadFile(w.cluster.LogFile())
+	var barrier string
+	for l := range strings.Lines(string(log)) {
+		if strings.Contains(l, "ProcSignalBarrier") {
+			barrier = strings.TrimSpace(l)
+		}
+	}
+	return strings.Join(append(lines, barrier), "\n")
 }
 
 // waitLogged waits until relay r logged msg with every attribute given.
