@@ -145,6 +145,17 @@ type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// FailAll returns one result per message of msgs, each err: the answer of a
+// Publish that fails before it sends anything (an ended context, a closed
+// publisher, a broker that is not connected).
+func FailAll(msgs []Message, err error) []error {
+	results := make([]error, len(msgs))
+	for i := range results {
+		results[i] = err
+	}
+	return results
+}
+
 // ErrPredecessorFailed is the result of a message that was not sent because an
 // earlier message of its aggregate in the same batch failed. It is not an attempt:
 // the relay releases the event without counting it.

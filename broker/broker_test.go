@@ -157,6 +157,18 @@ func testCancelled(t *testing.T, publish publishFunc) {
 	}
 }
 
+func TestFailAll(t *testing.T) {
+	t.Parallel()
+	down := broker.Unavailable(errors.New("down"))
+	res := broker.FailAll([]broker.Message{msg("a", 1), msg("b", 1), msg("a", 2)}, down)
+	if len(res) != 3 || res[0] != down || res[1] != down || res[2] != down {
+		t.Fatalf("results %v, want the error once per message", res)
+	}
+	if res := broker.FailAll(nil, down); len(res) != 0 {
+		t.Fatalf("no messages: results %v", res)
+	}
+}
+
 func TestWireHeadersRoundTrip(t *testing.T) {
 	m := msg("42", 7)
 	m.SchemaVersion = 3

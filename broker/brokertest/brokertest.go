@@ -317,6 +317,28 @@ func CheckUnreachable(t testing.TB, p broker.Publisher, msgs ...broker.Message) 
 	}
 }
 
+// CheckCloudEventsHeaders fails the test unless got, the headers an adapter
+// put on its transport for m in the CloudEvents format enc, hold every header
+// enc.Headers yields for binding b with its value, no Outbox-* header (the
+// default format's, which CloudEvents replaces), and m's producer headers
+// Tenant and traceparent as the default format carries them.
+func CheckCloudEventsHeaders(t testing.TB, got map[string]string, enc wire.Encoding, m *broker.Message, b wire.CloudEventsBinding) {
+	t.Helper()
+	for k := range got {
+		if strings.HasPrefix(strings.ToLower(k), "outbox-") {
+			t.Errorf("header %s in the CloudEvents format", k)
+		}
+	}
+	if got["Tenant"] != m.Headers["Tenant"] || got["traceparent"] != m.Headers["traceparent"] {
+		t.Errorf("producer headers %v not carried as in the default format", got)
+	}
+	for k, v := range enc.Headers(m, b) {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("header %s = %q, want %q", k, g, v)
+		}
+	}
+}
+
 // FreePort returns a port of 127.0.0.1 that nothing listens on yet: where a
 // test starts a broker (or a proxy) after its client dialled it. The port lies
 // outside the kernel's ephemeral range, so no outgoing connection's source

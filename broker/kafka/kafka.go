@@ -397,16 +397,12 @@ func newPublisher(cl *kgo.Client, cfg Config, owns bool) *Publisher {
 // caller's ctx, because franz-go cancels a partition's whole buffer, other
 // calls' records included, when the first record's context ends.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error {
-	results := make([]error, len(msgs))
 	if len(msgs) == 0 {
-		return results
+		return []error{}
 	}
 	select {
 	case <-p.closed:
-		for i := range results {
-			results[i] = broker.Unavailable(errClosed)
-		}
-		return results
+		return broker.FailAll(msgs, broker.Unavailable(errClosed))
 	default:
 	}
 	return broker.PublishLanes(ctx, msgs, p.send)

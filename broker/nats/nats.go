@@ -402,34 +402,27 @@ func (p *Publisher) forgetStream() {
 // [broker.Publisher]. ctx bounds the whole call, including waiting for a slot in
 // the MaxPending window and for the acks.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error {
-	results := make([]error, len(msgs))
 	if len(msgs) == 0 {
-		return results
-	}
-	failAll := func(err error) []error {
-		for i := range results {
-			results[i] = err
-		}
-		return results
+		return []error{}
 	}
 	if err := ctx.Err(); err != nil {
-		return failAll(err)
+		return broker.FailAll(msgs, err)
 	}
 	select {
 	case <-p.closed:
-		return failAll(broker.Unavailable(errClosed))
+		return broker.FailAll(msgs, broker.Unavailable(errClosed))
 	default:
 	}
 	st, err := p.currentStream(ctx)
 	if err != nil {
-		return failAll(broker.Unavailable(err))
+		return broker.FailAll(msgs, broker.Unavailable(err))
 	}
 	// A subject outside the stream is refused permanently, so first make sure the
 	// cached subjects are not stale.
 	for i := range msgs {
 		if subj := p.cfg.Subject.Expand(&msgs[i]); validateSubject(subj) == nil && !st.covers(subj) {
 			if st, err = p.ensureStream(ctx); err != nil {
-				return failAll(broker.Unavailable(err))
+				return broker.FailAll(msgs, broker.Unavailable(err))
 			}
 			break
 		}
@@ -440,9 +433,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error 
 	// of one connection into one stream in order: acks are awaited oldest first.
 	share := min(len(msgs), p.cfg.MaxPending)
 	if err := p.reserve(ctx, share); err != nil {
-		return failAll(err)
+		return broker.FailAll(msgs, err)
 	}
-	results = broker.PublishLanesInOrder(ctx, msgs, share, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
+	results := broker.PublishLanesInOrder(ctx, msgs, share, func(ctx context.Context, m *broker.Message) (broker.AckFunc, error) {
 		return p.send(st, m)
 	})
 	p.window.Release(int64(share))

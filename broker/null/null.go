@@ -23,15 +23,11 @@ var _ broker.Publisher = (*Publisher)(nil)
 // Publish acknowledges every message, or fails them all with ctx's error when ctx
 // has ended.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error {
-	results := make([]error, len(msgs))
 	if err := ctx.Err(); err != nil {
-		for i := range results {
-			results[i] = err
-		}
-		return results
+		return broker.FailAll(msgs, err)
 	}
 	p.published.Add(int64(len(msgs)))
-	return results
+	return make([]error, len(msgs))
 }
 
 // Published returns how many messages were acknowledged.

@@ -478,22 +478,15 @@ func (p *Publisher) session() (*session, error) {
 // with a [broker.Unavailable] error when it was nacked, not confirmed within
 // Config.ConfirmTimeout, or its channel or connection was lost or blocked.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error {
-	results := make([]error, len(msgs))
 	if len(msgs) == 0 {
-		return results
-	}
-	failAll := func(err error) []error {
-		for i := range results {
-			results[i] = err
-		}
-		return results
+		return []error{}
 	}
 	if err := ctx.Err(); err != nil {
-		return failAll(err)
+		return broker.FailAll(msgs, err)
 	}
 	// Not connected: fail fast, every message alike, rather than one per lane.
 	if _, err := p.session(); err != nil {
-		return failAll(err)
+		return broker.FailAll(msgs, err)
 	}
 	return broker.PublishLanes(ctx, msgs, p.send)
 }

@@ -1,6 +1,7 @@
 package redisstream_test
 
 import (
+	"maps"
 	"testing"
 
 	"github.com/pgoutbox/pgoutbox/broker"
@@ -34,17 +35,9 @@ func TestCloudEventsFormat(t *testing.T) {
 		t.Fatalf("read: %v, %v", got, err)
 	}
 	fields := got[0].Headers
-	want := map[string]string{}
-	for k, v := range cfg.Encoding.Headers(&m, redisstream.CloudEventsBinding) {
-		want[k] = v
-	}
-	if len(fields) != len(want) {
-		t.Errorf("fields %v, want %v and the body", fields, want)
-	}
-	for k, v := range want {
-		if fields[k] != v {
-			t.Errorf("field %s = %q, want %q", k, fields[k], v)
-		}
+	brokertest.CheckCloudEventsHeaders(t, fields, cfg.Encoding, &m, redisstream.CloudEventsBinding)
+	if n := len(maps.Collect(cfg.Encoding.Headers(&m, redisstream.CloudEventsBinding))); len(fields) != n {
+		t.Errorf("fields %v: want the %d of the binding and the body", fields, n)
 	}
 	names := make([]string, 0, len(fields))
 	for k := range fields {

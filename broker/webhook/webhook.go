@@ -527,11 +527,7 @@ func classifyStatus(code int, err error) error {
 // bounded by Config.Timeout.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []error {
 	if p.ctx.Err() != nil {
-		results := make([]error, len(msgs))
-		for i := range results {
-			results[i] = broker.Unavailable(errClosed)
-		}
-		return results
+		return broker.FailAll(msgs, broker.Unavailable(errClosed))
 	}
 	return broker.PublishLanes(ctx, msgs, p.send)
 }

@@ -22,10 +22,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
-// pollRetry is the backoff between polls that keep failing (a topic that does not
-// exist, an authorization error): 100ms doubling to 5s.
-var pollRetry = retry.Exponential{Base: 100 * time.Millisecond, Max: 5 * time.Second}
-
 // The defaults of Config's fields.
 const (
 	DefaultConcurrency        = 4
@@ -318,7 +314,7 @@ func (s *Subscriber) checkClient(cl *kgo.Client) error {
 // never held up.
 func (s *Subscriber) poll() {
 	defer s.loops.Done()
-	backoff := retry.Backoff{Schedule: pollRetry}
+	var backoff retry.Backoff // the reconnect schedule: 100ms doubling to 5s
 	for {
 		fetches := s.cl.PollRecords(s.pollCtx, s.cfg.MaxBufferedRecords)
 		if fetches.IsClientClosed() || s.pollCtx.Err() != nil {

@@ -56,14 +56,9 @@ func Example() {
 	if err := sub.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	// Deliver the same event again under another message id, as after a crash.
-	again := &natsgo.Msg{Subject: "outbox.order.paid", Data: paid.Payload, Header: natsgo.Header{}}
-	for k, v := range paid.WireHeaders() {
-		again.Header.Set(k, v)
-	}
-	if _, err := js.PublishMsg(ctx, again, jetstream.WithMsgID(paid.EventID.String()+"-again")); err != nil {
-		log.Fatal(err)
-	}
+	// Deliver the same event again under another message id (Nats-Msg-Id), as
+	// a relay's re-publish after the stream's duplicate window would be.
+	exampletest.Publish(ctx, pub, exampletest.Republished(paid))
 
 	// Finish waits for the two deliveries, then stops sub: Stop lets the
 	// deliveries in progress commit and ack.

@@ -39,13 +39,8 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
 	"github.com/pgoutbox/pgoutbox/internal/config"
-	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
-
-// pullRetry is the backoff between failed pull requests (the connection is down and
-// nats.go reconnects, or the consumer is gone): 100ms doubling to 5s.
-var pullRetry = retry.Exponential{Base: 100 * time.Millisecond, Max: 5 * time.Second}
 
 // The defaults of Config's fields.
 const (
@@ -294,33 +289,19 @@ func (s *Subscriber) ensureConsumer(ctx context.Context) (jetstream.Consumer, er
 // read returns, so that no request of this Subscriber is left on the server when
 // Stop hands messages back.
 func (s *Subscriber) read() {
-	// Refill when the queue is down to half: fewer, larger requests.
-	low := s.cfg.Prefetch / 2
-	backoff := retry.Backoff{Schedule: pullRetry}
-	for {
-		n, ok := s.svc.WaitRoom(low, s.cfg.Prefetch)
-		if !ok {
-			return
-		}
+	// Refill when the queue is down to half: fewer, larger requests. A failed
+	// request (the connection is down and nats.go reconnects, or the consumer
+	// is gone) is tried again, more slowly each time.
+	s.svc.Read(s.cfg.Prefetch/2, s.cfg.Prefetch, "pull request", func(n int) error {
 		batch, err := s.cons.Fetch(n, jetstream.FetchMaxWait(s.cfg.MaxWait))
-		if err == nil {
-			for msg := range batch.Messages() {
-				s.svc.Push(msg)
-			}
-			err = batch.Error()
+		if err != nil {
+			return err
 		}
-		if err == nil {
-			backoff.Reset()
-			continue
+		for msg := range batch.Messages() {
+			s.svc.Push(msg)
 		}
-		// The connection is down (nats.go reconnects), or the consumer is gone:
-		// try again, more slowly each time.
-		pause := backoff.Next()
-		s.log.Warn("pull request failed; retrying", slog.Duration("in", pause), slog.Any("error", err))
-		if !subscriber.Pause(&s.svc.Lifecycle, pause) {
-			return
-		}
-	}
+		return batch.Error()
+	})
 }
 
 // jsBroker settles JetStream messages for the core.

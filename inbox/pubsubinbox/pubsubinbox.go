@@ -55,10 +55,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
-// receiveRetry is the backoff between failed Receive calls (the subscription
-// is missing, permission is refused, the service is down): 100ms doubling to 5s.
-var receiveRetry = retry.Exponential{Base: 100 * time.Millisecond, Max: 5 * time.Second}
-
 // The defaults of Config's fields.
 const (
 	DefaultConcurrency    = subscriber.DefaultConcurrency
@@ -217,7 +213,9 @@ func (s *Subscriber) setup(context.Context) ([]func(), []any, error) {
 // queued (the workers start nothing new) until Receive returns; the message
 // a worker holds is settled by the worker.
 func (s *Subscriber) receive() {
-	backoff := retry.Backoff{Schedule: receiveRetry}
+	// A failed Receive (the subscription is missing, permission is refused,
+	// the service is down) is tried again on the reconnect schedule.
+	var backoff retry.Backoff
 	for {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
@@ -239,9 +237,7 @@ func (s *Subscriber) receive() {
 			s.releaseUntil(done)
 			return
 		}
-		pause := backoff.Next()
-		s.log.Warn("receive failed; retrying", slog.Duration("in", pause), slog.Any("error", err))
-		if !subscriber.Pause(&s.svc.Lifecycle, pause) {
+		if !s.svc.Retry(&backoff, "receive", err) {
 			return
 		}
 	}

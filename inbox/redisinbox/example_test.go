@@ -36,9 +36,7 @@ func Example() {
 	}
 	defer pub.Close()
 	paid := exampletest.Paid()
-	again := paid
-	again.DedupID = paid.EventID.String() + "-again"
-	exampletest.Publish(ctx, pub, paid, again)
+	exampletest.Publish(ctx, pub, paid, exampletest.Republished(paid))
 
 	// The consumer service: a Consumer "shipping" that records each paid order
 	// once; its group "shipping" is shared by every instance.

@@ -48,7 +48,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
 	"github.com/pgoutbox/pgoutbox/internal/config"
-	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
@@ -60,9 +59,6 @@ const (
 	DefaultConcurrency   = subscriber.DefaultConcurrency
 	DefaultStartID       = "0"
 )
-
-// readRetry is the backoff between failed reads: 100ms doubling to 5s.
-var readRetry = retry.Exponential{Base: 100 * time.Millisecond, Max: 5 * time.Second}
 
 // Config configures a Subscriber. A nil *Config is invalid: Stream is
 // required.
@@ -249,16 +245,10 @@ func (s *Subscriber) ensureGroup(ctx context.Context) error {
 // queueing them by aggregate, until stopping. Each call ends within Block, so
 // the reader returns soon after the stop begins.
 func (s *Subscriber) read() {
-	low := s.cfg.Prefetch / 2
-	backoff := retry.Backoff{Schedule: readRetry}
 	ctx := s.svc.Lifecycle.Hard()
 	cursor := "0-0"
 	var lastClaim time.Time
-	for {
-		n, ok := s.svc.WaitRoom(low, s.cfg.Prefetch)
-		if !ok {
-			return
-		}
+	s.svc.Read(s.cfg.Prefetch/2, s.cfg.Prefetch, "read", func(n int) error {
 		var err error
 		if time.Since(lastClaim) >= s.cfg.ClaimInterval {
 			lastClaim = time.Now()
@@ -266,23 +256,12 @@ func (s *Subscriber) read() {
 		} else {
 			err = s.readNew(ctx, n)
 		}
-		if err == nil {
-			backoff.Reset()
-			continue
-		}
-		if s.svc.Lifecycle.IsStopping() {
-			return
-		}
-		if redis.HasErrorPrefix(err, "NOGROUP") {
+		if err != nil && redis.HasErrorPrefix(err, "NOGROUP") && !s.svc.Lifecycle.IsStopping() {
 			// The stream or the group was deleted: make them again.
 			err = errors.Join(err, s.ensureGroup(ctx))
 		}
-		pause := backoff.Next()
-		s.log.Warn("read failed; retrying", slog.Duration("in", pause), slog.Any("error", err))
-		if !subscriber.Pause(&s.svc.Lifecycle, pause) {
-			return
-		}
-	}
+		return err
+	})
 }
 
 // claim takes up to n pending entries idle for MinIdle, from cursor, and

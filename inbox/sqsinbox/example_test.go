@@ -39,9 +39,7 @@ func Example() {
 	}
 	defer pub.Close()
 	paid := exampletest.Paid()
-	again := paid
-	again.DedupID = paid.EventID.String() + "-again"
-	exampletest.Publish(ctx, pub, paid, again)
+	exampletest.Publish(ctx, pub, paid, exampletest.Republished(paid))
 
 	// The consumer service: a Consumer "shipping" that records each paid
 	// order once, on the queue every instance shares.

@@ -74,7 +74,6 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/inbox/internal/subscriber"
 	"github.com/pgoutbox/pgoutbox/internal/config"
-	"github.com/pgoutbox/pgoutbox/internal/retry"
 	"github.com/pgoutbox/pgoutbox/wire"
 )
 
@@ -92,9 +91,6 @@ const (
 	maxVisibility = 12 * time.Hour
 	maxBatch      = 10 // entries of one ChangeMessageVisibilityBatch, messages of one receive
 )
-
-// receiveRetry is the backoff between failed receives: 100ms doubling to 5s.
-var receiveRetry = retry.Exponential{Base: 100 * time.Millisecond, Max: 5 * time.Second}
 
 // settleTimeout bounds one settling call; it runs after the transaction
 // ended, even during a hard stop.
@@ -297,27 +293,9 @@ func (s *Subscriber) setup(ctx context.Context) ([]func(), []any, error) {
 // may still take messages on the server, which would then stay hidden for
 // the visibility timeout (the emulator was seen doing so).
 func (s *Subscriber) receive() {
-	low := s.cfg.Prefetch - s.cfg.MaxMessages
-	backoff := retry.Backoff{Schedule: receiveRetry}
-	for {
-		n, ok := s.svc.WaitRoom(low, s.cfg.Prefetch)
-		if !ok {
-			return
-		}
-		err := s.receiveOnce(min(n, s.cfg.MaxMessages))
-		if err == nil {
-			backoff.Reset()
-			continue
-		}
-		if s.svc.Lifecycle.IsStopping() {
-			return
-		}
-		pause := backoff.Next()
-		s.log.Warn("receive failed; retrying", slog.Duration("in", pause), slog.Any("error", err))
-		if !subscriber.Pause(&s.svc.Lifecycle, pause) {
-			return
-		}
-	}
+	s.svc.Read(s.cfg.Prefetch-s.cfg.MaxMessages, s.cfg.Prefetch, "receive", func(n int) error {
+		return s.receiveOnce(min(n, s.cfg.MaxMessages))
+	})
 }
 
 func (s *Subscriber) receiveOnce(n int) error {

@@ -126,7 +126,8 @@ func ErrorText(err error) string {
 }
 
 // Reconnect is the schedule for reconnecting to the database, the listener or
-// the replication stream: 100ms doubling to 5s.
+// the replication stream, and for an inbox subscriber's reads that keep
+// failing: 100ms doubling to 5s.
 var Reconnect = Exponential{Base: 100 * time.Millisecond, Max: 5 * time.Second}
 
 // Backoff walks an Exponential schedule, one failure at a time. The zero value

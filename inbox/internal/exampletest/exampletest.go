@@ -31,6 +31,14 @@ func Paid() broker.Message {
 		Payload: []byte(`{"cents":1250}`)}
 }
 
+// Republished returns m as a relay publishes it again once the broker's
+// deduplication window has passed: the same event under another dedup id,
+// which the broker stores again and the inbox recognises as a duplicate.
+func Republished(m broker.Message) broker.Message {
+	m.DedupID = m.EventID.String() + "-again"
+	return m
+}
+
 // Publish sends msgs with pub, each in a Publish call of its own, in order.
 func Publish(ctx context.Context, pub broker.Publisher, msgs ...broker.Message) {
 	for _, m := range msgs {

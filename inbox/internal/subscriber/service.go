@@ -8,6 +8,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/inbox"
 	"github.com/pgoutbox/pgoutbox/internal/config"
 	"github.com/pgoutbox/pgoutbox/internal/lifecycle"
+	"github.com/pgoutbox/pgoutbox/internal/retry"
 )
 
 // DefaultConcurrency is the default of every subscriber's Config.Concurrency.
@@ -124,4 +125,37 @@ func (s *Service[M]) stopped(bool) {
 		s.close()
 	}
 	s.log.Info("subscriber stopped", s.counters()...)
+}
+
+// Read is the loop of a reader that pulls on demand, run until stopping: it
+// waits until at most low messages are queued, then calls pull with the room
+// left below high; pull pushes what it gets. A failed pull is tried again
+// after a pause of the reconnect schedule (retry.Reconnect, reset by a
+// success), logged as what failed ("read", "pull request"), unless the stop
+// has begun.
+func (s *Service[M]) Read(low, high int, what string, pull func(n int) error) {
+	var backoff retry.Backoff
+	for {
+		n, ok := s.WaitRoom(low, high)
+		if !ok {
+			return
+		}
+		err := pull(n)
+		if err == nil {
+			backoff.Reset()
+			continue
+		}
+		if s.Lifecycle.IsStopping() || !s.Retry(&backoff, what, err) {
+			return
+		}
+	}
+}
+
+// Retry logs err, the failure of what a reader did ("receive"), and waits
+// the next pause of backoff before the reader tries again; it reports false
+// if the stop begins first.
+func (s *Service[M]) Retry(backoff *retry.Backoff, what string, err error) bool {
+	pause := backoff.Next()
+	s.log.Warn(what+" failed; retrying", slog.Duration("in", pause), slog.Any("error", err))
+	return Pause(&s.Lifecycle, pause)
 }

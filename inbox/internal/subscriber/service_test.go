@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"strings"
@@ -105,5 +106,56 @@ func TestServiceStartAndStopTail(t *testing.T) {
 		if !strings.Contains(out, w) {
 			t.Errorf("log lacks %q:\n%s", w, out)
 		}
+	}
+}
+
+// Read pulls as long as there is room, logs a failed pull and pulls again
+// after the backoff, and ends once the stop begins, without logging the pull
+// the stop ended.
+func TestServiceRead(t *testing.T) {
+	f := &fake{}
+	var log logtest.Buffer
+	acked := make(chan struct{})
+	var svc Service[*msg]
+	svc.Init(Setup[*msg]{
+		Name: "sample", Broker: f, ProcessTimeout: time.Minute, Concurrency: 1, Log: log.Logger(),
+		Processor: procFunc(func(context.Context, inbox.Delivery) inbox.Outcome {
+			close(acked)
+			return inbox.Outcome{Status: inbox.StatusApplied}
+		}),
+		Counters: func() []any { return nil },
+	})
+	pulls := 0
+	pull := func(n int) error {
+		pulls++
+		switch pulls {
+		case 1:
+			return errors.New("broker down")
+		case 2:
+			if n != 4 {
+				t.Errorf("pull of %d, want the room below high (4)", n)
+			}
+			svc.Push(&msg{id: 1, lane: "a"})
+			return nil
+		}
+		// Until the stop, which ends the pull in progress: not a failure to log.
+		<-svc.Lifecycle.Stopping()
+		return errors.New("stopping")
+	}
+	err := svc.Start(context.Background(), func(context.Context) ([]func(), []any, error) {
+		return []func(){func() { svc.Read(0, 4, "pull", pull) }}, nil, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-acked
+	if err := svc.Lifecycle.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if pulls < 2 {
+		t.Errorf("%d pulls, want the failed one and the one after it", pulls)
+	}
+	if out := log.String(); strings.Count(out, `msg="pull failed; retrying"`) != 1 || !strings.Contains(out, `error="broker down"`) {
+		t.Errorf("log: want the one failed pull, not the one the stop ended:\n%s", out)
 	}
 }

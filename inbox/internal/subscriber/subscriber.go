@@ -11,7 +11,9 @@
 // reconnecting) plus a Service: a Core, parameterised by a Broker that settles
 // one message, on the subscriber's lifecycle.Lifecycle. Service.Start runs the
 // subscriber's set-up, its readers and the workers (Core.Run); its Stopped
-// hook releases what Core.Drain returns and logs the counters. The fields
+// hook releases what Core.Drain returns and logs the counters; Service.Read is
+// the loop of a reader that pulls on demand, and Service.Retry its pause
+// after a failure, logged. The fields
 // every subscriber's Config shares (Concurrency, Logger) are filled and
 // checked by Resolve.
 //
