@@ -11,27 +11,17 @@ import (
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
-	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
-// exampleSchema gives each example a schema of its own on the test database and
-// returns a function that drops it. Real code uses its own pool and schema.
+// exampleSchema gives each example a schema of its own on the test database,
+// with an orders table, and returns a function that drops it. Real code uses
+// its own pool and schema.
 func exampleSchema(ctx context.Context) (*pgxpool.Pool, string, func()) {
-	pool, err := pgxpool.New(ctx, pgtest.URL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	schema := pgtest.Name("example")
-	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema}); err != nil {
-		log.Fatal(err)
-	}
+	pool, schema, done := pgtest.ExampleDB(ctx)
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".orders (id text PRIMARY KEY, total_cents int)"); err != nil {
 		log.Fatal(err)
 	}
-	return pool, schema, func() {
-		_, _ = pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-		pool.Close()
-	}
+	return pool, schema, done
 }
 
 // The order row and its events commit together: the relay sees the events only if

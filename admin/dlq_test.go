@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -198,40 +197,6 @@ func TestDefaultActor(t *testing.T) {
 	}
 }
 
-// recorder is an in-process broker that stores what it is sent and refuses, as
-// permanent, the events in poison until they are cured.
-type recorder struct {
-	brokertest.Recorder
-	poison sync.Map // pgoutbox.UUID → true
-}
-
-func newRecorder(poison ...pgoutbox.UUID) *recorder {
-	r := &recorder{}
-	for _, id := range poison {
-		r.poison.Store(id, true)
-	}
-	r.Fail = func(m *broker.Message) error {
-		if _, bad := r.poison.Load(m.EventID); bad {
-			return broker.Permanent(errors.New("refused: " + m.AggregateID))
-		}
-		return nil
-	}
-	return r
-}
-
-func (r *recorder) cure(id pgoutbox.UUID) { r.poison.Delete(id) }
-
-// sequences returns the sequences the broker received for one aggregate, in order.
-func (r *recorder) sequences(aggID string) []int64 {
-	var out []int64
-	for _, m := range r.Messages() {
-		if m.AggregateID == aggID {
-			out = append(out, m.AggregateSequence)
-		}
-	}
-	return out
-}
-
 // startRelay runs a relay that polls only once a minute: within a test, it only
 // claims because a NOTIFY woke it (a commit, a retry, a skip).
 func startRelay(t *testing.T, e *dlqEnv, pub broker.Publisher) {
@@ -260,13 +225,14 @@ func TestSkipMovesTheLaneOnWithARelay(t *testing.T) {
 	ctx := context.Background()
 	evs := e.enqueue("order", 3, "o1")
 	bad := evs["o1"][1]
-	rec := newRecorder(bad)
+	rec := &brokertest.Recorder{}
+	rec.Refuse(bad)
 	startRelay(t, e, rec)
 
 	wait.For(t, 20*time.Second, "sequence 2 to be quarantined", func() bool {
 		return e.count("outbox_events", "quarantined_at IS NOT NULL") == 1
 	})
-	if got := rec.sequences("o1"); !equal(got, []int64{1}) {
+	if got := rec.Sequences("o1"); !equal(got, []int64{1}) {
 		t.Fatalf("broker got %v before the skip, want [1]", got)
 	}
 	before := time.Now()
@@ -274,13 +240,13 @@ func TestSkipMovesTheLaneOnWithARelay(t *testing.T) {
 	pgtest.Must(t, err, "skip")
 	if len(skipped) != 1 || skipped[0].EventID != bad || skipped[0].Reason != "payload refers to a deleted tenant" ||
 		skipped[0].SkippedBy != "alice@laptop" || skipped[0].DBUser == "" || skipped[0].AggregateSequence != 2 ||
-		skipped[0].AttemptCount != 1 || skipped[0].LastError != "refused: o1" {
+		skipped[0].AttemptCount != 1 || skipped[0].LastError != "brokertest: refused o1" {
 		t.Fatalf("skip returned %+v", skipped)
 	}
 	wait.For(t, 20*time.Second, "the lane's next event to be published", func() bool {
 		return e.count("outbox_events", "published_at IS NULL") == 0
 	})
-	if got := rec.sequences("o1"); !equal(got, []int64{1, 3}) {
+	if got := rec.Sequences("o1"); !equal(got, []int64{1, 3}) {
 		t.Fatalf("broker got %v, want [1 3]: the skipped event must never be sent", got)
 	}
 
@@ -289,13 +255,13 @@ func TestSkipMovesTheLaneOnWithARelay(t *testing.T) {
 	pgtest.Must(t, e.pool.QueryRow(ctx, "SELECT reason, skipped_by, db_user, skipped_at, last_error FROM "+e.table("outbox_skipped_events")+
 		" WHERE event_id = $1", bad).Scan(&reason, &by, &dbUser, &at, &lastErr), "audit row")
 	if reason != "payload refers to a deleted tenant" || by != "alice@laptop" || dbUser != "postgres" ||
-		at.Before(before.Add(-time.Minute)) || at.After(time.Now().Add(time.Minute)) || lastErr != "refused: o1" {
+		at.Before(before.Add(-time.Minute)) || at.After(time.Now().Add(time.Minute)) || lastErr != "brokertest: refused o1" {
 		t.Fatalf("audit row: reason %q, by %q, db user %q, at %s, last error %q", reason, by, dbUser, at, lastErr)
 	}
 	ev, err := e.admin.Get(ctx, bad)
 	pgtest.Must(t, err, "get skipped")
 	if ev.State != admin.StateSkipped || ev.Skip == nil || ev.Skip.Reason != reason || ev.PublishedAt == nil ||
-		ev.QuarantinedAt != nil || ev.ClaimedBy != "" || ev.LastError != "refused: o1" {
+		ev.QuarantinedAt != nil || ev.ClaimedBy != "" || ev.LastError != "brokertest: refused o1" {
 		t.Fatalf("skipped event: %+v", ev)
 	}
 }
@@ -307,7 +273,8 @@ func TestRetryReleasesLanesInOrder(t *testing.T) {
 	e := newDLQEnv(t)
 	ctx := context.Background()
 	evs := e.enqueue("order", 4, "o1", "o2", "o3")
-	rec := newRecorder(evs["o1"][0], evs["o2"][0])
+	rec := &brokertest.Recorder{}
+	rec.Refuse(evs["o1"][0], evs["o2"][0])
 	startRelay(t, e, rec)
 
 	wait.For(t, 20*time.Second, "two lane heads quarantined and the third lane published", func() bool {
@@ -317,8 +284,8 @@ func TestRetryReleasesLanesInOrder(t *testing.T) {
 		t.Fatalf("RetryWhere without criteria: %v, want ErrNoFilter", err)
 	}
 
-	rec.cure(evs["o1"][0])
-	rec.cure(evs["o2"][0])
+	rec.Cure(evs["o1"][0])
+	rec.Cure(evs["o2"][0])
 	got, err := e.admin.RetryWhere(ctx, admin.Filter{AggregateID: "o1", ErrorContains: "REFUSED"})
 	pgtest.Must(t, err, "retry o1")
 	if !sameIDs(got, evs["o1"][:1]) {
@@ -327,7 +294,7 @@ func TestRetryReleasesLanesInOrder(t *testing.T) {
 	wait.For(t, 20*time.Second, "o1's lane to be published", func() bool {
 		return e.count("outbox_events", "aggregate_id = 'o1' AND published_at IS NULL") == 0
 	})
-	if s := rec.sequences("o1"); !equal(s, []int64{1, 2, 3, 4}) {
+	if s := rec.Sequences("o1"); !equal(s, []int64{1, 2, 3, 4}) {
 		t.Fatalf("o1 reached the broker as %v", s)
 	}
 	if n := e.count("outbox_events", "aggregate_id = 'o2' AND published_at IS NOT NULL"); n != 0 {
@@ -342,7 +309,7 @@ func TestRetryReleasesLanesInOrder(t *testing.T) {
 	wait.For(t, 20*time.Second, "everything to be published", func() bool {
 		return e.count("outbox_events", "published_at IS NULL") == 0
 	})
-	if s := rec.sequences("o2"); !equal(s, []int64{1, 2, 3, 4}) {
+	if s := rec.Sequences("o2"); !equal(s, []int64{1, 2, 3, 4}) {
 		t.Fatalf("o2 reached the broker as %v", s)
 	}
 	if n := e.count("outbox_events", "attempt_count <> 1"); n != 0 {

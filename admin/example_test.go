@@ -12,30 +12,13 @@ import (
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
-	"github.com/pgoutbox/pgoutbox/migrate"
 )
 
-// exampleDB connects to your DATABASE_URL and migrates a schema of the example's
-// own (Schema defaults to "public"); done drops the schema and closes the pool.
-func exampleDB(ctx context.Context) (pool *pgxpool.Pool, schema string, done func()) {
-	pool, err := pgxpool.New(ctx, pgtest.URL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	schema = pgtest.Name("example")
-	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema}); err != nil {
-		log.Fatal(err)
-	}
-	return pool, schema, func() {
-		pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-		pool.Close()
-	}
-}
-
-// exampleOutbox is an exampleDB with two events of one order, the first of them
-// quarantined as a relay leaves a poison event.
+// exampleOutbox is a schema of the example's own (pgtest.ExampleDB) with two
+// events of one order, the first of them quarantined as a relay leaves a
+// poison event.
 func exampleOutbox(ctx context.Context) (pool *pgxpool.Pool, schema string, poison pgoutbox.UUID, done func()) {
-	pool, schema, done = exampleDB(ctx)
+	pool, schema, done = pgtest.ExampleDB(ctx)
 	p, _ := pgoutbox.NewProducer(&pgoutbox.Config{Schema: schema})
 	res, err := p.EnqueueTx(ctx, pool,
 		pgoutbox.Event{AggregateType: "order", AggregateID: "42", EventType: "order.placed", Payload: map[string]int{"cents": -5}},
@@ -117,7 +100,7 @@ func ExampleAdmin_RetryWhere() {
 
 func ExampleCleanup() {
 	ctx := context.Background()
-	pool, schema, done := exampleDB(ctx)
+	pool, schema, done := pgtest.ExampleDB(ctx)
 	defer done()
 
 	res, err := admin.Cleanup(ctx, pool, admin.CleanupConfig{
@@ -134,7 +117,7 @@ func ExampleCleanup() {
 
 func ExampleReplay() {
 	ctx := context.Background()
-	pool, schema, done := exampleDB(ctx)
+	pool, schema, done := pgtest.ExampleDB(ctx)
 	defer done()
 
 	// How many events would a replay of yesterday's orders send?

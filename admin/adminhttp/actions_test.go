@@ -151,12 +151,10 @@ func TestActionsRefuseBadFormTokens(t *testing.T) {
 			}
 		}
 	}
-	if s := e.state(id); s != admin.StateQuarantined || pub.Published() != 0 {
-		t.Fatalf("forms without a valid token acted: %s, %d published", s, pub.Published())
+	if n := pub.Published(); n != 0 {
+		t.Fatalf("forms without a valid token published %d", n)
 	}
-	if a, _ := e.admin.Audit(context.Background(), 10); len(a) != 0 {
-		t.Fatalf("audit rows: %+v", a)
-	}
+	e.console.Untouched(id, "forms without a valid token")
 	// Olga's own token works for her.
 	olgaTok := e.csrfOf("olga", olgaKey)
 	r := e.do("POST", "/dlq/retry", "olga", olgaKey, url.Values{"csrf": {olgaTok}, "schema": {e.schema}, "id": {id.String()},
@@ -183,12 +181,10 @@ func TestActionsNeedAReason(t *testing.T) {
 			}
 		}
 	}
-	if s := e.state(ids[0]); s != admin.StateQuarantined || pub.Published() != 0 {
-		t.Fatalf("actions without a reason acted: %s, %d published", s, pub.Published())
+	if n := pub.Published(); n != 0 {
+		t.Fatalf("actions without a reason published %d", n)
 	}
-	if a, _ := e.admin.Audit(context.Background(), 10); len(a) != 0 {
-		t.Fatalf("audit rows: %+v", a)
-	}
+	e.console.Untouched(ids[0], "actions without a reason")
 	r := e.do("POST", "/dlq/retry", "alice", e.aliceKey, url.Values{"csrf": {tok}, "schema": {e.schema}, "id": {ids[0].String()},
 		"reason": {"broker fixed"}, "once": {once}}, nil)
 	if r.status != http.StatusSeeOther {

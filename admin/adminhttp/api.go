@@ -62,23 +62,15 @@ func (h *Handler) apiRoutes() {
 		return apiPage(evs, p, err, func(e admin.Event) admin.Cursor { return admin.Cursor{At: e.OccurredAt, ID: e.ID} })
 	})
 	get("dlq", func(r *http.Request, a *admin.Admin, schema string) (any, error) {
-		f, p, err := filterPageOf(r)
+		l, err := dlqPage(r, a)
 		if err != nil {
 			return nil, err
 		}
-		dest, err := destinationOf(r)
+		page, err := apiPage(l.Events, l.Page, err, func(e admin.Event) admin.Cursor { return admin.Cursor{At: *e.QuarantinedAt, ID: e.ID} })
 		if err != nil {
 			return nil, err
 		}
-		n, evs, err := dlqPage(r, a, dest, f, p)
-		if err != nil {
-			return nil, err
-		}
-		page, err := apiPage(evs, p, err, func(e admin.Event) admin.Cursor { return admin.Cursor{At: *e.QuarantinedAt, ID: e.ID} })
-		if err != nil {
-			return nil, err
-		}
-		page.Matching = &n
+		page.Matching = &l.Matching
 		return page, nil
 	})
 	get("errors", func(r *http.Request, a *admin.Admin, _ string) (any, error) { return a.ErrorGroups(r.Context()) })

@@ -9,8 +9,6 @@ import (
 	"net/http/httptest"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgoutbox/pgoutbox/admin/adminhttp"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
 	"github.com/pgoutbox/pgoutbox/migrate"
@@ -20,16 +18,8 @@ import (
 // file (adminhttp.LoadUsers) or, as here, from text; viewers read, operators act.
 func ExampleNew() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.URL()) // your DATABASE_URL
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	schema := pgtest.Name("example")
-	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema}); err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+	pool, schema, done := pgtest.ExampleDB(ctx) // your DATABASE_URL, an outbox schema
+	defer done()
 
 	// A generated token: at least 32 characters (openssl rand -hex 16). Or a
 	// bcrypt hash of a password, as pgoutbox console hash-password prints it.

@@ -208,27 +208,20 @@ func (h *Handler) bulkAction(w http.ResponseWriter, r *http.Request, verb, done 
 		h.fail(w, r, v, err)
 		return
 	}
-	p, tok, ok := h.once(w, r, v)
-	if !ok {
-		return
-	}
-	req.Actor = p.actor
-	n, err := act(r.Context(), a, req)
-	if err != nil {
-		h.acts.abort(tok) // the transaction changed nothing: the form may be confirmed again
-		h.fail(w, r, v, err)
-		return
-	}
-	h.log.Info("console: bulk "+verb, slog.String("actor", p.actor), slog.String("schema", schema),
-		slog.String("group", req.Group), slog.Int("events", n))
-	o := &outcome{user: p.name, notice: fmt.Sprintf(done, n), count: n}
-	h.acts.finish(tok, o, func(result string) string {
-		if req.Group != "" {
-			return h.link("/errors", schema, "result", result)
-		}
-		return h.link("/dlq", schema, append(filterParams(req.Filter), "result", result)...)
+	h.runCounted(w, r, v, countedAction{
+		run: func(ctx context.Context, actor string) (int, error) {
+			req.Actor = actor
+			return act(ctx, a, req)
+		},
+		log: "console: bulk " + verb, attr: slog.String("group", req.Group),
+		notice: func(n int) string { return fmt.Sprintf(done, n) },
+		back: func(result string) string {
+			if req.Group != "" {
+				return h.link("/errors", schema, "result", result)
+			}
+			return h.link("/dlq", schema, append(filterParams(req.Filter), "result", result)...)
+		},
 	})
-	h.done(w, r, o, false)
 }
 
 // bulkStatus maps the bulk actions' own errors to answers.

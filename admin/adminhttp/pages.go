@@ -303,40 +303,55 @@ func filterOf(r *http.Request) (admin.Filter, error) {
 	return f, err
 }
 
-// dlqPage is one page of dead letters, the outbox's or destination dest's
-// (when not empty), and how many f selects in all: the page is read even
-// when there are too many to count (ErrTooMany, with the count 0).
-func dlqPage(r *http.Request, a *admin.Admin, dest string, f admin.Filter, p admin.Page) (int, []admin.Event, error) {
+// dlqList is the dead-letter list a request asks for (its filter, page and
+// destination) and what was read of it.
+type dlqList struct {
+	Filter admin.Filter
+	Page   admin.Page
+	// Destination is the destination whose dead letters these are ("": the
+	// outbox's own).
+	Destination string
+	// Matching is how many dead letters Filter selects in all.
+	Matching int
+	Events   []admin.Event
+}
+
+// dlqPage reads the dead-letter list r asks for: one page of dead letters,
+// the outbox's or its destination's, and how many the filter selects in all.
+// The page is read even when there are too many to count (ErrTooMany, with
+// Matching 0).
+func dlqPage(r *http.Request, a *admin.Admin) (dlqList, error) {
+	var l dlqList
+	var err error
+	if l.Filter, l.Page, err = filterPageOf(r); err != nil {
+		return l, err
+	}
+	if l.Destination, err = destinationOf(r); err != nil {
+		return l, err
+	}
+	f, p, dest := l.Filter, l.Page, l.Destination
 	count := func() (int, error) { return a.CountBulk(r.Context(), f, "") }
 	list := func() ([]admin.Event, error) { return a.ListQuarantinedPage(r.Context(), f, p) }
 	if dest != "" {
 		count = func() (int, error) { return a.CountDestinationQuarantined(r.Context(), dest, f) }
 		list = func() ([]admin.Event, error) { return a.ListDestinationQuarantinedPage(r.Context(), dest, f, p) }
 	}
-	evs, err := list()
-	if err != nil {
-		return 0, nil, err
+	if l.Events, err = list(); err != nil {
+		return l, err
 	}
-	n, err := count()
-	return n, evs, err
+	l.Matching, err = count()
+	return l, err
 }
 
 func (h *Handler) dlq(w http.ResponseWriter, r *http.Request) {
 	v := &view{Title: "Dead letters", Nav: "dlq"}
 	h.page(w, r, "dlq", v, func(a *admin.Admin) (any, error) {
-		f, p, err := filterPageOf(r)
-		if err != nil {
-			return nil, err
-		}
-		dest, err := destinationOf(r)
-		if err != nil {
-			return nil, err
-		}
-		matching, evs, err := dlqPage(r, a, dest, f, p)
+		l, err := dlqPage(r, a)
 		if err != nil && !errors.Is(err, admin.ErrTooMany) {
 			return nil, err
 		}
-		b := &dlqBody{Filter: f, Matching: matching, Destination: dest}
+		f, p, dest, evs := l.Filter, l.Page, l.Destination, l.Events
+		b := &dlqBody{Filter: f, Matching: l.Matching, Destination: dest}
 		params := filterParams(f)
 		if dest != "" {
 			v.Title = "Dead letters of destination " + dest
@@ -503,24 +518,55 @@ func (h *Handler) deadLetterAction(w http.ResponseWriter, r *http.Request, title
 		h.fail(w, r, v, err)
 		return
 	}
+	h.runCounted(w, r, v, countedAction{
+		run: func(ctx context.Context, actor string) (int, error) {
+			return act(ctx, a, dest, ids, reason, actor)
+		},
+		log: "console: " + verb + " dead letters", attr: slog.String("destination", dest),
+		notice: func(n int) string {
+			notice := fmt.Sprintf(done, n)
+			if dest != "" {
+				notice = fmt.Sprintf("Destination %s: %s", dest, notice)
+			}
+			return notice
+		},
+		back: h.back(schema, dest, ids, f),
+	})
+}
+
+// countedAction is an action on events whose form was read: what
+// Handler.runCounted runs once.
+type countedAction struct {
+	// run changes the events as actor, in one transaction, and returns how
+	// many it changed; after an error it changed nothing.
+	run func(ctx context.Context, actor string) (int, error)
+	// log is the message logged after the run, with the actor, the schema,
+	// attr and the count.
+	log  string
+	attr slog.Attr
+	// notice is the result page's notice for a run that changed n events.
+	notice func(n int) string
+	// back is the result page of the run whose record is result.
+	back func(result string) string
+}
+
+// runCounted runs c once as the signed-in user (Handler.once) and answers
+// with its result page. A failed run changed nothing: its token is given back,
+// so the form may be confirmed again.
+func (h *Handler) runCounted(w http.ResponseWriter, r *http.Request, v *view, c countedAction) {
 	p, tok, ok := h.once(w, r, v)
 	if !ok {
 		return
 	}
-	n, err := act(r.Context(), a, dest, ids, reason, p.actor)
+	n, err := c.run(r.Context(), p.actor)
 	if err != nil {
-		h.acts.abort(tok) // the action's transaction changed nothing
+		h.acts.abort(tok)
 		h.fail(w, r, v, err)
 		return
 	}
-	h.log.Info("console: "+verb+" dead letters", slog.String("actor", p.actor), slog.String("schema", schema),
-		slog.String("destination", dest), slog.Int("events", n))
-	notice := fmt.Sprintf(done, n)
-	if dest != "" {
-		notice = fmt.Sprintf("Destination %s: %s", dest, notice)
-	}
-	o := &outcome{user: p.name, notice: notice, count: n}
-	h.acts.finish(tok, o, h.back(schema, dest, ids, f))
+	h.log.Info(c.log, slog.String("actor", p.actor), slog.String("schema", v.Schema), c.attr, slog.Int("events", n))
+	o := &outcome{user: p.name, notice: c.notice(n), count: n}
+	h.acts.finish(tok, o, c.back)
 	h.done(w, r, o, false)
 }
 

@@ -27,9 +27,10 @@ type Recorder struct {
 	// Down, while true, makes every send fail as unreachable (broker.Unavailable).
 	Down atomic.Bool
 
-	mu    sync.Mutex
-	got   []broker.Message
-	calls int
+	mu      sync.Mutex
+	got     []broker.Message
+	calls   int
+	refused map[pgoutbox.UUID]bool
 }
 
 // Publish implements broker.Publisher.
@@ -46,6 +47,9 @@ func (r *Recorder) Publish(ctx context.Context, msgs []broker.Message) []error {
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
+		if r.refused[m.EventID] {
+			return nil, broker.Permanent(errors.New("brokertest: refused " + m.AggregateID))
+		}
 		if r.Fail != nil {
 			if err := r.Fail(m); err != nil {
 				return nil, err
@@ -64,6 +68,38 @@ func (r *Recorder) Messages() []broker.Message {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]broker.Message(nil), r.got...)
+}
+
+// Refuse makes the recorder refuse the events ids as a broker refuses a
+// poison event: a permanent error (broker.Permanent), until Cure.
+func (r *Recorder) Refuse(ids ...pgoutbox.UUID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.refused == nil {
+		r.refused = map[pgoutbox.UUID]bool{}
+	}
+	for _, id := range ids {
+		r.refused[id] = true
+	}
+}
+
+// Cure makes the recorder accept the event id again after Refuse.
+func (r *Recorder) Cure(id pgoutbox.UUID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.refused, id)
+}
+
+// Sequences returns the sequences of aggregate aggID's stored messages, in
+// send order.
+func (r *Recorder) Sequences(aggID string) []int64 {
+	var out []int64
+	for _, m := range r.Messages() {
+		if m.AggregateID == aggID {
+			out = append(out, m.AggregateSequence)
+		}
+	}
+	return out
 }
 
 // Calls returns how many times Publish was called: how many batches a relay sent.

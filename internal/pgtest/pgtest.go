@@ -14,6 +14,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log"
 	"net/url"
 	"os"
 	"strings"
@@ -113,6 +114,26 @@ func SchemaName(tb testing.TB, pool *pgxpool.Pool, prefix string) string {
 		}
 	})
 	return schema
+}
+
+// ExampleDB gives a runnable example a schema of its own on the test server,
+// migrated with lines (none: migrate's default), and returns a function that
+// drops the schema and closes the pool. Errors end the example with
+// log.Fatal: an example has no testing.TB. Real code connects to its own
+// DATABASE_URL and uses its own schema ("public" by default).
+func ExampleDB(ctx context.Context, lines ...migrate.Line) (pool *pgxpool.Pool, schema string, done func()) {
+	pool, err := pgxpool.New(ctx, URL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	schema = Name("example")
+	if _, err := migrate.Up(ctx, pool, &migrate.Config{Schema: schema, Lines: lines}); err != nil {
+		log.Fatal(err)
+	}
+	return pool, schema, func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		pool.Close()
+	}
 }
 
 // Migrated is Schema with every migration applied.

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -82,15 +81,12 @@ func TestRelayRedisSIGKILL(t *testing.T) {
 	}
 	victim := start("victim")
 	wait.For(t, time.Minute, "publishing to begin", func() bool { return e.count("published_at IS NOT NULL") > 0 })
-	pgtest.Must(t, victim.cmd.Process.Kill(), "SIGKILL")
-	<-victim.done
+	victim.kill(t)
 	left := e.count("published_at IS NULL")
 
 	successor := start("successor")
 	wait.For(t, 2*time.Minute, "the successor to publish everything", func() bool { return e.count("published_at IS NULL") == 0 })
-	if code := successor.stop(t, syscall.SIGTERM); code != 0 {
-		t.Fatalf("successor exited %d:\n%s", code, successor.stderr.String())
-	}
+	successor.stopClean(t, "successor")
 	if !strings.Contains(victim.stderr.String(), "persists nothing") {
 		t.Errorf("no persistence warning from a server without persistence:\n%s", victim.stderr.String())
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -111,9 +110,7 @@ func TestRelayRunsCleanupJob(t *testing.T) {
 	wait.For(t, 60*time.Second, "the relay to log its cleanup", func() bool {
 		return strings.Contains(p.stderr.String(), "cleanup done")
 	})
-	if code := p.stop(t, syscall.SIGTERM); code != 0 {
-		t.Fatalf("relay exited %d:\n%s", code, p.stderr.String())
-	}
+	p.stopClean(t, "relay")
 	_, errOut, code := run(t, "relay", "--database-url", pgtest.URL(), "--schema", e.schema, "--cleanup-interval", "-1s")
 	if code != 2 {
 		t.Fatalf("negative --cleanup-interval: code %d, stderr %q", code, errOut)

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,9 +22,7 @@ func TestRelayCloudEventsFormat(t *testing.T) {
 	ids := e.enqueue(3, 4)
 	p := e.startRelay("ce", natstest.URL(), "--format", "cloudevents")
 	wait.For(t, time.Minute, "the events to be published", func() bool { return e.count("published_at IS NULL") == 0 })
-	if code := p.stop(t, syscall.SIGTERM); code != 0 {
-		t.Fatalf("relay exited %d after SIGTERM:\n%s", code, p.stderr.String())
-	}
+	p.stopClean(t, "relay")
 	msgs := e.target.Read(t) // reads either format
 	brokertest.CheckStream(t, msgs, ids)
 
@@ -51,9 +48,7 @@ func TestCDCRelayCloudEventsFormat(t *testing.T) {
 	p := e.startCDCRelay(nil, "--format", "cloudevents", "--ce-source", source)
 	ids := e.enqueue(3, 4)
 	wait.For(t, time.Minute, "the events to be published", func() bool { return e.count("published_at IS NULL") == 0 })
-	if code := p.stop(t, syscall.SIGTERM); code != 0 {
-		t.Fatalf("cdc relay exited %d after SIGTERM:\n%s", code, p.stderr.String())
-	}
+	p.stopClean(t, "cdc relay")
 	msgs := e.target.Read(t)
 	brokertest.CheckStream(t, msgs, ids)
 	s, err := e.target.JS.Stream(t.Context(), e.target.Stream)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/pgoutbox/pgoutbox/admin"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
 	"github.com/pgoutbox/pgoutbox/internal/pgtest"
+	"github.com/pgoutbox/pgoutbox/internal/rabbittest"
 	"github.com/pgoutbox/pgoutbox/internal/wait"
 	"github.com/pgoutbox/pgoutbox/relay"
 	"github.com/pgoutbox/pgoutbox/wire"
@@ -85,11 +85,8 @@ func laughsDestinations(size int) string {
 	return strings.Replace(laughs(9, 9, size), "databases:\n  - url:", "destinations:\n  - broker:", 1)
 }
 
-// hostileDestinationsFiles must be refused, each with a word of its error;
-// each plants the secret s3cr3t-PW where a careless error would quote it.
-var hostileDestinationsFiles = []struct {
-	name, body, want string
-}{
+// hostileDestinationsFiles are destinations files that must be refused.
+var hostileDestinationsFiles = []hostileFile{
 	{"laughs 71KB", laughsDestinations(71 << 10), "anchors and aliases"},
 	{"laughs at the size limit", laughsDestinations(maxDestinationsFile - 200), "anchors and aliases"},
 	{"one anchor", "destinations:\n  - &d\n    broker: nats://u:s3cr3t-PW@h:4222\n", "anchors and aliases"},
@@ -131,26 +128,12 @@ var hostileDestinationsFiles = []struct {
 }
 
 // Every hostile destinations file is refused with one short line that
-// quotes no value.
+// quotes no value, within bounded memory.
 func TestDestinationsFileRefusesHostileYAML(t *testing.T) {
-	dir := t.TempDir()
-	for _, tc := range hostileDestinationsFiles {
-		path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".yaml")
-		pgtest.Must(t, os.WriteFile(path, []byte(tc.body), 0o600), "write")
-		_, err := readDestinationsFile(t.Context(), path)
-		if err == nil {
-			t.Errorf("%s: accepted", tc.name)
-			continue
-		}
-		msg := err.Error()
-		if !strings.Contains(msg, tc.want) {
-			t.Errorf("%s: error %q, want %q in it", tc.name, msg, tc.want)
-		}
-		if strings.Contains(msg, "s3cr3t") || len(msg) > 600 || strings.ContainsAny(msg, "\n\x1b") {
-			t.Errorf("%s: error of %d bytes quotes a value or spans lines: %.700q", tc.name, len(msg), msg)
-		}
-		t.Logf("%-26s %.300s", tc.name, strings.TrimPrefix(msg, "--destinations-file "+path+": "))
-	}
+	refuseHostileFiles(t, hostileDestinationsFiles, 600, func(ctx context.Context, path string) error {
+		_, err := readDestinationsFile(ctx, path)
+		return err
+	})
 }
 
 // --destinations-file goes alone: not with --broker or a broker flag (each
@@ -184,30 +167,15 @@ func TestRelayDestinationsFileRefusals(t *testing.T) {
 	}
 }
 
-// rabbitQueue declares a topic exchange and a queue bound to all of it, of
-// the test's own, and returns their name and a function counting the
-// queue's messages.
-func rabbitQueue(t *testing.T) (string, func() int) {
+// rabbitURL is the shared RabbitMQ server of the tests.
+const rabbitURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+// queued counts the messages in the queue name.
+func queued(t *testing.T, ch *amqp.Channel, name string) int {
 	t.Helper()
-	name := pgtest.Name("pgoutbox_cli_dest")
-	conn, err := amqp.Dial("amqp://guest:guest@127.0.0.1:5672/")
-	pgtest.Must(t, err, "connect to RabbitMQ")
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	pgtest.Must(t, err, "channel")
-	pgtest.Must(t, ch.ExchangeDeclare(name, "topic", true, false, false, false, nil), "declare exchange")
-	_, err = ch.QueueDeclare(name, true, false, false, false, nil)
-	pgtest.Must(t, err, "declare queue")
-	pgtest.Must(t, ch.QueueBind(name, "#", name, false, nil), "bind")
-	t.Cleanup(func() {
-		_, _ = ch.QueueDelete(name, false, false, false)
-		_ = ch.ExchangeDelete(name, false, false)
-	})
-	return name, func() int {
-		q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
-		pgtest.Must(t, err, "inspect queue")
-		return q.Messages
-	}
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	pgtest.Must(t, err, "inspect queue")
+	return q.Messages
 }
 
 // End to end: a relay process with a file of two destinations on real
@@ -217,7 +185,8 @@ func rabbitQueue(t *testing.T) (string, func() int) {
 func TestRelayDestinationsFileEndToEnd(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
-	exchange, queued := rabbitQueue(t)
+	exchange := pgtest.Name("pgoutbox_cli_dest")
+	ch := rabbittest.Queue(t, rabbitURL, exchange, nil)
 	path := filepath.Join(t.TempDir(), "destinations.yaml")
 	pgtest.Must(t, os.WriteFile(path, fmt.Appendf(nil, `destinations:
   - name: services
@@ -245,12 +214,12 @@ func TestRelayDestinationsFileEndToEnd(t *testing.T) {
 		[]string{"relay", "--database-url", pgtest.URL(), "--schema", e.schema, "--id", "dest-relay", "--destinations-file", path,
 			"--poll-interval", "100ms"})
 	wait.For(t, 60*time.Second, "every event done", func() bool { return e.count("published_at IS NULL") == 0 })
-	wait.For(t, 60*time.Second, "the warehouse queue to hold every event", func() bool { return queued() >= 22 })
+	wait.For(t, 60*time.Second, "the warehouse queue to hold every event", func() bool { return queued(t, ch, exchange) >= 22 })
 	msgs := e.target.Read(t)
 	if len(msgs) != 20 {
 		t.Errorf("NATS has %d messages, want the 20 acct events", len(msgs))
 	}
-	if n := queued(); n != 22 {
+	if n := queued(t, ch, exchange); n != 22 {
 		t.Errorf("RabbitMQ has %d messages, want 22", n)
 	}
 	if strings.Contains(proc.stderr.String(), "guest:guest") {
@@ -265,9 +234,7 @@ func TestRelayDestinationsFileEndToEnd(t *testing.T) {
 		ds[0].PendingEvents != 0 || ds[1].PendingEvents != 0 || ds[1].Start != "backfill" {
 		t.Errorf("destinations list: code %d, stderr %q:\n%s", code, errOut, out)
 	}
-	if code := proc.stop(t, syscall.SIGTERM); code != 0 {
-		t.Errorf("relay exit status %d:\n%s", code, proc.stderr.String())
-	}
+	proc.stopClean(t, "relay")
 }
 
 // End to end with the engine: a RabbitMQ destination whose exchange routes
@@ -279,16 +246,7 @@ func TestRelayDestinationDeadLettersEndToEnd(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
 	name := pgtest.Name("pgoutbox_cli_dlq")
-	conn, err := amqp.Dial("amqp://guest:guest@127.0.0.1:5672/")
-	pgtest.Must(t, err, "connect to RabbitMQ")
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	pgtest.Must(t, err, "channel")
-	pgtest.Must(t, ch.ExchangeDeclare(name, "topic", true, false, false, false, nil), "declare exchange")
-	t.Cleanup(func() {
-		_, _ = ch.QueueDelete(name, false, false, false)
-		_ = ch.ExchangeDelete(name, false, false)
-	})
+	ch := rabbittest.Exchange(t, rabbitURL, name)
 	path := writeDestinationsFile(t, natsDestinationYAML("services", e.target, "[{all: true}]"), fmt.Sprintf(`  - name: warehouse
     broker_env: WAREHOUSE_BROKER_URL
     start: backfill
@@ -327,9 +285,7 @@ func TestRelayDestinationDeadLettersEndToEnd(t *testing.T) {
 	if skip.AggregateID != "a0001" {
 		skip, retry = retry, skip
 	}
-	_, err = ch.QueueDeclare(name, true, false, false, false, nil)
-	pgtest.Must(t, err, "declare queue")
-	pgtest.Must(t, ch.QueueBind(name, "#", name, false, nil), "bind")
+	rabbittest.BindQueue(t, ch, name, nil)
 	// After the skip, a0001's lane goes on by itself: its next events were never quarantined.
 	if out, errOut, code := run(t, append([]string{"dlq", "skip", skip.ID.String(), "--destination", "warehouse", "--reason", "not for the warehouse"}, db...)...); code != 0 {
 		t.Fatalf("dlq skip: %d %q %q", code, out, errOut)
@@ -340,12 +296,7 @@ func TestRelayDestinationDeadLettersEndToEnd(t *testing.T) {
 	}
 	wait.For(t, 60*time.Second, "every event done", func() bool { return e.count("published_at IS NULL") == 0 })
 	var got []string
-	for len(got) < 5 {
-		d, ok, err := ch.Get(name, true)
-		pgtest.Must(t, err, "get")
-		if !ok {
-			break
-		}
+	for _, d := range rabbittest.Drain(t, ch, name) {
 		got = append(got, d.MessageId)
 	}
 	want := []string{ids[0].String(), ids[2].String(), ids[4].String(), ids[3].String(), ids[5].String()} // a0000 in order, then a0001 without the skipped
@@ -353,9 +304,7 @@ func TestRelayDestinationDeadLettersEndToEnd(t *testing.T) {
 		indexOf(got, ids[2].String()) > indexOf(got, ids[4].String()) || indexOf(got, ids[3].String()) > indexOf(got, ids[5].String()) {
 		t.Errorf("warehouse got %v, want %v in order per aggregate", got, want)
 	}
-	if code := proc.stop(t, syscall.SIGTERM); code != 0 {
-		t.Errorf("relay exit status %d:\n%s", code, proc.stderr.String())
-	}
+	proc.stopClean(t, "relay")
 }
 
 // natsDestinationYAML is a destinations file's entry for a NATS stream of the

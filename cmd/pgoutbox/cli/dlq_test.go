@@ -3,11 +3,9 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -140,40 +138,6 @@ func TestDLQRetryChoosesEvents(t *testing.T) {
 	}
 }
 
-// dlqRecorder is a brokertest.Recorder that refuses, permanently, the events in
-// poison until they are cured.
-type dlqRecorder struct {
-	brokertest.Recorder
-	poison sync.Map // pgoutbox.UUID → struct{}
-}
-
-func newDLQRecorder(poison ...pgoutbox.UUID) *dlqRecorder {
-	r := &dlqRecorder{}
-	for _, id := range poison {
-		r.poison.Store(id, struct{}{})
-	}
-	r.Fail = func(m *broker.Message) error {
-		if _, refused := r.poison.Load(m.EventID); refused {
-			return broker.Permanent(errors.New("refused " + m.AggregateID))
-		}
-		return nil
-	}
-	return r
-}
-
-func (r *dlqRecorder) cure(id pgoutbox.UUID) { r.poison.Delete(id) }
-
-// sequences lists, as "[1 3]", the sequences of aggID the broker accepted, in order.
-func (r *dlqRecorder) sequences(aggID string) string {
-	var out []int64
-	for _, m := range r.Messages() {
-		if m.AggregateID == aggID {
-			out = append(out, m.AggregateSequence)
-		}
-	}
-	return fmt.Sprint(out)
-}
-
 // startDLQRelay runs an in-process relay that polls once a minute, so that within
 // a test only a NOTIFY (a commit, a retry, a skip) makes it claim.
 func (e *opsEnv) startDLQRelay(pub broker.Publisher) {
@@ -198,7 +162,8 @@ func TestDLQSkipMovesTheLaneOn(t *testing.T) {
 	e := newOpsEnv(t)
 	evs := e.enqueue(3, "k1")
 	bad := evs["k1"][1]
-	rec := newDLQRecorder(bad)
+	rec := &brokertest.Recorder{}
+	rec.Refuse(bad)
 	e.startDLQRelay(rec)
 	wait.For(t, 20*time.Second, "sequence 2 to be quarantined", func() bool {
 		return e.count("outbox_events", "quarantined_at IS NOT NULL") == 1
@@ -221,7 +186,7 @@ func TestDLQSkipMovesTheLaneOn(t *testing.T) {
 	if n := e.count("outbox_events", "quarantined_at IS NOT NULL AND published_at IS NULL"); n != 1 || e.count("outbox_skipped_events", "true") != 0 {
 		t.Fatal("a refused skip changed something")
 	}
-	if got := rec.sequences("k1"); got != "[1]" {
+	if got := fmt.Sprint(rec.Sequences("k1")); got != "[1]" {
 		t.Fatalf("broker got %s before the skip, want [1]", got)
 	}
 
@@ -233,7 +198,7 @@ func TestDLQSkipMovesTheLaneOn(t *testing.T) {
 	wait.For(t, 20*time.Second, "the lane's next event to be published", func() bool {
 		return e.count("outbox_events", "published_at IS NULL") == 0
 	})
-	if got := rec.sequences("k1"); got != "[1 3]" {
+	if got := fmt.Sprint(rec.Sequences("k1")); got != "[1 3]" {
 		t.Fatalf("broker got %s, want [1 3]", got)
 	}
 	var reason, by, dbUser string
@@ -277,15 +242,16 @@ func TestDLQRetryReleasesTheLaneInOrder(t *testing.T) {
 	t.Parallel()
 	e := newOpsEnv(t)
 	evs := e.enqueue(4, "q1", "q2")
-	rec := newDLQRecorder(evs["q1"][0])
+	rec := &brokertest.Recorder{}
+	rec.Refuse(evs["q1"][0])
 	e.startDLQRelay(rec)
 	wait.For(t, 20*time.Second, "q1's head to be quarantined and q2 published", func() bool {
 		return e.count("outbox_events", "quarantined_at IS NOT NULL") == 1 && e.count("outbox_events", "aggregate_id = 'q2' AND published_at IS NULL") == 0
 	})
-	if got := rec.sequences("q1"); got != "[]" {
+	if got := fmt.Sprint(rec.Sequences("q1")); got != "[]" {
 		t.Fatalf("q1 reached the broker as %s while its head was quarantined", got)
 	}
-	rec.cure(evs["q1"][0])
+	rec.Cure(evs["q1"][0])
 	out, errOut, code := run(t, e.args("dlq", "retry", "--aggregate-id", "q1")...)
 	if code != 0 || out != "retried 1 event\n" {
 		t.Fatalf("dlq retry: code %d, stdout %q, stderr %q", code, out, errOut)
@@ -293,7 +259,7 @@ func TestDLQRetryReleasesTheLaneInOrder(t *testing.T) {
 	wait.For(t, 20*time.Second, "q1's lane to be published", func() bool {
 		return e.count("outbox_events", "published_at IS NULL") == 0
 	})
-	if got := rec.sequences("q1"); got != "[1 2 3 4]" {
+	if got := fmt.Sprint(rec.Sequences("q1")); got != "[1 2 3 4]" {
 		t.Fatalf("q1 reached the broker as %s", got)
 	}
 }

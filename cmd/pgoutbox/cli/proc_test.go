@@ -91,6 +91,22 @@ func (p *relayProc) stop(t *testing.T, sig syscall.Signal) int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
+// kill SIGKILLs the process, as a crash would, and waits until it is gone.
+func (p *relayProc) kill(t *testing.T) {
+	t.Helper()
+	pgtest.Must(t, p.cmd.Process.Kill(), "SIGKILL")
+	<-p.done
+}
+
+// stopClean sends SIGTERM and fails the test, showing the process's log,
+// unless it exits 0: a graceful stop.
+func (p *relayProc) stopClean(t *testing.T, what string) {
+	t.Helper()
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("%s exited %d after SIGTERM:\n%s", what, code, p.stderr.String())
+	}
+}
+
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer

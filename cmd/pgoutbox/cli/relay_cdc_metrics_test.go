@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -47,7 +46,5 @@ func TestCDCRelayServesMetrics(t *testing.T) {
 	if code, body := get("/healthz"); code != 200 {
 		t.Errorf("/healthz: %d %s", code, body)
 	}
-	if code := p.stop(t, syscall.SIGTERM); code != 0 {
-		t.Fatalf("exit status %d after SIGTERM:\n%s", code, p.stderr.String())
-	}
+	p.stopClean(t, "relay")
 }

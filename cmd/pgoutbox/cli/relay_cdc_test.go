@@ -94,9 +94,7 @@ func TestCDCRelaySIGKILLAfterAckThenRecover(t *testing.T) {
 
 	p := e.startCDCRelay(nil, "--batch-size", "100")
 	wait.For(t, 60*time.Second, "the rest to be published", func() bool { return e.count("published_at IS NULL") == 0 })
-	if code := p.stop(t, syscall.SIGTERM); code != 0 {
-		t.Fatalf("exit status %d after SIGTERM:\n%s", code, p.stderr.String())
-	}
+	p.stopClean(t, "relay")
 	dups := brokertest.CheckStream(t, e.target.Read(t), ids)
 	if dups > unmarked {
 		t.Fatalf("%d duplicates after the crash, want at most %d", dups, unmarked)
@@ -154,9 +152,7 @@ func TestCDCRelaySIGKILLAfterAckThenRecover(t *testing.T) {
 	}
 	p = e.startCDCRelay(nil)
 	wait.For(t, 60*time.Second, "the events committed during recover to be published", func() bool { return e.count("published_at IS NULL") == 0 })
-	if code := p.stop(t, syscall.SIGTERM); code != 0 {
-		t.Fatalf("exit status %d after SIGTERM:\n%s", code, p.stderr.String())
-	}
+	p.stopClean(t, "relay")
 	brokertest.CheckStream(t, e.target.Read(t), slices.Concat(ids, more, r.ids))
 	t.Logf("crash left %d acked-unmarked events; %d duplicates after restart; recover: %s", onStream-marked, dups, strings.TrimSpace(out))
 }

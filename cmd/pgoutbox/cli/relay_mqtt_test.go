@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -174,15 +173,12 @@ func relayMQTTSIGKILL(t *testing.T, version string) {
 	}
 	victim := start("victim")
 	wait.For(t, time.Minute, "the victim to publish a tenth", func() bool { return e.count("published_at IS NOT NULL") >= len(ids)/10 })
-	pgtest.Must(t, victim.cmd.Process.Kill(), "SIGKILL")
-	<-victim.done
+	victim.kill(t)
 	left := e.count("published_at IS NULL")
 
 	successor := start("successor")
 	wait.For(t, 2*time.Minute, "the successor to publish everything", func() bool { return e.count("published_at IS NULL") == 0 })
-	if code := successor.stop(t, syscall.SIGTERM); code != 0 {
-		t.Fatalf("successor exited %d after SIGTERM:\n%s", code, successor.stderr.String())
-	}
+	successor.stopClean(t, "successor")
 	if strings.Contains(successor.stderr.String(), "level=ERROR") {
 		t.Errorf("successor logged errors:\n%s", successor.stderr.String())
 	}

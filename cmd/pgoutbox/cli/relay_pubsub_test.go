@@ -42,8 +42,7 @@ func TestRelayPubSubSIGKILL(t *testing.T) {
 	wait.For(t, 30*time.Second, "the victim to hold leases", func() bool {
 		return e.count("claimed_by = 'victim' AND claim_until > now() AND published_at IS NULL") > 0
 	})
-	pgtest.Must(t, victim.cmd.Process.Kill(), "SIGKILL")
-	<-victim.done
+	victim.kill(t)
 
 	successor := start("successor", srv.Addr)
 	wait.Forf(t, 60*time.Second, func() string { return "the successor to publish everything; its log:\n" + successor.stderr.String() },

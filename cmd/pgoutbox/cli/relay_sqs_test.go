@@ -105,8 +105,7 @@ func relayAWSSIGKILL(t *testing.T, emu *fauxqs.Server, client *awssqs.Client, ki
 	}
 	victim := start("victim")
 	wait.For(t, 60*time.Second, "the victim to publish some events", func() bool { return e.count("published_at IS NOT NULL") > 0 })
-	pgtest.Must(t, victim.cmd.Process.Kill(), "SIGKILL")
-	<-victim.done
+	victim.kill(t)
 	left := e.count("published_at IS NULL")
 	held := e.count("claimed_by = 'victim' AND published_at IS NULL")
 	if left == 0 {

@@ -42,9 +42,7 @@ func TestRelayProcessesDrainInOrder(t *testing.T) {
 	}
 	wait.For(t, 3*time.Minute, "the backlog to drain", func() bool { return e.count("published_at IS NULL") == 0 })
 	for i, p := range procs {
-		if code := p.stop(t, syscall.SIGTERM); code != 0 {
-			t.Fatalf("relay %d exited %d after SIGTERM:\n%s", i, code, p.stderr.String())
-		}
+		p.stopClean(t, fmt.Sprintf("relay %d", i))
 	}
 	dups := brokertest.CheckStream(t, e.target.Read(t), ids)
 	var per []string
@@ -63,9 +61,7 @@ func TestRelaySIGTERMWithEventsInFlight(t *testing.T) {
 	ids := e.enqueue(200, 100)
 	p := e.startRelay("term", natstest.URL(), "--batch-size", "200")
 	wait.For(t, time.Minute, "publishing to begin", func() bool { return e.count("published_at IS NOT NULL") > 0 })
-	if code := p.stop(t, syscall.SIGTERM); code != 0 {
-		t.Fatalf("exit status %d after SIGTERM:\n%s", code, p.stderr.String())
-	}
+	p.stopClean(t, "relay")
 	if n := e.count("published_at IS NULL AND claimed_by IS NOT NULL"); n != 0 {
 		t.Fatalf("%d events still leased after SIGTERM:\n%s", n, p.stderr.String())
 	}
@@ -90,8 +86,7 @@ func TestRelaySIGKILLHoldingLeases(t *testing.T) {
 	wait.For(t, 30*time.Second, "the victim to hold leases", func() bool {
 		return e.count("claimed_by = 'victim' AND claim_until > now() AND published_at IS NULL") > 0
 	})
-	pgtest.Must(t, victim.cmd.Process.Kill(), "SIGKILL")
-	<-victim.done
+	victim.kill(t)
 	held := e.count("claimed_by = 'victim' AND published_at IS NULL")
 	if held == 0 {
 		t.Fatal("the victim released its leases before being killed; the test proves nothing")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -322,9 +321,7 @@ func TestCDCRelayRunsAsTheCDCRole(t *testing.T) {
 	relay := e.startCDCRelay(nil)
 	enqueue(20) // streamed
 	wait.For(t, 60*time.Second, "the CDC role to publish everything", func() bool { return e.count("published_at IS NULL") == 0 })
-	if code := relay.stop(t, syscall.SIGTERM); code != 0 {
-		t.Fatalf("exit status %d:\n%s", code, relay.stderr.String())
-	}
+	relay.stopClean(t, "relay")
 	if got := len(e.target.Read(t)); got < 30 {
 		t.Fatalf("%d messages on the stream, want 30", got)
 	}

@@ -268,9 +268,7 @@ func TestCDCRelayConsoleTraces(t *testing.T) {
 		Payload: 1, Headers: map[string]string{"traceparent": "00-" + traceID + "-00f067aa0ba902b7-01"}})
 	pgtest.Must(t, err, "enqueue")
 	wait.For(t, 60*time.Second, "the event to be published", func() bool { return e.count("published_at IS NULL") == 0 })
-	if code := p.stop(t, syscall.SIGTERM); code != 0 {
-		t.Fatalf("exit status %d after SIGTERM:\n%s", code, p.stderr.String())
-	}
+	p.stopClean(t, "relay")
 	out := p.stdout.String()
 	for _, want := range []string{`"Name":"publish `, `"TraceID":"` + traceID + `"`, `"SpanID":"00f067aa0ba902b7"`, "cdc-relay-under-test",
 		`"Key":"messaging.system","Value":{"Type":"STRING","Value":"nats"}`} {

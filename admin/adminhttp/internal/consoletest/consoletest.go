@@ -161,6 +161,20 @@ func (e *Env) State(id pgoutbox.UUID) string {
 	return ev.State
 }
 
+// Untouched fails the test unless the dead letter id is still quarantined
+// and the audit is empty: what refused requests (after) must leave behind.
+func (e *Env) Untouched(id pgoutbox.UUID, after string) {
+	e.T.Helper()
+	if s := e.State(id); s != admin.StateQuarantined {
+		e.T.Fatalf("after %s the event is %s", after, s)
+	}
+	a, err := e.Admin.Audit(context.Background(), 10)
+	pgtest.Must(e.T, err, "audit")
+	if len(a) != 0 {
+		e.T.Fatalf("after %s, audit rows: %+v", after, a)
+	}
+}
+
 // Get fetches path as the operator alice and returns the status and body.
 func (e *Env) Get(path string) (status int, body string) {
 	e.T.Helper()
