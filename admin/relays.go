@@ -37,14 +37,7 @@ func (h RelayHeartbeat) Running() bool { return h.State != "stopped" && !h.Gone 
 // Relays lists the relays' heartbeats, running ones first, then by the time
 // they were last seen, newest first.
 func (a *Admin) Relays(ctx context.Context) ([]RelayHeartbeat, error) {
-	rows, err := a.db.Query(ctx, `
-SELECT relay_id, source, version, host, pid, state, started_at, last_seen,
-       (extract(epoch FROM greatest(now() - last_seen, interval '0')) * 1e9)::bigint,
-       (extract(epoch FROM beat_every) * 1e9)::bigint,
-       state <> 'stopped' AND last_seen < now() - 3 * beat_every AS gone
-  FROM `+pgx.Identifier{a.schema, "outbox_relays"}.Sanitize()+`
- ORDER BY (state = 'stopped' OR last_seen < now() - 3 * beat_every), last_seen DESC, relay_id
- LIMIT 1000`)
+	rows, err := a.db.Query(ctx, a.relaysSQL())
 	if err != nil {
 		return nil, fmt.Errorf("admin: relays: %w", err)
 	}
@@ -53,4 +46,16 @@ SELECT relay_id, source, version, host, pid, state, started_at, last_seen,
 		return nil, fmt.Errorf("admin: relays: %w", err)
 	}
 	return out, nil
+}
+
+// relaysSQL is Relays' query: at most 1000 heartbeats.
+func (a *Admin) relaysSQL() string {
+	return `
+SELECT relay_id, source, version, host, pid, state, started_at, last_seen,
+       (extract(epoch FROM greatest(now() - last_seen, interval '0')) * 1e9)::bigint,
+       (extract(epoch FROM beat_every) * 1e9)::bigint,
+       state <> 'stopped' AND last_seen < now() - 3 * beat_every AS gone
+  FROM ` + pgx.Identifier{a.schema, "outbox_relays"}.Sanitize() + `
+ ORDER BY (state = 'stopped' OR last_seen < now() - 3 * beat_every), last_seen DESC, relay_id
+ LIMIT 1000`
 }

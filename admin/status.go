@@ -153,80 +153,137 @@ SELECT t.schema, t.name, r.oid IS NOT NULL,
 
 // Status reads the outbox's health figures. Every query is cheap on a large table:
 // unpublished rows are read through their partial index, the last minute's
-// publishes through a BRIN index, and sizes from the catalog.
+// publishes through a BRIN index, and sizes from the catalog. The queries are
+// sent together, in one round trip when a.db can send a batch (a pool, a
+// connection, a transaction): the console reads the status of every tenant,
+// on a database that may be loaded.
 func (a *Admin) Status(ctx context.Context) (*Status, error) {
 	st := &Status{Schema: a.schema, InboxSchema: a.inboxSchema, Leases: []Lease{}}
 
-	rows, err := a.db.Query(ctx, fmt.Sprintf(statusUnpublishedSQL, a.events))
-	if err != nil {
-		return nil, fmt.Errorf("admin: status: count unpublished events: %w", err)
-	}
 	var (
 		relay                                        *string
 		pending, quarantined, backoff, live, expired int64
 		oldest                                       float64
+		anyDestination                               bool
+		ts                                           TableSize
+		exists                                       bool
 	)
-	_, err = pgx.ForEachRow(rows, []any{&relay, &pending, &quarantined, &backoff, &live, &expired, &oldest}, func() error {
-		st.Pending += pending
-		st.Quarantined += quarantined
-		st.BackingOff += backoff
-		if age := Duration(oldest * float64(time.Second)); age > st.OldestPendingAge {
-			st.OldestPendingAge = age
-		}
-		if relay != nil && live+expired > 0 {
-			st.Leases = append(st.Leases, Lease{RelayID: *relay, Live: live, Expired: expired})
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("admin: status: count unpublished events: %w", err)
-	}
-	sort.Slice(st.Leases, func(i, j int) bool { return st.Leases[i].RelayID < st.Leases[j].RelayID })
-	if st.Relays, err = a.Relays(ctx); err != nil {
+	unpublished := read{what: "count unpublished events", sql: fmt.Sprintf(statusUnpublishedSQL, a.events),
+		dest: []any{&relay, &pending, &quarantined, &backoff, &live, &expired, &oldest},
+		row: func() error {
+			st.Pending += pending
+			st.Quarantined += quarantined
+			st.BackingOff += backoff
+			if age := Duration(oldest * float64(time.Second)); age > st.OldestPendingAge {
+				st.OldestPendingAge = age
+			}
+			if relay != nil && live+expired > 0 {
+				st.Leases = append(st.Leases, Lease{RelayID: *relay, Live: live, Expired: expired})
+			}
+			return nil
+		}}
+	relays := read{what: "relays", sql: a.relaysSQL(), collect: func(rows pgx.Rows) (err error) {
+		st.Relays, err = pgx.CollectRows(rows, pgx.RowToStructByPos[RelayHeartbeat])
+		return err
+	}}
+	published := read{what: "count recent publishes",
+		sql:  fmt.Sprintf(statusPublishedSQL, a.events, a.skipped, a.table("outbox_destinations")),
+		dest: []any{&st.At, &st.PublishedLastMinute, &st.Skipped, &anyDestination}, row: func() error { return nil }}
+	sizes := read{what: "table sizes", sql: statusSizeSQL,
+		args: []any{
+			[]string{a.schema, a.schema, a.schema, a.inboxSchema},
+			[]string{"outbox_events", "outbox_aggregate_sequences", "outbox_skipped_events", "processed_events"}},
+		dest: []any{&ts.Schema, &ts.Name, &exists, &ts.TotalBytes, &ts.TableBytes, &ts.IndexBytes},
+		row: func() error {
+			switch {
+			case ts.Name == "processed_events" && exists:
+				d := ts
+				st.Dedup = &d
+			case ts.Name == "processed_events":
+			case exists:
+				st.Tables = append(st.Tables, ts)
+			default:
+				return fmt.Errorf("table %s.%s does not exist (is the schema migrated?)", ts.Schema, ts.Name)
+			}
+			return nil
+		}}
+	if err := readAll(ctx, a.db, unpublished, relays, a.waitingRead(st), published, sizes); err != nil {
 		return nil, fmt.Errorf("admin: status: %w", err)
 	}
-	if err := a.readWaiting(ctx, st); err != nil {
-		return nil, err
-	}
-
-	rows, err = a.db.Query(ctx, fmt.Sprintf(statusPublishedSQL, a.events, a.skipped, a.table("outbox_destinations")))
-	if err != nil {
-		return nil, fmt.Errorf("admin: status: count recent publishes: %w", err)
-	}
-	var anyDestination bool
-	_, err = pgx.ForEachRow(rows, []any{&st.At, &st.PublishedLastMinute, &st.Skipped, &anyDestination}, func() error { return nil })
-	if err != nil {
-		return nil, fmt.Errorf("admin: status: count recent publishes: %w", err)
-	}
+	sort.Slice(st.Leases, func(i, j int) bool { return st.Leases[i].RelayID < st.Leases[j].RelayID })
 	if anyDestination {
+		var err error
 		if st.Destinations, err = a.destinations(ctx, a.db, nil); err != nil {
 			return nil, fmt.Errorf("admin: status: destinations: %w", err)
 		}
 	}
+	return st, nil
+}
 
-	schemas := []string{a.schema, a.schema, a.schema, a.inboxSchema}
-	names := []string{"outbox_events", "outbox_aggregate_sequences", "outbox_skipped_events", "processed_events"}
-	rows, err = a.db.Query(ctx, statusSizeSQL, schemas, names)
-	if err != nil {
-		return nil, fmt.Errorf("admin: status: table sizes: %w", err)
+// read is one query of a snapshot read with readAll: its rows are scanned
+// into dest, then row is called, for each row; or collect reads them all.
+type read struct {
+	what    string // what it reads, for its error
+	sql     string
+	args    []any
+	dest    []any
+	row     func() error
+	collect func(pgx.Rows) error
+}
+
+func (r read) scan(rows pgx.Rows) error {
+	var err error
+	if r.collect != nil {
+		err = r.collect(rows)
+	} else {
+		_, err = pgx.ForEachRow(rows, r.dest, r.row)
 	}
-	var ts TableSize
-	var exists bool
-	_, err = pgx.ForEachRow(rows, []any{&ts.Schema, &ts.Name, &exists, &ts.TotalBytes, &ts.TableBytes, &ts.IndexBytes}, func() error {
-		switch {
-		case ts.Name == "processed_events" && exists:
-			d := ts
-			st.Dedup = &d
-		case ts.Name == "processed_events":
-		case exists:
-			st.Tables = append(st.Tables, ts)
-		default:
-			return fmt.Errorf("table %s.%s does not exist (is the schema migrated?)", ts.Schema, ts.Name)
+	if err != nil {
+		return fmt.Errorf("%s: %w", r.what, err)
+	}
+	return nil
+}
+
+// batcher is a DB that sends several statements in one round trip.
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// readAll runs reads, in one batch when db is a batcher, else one by one,
+// and stops at the first error.
+func readAll(ctx context.Context, db DB, reads ...read) error {
+	bdb, ok := db.(batcher)
+	if !ok {
+		for _, r := range reads {
+			rows, err := db.Query(ctx, r.sql, r.args...)
+			if err != nil {
+				return fmt.Errorf("%s: %w", r.what, err)
+			}
+			if err := r.scan(rows); err != nil {
+				return err
+			}
 		}
 		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("admin: status: table sizes: %w", err)
 	}
-	return st, nil
+	b := &pgx.Batch{}
+	for _, r := range reads {
+		b.Queue(r.sql, r.args...)
+	}
+	br := bdb.SendBatch(ctx, b)
+	err := func() error {
+		for _, r := range reads {
+			rows, err := br.Query()
+			if err != nil {
+				return fmt.Errorf("%s: %w", r.what, err)
+			}
+			if err := r.scan(rows); err != nil {
+				return err
+			}
+		}
+		return nil
+	}()
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	return err
 }

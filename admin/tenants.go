@@ -44,6 +44,10 @@ const (
 // tenant is skipped, never waited on; the wording is relay.ErrOutboxStuck's.
 var ErrTenantStuck = errors.New("admin: the tenant's statements time out (a lock held by another session, or too slow)")
 
+// ErrNotReadInTime is wrapped by a tenant's error when TenantsConfig.Budget
+// ran out before the tenant was read.
+var ErrNotReadInTime = errors.New("admin: the tenant was not read in time (TenantsConfig.Budget ran out)")
+
 // TenantStuck returns err wrapped with ErrTenantStuck when it is the server
 // ending a tenant's statement at its bounds (pgbound.Stuck), else err: the one
 // classification of the across-tenants operations, for a caller that runs a
@@ -75,6 +79,13 @@ type TenantsConfig struct {
 	// reported with an error wrapping ErrTenantStuck and skipped. Defaults to
 	// DefaultTenantLockTimeout (1s), or Timeout if shorter.
 	LockTimeout time.Duration
+	// Budget, when positive, bounds the reading of all the tenants: the
+	// tenants not read when it runs out (their reads cut short, or never
+	// started) are reported in their rows with an error wrapping
+	// ErrNotReadInTime, and the operation returns what it read, for a caller
+	// that must answer in time whatever the database's load (the console's
+	// overview). Defaults to 0: no bound but ctx's.
+	Budget time.Duration
 	// Trust says who may own a tenant's schema and tables: a tenant whose
 	// owner is not trusted, or whose tables carry objects pgoutbox did not
 	// create, is refused (an error wrapping migrate.ErrUntrusted in its row)
@@ -93,6 +104,7 @@ func (c *TenantsConfig) withDefaults() (TenantsConfig, error) {
 		p.Check(c.Concurrency > 0, "TenantsConfig.Concurrency (%d) must be positive", c.Concurrency)
 		p.Check(c.Timeout > 0, "TenantsConfig.Timeout (%s) must be positive", c.Timeout)
 		p.Check(c.LockTimeout > 0, "TenantsConfig.LockTimeout (%s) must be positive", c.LockTimeout)
+		p.Check(c.Budget >= 0, "TenantsConfig.Budget (%s) must not be negative", c.Budget)
 		p.Field("TenantsConfig.Trust", c.Trust.Validate())
 	})
 }
@@ -140,26 +152,50 @@ func CheckOutbox(ctx context.Context, db migrate.Querier, schema string) error {
 // forTenants runs fn for each tenant, at most c.Concurrency at once, each in a
 // transaction of its own on pool under c's bounds (pgbound.BeginFunc), and
 // returns each tenant's error in tenants' order: one the server ended at its
-// bounds wraps ErrTenantStuck. fn's statements go through tx. The transaction
-// is committed when fn returns nil, so fn may change rows; a failed one is
-// rolled back and its connection returns to the pool. forTenants returns early
-// only when ctx ends, with ctx's error: what fn reported for the tenants read
-// so far would then blame them for the caller's cancellation.
+// bounds wraps ErrTenantStuck, one c.Budget left unread ErrNotReadInTime. fn's
+// statements go through tx. The transaction is committed when fn returns nil,
+// so fn may change rows; a failed one is rolled back and its connection
+// returns to the pool. forTenants returns early only when ctx ends, with ctx's
+// error: what fn reported for the tenants read so far would then blame them
+// for the caller's cancellation.
 func forTenants(ctx context.Context, pool *pgxpool.Pool, c TenantsConfig, tenants []string,
 	fn func(ctx context.Context, tx pgx.Tx, i int, tenant string) error) ([]error, error) {
 	bd := pgbound.New(c.Timeout, c.LockTimeout)
+	bctx := ctx // ends with the budget
+	if c.Budget > 0 {
+		var cancel context.CancelFunc
+		bctx, cancel = context.WithTimeout(ctx, c.Budget)
+		defer cancel()
+	}
+	notInTime := func(err error) error {
+		if err == nil {
+			return fmt.Errorf("%w: not started within %s", ErrNotReadInTime, c.Budget)
+		}
+		return fmt.Errorf("%w: cut short after %s: %w", ErrNotReadInTime, c.Budget, err)
+	}
 	errs := make([]error, len(tenants))
+	started := make([]bool, len(tenants))
 	var g errgroup.Group
 	g.SetLimit(c.Concurrency)
 	for i, tenant := range tenants {
-		if ctx.Err() != nil {
+		if bctx.Err() != nil {
 			break
 		}
+		started[i] = true
 		g.Go(func() error {
-			tctx, cancel := context.WithTimeout(ctx, bd.Deadline())
+			if bctx.Err() != nil {
+				errs[i] = notInTime(nil)
+				return nil
+			}
+			tctx, cancel := context.WithTimeout(bctx, bd.Deadline())
 			defer cancel()
 			err := pgbound.BeginFunc(tctx, pool, bd, func(tx pgx.Tx) error { return fn(tctx, tx, i, tenant) })
-			if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
+			switch {
+			case err == nil, ctx.Err() != nil:
+			case bctx.Err() != nil:
+				errs[i] = notInTime(err)
+				return nil
+			case errors.Is(tctx.Err(), context.DeadlineExceeded):
 				err = fmt.Errorf("gave up after %s: %w", bd.Deadline(), err)
 			}
 			errs[i] = TenantStuck(err)
@@ -169,6 +205,11 @@ func forTenants(ctx context.Context, pool *pgxpool.Pool, c TenantsConfig, tenant
 	_ = g.Wait() // the goroutines report through errs
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	for i := range tenants {
+		if !started[i] {
+			errs[i] = notInTime(nil)
+		}
 	}
 	return errs, nil
 }
@@ -225,7 +266,7 @@ func (t TenantStatus) MarshalJSON() ([]byte, error) {
 // (the zero Selector: every outbox), each tenant's inbox being in its own schema.
 // Each tenant is first checked to be trusted and a fully migrated outbox this
 // binary knows (migrate.CheckTenant), then read with Admin.Status. The rows come worst first: the
-// tenants that could not be read, then by oldest pending age, longest first, then
+// tenants that could not be read (those cfg.Budget left unread among them), then by oldest pending age, longest first, then
 // by name.
 //
 // The error is non-nil only when the tenants could not be listed or ctx ended; a

@@ -131,3 +131,42 @@ func execTx(sql string) func(context.Context, pgx.Tx) error {
 		return err
 	}
 }
+
+// Issue 32, item 8: when TenantsConfig.Budget runs out, StatusOf answers with
+// what it read, and every tenant it did not read is in its row, wrapping
+// admin.ErrNotReadInTime, first (worst first). Tenant a's table is locked for
+// longer than the budget (its lock bound is minutes), so its read is cut short
+// at the budget; b is read. An already spent budget reads nothing and still
+// lists every tenant.
+func TestTenantsBudgetReportsWhatWasNotRead(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	d := newTenantDB(t, "a", "b")
+	holder, err := d.pool.Begin(ctx)
+	pgtest.Must(t, err, "begin the holder")
+	defer func() { _ = holder.Rollback(context.Background()) }()
+	_, err = holder.Exec(ctx, `LOCK TABLE a.outbox_events IN ACCESS EXCLUSIVE MODE`)
+	pgtest.Must(t, err, "lock")
+
+	// A budget a loaded machine reads b in, and bounds a lock wait never
+	// reaches before it.
+	cfg := &admin.TenantsConfig{Timeout: time.Minute, LockTimeout: time.Minute, Budget: 20 * time.Second, Concurrency: 2}
+	rows, err := admin.StatusOf(ctx, d.pool, []string{"b", "a"}, cfg)
+	pgtest.Must(t, err, "status with a budget")
+	if len(rows) != 2 || rows[0].Tenant != "a" || !errors.Is(rows[0].Err, admin.ErrNotReadInTime) ||
+		rows[1].Tenant != "b" || rows[1].Err != nil || rows[1].Status == nil {
+		t.Fatalf("rows %+v, want a not read in time, then b read", rows)
+	}
+
+	rows, err = admin.StatusOf(ctx, d.pool, []string{"b", "a"}, &admin.TenantsConfig{Budget: time.Nanosecond})
+	pgtest.Must(t, err, "status with a spent budget")
+	if len(rows) != 2 {
+		t.Fatalf("%d rows, want 2", len(rows))
+	}
+	for _, r := range rows {
+		if !errors.Is(r.Err, admin.ErrNotReadInTime) || r.Status != nil {
+			t.Errorf("tenant %s: %v, want it not read in time", r.Tenant, r.Err)
+		}
+	}
+}

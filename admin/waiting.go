@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"context"
 	"fmt"
 	"time"
 )
@@ -27,16 +26,15 @@ SELECT count(*) FILTER (WHERE h.seq IS NULL),
                    AND e.aggregate_sequence > h.seq
  WHERE e.published_at IS NULL AND e.quarantined_at IS NULL`
 
-// readWaiting fills st's split of the pending events: waiting for a relay, or
-// blocked behind a dead letter.
-func (a *Admin) readWaiting(ctx context.Context, st *Status) error {
+// waitingRead fills st's split of the pending events: waiting for a relay, or
+// blocked behind a dead letter (one of Status' reads).
+func (a *Admin) waitingRead(st *Status) read {
 	var lagging, blocked float64
-	err := queryRow(ctx, a.db, fmt.Sprintf(waitingSQL, a.events), nil,
-		&st.WaitingForRelay, &lagging, &st.BlockedBehindDeadLetter, &blocked)
-	if err != nil {
-		return fmt.Errorf("admin: status: split pending events: %w", err)
-	}
-	st.OldestWaitingForRelayAge = Duration(lagging * float64(time.Second))
-	st.OldestBlockedAge = Duration(blocked * float64(time.Second))
-	return nil
+	return read{what: "split pending events", sql: fmt.Sprintf(waitingSQL, a.events),
+		dest: []any{&st.WaitingForRelay, &lagging, &st.BlockedBehindDeadLetter, &blocked},
+		row: func() error {
+			st.OldestWaitingForRelayAge = Duration(lagging * float64(time.Second))
+			st.OldestBlockedAge = Duration(blocked * float64(time.Second))
+			return nil
+		}}
 }

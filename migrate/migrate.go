@@ -36,6 +36,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -103,17 +104,32 @@ func All(lines ...Line) ([]Migration, error) {
 	if len(lines) == 0 {
 		lines = Lines
 	}
+	byLine, err := embedded()
+	if err != nil {
+		return nil, err
+	}
 	var out []Migration
 	for _, line := range lines {
 		if !slices.Contains(Lines, line) {
 			return nil, fmt.Errorf("migrate: unknown line %q (want one of %s)", line, lineList())
 		}
+		out = append(out, byLine[line]...)
+	}
+	return out, nil
+}
+
+// embedded reads and checks the embedded migrations of every line once: they
+// never change, and every check of an outbox (CheckMigrated, once per tenant
+// of a listing) asks for them. Callers get copies (All).
+var embedded = sync.OnceValues(func() (map[Line][]Migration, error) {
+	byLine := map[Line][]Migration{}
+	for _, line := range Lines {
 		dir := path.Join("sql", string(line))
 		entries, err := fs.ReadDir(files, dir)
 		if err != nil {
 			return nil, fmt.Errorf("migrate: read embedded %s: %w", dir, err)
 		}
-		first := len(out)
+		var out []Migration
 		for _, e := range entries {
 			m, err := parseFile(line, dir, e.Name())
 			if err != nil {
@@ -129,14 +145,15 @@ func All(lines ...Line) ([]Migration, error) {
 			out = append(out, m...)
 		}
 		// Versions of a line must be 1..n without holes: a hole means a file was lost.
-		for i, m := range out[first:] {
+		for i, m := range out {
 			if m.Version != i+1 {
 				return nil, fmt.Errorf("migrate: line %s: expected version %d, found %s", line, i+1, m.fileName())
 			}
 		}
+		byLine[line] = out
 	}
-	return out, nil
-}
+	return byLine, nil
+})
 
 func parseFile(line Line, dir, name string) (Migration, error) {
 	base, ok := strings.CutSuffix(name, ".sql")
@@ -587,6 +604,12 @@ func State(ctx context.Context, db Querier, cfg *Config) ([]Status, error) {
 	if err != nil {
 		return nil, err
 	}
+	return stateOf(c.Lines, all, rows), nil
+}
+
+// stateOf is State's answer for the migrations all of lines, rows being the
+// bookkeeping table's.
+func stateOf(lines []Line, all []Migration, rows []appliedRow) []Status {
 	done := map[string]string{}
 	for _, r := range rows {
 		done[r.key()] = r.name
@@ -596,7 +619,7 @@ func State(ctx context.Context, db Querier, cfg *Config) ([]Status, error) {
 		name, ok := done[string(m.Line)+"/"+strconv.Itoa(m.Version)]
 		out[i] = Status{Line: m.Line, Version: m.Version, Name: m.Name, Applied: ok && name == m.Name}
 	}
-	return append(out, unknownRows(c.Lines, rows)...), nil
+	return append(out, unknownRows(lines, rows)...)
 }
 
 // SQL returns the whole migration script of the configured lines for teams that apply

@@ -193,27 +193,81 @@ func CheckTrusted(ctx context.Context, db Querier, schema string, trust Trust) e
 		owners = []string{}
 	}
 	if b, ok := db.(beginner); ok {
-		// The planner's estimates for the catalog's joins are far too high
-		// (a never-analysed pg_inherits is taken for 10 pages), and with
-		// PostgreSQL's default jit the query is compiled: some 1.5 s of CPU
-		// for a few milliseconds of work, at every page of the console and
-		// every tenant of a listing. So it runs with jit off, in a
-		// transaction (or savepoint) of its own, rolled back.
-		tx, err := b.Begin(ctx)
-		if err != nil {
-			return fmt.Errorf("migrate: check that schema %q is trusted: %w", schema, err)
+		if _, inTx := db.(pgx.Tx); !inTx {
+			tx, err := b.Begin(ctx)
+			if err != nil {
+				return fmt.Errorf("migrate: check that schema %q is trusted: %w", schema, err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			db = tx
 		}
-		defer func() { _ = tx.Rollback(ctx) }()
-		if _, err := tx.Exec(ctx, "SET LOCAL jit = off"); err != nil {
-			return fmt.Errorf("migrate: check that schema %q is trusted: %w", schema, err)
-		}
-		db = tx
 	}
-	rows, err := db.Query(ctx, trustQuery, schema, tables, owners)
+	var found []string
+	var err error
+	if tx, ok := db.(pgx.Tx); ok {
+		found, err = trustFindingsTx(ctx, tx, schema, owners)
+	} else {
+		var rows pgx.Rows
+		if rows, err = db.Query(ctx, trustQuery, schema, tables, owners); err == nil {
+			found, err = collectFindings(rows)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("migrate: check that schema %q is trusted: %w", schema, err)
 	}
-	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+	if len(found) > 0 {
+		return fmt.Errorf("%w: schema %q: %s", ErrUntrusted, schema, strings.Join(found, "; "))
+	}
+	return nil
+}
+
+// trustFindingsTx runs trustQuery in tx with jit off. The planner's estimates
+// for the catalog's joins are far too high (a never-analysed pg_inherits is
+// taken for 10 pages), and with PostgreSQL's default jit the query is
+// compiled: some 1.5 s of CPU for a few milliseconds of work, at every page of
+// the console and every tenant of a listing. So it runs in a savepoint that
+// sets jit off for it alone and is rolled back after it, all in one round
+// trip: the check runs for every tenant of a listing, on a database that may
+// be loaded. A failure rolls the savepoint back too, leaving tx usable.
+func trustFindingsTx(ctx context.Context, tx pgx.Tx, schema string, owners []string) ([]string, error) {
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT pgoutbox_trust")
+	b.Queue("SET LOCAL jit = off")
+	b.Queue(trustQuery, schema, tables, owners)
+	b.Queue("ROLLBACK TO SAVEPOINT pgoutbox_trust")
+	b.Queue("RELEASE SAVEPOINT pgoutbox_trust")
+	br := tx.SendBatch(ctx, b)
+	found, err := readTrustBatch(br)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgoutbox_trust"); rerr == nil {
+			_, _ = tx.Exec(ctx, "RELEASE SAVEPOINT pgoutbox_trust")
+		}
+		return nil, err
+	}
+	return found, nil
+}
+
+// readTrustBatch reads the findings of trustFindingsTx's batch: the two
+// statements before the query, then the query's rows.
+func readTrustBatch(br pgx.BatchResults) ([]string, error) {
+	for range 2 {
+		if _, err := br.Exec(); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	return collectFindings(rows)
+}
+
+// collectFindings reads trustQuery's rows, each as the text of one finding.
+func collectFindings(rows pgx.Rows) ([]string, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
 		var kind, what string
 		var label, detail *string
 		if err := r.Scan(&kind, &what, &label, &detail); err != nil {
@@ -224,13 +278,6 @@ func CheckTrusted(ctx context.Context, db Querier, schema string, trust Trust) e
 		}
 		return fmt.Sprintf("%s %q", kind, what), nil
 	})
-	if err != nil {
-		return fmt.Errorf("migrate: check that schema %q is trusted: %w", schema, err)
-	}
-	if len(found) > 0 {
-		return fmt.Errorf("%w: schema %q: %s", ErrUntrusted, schema, strings.Join(found, "; "))
-	}
-	return nil
 }
 
 // ErrNotMigrated is the sentinel of a [NotMigratedError]: errors.Is(err,
@@ -261,15 +308,27 @@ func (e *NotMigratedError) Is(target error) bool { return target == ErrNotMigrat
 // pgoutbox (CheckCompatible), a *NotMigratedError (ErrNotMigrated) naming the
 // first missing migration when it is not fully migrated. It changes nothing.
 // An outbox served as one tenant of many is checked with CheckTenant instead.
+//
+// It reads the bookkeeping table once for both checks: it runs for every
+// tenant of a listing (the console's overview), on a database that may be
+// loaded.
 func CheckMigrated(ctx context.Context, db Querier, schema string) error {
-	if err := CheckCompatible(ctx, db, schema, LineOutbox); err != nil {
+	if err := ValidateSchema(schema); err != nil {
 		return err
 	}
-	st, err := State(ctx, db, &Config{Schema: schema, Lines: []Line{LineOutbox}})
+	lines := []Line{LineOutbox}
+	all, err := All(lines...)
 	if err != nil {
 		return err
 	}
-	for _, s := range st {
+	rows, err := appliedRows(ctx, db, schema)
+	if err != nil {
+		return err
+	}
+	if err := skewError(schema, lines, rows); err != nil {
+		return err
+	}
+	for _, s := range stateOf(lines, all, rows) {
 		if !s.Applied {
 			return &NotMigratedError{Schema: schema, Missing: s}
 		}

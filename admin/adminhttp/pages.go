@@ -97,16 +97,21 @@ type tenantRow struct {
 }
 
 // tenantRows reads the status of the tenants, a few at a time, each within
-// the per-tenant timeout of admin.TenantsConfig.
-func (h *Handler) tenantRows(ctx context.Context, shown []string) ([]tenantRow, error) {
-	sts, err := admin.StatusOf(ctx, h.pool, shown, &admin.TenantsConfig{Trust: h.cfg.Trust})
+// the per-tenant timeout of admin.TenantsConfig, all within budget: the
+// tenants not read by then come back as rows saying so.
+func (h *Handler) tenantRows(ctx context.Context, shown []string, budget time.Duration) ([]tenantRow, error) {
+	sts, err := admin.StatusOf(ctx, h.pool, shown, &admin.TenantsConfig{Trust: h.cfg.Trust, Budget: budget})
 	if err != nil {
 		return nil, err
 	}
 	rows := make([]tenantRow, 0, len(sts))
+	late := 0
 	for _, st := range sts {
 		row := tenantRow{Schema: st.Tenant, Status: st.Status, Link: h.link("/", st.Tenant)}
-		if st.Err != nil {
+		if errors.Is(st.Err, admin.ErrNotReadInTime) {
+			row.Err = "not read in time (the database is slow): read again at the next refresh"
+			late++
+		} else if st.Err != nil {
 			row.Err = "could not read its status (see the console's log)"
 			if errors.Is(st.Err, migrate.ErrUntrusted) {
 				_, row.Err = errStatus(st.Err) // refused, with the reason
@@ -114,6 +119,10 @@ func (h *Handler) tenantRows(ctx context.Context, shown []string) ([]tenantRow, 
 			h.log.Warn("console: tenant status", slog.String("schema", st.Tenant), slog.Any("error", st.Err))
 		}
 		rows = append(rows, row)
+	}
+	if late > 0 {
+		h.log.Warn("console: tenants not read in time", slog.Int("tenants", late), slog.Int("of", len(sts)),
+			slog.Duration("budget", budget))
 	}
 	return rows, nil
 }

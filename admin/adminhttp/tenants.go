@@ -46,9 +46,13 @@ func (h *Handler) tenantBoard(ctx context.Context, tenants []string) ([]tenantRo
 	b.mu.Unlock()
 	v, err, _ := b.flight.Do(key, func() (any, error) {
 		// Shared by the requests waiting on it: none's cancellation ends it.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.QueryTimeout)
+		// The reads end with their budget (the request's own figures and
+		// its rendering need the rest of its time); the context is a
+		// backstop.
+		budget := tenantsBudget(ctx, h.cfg.QueryTimeout)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*budget)
 		defer cancel()
-		rows, err := h.tenantRows(rctx, tenants)
+		rows, err := h.tenantRows(rctx, tenants, budget)
 		if err != nil {
 			return nil, err
 		}
@@ -62,6 +66,19 @@ func (h *Handler) tenantBoard(ctx context.Context, tenants []string) ([]tenantRo
 		return nil, err
 	}
 	return v.([]tenantRow), nil
+}
+
+// tenantsBudget is how long the overview reads the tenants: half the page's
+// bound (Config.QueryTimeout), and at most three quarters of what is left of
+// the request's, at least a second. The tenants not read by then are shown as
+// such, worst first, with the rows read: on a loaded database the page
+// answers, never an error page for want of time.
+func tenantsBudget(ctx context.Context, page time.Duration) time.Duration {
+	budget := page / 2
+	if dl, ok := ctx.Deadline(); ok {
+		budget = min(budget, time.Until(dl)*3/4)
+	}
+	return max(budget, time.Second)
 }
 
 // sortTenants orders the rows by severity: unreadable first, then the most

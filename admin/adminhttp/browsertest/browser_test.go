@@ -86,6 +86,30 @@ func navigate(url, waitFor string) []step {
 	return []step{chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS(waitFor))}
 }
 
+// errorPage is the console's error page's message (pages/error.html).
+const errorPage = `p.error[role=alert]`
+
+// navigateOrError is navigate for a page whose loading can fail on the
+// server (a slow database): it waits for waitFor or the console's error
+// page, and fails at once with the error page's text, not at the browser's
+// deadline.
+func navigateOrError(url, waitFor string) []step {
+	return []step{chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS(waitFor + ", " + errorPage)),
+		chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+			msg, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(
+				`document.querySelector(%q) ? "" : (document.querySelector(%q)?.textContent ?? "").trim() || document.title`,
+				waitFor, errorPage)))
+			if err != nil {
+				return err
+			}
+			if msg != "" {
+				return fmt.Errorf("%s: an error page instead of %s: %s", url, waitFor, msg)
+			}
+			_, err = chromedp.Run(ctx, chromedp.WaitVisible(chromedp.CSS(waitFor)))
+			return err
+		})}
+}
+
 // eval evaluates a JavaScript expression in the page (awaiting a promise).
 func eval[T any](t *testing.T, ctx context.Context, expr string) T {
 	t.Helper()
