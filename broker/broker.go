@@ -48,12 +48,21 @@ type Message = wire.Message
 
 // CheckMessage returns why m must not be published, marked [Permanent], or nil:
 // the checks of the Go API and outbox_enqueue (pgoutbox.CheckEventFields,
-// pgoutbox.CheckHeaders, a payload of at most pgoutbox.HardMaxPayloadBytes), for
-// rows written around both by a raw INSERT. It is the one rule the polling relay
-// and the CDC source apply before publishing (see [PublishValid]).
+// pgoutbox.CheckHeaders, a sequence and a schema version of at least 1, a
+// payload of at most pgoutbox.HardMaxPayloadBytes), for rows written around both
+// by a raw INSERT (the table itself checks only the sequence: outbox migration
+// 15). It is the one rule the polling relay and the CDC source apply before
+// publishing (see [PublishValid]); every subscriber refuses the same sequence
+// and schema version on receipt (wire.ParseReceived).
 func CheckMessage(m *Message) error {
 	if err := pgoutbox.CheckEventFields(m.AggregateType, m.AggregateID, m.EventType); err != nil {
 		return Permanent(fmt.Errorf("broker: event %s refused before publishing: %w", m.EventID, err))
+	}
+	if m.AggregateSequence < 1 {
+		return Permanent(fmt.Errorf("broker: event %s refused before publishing: aggregate sequence %d is below 1", m.EventID, m.AggregateSequence))
+	}
+	if m.SchemaVersion < 1 {
+		return Permanent(fmt.Errorf("broker: event %s refused before publishing: schema version %d is below 1", m.EventID, m.SchemaVersion))
 	}
 	if err := pgoutbox.CheckHeaders(m.Headers); err != nil {
 		return Permanent(fmt.Errorf("broker: event %s refused before publishing: headers: %w", m.EventID, err))

@@ -38,6 +38,12 @@ func TestPublishValidRefusesWhatTheProducerWould(t *testing.T) {
 		func(m *broker.Message) { m.EventType = "\u3000created" },
 		func(m *broker.Message) { m.AggregateType = "order\x7f" },
 		func(m *broker.Message) { m.Payload = make([]byte, pgoutbox.HardMaxPayloadBytes+1) },
+		func(m *broker.Message) { m.AggregateType = "" },
+		func(m *broker.Message) { m.AggregateID = "" },
+		func(m *broker.Message) { m.SchemaVersion = 0 },
+		func(m *broker.Message) { m.SchemaVersion = -1 },
+		func(m *broker.Message) { m.AggregateSequence = 0 },
+		func(m *broker.Message) { m.AggregateSequence = -5 },
 	}
 	for i, edit := range hostile {
 		m := with("a", 1, edit)

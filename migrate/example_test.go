@@ -46,6 +46,7 @@ func ExampleUp() {
 	// applied outbox/12 destinations
 	// applied outbox/13 attempts
 	// applied outbox/14 destination_lanes_fillfactor
+	// applied outbox/15 fewer_checks
 	// applied inbox/1 processed_events
 	// applied inbox/2 consumer_positions
 	// second run applied 0

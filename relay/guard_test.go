@@ -3,10 +3,13 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/pgoutbox"
 	"github.com/pgoutbox/pgoutbox/internal/natstest"
@@ -19,6 +22,8 @@ import (
 type rawRow struct {
 	name                  string
 	aggType, aggID, evTyp string
+	blank                 string // "aggregate_type", "aggregate_id" or "event_type": written empty
+	version               int    // schema_version; 0 means 1
 	headers               string // JSON
 	payload               string // JSON
 }
@@ -63,6 +68,16 @@ func hostileRawRows() []rawRow {
 		{name: "event type newline", evTyp: "created\n"},
 		{name: "event type line separator", evTyp: "created\u2028x"},
 		{name: "aggregate type tab", aggType: "raw\t"},
+		// What only the table's CHECK constraints refused before outbox migration 15.
+		{name: "empty aggregate type", blank: "aggregate_type"},
+		{name: "empty aggregate id", blank: "aggregate_id"},
+		{name: "empty event type", blank: "event_type"},
+		{name: "schema version 0", version: -100},
+		{name: "schema version -1", version: -1},
+		{name: "headers an array", headers: `["k", "v"]`},
+		{name: "headers a string", headers: `"k: v"`},
+		{name: "headers a number", headers: `1`},
+		{name: "headers JSON null", headers: `null`},
 	}
 	many := map[string]string{}
 	for i := range pgoutbox.MaxHeaders + 1 {
@@ -83,6 +98,20 @@ func hostileRawRows() []rawRow {
 		if r.headers == "" {
 			r.headers = "{}"
 		}
+		switch r.version {
+		case 0:
+			r.version = 1
+		case -100:
+			r.version = 0
+		}
+		switch r.blank {
+		case "aggregate_type":
+			r.aggType = ""
+		case "aggregate_id":
+			r.aggID = ""
+		case "event_type":
+			r.evTyp = ""
+		}
 		r.payload = `{"n": 1}`
 	}
 	return rows
@@ -100,14 +129,25 @@ func TestRawInsertsBeyondTheRulesAreQuarantined(t *testing.T) {
 	rows := hostileRawRows()
 	for _, r := range rows {
 		for seq := 1; seq <= 2; seq++ {
-			headers := r.headers
+			headers, version := r.headers, r.version
 			if seq == 2 {
-				headers = `{"tenant": "acme"}` // valid, but behind a poison event
+				headers, version = `{"tenant": "acme"}`, 1 // valid, but behind a poison event
 			}
 			_, err := o.pool.Exec(ctx, "INSERT INTO "+o.table()+
-				" (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload, headers) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)",
-				pgoutbox.NewEventID(), r.aggType, r.aggID, seq, r.evTyp, r.payload, headers)
+				" (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, schema_version, payload, headers) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb)",
+				pgoutbox.NewEventID(), r.aggType, r.aggID, seq, r.evTyp, version, r.payload, headers)
 			pgtest.Must(t, err, "raw insert %s", r.name)
+		}
+	}
+	// The one CHECK the table keeps (outbox migration 15): a sequence below 1 would
+	// count as delivered to every destination (a lane's cursor starts at 0).
+	for _, seq := range []int{0, -1} {
+		_, err := o.pool.Exec(ctx, "INSERT INTO "+o.table()+
+			" (event_id, aggregate_type, aggregate_id, aggregate_sequence, event_type, payload) VALUES ($1, 'raw', 'seq-below-1', $2, 'raw.inserted', '{}')",
+			pgoutbox.NewEventID(), seq)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != "outbox_events_aggregate_sequence_check" {
+			t.Fatalf("raw insert of sequence %d: %v, want the sequence's CHECK violation", seq, err)
 		}
 	}
 	good := o.enqueue(t, 3, 2)
@@ -134,7 +174,7 @@ func TestRawInsertsBeyondTheRulesAreQuarantined(t *testing.T) {
 		rs.Close()
 		t.Fatalf("%d quarantined rows without one attempt and a clear reason", bad)
 	}
-	if n := o.count(t, "aggregate_sequence = 2 AND aggregate_type = 'raw' AND published_at IS NOT NULL"); n != 0 {
+	if n := o.count(t, "aggregate_sequence = 2 AND aggregate_type <> 'acct' AND published_at IS NOT NULL"); n != 0 {
 		t.Fatalf("%d events published behind a quarantined one", n)
 	}
 	var reasons []string
@@ -146,7 +186,7 @@ func TestRawInsertsBeyondTheRulesAreQuarantined(t *testing.T) {
 		reasons = append(reasons, e)
 	}
 	rs.Close()
-	for _, want := range []string{"reserved", "Nats-Rollup", "not allowed in a header name", "control character", "white space", "line separator", "above the limit", "differ only in case", "JSON"} {
+	for _, want := range []string{"reserved", "Nats-Rollup", "not allowed in a header name", "control character", "white space", "line separator", "above the limit", "differ only in case", "JSON", "must not be empty", "schema version 0 is below 1", "schema version -1 is below 1", ": null"} {
 		found := false
 		for _, e := range reasons {
 			found = found || strings.Contains(e, want)

@@ -27,7 +27,7 @@ type item struct {
 
 func ev(agg string, seq int64, attempts int) item {
 	return item{Event: pipeline.Event{Msg: broker.Message{EventID: pgoutbox.NewEventID(), AggregateType: "order", AggregateID: agg,
-		AggregateSequence: seq, EventType: "created"}, Attempts: attempts}, tag: fmt.Sprintf("%s#%d", agg, seq)}
+		AggregateSequence: seq, EventType: "created", SchemaVersion: 1}, Attempts: attempts}, tag: fmt.Sprintf("%s#%d", agg, seq)}
 }
 
 func config(log *bytes.Buffer, notAttempted pipeline.Result) *pipeline.Config {
@@ -202,6 +202,10 @@ func TestDecodeHeaders(t *testing.T) {
 		{`{"a":"1"}`, map[string]string{"a": "1"}, false},
 		{`{"a":1}`, nil, true},
 		{`[]`, nil, true},
+		{`null`, nil, true},
+		{`"x"`, nil, true},
+		{`1`, nil, true},
+		{`true`, nil, true},
 	} {
 		h, err := pipeline.DecodeHeaders("relay", id, []byte(tc.raw))
 		if (err != nil) != tc.refused || len(h) != len(tc.want) || (len(tc.want) > 0 && h["a"] != tc.want["a"]) {

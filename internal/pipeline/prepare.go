@@ -22,5 +22,8 @@ func DecodeHeaders(source string, id pgoutbox.UUID, raw []byte) (map[string]stri
 	if err := json.Unmarshal(raw, &h); err != nil {
 		return nil, fmt.Errorf("%s: event %s refused before publishing: headers are not a JSON object of strings: %w", source, id, err)
 	}
+	if h == nil { // JSON null, which Unmarshal takes for "no map"
+		return nil, fmt.Errorf("%s: event %s refused before publishing: headers are not a JSON object of strings: null", source, id)
+	}
 	return h, nil
 }
