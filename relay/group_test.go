@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -382,7 +383,7 @@ func TestGroupIdleSharesSessions(t *testing.T) {
 		Config:    relay.Config{Workers: 2, PollInterval: time.Hour},
 		Databases: []relay.Database{{Pool: d.pool}},
 	})
-	wait.For(t, 30*time.Second, "every outbox served", func() bool { return len(g.Tenants()) == n })
+	waitServed(t, g, n)
 	var listeners int
 	wait.For(t, 30*time.Second, "one LISTEN session for all", func() bool {
 		pgtest.Must(t, d.pool.QueryRow(context.Background(),
@@ -393,13 +394,78 @@ func TestGroupIdleSharesSessions(t *testing.T) {
 	for i := range n {
 		d.enqueue(t, fmt.Sprintf("t_%02d", i), 1, 1)
 	}
-	wait.For(t, 30*time.Second, "every commit woke its relay", func() bool { return len(rec.Messages()) == n })
+	wait.Forf(t, 30*time.Second, func() string { return idleReport(t, d, g, rec, n) },
+		func() bool { return len(rec.Messages()) == n })
 	var sessions int
 	pgtest.Must(t, d.pool.QueryRow(context.Background(),
 		`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&sessions), "sessions")
 	if sessions > 4+2 {
 		t.Errorf("%d sessions for %d outboxes; want at most the pool (4) and the hub's two", sessions, n)
 	}
+}
+
+// waitServed waits until g serves n outboxes. Listed is not enough: an outbox
+// that the listing found but could not check within its deadline (a loaded
+// database) is refused, and counted by Tenants, until the next listing, a
+// DiscoverInterval (30s) later; hence the deadline of two listings and more.
+func waitServed(t *testing.T, g *relay.Group, n int) {
+	t.Helper()
+	wait.Forf(t, 2*time.Minute, func() string {
+		var served int
+		var not []string
+		for _, ts := range g.Tenants() {
+			if ts.Serving {
+				served++
+			} else {
+				not = append(not, fmt.Sprintf("%s (%v)", ts.Schema, ts.Err))
+			}
+		}
+		return fmt.Sprintf("%d outboxes served: %d of %d served; listed, not served: %s", n, served, n, strings.Join(not, ", "))
+	}, func() bool {
+		ts := g.Tenants()
+		return len(ts) == n && !slices.ContainsFunc(ts, func(ts relay.TenantState) bool { return !ts.Serving })
+	})
+}
+
+// idleReport says what TestGroupIdleSharesSessions saw when not every commit
+// woke its relay: how many events arrived, and for each tenant whose event did
+// not, whether it is still pending, whether its relay is served and whether
+// the hub holds its idle lock (an event pending for a served relay whose idle
+// lock is held was committed while the relay waited: a lost notification).
+func idleReport(t *testing.T, d *tenantDB, g *relay.Group, rec *brokertest.Recorder, n int) string {
+	got := map[string]int{}
+	msgs := rec.Messages()
+	for _, m := range msgs {
+		got[m.Tenant]++
+	}
+	served := map[string]error{}
+	for _, ts := range g.Tenants() {
+		if ts.Serving {
+			served[ts.Schema] = ts.Err
+		}
+	}
+	var locked []string
+	rows, err := d.pool.Query(context.Background(), `SELECT s FROM generate_series(0, $1 - 1) i, format('t_%s', lpad(i::text, 2, '0')) s
+		WHERE EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND classid::int4 = hashtext($2) AND objid::int4 = hashtext(s))`, n, migrate.IdleLockClass)
+	if err == nil {
+		locked, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return fmt.Sprintf("every commit woke its relay: %d of %d arrived (idle locks: %v)", len(msgs), n, err)
+	}
+	var missing []string
+	for i := range n {
+		s := fmt.Sprintf("t_%02d", i)
+		if got[s] == 0 {
+			health, ok := served[s]
+			missing = append(missing, fmt.Sprintf("%s (pending %d, served %v, health %v, idle lock held %v)",
+				s, d.pending(t, s), ok, health, slices.Contains(locked, s)))
+		}
+	}
+	return fmt.Sprintf("every commit woke its relay: %d of %d arrived; missing: %s; idle locks held: %d",
+		len(msgs), n, strings.Join(missing, ", "), len(locked))
 }
 
 // Groups coordinate through PostgreSQL alone, with each other and with
@@ -442,7 +508,7 @@ func TestGroupOutboxUnusable(t *testing.T) {
 		Config:    relay.Config{PollInterval: 100 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond},
 		Databases: []relay.Database{{Pool: d.pool}},
 	})
-	wait.For(t, 30*time.Second, "both served", func() bool { return len(g.Tenants()) == 2 })
+	waitServed(t, g, 2)
 	_, err := d.pool.Exec(context.Background(), "ALTER TABLE u_bad.outbox_events RENAME TO moved")
 	pgtest.Must(t, err, "rename")
 	d.enqueue(t, "u_ok", 2, 20)
