@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/pgoutbox"
@@ -258,6 +259,13 @@ func TestRelayDestinationDeadLettersEndToEnd(t *testing.T) {
 		[]string{"relay", "--database-url", pgtest.URL(), "--schema", e.schema, "--id", "dlq-relay", "--destinations-file", path,
 			"--poll-interval", "100ms", "--max-attempts", "2", "--backoff-base", "10ms", "--backoff-max", "50ms"})
 	db := []string{"--database-url", pgtest.URL(), "--schema", e.schema}
+	// dlq list --destination refuses a destination no relay has registered yet.
+	wait.For(t, 60*time.Second, "the relay to register warehouse", func() bool {
+		var n int
+		pgtest.Must(t, e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+
+			pgx.Identifier{e.schema, "outbox_destinations"}.Sanitize()+" WHERE name = 'warehouse'").Scan(&n), "registered")
+		return n == 1
+	})
 	list := func() []admin.Event {
 		out, errOut, code := run(t, append([]string{"dlq", "list", "--destination", "warehouse", "--json"}, db...)...)
 		var evs []admin.Event
